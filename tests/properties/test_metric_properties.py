@@ -1,0 +1,118 @@
+"""Invariants of the selection metrics, for inputs drawn by hypothesis."""
+
+import math
+
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from tests.reference import reference_metrics
+from tl_geometry import selection_metrics
+
+FLOATS = st.floats(min_value=-4.0, max_value=4.0, allow_nan=False, width=64)
+
+
+@st.composite
+def rows(draw, max_rows=3, max_keys=9, max_d=4, distinct_weights=False):
+    """alpha [rows, key] >= 0, values [rows, key, d], and a key mask with >= 1 visible key per row."""
+    n_rows = draw(st.integers(1, max_rows))
+    n_keys = draw(st.integers(1, max_keys))
+    d_head = draw(st.integers(1, max_d))
+    weights = st.floats(min_value=0.0, max_value=1.0, allow_nan=False, width=64)
+    if distinct_weights:
+        alpha = [draw(st.lists(weights, min_size=n_keys, max_size=n_keys, unique=True)) for _ in range(n_rows)]
+    else:
+        alpha = draw(st.lists(st.lists(weights, min_size=n_keys, max_size=n_keys), min_size=n_rows, max_size=n_rows))
+    values = draw(
+        st.lists(
+            st.lists(st.lists(FLOATS, min_size=d_head, max_size=d_head), min_size=n_keys, max_size=n_keys),
+            min_size=n_rows,
+            max_size=n_rows,
+        )
+    )
+    mask = draw(st.lists(st.lists(st.booleans(), min_size=n_keys, max_size=n_keys), min_size=n_rows, max_size=n_rows))
+    mask = torch.tensor(mask, dtype=torch.bool)
+    mask[:, 0] |= ~mask.any(-1)  # every row sees at least one key
+    return torch.tensor(alpha, dtype=torch.float64), torch.tensor(values, dtype=torch.float64), mask
+
+
+METRICS = st.sampled_from(["attention", "contribution"]), st.sampled_from(["euclidean", "cosine"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows(), *METRICS)
+def test_precision_and_recall_lie_in_zero_one(inputs, ranking, distance):
+    alpha, values, mask = inputs
+    m = selection_metrics(alpha, values, key_mask=mask, ranking=ranking, distance=distance)
+    defined = ~torch.isnan(m.precision)
+    assert (m.precision[defined] > 0).all() and (m.precision[defined] <= 1).all()
+    assert (m.recall[defined] >= 0).all() and (m.recall[defined] <= 1).all()
+    assert (m.f_rmax[defined] <= 1).all() and (m.f_rmin[defined] <= 1).all()
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows(), *METRICS)
+def test_nan_exactly_where_n_exceeds_the_visible_keys_and_one_at_all_keys(inputs, ranking, distance):
+    alpha, values, mask = inputs
+    grid = list(range(1, alpha.shape[-1] + 2))
+    m = selection_metrics(alpha, values, grid, key_mask=mask, ranking=ranking, distance=distance)
+    visible = mask.sum(-1, keepdim=True)
+    for field in m.per_row_fields().values():
+        assert torch.equal(torch.isnan(field), m.n_grid > visible)
+    everything = m.n_grid == visible
+    assert (m.precision[everything] == 1).all() and (m.recall[everything] == 1).all()
+    assert (m.f_score[everything] == 1).all()
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows())
+def test_f_is_one_at_n_one_without_duplicate_vectors(inputs):
+    alpha, values, mask = inputs
+    y = alpha.unsqueeze(-1) * values
+    for r in range(alpha.shape[0]):
+        vis = y[r][mask[r]]
+        gaps = torch.cdist(vis, vis) + torch.eye(len(vis)) * math.inf
+        assume(len(vis) < 2 or gaps.min() > 1e-9)
+    m = selection_metrics(alpha, values, [1], key_mask=mask)
+    assert (m.f_score == 1).all() and (m.f_rmin == 1).all() and (m.f_rmax == 1).all()
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows(distinct_weights=True), *METRICS, st.data())
+def test_permuting_keys_changes_nothing(inputs, ranking, distance, data):
+    alpha, values, mask = inputs
+    if ranking == "contribution":
+        score = alpha * values.norm(dim=-1)
+        for r in range(alpha.shape[0]):
+            assume(len(set(score[r][mask[r]].tolist())) == int(mask[r].sum()))
+    perm = torch.tensor(data.draw(st.permutations(range(alpha.shape[-1]))))
+    base = selection_metrics(alpha, values, key_mask=mask, ranking=ranking, distance=distance)
+    moved = selection_metrics(
+        alpha[:, perm], values[:, perm], key_mask=mask[:, perm], ranking=ranking, distance=distance
+    )
+    for name, tensor in base.per_row_fields().items():
+        torch.testing.assert_close(getattr(moved, name), tensor, equal_nan=True, msg=name)
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows(), st.sampled_from(["attention", "contribution"]), st.integers(-12, 12))
+def test_counts_do_not_change_when_values_scale(inputs, ranking, exponent):
+    # Powers of two scale every float exactly, so even exact ties survive.
+    # Euclidean only: the cosine distance's fixed 1e-12 guard is not scale-free.
+    alpha, values, mask = inputs
+    distance, scale = "euclidean", 2.0**exponent
+    base = selection_metrics(alpha, values, key_mask=mask, ranking=ranking, distance=distance)
+    scaled = selection_metrics(alpha, values * scale, key_mask=mask, ranking=ranking, distance=distance)
+    for name in ("k_in", "k_out", "precision", "recall"):
+        assert torch.equal(getattr(scaled, name).nan_to_num(-1), getattr(base, name).nan_to_num(-1)), name
+    torch.testing.assert_close(scaled.r_max, base.r_max * scale, equal_nan=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows(max_keys=7), *METRICS)
+def test_matches_the_reference_on_arbitrary_inputs(inputs, ranking, distance):
+    alpha, values, mask = inputs
+    fast = selection_metrics(alpha, values, key_mask=mask, ranking=ranking, distance=distance)
+    ref = reference_metrics(alpha, values, fast.n_grid.tolist(), mask, ranking, distance)
+    for name in ("k_in", "k_out"):
+        assert torch.equal(getattr(fast, name).nan_to_num(-1), ref[name].nan_to_num(-1)), name
