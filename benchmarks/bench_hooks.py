@@ -1,0 +1,165 @@
+"""Cost of the geometry hooks: bare forward vs run_with_geometry_hooks vs run_with_cache + engine.
+
+One 1024-token window of the default model (``tl_geometry.models.load_model``,
+SmolLM2-135M) if it is available, else a tiny random Llama with GQA of the same
+shape (30 layers x 9 heads x 3 KV heads x d_head 64) built from a config. Each
+mode runs in a fresh subprocess so that peak memories do not mask each other;
+in each, one short warm-up pass, then the timed runs, with a psutil thread
+sampling RSS every millisecond.
+
+Run: ``PYTHONPATH=. python benchmarks/bench_hooks.py [--repeats 3] [--context 1024]``.
+Targets: hooks add at most 15 % to the bare forward time and 20 % to its peak RSS.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+MODES = ("bare", "hooks", "cache")
+
+
+def build_model():
+    """The default model, or a stand-in of the same shape; and a description."""
+    import torch
+
+    try:
+        from tl_geometry.models import load_model
+
+        return load_model("smollm2-135m", kind="bridge", progress=False), "smollm2-135m (TransformerBridge)"
+    except Exception as err:  # noqa: BLE001 -- report why and fall back
+        import transformers
+        from transformer_lens.model_bridge import TransformerBridge
+
+        from tests.tiny_models import tiny_tokenizer
+
+        config = transformers.LlamaConfig(
+            vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+            num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+            bos_token_id=0, eos_token_id=0, pad_token_id=1,
+        )
+        hf_model = transformers.AutoModelForCausalLM.from_config(config).eval()
+        bridge = TransformerBridge.boot_transformers("random-llama-30x9", hf_model=hf_model, tokenizer=tiny_tokenizer())
+        for p in bridge.parameters():
+            p.requires_grad_(False)
+        return bridge.eval(), f"random Llama 30x9 heads, 3 KV heads, d_head 64 (default model unavailable: {err!r})"
+
+
+class PeakRSS:
+    """Peak resident set size while inside the ``with`` block, sampled every millisecond."""
+
+    def __init__(self):
+        import psutil
+
+        self.process = psutil.Process()
+        self.peak = 0
+        self._stop = threading.Event()
+
+    def _sample(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.process.memory_info().rss)
+            time.sleep(0.001)
+
+    def __enter__(self):
+        self.peak = self.process.memory_info().rss
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.process.memory_info().rss)
+
+
+def run_mode(mode: str, repeats: int, context: int) -> dict:
+    import torch
+
+    from tl_geometry.hook_names import pattern_hook, value_hook
+    from tl_geometry.hooks import run_with_geometry_hooks
+    from tl_geometry.metrics import selection_metrics
+    from tl_geometry.config import GeometryConfig
+    from tl_geometry.grid import default_n_grid
+
+    torch.manual_seed(0)
+    model, description = build_model()
+    vocab = model.cfg.d_vocab
+    tokens = torch.randint(10, vocab, (1, context))
+    tokens[0, 0] = model.tokenizer.bos_token_id if model.tokenizer.bos_token_id is not None else 0
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    n_kv = getattr(model.cfg, "n_key_value_heads", None) or n_heads
+
+    def bare(t):
+        with torch.inference_mode():
+            model(t, return_type=None)
+
+    def hooks(t):
+        run_with_geometry_hooks(model, t)
+
+    def cache(t):  # the by-hand way: cache every value and pattern, then the engine per layer
+        names = {value_hook(l) for l in range(n_layers)} | {pattern_hook(l) for l in range(n_layers)}
+        with torch.inference_mode():
+            _, c = model.run_with_cache(t, names_filter=lambda n: n in names)
+            grid = default_n_grid(t.shape[1])
+            for layer in range(n_layers):
+                v = c[value_hook(layer)][:, :, torch.arange(n_heads) // (n_heads // n_kv)]  # [b, pos, h, d]
+                alpha = c[pattern_hook(layer)][:, :, -1]  # [b, h, key]
+                selection_metrics(alpha, v.transpose(1, 2), grid)
+
+    fn = {"bare": bare, "hooks": hooks, "cache": cache}[mode]
+    fn(tokens[:, :32])  # warm-up
+    times = []
+    with PeakRSS() as peak:
+        baseline = peak.peak
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn(tokens)
+            times.append(time.perf_counter() - start)
+    return {
+        "mode": mode,
+        "model": description,
+        "context": context,
+        "seconds_min": min(times),
+        "seconds_median": sorted(times)[len(times) // 2],
+        "rss_before_mib": baseline / 2**20,
+        "rss_peak_mib": peak.peak / 2**20,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.mode:
+        print(json.dumps(run_mode(args.mode, args.repeats, args.context)))
+        return
+    rows = {}
+    for mode in MODES:
+        out = subprocess.run(
+            [sys.executable, __file__, "--mode", mode, "--repeats", str(args.repeats), "--context", str(args.context)],
+            capture_output=True, text=True, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
+        rows[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    bare = rows["bare"]
+    print(f"model: {bare['model']}; one window of {bare['context']} tokens; {bare['threads']} torch threads")
+    print(f"{'mode':<7}{'median s':>10}{'min s':>9}{'x bare':>8}{'RSS before MiB':>16}{'peak MiB':>10}{'peak x bare':>12}{'extra MiB':>10}")
+    for mode, r in rows.items():
+        print(
+            f"{mode:<7}{r['seconds_median']:>10.3f}{r['seconds_min']:>9.3f}{r['seconds_median'] / bare['seconds_median']:>8.2f}"
+            f"{r['rss_before_mib']:>16.0f}{r['rss_peak_mib']:>10.0f}{r['rss_peak_mib'] / bare['rss_peak_mib']:>12.2f}"
+            f"{r['rss_peak_mib'] - r['rss_before_mib']:>10.0f}"
+        )
+    h = rows["hooks"]
+    time_ok = h["seconds_median"] <= 1.15 * bare["seconds_median"]
+    mem_ok = h["rss_peak_mib"] <= 1.20 * bare["rss_peak_mib"]
+    print(f"targets: time +15% {'met' if time_ok else 'MISSED'}, peak memory +20% {'met' if mem_ok else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""Tiny random TransformerLens models built offline, in milliseconds, one per kind.
+
+Nothing here touches the Hugging Face hub: configs, weights and the tokenizer
+are built in code. Weights are drawn with a large initialiser range so that
+attention patterns are far from uniform (ties and near-ties would make the
+count-based metrics fragile), and the models run in float64 so that batched
+and one-at-a-time passes agree to rounding.
+
+Kinds:
+    "hooked"      HookedTransformer, rotary + GQA (transformer-lens 3.x only)
+    "bridge-gpt2" TransformerBridge over a GPT-2 (learned positions, MHA)
+    "bridge-llama" TransformerBridge over a Llama (rotary, 4 query heads, 2 KV heads)
+    "compat-llama" the same bridge after ``enable_compatibility_mode()``
+"""
+
+import importlib.metadata
+from typing import Any
+
+import torch
+
+WORDS = (
+    "the a cat dog sat on mat and ran big small red blue green one two three four five six "
+    "seven eight nine ten house tree bird fish sun moon star sky sea"
+).split()
+BOS_ID, PAD_ID, UNK_ID = 0, 1, 2
+VOCAB_SIZE = 64
+N_LAYERS, D_MODEL, N_HEADS, N_KV_HEADS, N_CTX = 2, 32, 4, 2, 64
+
+KINDS = ("hooked", "bridge-gpt2", "bridge-llama", "compat-llama")
+
+
+def tl_major_version() -> int:
+    """Major version of the installed transformer-lens."""
+    return int(importlib.metadata.version("transformer-lens").split(".")[0])
+
+
+def has_hooked_transformer() -> bool:
+    """True where ``HookedTransformer`` exists (transformer-lens 3.x and earlier)."""
+    try:
+        from transformer_lens import HookedTransformer  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def tiny_tokenizer() -> Any:
+    """A word-level tokenizer with BOS (id 0) and PAD (id 1), built in code."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<bos>": BOS_ID, "<pad>": PAD_ID, "<unk>": UNK_ID}
+    vocab.update({w: i + 3 for i, w in enumerate(WORDS)})
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    # add_bos_token and name_or_path keep TransformerLens from re-loading the
+    # tokenizer from the hub to switch BOS on.
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<bos>",
+        eos_token="<bos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        add_bos_token=True,
+        name_or_path="tiny-word-level",
+    )
+
+
+def _sharpen(model: torch.nn.Module, seed: int, scale: float) -> None:
+    """Redraw every weight matrix with a wide normal so attention is peaked."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim >= 2:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * scale)
+
+
+def tiny_bridge(arch: str = "llama", *, compat: bool = False, seed: int = 0, dtype: torch.dtype = torch.float64) -> Any:
+    """A TransformerBridge over a tiny random GPT-2 (``"gpt2"``) or Llama with GQA (``"llama"``)."""
+    import transformers
+    from transformer_lens.model_bridge import TransformerBridge
+
+    common = dict(vocab_size=VOCAB_SIZE, bos_token_id=BOS_ID, eos_token_id=BOS_ID, pad_token_id=PAD_ID)
+    if arch == "llama":
+        config = transformers.LlamaConfig(
+            hidden_size=D_MODEL,
+            intermediate_size=2 * D_MODEL,
+            num_hidden_layers=N_LAYERS,
+            num_attention_heads=N_HEADS,
+            num_key_value_heads=N_KV_HEADS,
+            max_position_embeddings=N_CTX,
+            **common,
+        )
+    elif arch == "gpt2":
+        config = transformers.GPT2Config(
+            n_embd=D_MODEL, n_layer=N_LAYERS, n_head=N_HEADS, n_positions=N_CTX, **common
+        )
+    else:
+        raise ValueError(f"arch: expected 'llama' or 'gpt2', got {arch!r}")
+    torch.manual_seed(seed)
+    hf_model = transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval()
+    _sharpen(hf_model, seed, 0.3)
+    bridge = TransformerBridge.boot_transformers(
+        f"tiny-{arch}", hf_model=hf_model, tokenizer=tiny_tokenizer(), dtype=dtype
+    )
+    if compat:
+        bridge.enable_compatibility_mode()
+    return bridge.eval()
+
+
+def tiny_hooked(*, seed: int = 0, dtype: torch.dtype = torch.float64) -> Any:
+    """A HookedTransformer with rotary positions and GQA (transformer-lens 3.x only)."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(
+        n_layers=N_LAYERS,
+        d_model=D_MODEL,
+        n_ctx=N_CTX,
+        d_head=D_MODEL // N_HEADS,
+        n_heads=N_HEADS,
+        n_key_value_heads=N_KV_HEADS,
+        d_vocab=VOCAB_SIZE,
+        act_fn="gelu",
+        positional_embedding_type="rotary",
+        normalization_type="LN",
+        default_prepend_bos=True,
+        seed=seed,
+        dtype=dtype,
+        model_name="tiny-hooked",
+    )
+    model = HookedTransformer(cfg, tokenizer=tiny_tokenizer())
+    _sharpen(model, seed, 0.3)
+    return model.eval()
+
+
+def make_model(kind: str, **kwargs: Any) -> Any:
+    """The tiny model of one kind of ``KINDS``."""
+    if kind == "hooked":
+        return tiny_hooked(**kwargs)
+    if kind == "bridge-gpt2":
+        return tiny_bridge("gpt2", **kwargs)
+    if kind == "bridge-llama":
+        return tiny_bridge("llama", **kwargs)
+    if kind == "compat-llama":
+        return tiny_bridge("llama", compat=True, **kwargs)
+    raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
+
+
+def random_tokens(n_seq: int, length: int, seed: int = 0) -> torch.Tensor:
+    """Random content tokens (no BOS, PAD or UNK), ``[n_seq, length]``."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 3 + len(WORDS), (n_seq, length), generator=gen)
+
+
+def with_bos(tokens: torch.Tensor) -> torch.Tensor:
+    """Prepend the BOS token to every row."""
+    return torch.cat([torch.full((tokens.shape[0], 1), BOS_ID, dtype=tokens.dtype), tokens], dim=1)
+
+
+def hook_counts(model: torch.nn.Module) -> dict[str, int]:
+    """Number of forward/backward hooks on every submodule (HookPoint or not), by name."""
+    counts = {}
+    for name, module in model.named_modules():
+        n = len(module._forward_hooks) + len(module._forward_pre_hooks) + len(module._backward_hooks)
+        n += len(getattr(module, "fwd_hooks", ()) or ()) + len(getattr(module, "bwd_hooks", ()) or ())
+        counts[name] = n
+    return counts
