@@ -2,17 +2,38 @@
 
 A TransformerLens plugin implementing "Geometric Analysis of Token Selection in
 Multi-Head Attention": top-N selection metrics (Precision, Recall, F-scores)
-in value-state space, per layer and head.
+in value-state space, per layer and head, from hooks on
+``blocks.{l}.attn.hook_v`` and ``blocks.{l}.attn.hook_pattern``.
+
+Importing the package is cheap: transformers and the models load only when
+asked for.
 """
 
+from tl_geometry.config import GeometryConfig
+from tl_geometry.corpus import analyze_corpus
 from tl_geometry.errors import GeometryError
+from tl_geometry.grid import default_n_grid
+from tl_geometry.hooks import HookableModel, run_with_geometry_hooks
 from tl_geometry.metrics import SelectionMetrics, selection_metrics
+from tl_geometry.models import load_model
+from tl_geometry.result import GeometryResult
+from tl_geometry.text import default_text, read_text_files, text_windows
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "GeometryConfig",
     "GeometryError",
+    "GeometryResult",
+    "HookableModel",
     "SelectionMetrics",
+    "analyze_corpus",
+    "default_n_grid",
+    "default_text",
+    "load_model",
+    "read_text_files",
+    "run_with_geometry_hooks",
     "selection_metrics",
+    "text_windows",
     "__version__",
 ]

@@ -10,22 +10,28 @@ from tests.reference import reference_metrics
 from tl_geometry import selection_metrics
 
 FLOATS = st.floats(min_value=-4.0, max_value=4.0, allow_nan=False, width=64)
+# Away from zero, values keep a dynamic range the float64 reference can resolve:
+# with weights like 1e-309 it rounds s - y_i to s and miscounts (the engine,
+# which never forms s - y_i for the counts, is right; see exact_counts).
+MODERATE_FLOATS = st.one_of(st.just(0.0), st.floats(1e-2, 4.0), st.floats(-4.0, -1e-2))
+MODERATE_WEIGHTS = st.one_of(st.just(0.0), st.floats(1e-4, 1.0))
 
 
 @st.composite
-def rows(draw, max_rows=3, max_keys=9, max_d=4, distinct_weights=False):
+def rows(draw, max_rows=3, max_keys=9, max_d=4, distinct_weights=False, moderate=False):
     """alpha [rows, key] >= 0, values [rows, key, d], and a key mask with >= 1 visible key per row."""
     n_rows = draw(st.integers(1, max_rows))
     n_keys = draw(st.integers(1, max_keys))
     d_head = draw(st.integers(1, max_d))
-    weights = st.floats(min_value=0.0, max_value=1.0, allow_nan=False, width=64)
+    floats = MODERATE_FLOATS if moderate else FLOATS
+    weights = MODERATE_WEIGHTS if moderate else st.floats(min_value=0.0, max_value=1.0, allow_nan=False, width=64)
     if distinct_weights:
         alpha = [draw(st.lists(weights, min_size=n_keys, max_size=n_keys, unique=True)) for _ in range(n_rows)]
     else:
         alpha = draw(st.lists(st.lists(weights, min_size=n_keys, max_size=n_keys), min_size=n_rows, max_size=n_rows))
     values = draw(
         st.lists(
-            st.lists(st.lists(FLOATS, min_size=d_head, max_size=d_head), min_size=n_keys, max_size=n_keys),
+            st.lists(st.lists(floats, min_size=d_head, max_size=d_head), min_size=n_keys, max_size=n_keys),
             min_size=n_rows,
             max_size=n_rows,
         )
@@ -101,6 +107,8 @@ def test_counts_do_not_change_when_values_scale(inputs, ranking, exponent):
     # Euclidean only: the cosine distance's fixed 1e-12 guard is not scale-free.
     alpha, values, mask = inputs
     distance, scale = "euclidean", 2.0**exponent
+    y = (alpha.unsqueeze(-1) * values).abs()
+    assume((y[y > 0] > 1e-140).all())  # squares stay clear of float64 underflow at every scale
     base = selection_metrics(alpha, values, key_mask=mask, ranking=ranking, distance=distance)
     scaled = selection_metrics(alpha, values * scale, key_mask=mask, ranking=ranking, distance=distance)
     for name in ("k_in", "k_out", "precision", "recall"):
@@ -109,7 +117,7 @@ def test_counts_do_not_change_when_values_scale(inputs, ranking, exponent):
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows(max_keys=7), *METRICS)
+@given(rows(max_keys=7, moderate=True), *METRICS)
 def test_matches_the_reference_on_arbitrary_inputs(inputs, ranking, distance):
     alpha, values, mask = inputs
     fast = selection_metrics(alpha, values, key_mask=mask, ranking=ranking, distance=distance)

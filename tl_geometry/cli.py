@@ -1,0 +1,110 @@
+"""The ``tl-geometry`` command.
+
+``tl-geometry report`` runs the main job: load a model (the embedded
+SmolLM2-135M by default), cut a text (the Python reference documentation by
+default) into windows, analyse every layer and head in one hooked pass per
+batch, save the result and print a summary.
+"""
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from tl_geometry.errors import GeometryError
+
+EXIT_OK, EXIT_USAGE, EXIT_INPUT = 0, 2, 1
+
+
+def _n_grid_argument(text: str) -> str | list[int]:
+    """``default``, ``all`` or comma-separated integers such as ``1,2,4,8``."""
+    if text in ("default", "all"):
+        return text
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'default', 'all' or integers like 1,2,4,8, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tl-geometry",
+        description="Geometric analysis of token selection in multi-head attention (TransformerLens plugin).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    report = commands.add_parser(
+        "report",
+        help="analyse a model on a text and write the results (the main job)",
+        description="Analyse every layer and head of a model on windows of a text; write "
+        "OUT/result.npz and OUT/result.json and print a summary.",
+    )
+    report.add_argument("--model", default="smollm2-135m", help="model name (default: the embedded smollm2-135m)")
+    report.add_argument(
+        "--text", nargs="+", type=Path, metavar="FILE", help="text files to analyse (default: Python's reference docs)"
+    )
+    report.add_argument("--windows", type=int, default=16, help="number of text windows (default: 16)")
+    report.add_argument("--context", type=int, default=1024, help="tokens per window, BOS included (default: 1024)")
+    report.add_argument(
+        "--n-grid", type=_n_grid_argument, default="default", help="'default', 'all' or a list like 1,2,4,8"
+    )
+    report.add_argument("--batch-size", type=int, default=1, help="windows per forward pass (default: 1)")
+    report.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
+    report.add_argument("--quiet", action="store_true", help="no progress bars")
+    return parser
+
+
+def _summary(result, seconds: float) -> str:
+    """A few lines on what was measured: mean P and R by N, and the layers' means at small N."""
+    import torch
+
+    grid = result.n_grid.tolist()
+    precision = torch.nanmean(result.precision.flatten(0, 1), dim=0)
+    recall = torch.nanmean(result.recall.flatten(0, 1), dim=0)
+    shown = [i for i, n in enumerate(grid) if n in (1, 2, 4, 8, 16, 64, 256, 1024) or i == len(grid) - 1]
+    lines = [
+        f"analysed {result.n_sequences} windows x {len(result.layers)} layers x {len(result.heads)} heads "
+        f"in {seconds:.1f} s",
+        "mean over heads   " + "".join(f"{'N=' + str(grid[i]):>8}" for i in shown),
+        "  Precision(r_max)" + "".join(f"{precision[i].item():>8.3f}" for i in shown),
+        "  Recall(r_min)   " + "".join(f"{recall[i].item():>8.3f}" for i in shown),
+    ]
+    return "\n".join(lines)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from tl_geometry.corpus import analyze_corpus
+    from tl_geometry.models import load_model
+    from tl_geometry.text import default_text, read_text_files, text_windows
+
+    if args.windows < 1:
+        raise GeometryError(f"--windows: expected at least 1 window, got {args.windows}")
+    start = time.perf_counter()
+    text = read_text_files(args.text) if args.text else default_text()
+    model = load_model(args.model, progress=not args.quiet)
+    windows = text_windows(model, text, context=args.context, n_windows=args.windows)
+    result = analyze_corpus(
+        model, windows, batch_size=args.batch_size, progress=not args.quiet, n_grid=args.n_grid
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    npz_path, json_path = result.save(args.out / "result")
+    print(_summary(result, time.perf_counter() - start))
+    print(f"wrote {npz_path} and {json_path}")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``tl-geometry`` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return run_report(args)
+    except (GeometryError, OSError) as error:
+        print(f"tl-geometry: error: {error}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        print("tl-geometry: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
