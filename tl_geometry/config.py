@@ -24,6 +24,8 @@ from tl_geometry.selection import resolve_n_grid
 
 GridMode = Literal["default", "all"]
 QueryMode = Literal["last", "all"]
+# Extra per-layer-head statistics computed in the same hooked pass (see tl_geometry.activations).
+Diagnostic = Literal["assumptions", "bounds", "taxonomy"]
 # Element types are checked in __post_init__, with a message naming the field.
 IntSequence = Sequence | Tensor | np.ndarray
 
@@ -65,6 +67,11 @@ class GeometryConfig:
         prepend_bos: prepend BOS when tokenising strings, so that position 0 is
             the sink (the paper's protocol). Token tensors are used as given.
         memory_budget_mib: working memory of one chunk of metric rows.
+        diagnostics: extra statistics computed in the same pass, any of
+            ``"assumptions"`` (the paper's Assumptions 1-3: value norms,
+            cosine decay, attention profile), ``"bounds"`` (the margins and
+            envelopes of Theorems 1-2) and ``"taxonomy"`` (the features behind
+            the Retriever / Mixer / Reset labels); ``"all"`` for every one.
 
     Example:
         >>> GeometryConfig(n_grid=[1, 2, 4], layers=[0]).n_grid
@@ -87,9 +94,11 @@ class GeometryConfig:
     distance: str = "euclidean"
     prepend_bos: bool = True
     memory_budget_mib: float | int = float(DEFAULT_MEMORY_BUDGET_MIB)
+    diagnostics: str | Sequence = ()
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        set_(self, "diagnostics", _diagnostics(self.diagnostics))
         if isinstance(self.n_grid, str):
             if self.n_grid not in get_args(GridMode):
                 raise _literal_error("n_grid", self.n_grid, GridMode, " or a sequence of positive integers")
@@ -159,6 +168,19 @@ class GeometryConfig:
     def from_json(cls, data: dict[str, Any]) -> "GeometryConfig":
         """Inverse of :meth:`to_json`; unknown keys raise GeometryError."""
         return cls().with_overrides(**data)
+
+
+def _diagnostics(value: Any) -> tuple[str, ...]:
+    """The diagnostics as a tuple in canonical order; ``"all"`` means every one."""
+    allowed = get_args(Diagnostic)
+    if value == "all":
+        return allowed
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise GeometryError(f"diagnostics: expected 'all' or a sequence of names from {allowed}, got {value!r}")
+    unknown = [item for item in value if item not in allowed]
+    if unknown:
+        raise GeometryError(f"diagnostics: unknown name(s) {unknown}; choose from {allowed} or 'all'")
+    return tuple(name for name in allowed if name in value)
 
 
 def make_config(config: GeometryConfig | None, overrides: dict[str, Any]) -> GeometryConfig:

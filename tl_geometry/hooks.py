@@ -32,6 +32,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from tl_geometry.activations import LayerActivations
 from tl_geometry.config import GeometryConfig, make_config
 from tl_geometry.errors import GeometryError
 from tl_geometry.hook_names import pattern_hook, value_hook
@@ -247,6 +248,7 @@ class _LayerAnalysis:
     n_kv: int
     values: dict[int, Tensor]
     out: dict[int, dict[str, Tensor]]
+    diagnostics: tuple[Callable[[LayerActivations], dict[str, Tensor]], ...] = ()
 
     def value_hook(self, v: Float[Tensor, "batch pos kv_head d_head"], *, hook: Any, layer: int) -> None:
         """Keep the analysed heads' value states (GQA-aligned) of the keys the queries can see."""
@@ -308,6 +310,40 @@ class _LayerAnalysis:
             name: torch.nanmean(torch.cat(chunks, dim=2).masked_fill(invalid, math.nan), dim=2).cpu()
             for name, chunks in per_query.items()
         }
+        if self.diagnostics:
+            heads = self.heads.to(device)[None, :, None]
+            mask = einops.repeat(key_mask, "batch query key -> batch head query key", head=len(self.heads))
+            seen = LayerActivations(
+                layer=layer,
+                values=values,
+                alpha=pattern[batch, heads, query_index[:, None, :], : p.n_keys].masked_fill(~mask, 0.0),
+                key_mask=mask,
+                query_index=query_index,
+                query_valid=p.query_valid.to(device),
+                real=p.real[:, : p.n_keys].to(device),
+                grid=self.grid,
+            )
+            for diagnostic in self.diagnostics:
+                self.out[layer].update({name: t.cpu() for name, t in diagnostic(seen).items()})
+
+
+def diagnostic_functions(names: Sequence[str]) -> tuple[Callable[[LayerActivations], dict[str, Tensor]], ...]:
+    """The per-layer functions behind the config's diagnostics (imported only when asked for)."""
+    functions = []
+    for name in names:
+        if name == "assumptions":
+            from tl_geometry.statistics import assumption_diagnostics
+
+            functions.append(assumption_diagnostics)
+        elif name == "bounds":
+            from tl_geometry.bounds import bound_diagnostics
+
+            functions.append(bound_diagnostics)
+        elif name == "taxonomy":
+            from tl_geometry.features import taxonomy_features
+
+            functions.append(taxonomy_features)
+    return tuple(functions)
 
 
 def _query_chunks(values: Tensor, n_queries: int, budget_mib: float) -> list[slice]:
@@ -337,6 +373,7 @@ def analyse_prepared(
         n_kv=n_kv,
         values={},
         out={},
+        diagnostics=diagnostic_functions(config.diagnostics),
     )
     fwd_hooks: list[tuple[str, Callable[..., None]]] = []
     for layer in layers:
