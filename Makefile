@@ -46,8 +46,10 @@ test-tl4: $(VENV)/.installed-dev
 test-tl3: $(VENV_TL3)/.installed-dev
 	$(VENV_TL3)/bin/python -m pytest -m "model or tl3"
 
+# Speed and memory, measured side by side in one run each (not timed tests).
 bench: $(VENV)/.installed-dev
 	$(VENV)/bin/python benchmarks/bench_selection.py
+	$(VENV)/bin/python benchmarks/bench_hooks.py
 
 clean:
 	rm -rf $(VENV) $(VENV_TL3) .pytest_cache .hypothesis
