@@ -30,14 +30,25 @@ def test_help_lists_the_report_options(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.model
-def test_report_writes_a_reloadable_result(tmp_path):
+def test_report_analyze_and_plot(tmp_path):
     text = tmp_path / "story.txt"
     text.write_text(" ".join(f"Sentence number {i} is about attention heads." for i in range(200)))
-    done = run("report", "--text", str(text), "--windows", "2", "--context", "128", "--quiet", cwd=tmp_path)
+    common = ("--text", str(text), "--windows", "2", "--context", "128", "--quiet")
+    done = run("report", *common, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "Precision(r_max)" in done.stdout and "report/result.npz" in done.stdout
+    assert "Precision(r_max)" in done.stdout and "report/index.html" in done.stdout
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert page.count("<section") >= 3 and "story.txt" in page
     result = GeometryResult.load(tmp_path / "report" / "result")
     assert result.n_sequences == 2 and result.precision.shape[:2] == (30, 9)
+
+    done = run("analyze", *common, "--out", "only-files", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "only-files").iterdir()) == ["result.json", "result.npz"]
+
+    done = run("plot", "only-files/result", "--out", "replotted", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "replotted" / "index.html").read_text().count("<section") == page.count("<section")
 
 
 @pytest.mark.parametrize(
@@ -45,7 +56,7 @@ def test_report_writes_a_reloadable_result(tmp_path):
     [
         (("report", "--model", "no-such-model", "--quiet"), "load_model('no-such-model')"),
         (("report", "--text", "missing.txt", "--quiet"), "missing.txt"),
-        (("report", "--windows", "0", "--quiet"), "--windows: expected at least 1 window, got 0"),
+        (("report", "--windows", "0", "--quiet"), "--windows: expected a positive number, got 0"),
     ],
 )
 def test_errors_are_one_line_and_exit_non_zero(tmp_path, args, message):

@@ -3,7 +3,9 @@
 ``tl-geometry report`` runs the main job: load a model (the embedded
 SmolLM2-135M by default), cut a text (the Python reference documentation by
 default) into windows, analyse every layer and head in one hooked pass per
-batch, save the result and print a summary.
+batch, write the HTML report and the result files, and print a summary.
+``tl-geometry analyze`` writes the result files only; ``tl-geometry plot
+RESULT`` writes the report of saved results without a model.
 """
 
 import argparse
@@ -30,27 +32,43 @@ def _n_grid_argument(text: str) -> str | list[int]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tl-geometry",
-        description="Geometric analysis of token selection in multi-head attention (TransformerLens plugin).",
+        description="Geometric analysis of token selection in multi-head attention (TransformerLens plugin). "
+        "Exit codes: 0 done, 1 bad input (one-line message), 2 bad command line, 130 interrupted.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    report = commands.add_parser(
-        "report",
-        help="analyse a model on a text and write the results (the main job)",
-        description="Analyse every layer and head of a model on windows of a text; write "
-        "OUT/result.npz and OUT/result.json and print a summary.",
-    )
-    report.add_argument("--model", default="smollm2-135m", help="model name (default: the embedded smollm2-135m)")
-    report.add_argument(
+    run = argparse.ArgumentParser(add_help=False)
+    run.add_argument("--model", default="smollm2-135m", help="model name (default: the embedded smollm2-135m)")
+    run.add_argument(
         "--text", nargs="+", type=Path, metavar="FILE", help="text files to analyse (default: Python's reference docs)"
     )
-    report.add_argument("--windows", type=int, default=16, help="number of text windows (default: 16)")
-    report.add_argument("--context", type=int, default=1024, help="tokens per window, BOS included (default: 1024)")
-    report.add_argument(
+    run.add_argument("--windows", type=int, default=16, help="number of text windows (default: 16)")
+    run.add_argument("--context", type=int, default=1024, help="tokens per window, BOS included (default: 1024)")
+    run.add_argument(
         "--n-grid", type=_n_grid_argument, default="default", help="'default', 'all' or a list like 1,2,4,8"
     )
-    report.add_argument("--batch-size", type=int, default=1, help="windows per forward pass (default: 1)")
-    report.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
-    report.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.add_argument("--batch-size", type=int, default=1, help="windows per forward pass (default: 1)")
+    run.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
+    run.add_argument("--quiet", action="store_true", help="no progress bars")
+    commands.add_parser(
+        "report",
+        parents=[run],
+        help="analyse a model on a text and write the HTML report (the main job)",
+        description="Analyse every layer and head of a model on windows of a text; write OUT/index.html "
+        "(self-contained, opens offline), OUT/result.npz and OUT/result.json, and print a summary.",
+    )
+    commands.add_parser(
+        "analyze",
+        parents=[run],
+        help="analyse a model on a text and write the result files only",
+        description="Like report, without the HTML: write OUT/result.npz and OUT/result.json.",
+    )
+    plot = commands.add_parser(
+        "plot",
+        help="write the HTML report of saved results (no model needed)",
+        description="Read RESULT.npz and RESULT.json (as written by report or analyze) and write OUT/index.html.",
+    )
+    plot.add_argument("result", type=Path, help="path of the saved result, with or without .npz")
+    plot.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
     return parser
 
 
@@ -72,24 +90,42 @@ def _summary(result, seconds: float) -> str:
     return "\n".join(lines)
 
 
-def run_report(args: argparse.Namespace) -> int:
+def _analyse(args: argparse.Namespace):
+    """Load the model and text, analyse the windows; the result and the summary-table details."""
     from tl_geometry.corpus import analyze_corpus
     from tl_geometry.models import load_model
     from tl_geometry.text import default_text, read_text_files, text_windows
 
-    if args.windows < 1:
-        raise GeometryError(f"--windows: expected at least 1 window, got {args.windows}")
-    start = time.perf_counter()
+    for name in ("windows", "context", "batch_size"):
+        if getattr(args, name) < 1:
+            raise GeometryError(f"--{name.replace('_', '-')}: expected a positive number, got {getattr(args, name)}")
     text = read_text_files(args.text) if args.text else default_text()
     model = load_model(args.model, progress=not args.quiet)
     windows = text_windows(model, text, context=args.context, n_windows=args.windows)
-    result = analyze_corpus(
-        model, windows, batch_size=args.batch_size, progress=not args.quiet, n_grid=args.n_grid
-    )
-    args.out.mkdir(parents=True, exist_ok=True)
-    npz_path, json_path = result.save(args.out / "result")
+    result = analyze_corpus(model, windows, batch_size=args.batch_size, progress=not args.quiet, n_grid=args.n_grid)
+    source = ", ".join(str(path) for path in args.text) if args.text else "Python reference documentation (pydoc_data)"
+    details = {"text": source, "windows": f"{len(windows)} x {args.context} tokens (BOS first)"}
+    return result, details
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from tl_geometry.report import write_report
+    from tl_geometry.result import GeometryResult
+
+    start = time.perf_counter()
+    if args.command == "plot":
+        result = GeometryResult.load(args.result)
+        index = write_report(result, args.out, {"source": str(args.result)})
+        print(f"wrote {index}")
+        return EXIT_OK
+    result, details = _analyse(args)
     print(_summary(result, time.perf_counter() - start))
-    print(f"wrote {npz_path} and {json_path}")
+    if args.command == "report":
+        index = write_report(result, args.out, details)
+        print(f"wrote {index} (open it in a browser; it works offline)")
+    else:
+        npz_path, json_path = result.save(args.out / "result")
+        print(f"wrote {npz_path} and {json_path}")
     return EXIT_OK
 
 
@@ -97,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tl-geometry`` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
     try:
-        return run_report(args)
+        return run_command(args)
     except (GeometryError, OSError) as error:
         print(f"tl-geometry: error: {error}", file=sys.stderr)
         return EXIT_INPUT

@@ -1,0 +1,42 @@
+"""The HTML report: one self-contained page, every figure, a summary table; atomic writes."""
+
+import pytest
+
+from tests import tiny_models as tm
+from tl_geometry import GeometryResult, run_with_geometry_hooks
+from tl_geometry import report
+
+
+@pytest.fixture(scope="module")
+def result():
+    model = tm.make_model("bridge-llama")
+    return run_with_geometry_hooks(model, tm.with_bos(tm.random_tokens(2, 20)), n_grid=[1, 2, 4, 21])
+
+
+def test_page_embeds_plotly_once_and_shows_every_figure(result):
+    page = report.render_html(result, {"text": "random tokens"})
+    assert page.count("<script") >= 1 and page.count("plotly.js v") == 1  # the library, embedded once
+    for figure in report.FIGURES:
+        assert f'id="{figure.key}"' in page and figure.how_to_read[:40] in page
+    assert "<th>text</th><td>random tokens</td>" in page
+    assert "<script src=" not in page  # nothing fetched from the network
+
+
+def test_write_report_writes_page_and_reloadable_result(result, tmp_path):
+    index = report.write_report(result, tmp_path / "out")
+    assert index.read_text().startswith("<!DOCTYPE html>")
+    assert GeometryResult.load(tmp_path / "out" / "result").equals(result)
+    assert not list((tmp_path / "out").glob(".*tmp"))  # no temporary files left behind
+
+
+def test_a_failed_write_keeps_the_previous_report(result, tmp_path, monkeypatch):
+    index = report.write_report(result, tmp_path)
+    before = index.read_text()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(report, "render_html", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        report.write_report(result, tmp_path)
+    assert index.read_text() == before

@@ -1,0 +1,105 @@
+"""Plotly figures of the paper, drawn from a GeometryResult (no computation here, only drawing).
+
+Every function takes a result (or a taxonomy) and returns a
+``plotly.graph_objects.Figure``. The look is shared: titles and axis labels
+say what is shown and in which units, log axes where the paper uses them, and
+a colour-blind-safe palette (Okabe-Ito) in which one regime always has one
+colour.
+"""
+
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from tl_geometry.result import GeometryResult
+from tl_geometry.summaries import at_n, mean_over_heads, spread_over_heads
+
+# Okabe & Ito (2008), safe for the common colour-vision deficiencies.
+BLUE, ORANGE, GREEN, VERMILLION, SKY, PURPLE, GREY = (
+    "#0072B2",
+    "#E69F00",
+    "#009E73",
+    "#D55E00",
+    "#56B4E9",
+    "#CC79A7",
+    "#7F7F7F",
+)
+REGIME_COLOURS = {"retriever": BLUE, "mixer": ORANGE, "reset": PURPLE}
+TEMPLATE = "plotly_white"
+
+
+def _style(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
+    fig.update_layout(template=TEMPLATE, title=title, height=height, legend={"orientation": "h", "y": -0.2})
+    return fig
+
+
+def metric_heatmap(
+    result: GeometryResult, metric: str = "precision", n: int = 4, regimes: Sequence[Sequence[str]] | None = None
+) -> go.Figure:
+    """Any ``[layer, head_index, n]`` metric at one N, layers down and heads across.
+
+    Args:
+        result: the analysis.
+        metric: a per-sequence field of the result, e.g. ``"precision"``, ``"recall"``, ``"f_score"``.
+        n: the selection size N (must be on the result's grid).
+        regimes: optional ``[layer, head_index]`` regime names (e.g. from a
+            HeadTaxonomy) shown on hover.
+
+    Returns:
+        A heatmap whose hover shows layer, head, value and regime.
+    """
+    values = at_n(result, metric, n)
+    hover = [[f"regime: {regimes[i][j]}" if regimes is not None else "" for j in range(values.shape[1])]
+             for i in range(values.shape[0])]
+    fig = go.Figure(
+        go.Heatmap(
+            z=values.tolist(),
+            x=list(result.heads),
+            y=list(result.layers),
+            customdata=hover,
+            colorscale="Viridis",
+            colorbar={"title": metric},
+            hovertemplate="layer %{y}, head %{x}<br>" + metric + " = %{z:.3f}<br>%{customdata}<extra></extra>",
+        )
+    )
+    fig.update_yaxes(title="layer", autorange="reversed")
+    fig.update_xaxes(title="head")
+    return _style(fig, f"{metric} at N = {n}, per layer and head", height=max(420, 18 * len(result.layers)))
+
+
+def precision_recall_vs_n(result: GeometryResult) -> go.Figure:
+    """Figure 5: global means of Precision(r_max) and Recall(r_min) against N, with envelopes when present.
+
+    The band is the interquartile range across layers and heads. The
+    theoretical envelopes of Theorems 1-2 are drawn when the result was run
+    with the ``"bounds"`` diagnostic (upper dotted, lower dashed and capped at
+    0, as in the paper).
+    """
+    grid = result.n_grid.tolist()
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("Precision P(r_max, N)", "Recall R(r_min, N)"))
+    for col, (metric, bound) in enumerate((("precision", "bound_precision"), ("recall", "bound_recall")), start=1):
+        low, high = spread_over_heads(result, metric)
+        fig.add_trace(go.Scatter(x=grid, y=high.tolist(), line={"width": 0}, showlegend=False, hoverinfo="skip"),
+                      row=1, col=col)
+        fig.add_trace(
+            go.Scatter(x=grid, y=low.tolist(), fill="tonexty", fillcolor="rgba(0,114,178,0.15)", line={"width": 0},
+                       name="interquartile range over heads", showlegend=col == 1, hoverinfo="skip"),
+            row=1, col=col,
+        )
+        fig.add_trace(
+            go.Scatter(x=grid, y=mean_over_heads(result, metric).tolist(), mode="lines+markers",
+                       line={"color": BLUE}, name="measured mean", showlegend=col == 1),
+            row=1, col=col,
+        )
+        if f"{bound}_upper" in result.per_sequence:
+            for side, dash, colour in (("upper", "dot", ORANGE), ("lower", "dash", GREEN)):
+                fig.add_trace(
+                    go.Scatter(x=grid, y=mean_over_heads(result, f"{bound}_{side}").tolist(), mode="lines",
+                               line={"color": colour, "dash": dash}, name=f"theoretical {side} envelope",
+                               showlegend=col == 1),
+                    row=1, col=col,
+                )
+        fig.update_xaxes(type="log", title="N (selected keys)", row=1, col=col)
+        fig.update_yaxes(range=[0, 1.05], title=metric, row=1, col=col)
+    return _style(fig, "Separability of top-N selection vs N (mean over layers and heads)")

@@ -1,0 +1,152 @@
+"""The self-contained HTML report: a summary table, then every figure with a sentence on how to read it.
+
+plotly.js is embedded once, so the page opens offline. Files are written
+atomically (a temporary file in the same folder, then a rename), so an
+interrupted run never leaves a half-written report or damages an earlier one.
+"""
+
+import html
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import plotly.graph_objects as go
+
+from tl_geometry import plots
+from tl_geometry.result import GeometryResult
+from tl_geometry.summaries import mean_over_heads
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of the report: an anchor id, a title, how to read it, and how to draw it."""
+
+    key: str
+    title: str
+    how_to_read: str
+    draw: Callable[[GeometryResult], go.Figure]
+
+
+def _small_n(result: GeometryResult) -> int:
+    """The N shown in the heatmaps: 4 (the paper's operating regime) if on the grid, else the smallest."""
+    grid = result.n_grid.tolist()
+    return 4 if 4 in grid else grid[0]
+
+
+FIGURES: tuple[Figure, ...] = (
+    Figure(
+        "figure-5",
+        "Figure 5: Precision and Recall against N",
+        "Global means over layers and heads (band: interquartile range). The paper finds separability "
+        "strongest at small N and weakest at intermediate N; both metrics return to 1 when every key is selected.",
+        plots.precision_recall_vs_n,
+    ),
+    Figure(
+        "heatmap-precision",
+        "Precision per layer and head",
+        "Each cell is one head's Precision(r_max) at a small N: how few non-selected tokens fall inside the "
+        "ball around s(N) that holds the selected ones. Bright cells are heads that separate their top keys well.",
+        lambda result: plots.metric_heatmap(result, "precision", _small_n(result)),
+    ),
+    Figure(
+        "heatmap-recall",
+        "Recall per layer and head",
+        "Each cell is one head's Recall(r_min) at a small N: the share of selected tokens closer to s(N) than "
+        "any non-selected one.",
+        lambda result: plots.metric_heatmap(result, "recall", _small_n(result)),
+    ),
+)
+
+
+def summary_rows(result: GeometryResult, details: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The summary table: model, text, settings, versions and key figures."""
+    precision, recall = mean_over_heads(result, "precision"), mean_over_heads(result, "recall")
+    grid = result.n_grid.tolist()
+    small = [i for i, n in enumerate(grid) if n <= 4]
+    config = result.config
+    rows = [
+        ("model", result.model_name),
+        *details.items(),
+        ("sequences analysed", str(result.n_sequences)),
+        ("tokens per sequence", ", ".join(sorted({str(n) for n in result.sequence_lengths.tolist()}))),
+        ("layers x heads", f"{len(result.layers)} x {len(result.heads)}"),
+        ("queries", str(config.query_positions)),
+        ("ranking / distance", f"{config.ranking} / {config.distance}"),
+        ("N grid", f"{len(grid)} values from {grid[0]} to {grid[-1]}"),
+        ("mean Precision at N <= 4", ", ".join(f"N={grid[i]}: {precision[i].item():.3f}" for i in small)),
+        ("mean Recall at N <= 4", ", ".join(f"N={grid[i]}: {recall[i].item():.3f}" for i in small)),
+        ("versions", ", ".join(f"{k} {v}" for k, v in result.versions.items())),
+    ]
+    return rows
+
+
+def render_html(result: GeometryResult, details: Mapping[str, str] | None = None) -> str:
+    """The whole report as one HTML document (plotly.js embedded once)."""
+    details = details or {}
+    table = "\n".join(
+        f"<tr><th>{html.escape(key)}</th><td>{html.escape(value)}</td></tr>"
+        for key, value in summary_rows(result, details)
+    )
+    contents = "\n".join(f'<li><a href="#{f.key}">{html.escape(f.title)}</a></li>' for f in FIGURES)
+    sections = []
+    for index, figure in enumerate(FIGURES):
+        div = figure.draw(result).to_html(full_html=False, include_plotlyjs=index == 0, div_id=figure.key)
+        sections.append(
+            f'<section id="section-{figure.key}"><h2>{html.escape(figure.title)}</h2>'
+            f'<p class="how">{html.escape(figure.how_to_read)}</p>{div}</section>'
+        )
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>tl_geometry report: {html.escape(result.model_name)}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }}
+table {{ border-collapse: collapse; }} th, td {{ text-align: left; padding: 0.25em 1em 0.25em 0; }}
+th {{ font-weight: 600; }} p.how {{ color: #444; max-width: 70em; }}
+</style></head>
+<body>
+<h1>Geometry of token selection: {html.escape(result.model_name)}</h1>
+<p>Precision, Recall and the geometry of top-N selection in value-state space, per layer and head
+(tl_geometry, after "Geometric Analysis of Token Selection in Multi-Head Attention").</p>
+<table id="summary">
+{table}
+</table>
+<h2>Figures</h2><ul>{contents}</ul>
+{"".join(sections)}
+</body></html>
+"""
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_report(result: GeometryResult, out_dir: str | os.PathLike, details: Mapping[str, str] | None = None) -> Path:
+    """Write ``out_dir/index.html`` and the result files ``out_dir/result.npz`` + ``.json``.
+
+    Args:
+        result: the analysis to report.
+        out_dir: the report folder (created if needed).
+        details: extra rows for the summary table, e.g. the text analysed.
+
+    Returns:
+        The path of ``index.html``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    page = render_html(result, details)  # everything is drawn before anything is written
+    result.save(out / "result")
+    index = out / "index.html"
+    write_atomically(index, page)
+    return index
