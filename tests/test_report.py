@@ -1,5 +1,7 @@
 """The HTML report: one self-contained page, every figure, a summary table; atomic writes."""
 
+import html
+
 import pytest
 
 from tests import tiny_models as tm
@@ -17,7 +19,7 @@ def test_page_embeds_plotly_once_and_shows_every_figure(result):
     page = report.render_html(result, {"text": "random tokens"})
     assert page.count("<script") >= 1 and page.count("plotly.js v") == 1  # the library, embedded once
     for figure in report.FIGURES:
-        assert f'id="{figure.key}"' in page and figure.how_to_read[:40] in page
+        assert f'id="{figure.key}"' in page and html.escape(figure.how_to_read[:40]) in page
     assert "<th>text</th><td>random tokens</td>" in page
     assert "<script src=" not in page  # nothing fetched from the network
 
