@@ -17,6 +17,7 @@ from tl_geometry.hooks import HookableModel, run_with_geometry_hooks
 from tl_geometry.metrics import SelectionMetrics, selection_metrics
 from tl_geometry.models import load_model
 from tl_geometry.result import GeometryResult
+from tl_geometry.taxonomy import REGIMES, HeadTaxonomy, Regime, TaxonomyConfig, classify_heads, detect_regime
 from tl_geometry.text import default_text, read_text_files, text_windows
 
 __version__ = "0.1.0"
@@ -25,11 +26,17 @@ __all__ = [
     "GeometryConfig",
     "GeometryError",
     "GeometryResult",
+    "HeadTaxonomy",
     "HookableModel",
+    "REGIMES",
+    "Regime",
     "SelectionMetrics",
+    "TaxonomyConfig",
     "analyze_corpus",
+    "classify_heads",
     "default_n_grid",
     "default_text",
+    "detect_regime",
     "load_model",
     "read_text_files",
     "run_with_geometry_hooks",
