@@ -1,10 +1,12 @@
 """Figures: the traces, axes and data ranges they show."""
 
+import math
+
 import pytest
 import torch
 
 from tests import tiny_models as tm
-from tl_geometry import GeometryError, run_with_geometry_hooks
+from tl_geometry import REGIMES, GeometryConfig, GeometryError, classify_heads, run_with_geometry_hooks
 from tl_geometry import plots
 from tl_geometry.summaries import mean_over_heads
 
@@ -41,3 +43,40 @@ def test_precision_recall_vs_n_draws_the_means_on_log_axes(result):
     assert fig.layout.xaxis.type == "log" and fig.layout.xaxis2.type == "log"
     assert all(0 <= y <= 1 for t in means for y in t.y)
     assert not any("envelope" in (t.name or "") for t in fig.data)  # no bounds diagnostic in this run
+
+
+@pytest.fixture(scope="module")
+def taxonomy():
+    model = tm.make_model("bridge-llama")
+    return classify_heads(model, tm.with_bos(tm.random_tokens(3, 30)), GeometryConfig(n_grid=[1, 2, 4, 8, 31]))
+
+
+def test_regimes_by_layer_stacks_the_counts(taxonomy):
+    fig = plots.regimes_by_layer(taxonomy)
+    assert [bar.name for bar in fig.data] == list(REGIMES)
+    stacked = torch.tensor([list(bar.y) for bar in fig.data]).T
+    assert torch.equal(stacked, taxonomy.counts_by_layer())
+    assert (stacked.sum(1) == len(taxonomy.heads)).all()
+    assert [bar.marker.color for bar in fig.data] == [plots.REGIME_COLOURS[r] for r in REGIMES]
+
+
+def test_precision_recall_by_regime_draws_each_regime(taxonomy):
+    fig = plots.precision_recall_by_regime(taxonomy)
+    assert len(fig.data) == 2 * len(REGIMES)
+    for trace, expected in zip(fig.data[:3], taxonomy.curves_by_regime("precision"), strict=True):
+        torch.testing.assert_close(torch.tensor(trace.y, dtype=torch.float64), expected.double(), equal_nan=True)
+    assert fig.layout.xaxis.type == "log"
+
+
+def test_regime_diagnostics_and_contributions_show_the_example_heads(taxonomy):
+    examples = taxonomy.example_heads()
+    present = [r for r in REGIMES if examples[r] is not None]
+    fig7 = plots.regime_diagnostics(taxonomy)
+    assert len(fig7.data) == 5 * len(present)
+    assert all(t.line.color in plots.REGIME_COLOURS.values() for t in fig7.data)
+    fig10 = plots.contributions_by_regime(taxonomy)
+    assert len(fig10.data) == len(present)
+    for trace in fig10.data:
+        assert all(y is None or math.isnan(y) or y >= 0 for y in trace.y)
+        assert all(c is None or math.isnan(c) or abs(c) <= 1 + 1e-6 for c in trace.marker.color)
+    assert fig10.layout.yaxis.type == "log"

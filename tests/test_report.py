@@ -1,5 +1,6 @@
 """The HTML report: one self-contained page, every figure, a summary table; atomic writes."""
 
+import dataclasses
 import html
 
 import pytest
@@ -7,16 +8,28 @@ import pytest
 from tests import tiny_models as tm
 from tl_geometry import GeometryResult, run_with_geometry_hooks
 from tl_geometry import report
+from tl_geometry.features import TAXONOMY_FEATURES
 
 
 @pytest.fixture(scope="module")
 def result():
     model = tm.make_model("bridge-llama")
-    return run_with_geometry_hooks(model, tm.with_bos(tm.random_tokens(2, 20)), n_grid=[1, 2, 4, 21])
+    tokens = tm.with_bos(tm.random_tokens(2, 20))
+    return run_with_geometry_hooks(model, tokens, n_grid=[1, 2, 4, 21], diagnostics=["taxonomy"])
+
+
+def test_without_taxonomy_features_the_regime_figures_are_left_out(result):
+    plain = dataclasses.replace(
+        result, per_sequence={k: v for k, v in result.per_sequence.items() if k not in TAXONOMY_FEATURES}
+    )
+    page = report.render_html(plain)
+    for figure in report.FIGURES:
+        assert (f'id="{figure.key}"' in page) == (not figure.needs_taxonomy)
 
 
 def test_page_embeds_plotly_once_and_shows_every_figure(result):
     page = report.render_html(result, {"text": "random tokens"})
+    assert "<th>head regimes</th>" in page
     assert page.count("<script") >= 1 and page.count("plotly.js v") == 1  # the library, embedded once
     for figure in report.FIGURES:
         assert f'id="{figure.key}"' in page and html.escape(figure.how_to_read[:40]) in page

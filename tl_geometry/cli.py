@@ -17,6 +17,8 @@ from pathlib import Path
 from tl_geometry.errors import GeometryError
 
 EXIT_OK, EXIT_USAGE, EXIT_INPUT = 0, 2, 1
+# Everything the report draws is computed in the same hooked pass.
+DIAGNOSTICS = ("taxonomy",)
 
 
 def _n_grid_argument(text: str) -> str | list[int]:
@@ -102,7 +104,9 @@ def _analyse(args: argparse.Namespace):
     text = read_text_files(args.text) if args.text else default_text()
     model = load_model(args.model, progress=not args.quiet)
     windows = text_windows(model, text, context=args.context, n_windows=args.windows)
-    result = analyze_corpus(model, windows, batch_size=args.batch_size, progress=not args.quiet, n_grid=args.n_grid)
+    result = analyze_corpus(
+        model, windows, batch_size=args.batch_size, progress=not args.quiet, n_grid=args.n_grid, diagnostics=DIAGNOSTICS
+    )
     source = ", ".join(str(path) for path in args.text) if args.text else "Python reference documentation (pydoc_data)"
     details = {"text": source, "windows": f"{len(windows)} x {args.context} tokens (BOS first)"}
     return result, details

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tl_geometry.result import GeometryResult
+from tl_geometry.taxonomy import REGIMES, HeadTaxonomy
 from tl_geometry.summaries import at_n, mean_over_heads, spread_over_heads
 
 # Okabe & Ito (2008), safe for the common colour-vision deficiencies.
@@ -103,3 +104,96 @@ def precision_recall_vs_n(result: GeometryResult) -> go.Figure:
         fig.update_xaxes(type="log", title="N (selected keys)", row=1, col=col)
         fig.update_yaxes(range=[0, 1.05], title=metric, row=1, col=col)
     return _style(fig, "Separability of top-N selection vs N (mean over layers and heads)")
+
+
+def _example_head_label(where: tuple[int, int] | None, regime: str) -> str:
+    return f"{regime}: none" if where is None else f"{regime}: layer {where[0]}, head {where[1]}"
+
+
+def regime_diagnostics(taxonomy: HeadTaxonomy) -> go.Figure:
+    """Figure 7: for one example head per regime, ||s(N)|| and its leave-one-out norms (top)
+    and the alignment of s(N) with the sink v_0 and the last token v_L (bottom), against N."""
+    examples = taxonomy.example_heads()
+    fig = make_subplots(rows=2, cols=3, shared_xaxes=True, vertical_spacing=0.12,
+                        subplot_titles=[_example_head_label(examples[r], r) for r in REGIMES] + ["", "", ""])
+    grid = taxonomy.n_grid.tolist()
+    lines = (
+        (1, "taxonomy_s_norm", "||s(N)||", "solid"),
+        (1, "s_norm_without_sink", "||s(N) without the sink||", "dashdot"),
+        (1, "s_norm_without_last", "||s(N) without the last token||", "dash"),
+        (2, "cos_s_sink", "cos(s(N), v_0)", "solid"),
+        (2, "cos_s_last", "cos(s(N), v_L)", "dash"),
+    )
+    for col, regime in enumerate(REGIMES, start=1):
+        where = examples[regime]
+        if where is None:
+            continue
+        layer, head = taxonomy.layers.index(where[0]), taxonomy.heads.index(where[1])
+        for row, name, label, dash in lines:
+            fig.add_trace(
+                go.Scatter(x=grid, y=taxonomy.features[name][layer, head].tolist(), mode="lines", name=label,
+                           line={"color": REGIME_COLOURS[regime], "dash": dash}, showlegend=False,
+                           hovertemplate=label + " = %{y:.3g} at N = %{x}<extra></extra>"),
+                row=row, col=col,
+            )
+    fig.update_xaxes(type="log", title="N (selected keys)", row=2)
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(title="norm", row=1, col=1)
+    fig.update_yaxes(title="cosine", range=[-1.05, 1.05], row=2)
+    return _style(fig, "Regime diagnostics: norms (solid s, dash-dot without sink, dashed without last) and "
+                       "alignment (solid v_0, dashed v_L)", height=560)
+
+
+def regimes_by_layer(taxonomy: HeadTaxonomy) -> go.Figure:
+    """Figure 8: how many heads of each regime every layer has (stacked)."""
+    counts = taxonomy.counts_by_layer()
+    fig = go.Figure(
+        [go.Bar(x=list(taxonomy.layers), y=counts[:, i].tolist(), name=regime, marker_color=REGIME_COLOURS[regime])
+         for i, regime in enumerate(REGIMES)]
+    )
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(title="layer")
+    fig.update_yaxes(title="heads")
+    return _style(fig, "Head regimes by depth")
+
+
+def contributions_by_regime(taxonomy: HeadTaxonomy) -> go.Figure:
+    """Figure 10: ||alpha_i v_i|| by key position for an example head of each regime, coloured by cos(v_i, v_L)."""
+    examples = taxonomy.example_heads()
+    fig = make_subplots(rows=1, cols=3, shared_yaxes=True,
+                        subplot_titles=[_example_head_label(examples[r], r) for r in REGIMES])
+    for col, regime in enumerate(REGIMES, start=1):
+        where = examples[regime]
+        if where is None:
+            continue
+        layer, head = taxonomy.layers.index(where[0]), taxonomy.heads.index(where[1])
+        size = taxonomy.features["contribution_by_position"][layer, head]
+        cosine = taxonomy.features["cos_last_by_position"][layer, head]
+        fig.add_trace(
+            go.Scatter(x=list(range(len(size))), y=size.tolist(), mode="markers", name=regime, showlegend=False,
+                       marker={"color": cosine.tolist(), "colorscale": "RdBu", "cmin": -1, "cmax": 1, "size": 5,
+                               "colorbar": {"title": "cos(v_i, v_L)"} if col == 3 else None,
+                               "showscale": col == 3},
+                       hovertemplate="position %{x}<br>||alpha_i v_i|| = %{y:.3g}<extra></extra>"),
+            row=1, col=col,
+        )
+    fig.update_xaxes(title="key position")
+    fig.update_yaxes(type="log", title="||alpha_i v_i||", row=1, col=1)
+    return _style(fig, "Contributions of each key to the head output, by regime")
+
+
+def precision_recall_by_regime(taxonomy: HeadTaxonomy) -> go.Figure:
+    """Figure 11: mean Precision(r_max) and Recall(r_min) against N for the heads of each regime."""
+    grid = taxonomy.n_grid.tolist()
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("Precision P(r_max, N)", "Recall R(r_min, N)"))
+    for col, metric in enumerate(("precision", "recall"), start=1):
+        curves = taxonomy.curves_by_regime(metric)
+        for i, regime in enumerate(REGIMES):
+            fig.add_trace(
+                go.Scatter(x=grid, y=curves[i].tolist(), mode="lines+markers", name=regime,
+                           line={"color": REGIME_COLOURS[regime]}, showlegend=col == 1),
+                row=1, col=col,
+            )
+        fig.update_xaxes(type="log", title="N (selected keys)", row=1, col=col)
+        fig.update_yaxes(range=[0, 1.05], title=metric, row=1, col=col)
+    return _style(fig, "Precision and Recall by head regime")

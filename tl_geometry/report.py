@@ -15,7 +15,9 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 from tl_geometry import plots
+from tl_geometry.features import TAXONOMY_FEATURES
 from tl_geometry.result import GeometryResult
+from tl_geometry.taxonomy import REGIMES, HeadTaxonomy, taxonomy_from_result
 from tl_geometry.summaries import mean_over_heads
 
 
@@ -26,7 +28,12 @@ class Figure:
     key: str
     title: str
     how_to_read: str
-    draw: Callable[[GeometryResult], go.Figure]
+    draw: Callable[[GeometryResult, HeadTaxonomy | None], go.Figure]
+    needs_taxonomy: bool = False
+
+
+def _names(taxonomy: HeadTaxonomy | None) -> list[list[str]] | None:
+    return None if taxonomy is None else taxonomy.label_names()
 
 
 def _small_n(result: GeometryResult) -> int:
@@ -41,26 +48,61 @@ FIGURES: tuple[Figure, ...] = (
         "Figure 5: Precision and Recall against N",
         "Global means over layers and heads (band: interquartile range). The paper finds separability "
         "strongest at small N and weakest at intermediate N; both metrics return to 1 when every key is selected.",
-        plots.precision_recall_vs_n,
+        lambda result, taxonomy: plots.precision_recall_vs_n(result),
     ),
     Figure(
         "heatmap-precision",
         "Precision per layer and head",
         "Each cell is one head's Precision(r_max) at a small N: how few non-selected tokens fall inside the "
         "ball around s(N) that holds the selected ones. Bright cells are heads that separate their top keys well.",
-        lambda result: plots.metric_heatmap(result, "precision", _small_n(result)),
+        lambda result, taxonomy: plots.metric_heatmap(result, "precision", _small_n(result), _names(taxonomy)),
     ),
     Figure(
         "heatmap-recall",
         "Recall per layer and head",
         "Each cell is one head's Recall(r_min) at a small N: the share of selected tokens closer to s(N) than "
         "any non-selected one.",
-        lambda result: plots.metric_heatmap(result, "recall", _small_n(result)),
+        lambda result, taxonomy: plots.metric_heatmap(result, "recall", _small_n(result), _names(taxonomy)),
+    ),
+    Figure(
+        "figure-7",
+        "Figure 7: regime diagnostics",
+        "One example head per regime. Top: ||s(N)|| and the norms left when the sink or the last token is "
+        "removed; a Retriever drops without the last token, a Reset head without the sink. Bottom: alignment "
+        "of s(N) with the sink v_0 and the last token v_L; in a Mixer it moves from v_0 to v_L as N grows.",
+        lambda result, taxonomy: plots.regime_diagnostics(taxonomy),
+        needs_taxonomy=True,
+    ),
+    Figure(
+        "figure-8",
+        "Figure 8: regimes by depth",
+        "How many heads of each layer fall into each regime, by the rules of tl_geometry.taxonomy. The paper "
+        "(Llama-2-7B) finds Retrievers in the first two layers, Reset heads early and Mixers from the "
+        "lower-middle layers on.",
+        lambda result, taxonomy: plots.regimes_by_layer(taxonomy),
+        needs_taxonomy=True,
+    ),
+    Figure(
+        "figure-10",
+        "Figure 10: contributions by regime",
+        "||alpha_i v_i|| of every key for the final query of the example heads, coloured by the cosine of v_i "
+        "with the last token's value: Retrievers are dominated by the last token, Reset heads by the sink.",
+        lambda result, taxonomy: plots.contributions_by_regime(taxonomy),
+        needs_taxonomy=True,
+    ),
+    Figure(
+        "figure-11",
+        "Figure 11: Precision and Recall by regime",
+        "Mean Precision(r_max) and Recall(r_min) against N over the heads of each regime.",
+        lambda result, taxonomy: plots.precision_recall_by_regime(taxonomy),
+        needs_taxonomy=True,
     ),
 )
 
 
-def summary_rows(result: GeometryResult, details: Mapping[str, str]) -> list[tuple[str, str]]:
+def summary_rows(
+    result: GeometryResult, details: Mapping[str, str], taxonomy: HeadTaxonomy | None = None
+) -> list[tuple[str, str]]:
     """The summary table: model, text, settings, versions and key figures."""
     precision, recall = mean_over_heads(result, "precision"), mean_over_heads(result, "recall")
     grid = result.n_grid.tolist()
@@ -77,22 +119,32 @@ def summary_rows(result: GeometryResult, details: Mapping[str, str]) -> list[tup
         ("N grid", f"{len(grid)} values from {grid[0]} to {grid[-1]}"),
         ("mean Precision at N <= 4", ", ".join(f"N={grid[i]}: {precision[i].item():.3f}" for i in small)),
         ("mean Recall at N <= 4", ", ".join(f"N={grid[i]}: {recall[i].item():.3f}" for i in small)),
-        ("versions", ", ".join(f"{k} {v}" for k, v in result.versions.items())),
     ]
+    if taxonomy is not None:
+        counts = taxonomy.counts_by_layer().sum(0).tolist()
+        rows.append(("head regimes", ", ".join(f"{regime}: {count}" for regime, count in zip(REGIMES, counts))))
+    rows.append(("versions", ", ".join(f"{k} {v}" for k, v in result.versions.items())))
     return rows
 
 
 def render_html(result: GeometryResult, details: Mapping[str, str] | None = None) -> str:
-    """The whole report as one HTML document (plotly.js embedded once)."""
+    """The whole report as one HTML document (plotly.js embedded once).
+
+    The taxonomy figures are drawn when the result carries the taxonomy
+    features (``diagnostics`` including ``"taxonomy"``).
+    """
     details = details or {}
+    taxonomy = taxonomy_from_result(result) if all(n in result.per_sequence for n in TAXONOMY_FEATURES) else None
+    figures = [f for f in FIGURES if taxonomy is not None or not f.needs_taxonomy]
     table = "\n".join(
         f"<tr><th>{html.escape(key)}</th><td>{html.escape(value)}</td></tr>"
-        for key, value in summary_rows(result, details)
+        for key, value in summary_rows(result, details, taxonomy)
     )
-    contents = "\n".join(f'<li><a href="#{f.key}">{html.escape(f.title)}</a></li>' for f in FIGURES)
+    contents = "\n".join(f'<li><a href="#{f.key}">{html.escape(f.title)}</a></li>' for f in figures)
     sections = []
-    for index, figure in enumerate(FIGURES):
-        div = figure.draw(result).to_html(full_html=False, include_plotlyjs=index == 0, div_id=figure.key)
+    for index, figure in enumerate(figures):
+        drawn = figure.draw(result, taxonomy)
+        div = drawn.to_html(full_html=False, include_plotlyjs=index == 0, div_id=figure.key)
         sections.append(
             f'<section id="section-{figure.key}"><h2>{html.escape(figure.title)}</h2>'
             f'<p class="how">{html.escape(figure.how_to_read)}</p>{div}</section>'
