@@ -160,8 +160,7 @@ def regimes_by_layer(taxonomy: HeadTaxonomy) -> go.Figure:
 def contributions_by_regime(taxonomy: HeadTaxonomy) -> go.Figure:
     """Figure 10: ||alpha_i v_i|| by key position for an example head of each regime, coloured by cos(v_i, v_L)."""
     examples = taxonomy.example_heads()
-    fig = make_subplots(rows=1, cols=3, shared_yaxes=True,
-                        subplot_titles=[_example_head_label(examples[r], r) for r in REGIMES])
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[_example_head_label(examples[r], r) for r in REGIMES])
     for col, regime in enumerate(REGIMES, start=1):
         where = examples[regime]
         if where is None:
@@ -178,7 +177,8 @@ def contributions_by_regime(taxonomy: HeadTaxonomy) -> go.Figure:
             row=1, col=col,
         )
     fig.update_xaxes(title="key position")
-    fig.update_yaxes(type="log", title="||alpha_i v_i||", row=1, col=1)
+    fig.update_yaxes(type="log")
+    fig.update_yaxes(title="||alpha_i v_i||", row=1, col=1)
     return _style(fig, "Contributions of each key to the head output, by regime")
 
 
