@@ -9,6 +9,7 @@ Importing the package is cheap: transformers and the models load only when
 asked for.
 """
 
+from tl_geometry.bounds import envelopes, selection_margins
 from tl_geometry.config import GeometryConfig
 from tl_geometry.corpus import analyze_corpus
 from tl_geometry.errors import GeometryError
@@ -37,9 +38,11 @@ __all__ = [
     "default_n_grid",
     "default_text",
     "detect_regime",
+    "envelopes",
     "load_model",
     "read_text_files",
     "run_with_geometry_hooks",
+    "selection_margins",
     "selection_metrics",
     "text_windows",
     "__version__",

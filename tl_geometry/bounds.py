@@ -1,0 +1,524 @@
+"""Margins and the theoretical envelopes of Theorems 1-2 and Corollary 1 (paper section 3.4, appendix A.1).
+
+For one query row and a selection size N, with effective weights
+a_i = alpha_i ||v_i|| and cosines rho_jk = cos(v_j, v_k), keys sorted by
+attention (ties by increasing key index, as the engine does), I_N the top N
+and key 0 the sink:
+
+- S_in = sum of a_k over I_N minus the sink, a_min_in / a_max_in = min / max
+  of a_i over I_N minus the sink, a_max_out = max of a_j over the visible
+  keys outside I_N, rho_out = max of rho_jk over j outside I_N and k in I_N
+  minus the sink;
+- Delta = a_min_in^2 - 2 a_max_out S_in rho_out (eq. 8, 28),
+  Delta_0 = a_0^2 - (S_in rho_out)^2 (eq. 29), B = a_max_in + a_max_out + S_in;
+- lower envelopes (eq. 12, 14; capped at 0 as in Figure 5):
+  P >= 1 / (1 + T), R >= max(0, 1 - T) with
+  T = (L - N) e^{-kappa d (Delta/B)^2} + (L - N)/N e^{-kappa d (Delta_0/B)^2};
+- upper envelopes (eq. 13, 15): P <= 1 - max_{i,j} p_-ij / (N + 1),
+  R <= (1/N) sum_{i in I_N} (1 - max_j p_-ij), p_-ij from eq. 9-10;
+- F(r_min) and F(r_max) envelopes: 2x / (1 + x) of the R and P envelopes
+  (Corollary 1; the map is increasing, so it carries the bounds over).
+
+Readings chosen where the paper is ambiguous (listed on the docs page too):
+
+1. Delta_0 uses rho_out (appendix eq. 29), not the undefined rho_in of
+   section 3.4: rho_out is the only cross-token cosine the paper defines,
+   and the proof's sink margin is the one stated with it.
+2. a_max_in (used in B, never defined) is the max of a_i over I_N minus the
+   sink, the mirror of a_min_in's definition; 0 when that set is empty.
+3. phi in p_-ij (eq. 9) is the standard normal density: phi(xi) / (xi + 1/xi)
+   = phi(xi) xi / (1 + xi^2) is the Mills-ratio lower bound of the Gaussian
+   tail P{X_ij <= 0} = 1 - Phi(xi), and 1/2 for xi < 0 is that tail's
+   lower bound there. Written as phi(xi) xi / (1 + xi^2), so xi = 0 gives 0.
+4. mu_ij is the mean gap of eq. 25 (the proof's definition mu_ij := E X_ij),
+   summed over all of I_N, the sink included: with the measured cosines it
+   is D_j^2 - D_i^2 exactly. Eq. 10's M_j drops the sink from the sum; we
+   keep it because the sink pulls s(N) most of all (section 4.1).
+5. max_{j} p_-ij is p_- at the closest pair, i.e. the smallest xi (the pair
+   most likely to swap, which maximises the Gaussian tail that p_- bounds).
+   p_-(xi) itself is not monotone for xi >= 0, so this can be smaller than
+   the literal maximum; the upper envelope is then larger, never tighter.
+6. L is the number of visible keys, the sink included, so that L - N is
+   the number of non-selected keys the union bound of the proof sums over.
+   (With the paper's indexing 0..L the factor would be one short and the
+   bound would claim P = 1 at N = L with one key left out.)
+7. A margin <= 0 gives no concentration: the tail factor is 1 there (the
+   theorem assumes Delta > 0, and squaring a negative margin would turn a
+   violated assumption into a strong guarantee).
+8. The Delta term is present only when I_N minus the sink is non-empty, the
+   Delta_0 term only when the sink is in I_N (the pairs each bounds); Delta
+   and Delta_0 are NaN where their term is absent.
+9. N = L (everything selected): no pair, every envelope is 1. N > L: the
+   top-N set does not exist; every field is NaN.
+
+The formulas are used as printed: Delta has units of a^2 and B of a, so
+Delta/B scales with the overall size of a (alpha ||v||), and the largest
+kappa for which the lower envelopes hold depends on that scale.
+"""
+
+import math
+from dataclasses import dataclass, fields
+
+import einops
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from tl_geometry.activations import LayerActivations
+from tl_geometry.errors import GeometryError
+from tl_geometry.synthetic import AttentionProfile, attention_profile
+from tl_geometry.selection import (
+    NGridLike,
+    check_selection_inputs,
+    resolve_n_grid,
+    selection_order,
+    working_dtype,
+)
+
+# The universal constant kappa of Theorems 1-2. Pinned from the simulator
+# (benchmarks/bench_theory.py): the largest kappa for which the Monte Carlo
+# means of P and R stay above the lower envelopes on every setting of the
+# test grid (about 2.6e3 with C = 1), rounded down to a power of ten.
+DEFAULT_KAPPA = 1000.0
+
+DEFAULT_MEMORY_BUDGET_MIB = 128
+
+
+@dataclass(frozen=True)
+class SelectionMargins:
+    """The quantities of eq. 7-11 for every row and N of the grid.
+
+    Fields shaped ``[*batch, n]`` unless said otherwise; NaN where N exceeds
+    the row's visible keys.
+
+    Attributes:
+        n_grid: the selection sizes N, ``[n]``.
+        n_visible: visible keys of each row, the L of the envelopes, ``[*batch]``.
+        delta: Delta (NaN when I_N holds only the sink).
+        delta0: Delta_0 (NaN when the sink is not in I_N).
+        scale: B = a_max_in + a_max_out + S_in.
+        s_in: S_in.
+        a_min_in: min of a_i over I_N minus the sink (NaN if empty).
+        a_max_in: max of a_i over I_N minus the sink (NaN if empty).
+        a_max_out: max of a_j outside I_N (NaN if nothing is outside).
+        a0: the sink's a_0 (NaN if key 0 is hidden).
+        rho_out: max cosine between outside keys and non-sink inside keys
+            (NaN if there is no such pair).
+        sink_selected: whether the sink is in I_N (1.0 / 0.0).
+        pair_gap: r_min^2 - r_max^2 = min over pairs (i in I_N, j outside)
+            of mu_ij = D_j^2 - D_i^2 (+inf when nothing is outside).
+        gap_in: min over j outside of mu_ij for the key at each rank
+            (rank < N), ``[*batch, n, key]``; NaN at ranks >= N.
+    """
+
+    n_grid: Int[Tensor, " n"]
+    n_visible: Int[Tensor, "*batch"]
+    delta: Float[Tensor, "*batch n"]
+    delta0: Float[Tensor, "*batch n"]
+    scale: Float[Tensor, "*batch n"]
+    s_in: Float[Tensor, "*batch n"]
+    a_min_in: Float[Tensor, "*batch n"]
+    a_max_in: Float[Tensor, "*batch n"]
+    a_max_out: Float[Tensor, "*batch n"]
+    a0: Float[Tensor, "*batch n"]
+    rho_out: Float[Tensor, "*batch n"]
+    sink_selected: Float[Tensor, "*batch n"]
+    pair_gap: Float[Tensor, "*batch n"]
+    gap_in: Float[Tensor, "*batch n key"]
+
+
+@dataclass(frozen=True)
+class Envelopes:
+    """Lower and upper envelopes of E[P(r_max, N)], E[R(r_min, N)], E[F(r_min)], E[F(r_max)], ``[*batch, n]``."""
+
+    precision_lower: Float[Tensor, "*batch n"]
+    precision_upper: Float[Tensor, "*batch n"]
+    recall_lower: Float[Tensor, "*batch n"]
+    recall_upper: Float[Tensor, "*batch n"]
+    f_rmin_lower: Float[Tensor, "*batch n"]
+    f_rmin_upper: Float[Tensor, "*batch n"]
+    f_rmax_lower: Float[Tensor, "*batch n"]
+    f_rmax_upper: Float[Tensor, "*batch n"]
+
+    def as_dict(self) -> dict[str, Tensor]:
+        """Every envelope by field name."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _segment_prefix_max(
+    cos: Float[Tensor, "row key key"], grid: Int[Tensor, " n"]
+) -> Float[Tensor, "row key n"]:
+    """max over ranks q < N of cos[p, q], for every p and every N of the grid.
+
+    One pass over the key x key block: the columns are cut at the sorted grid
+    values, each segment reduced by a scatter-max, and a cummax over the
+    (few) segments gives the prefix maxima at every N.
+    """
+    n_keys = cos.shape[-1]
+    bounds, position = torch.unique(grid, sorted=True, return_inverse=True)
+    segment = torch.searchsorted(bounds, torch.arange(n_keys), right=True)  # columns q < bounds[0] -> 0
+    out = cos.new_full((*cos.shape[:-1], len(bounds) + 1), -math.inf)
+    out.scatter_reduce_(-1, segment.expand_as(cos), cos, reduce="amax", include_self=True)
+    prefix = torch.cummax(out[..., :-1], dim=-1).values  # [..., s]: max over q < bounds[s]
+    return prefix[..., position]
+
+
+def _margins_core(
+    a: Float[Tensor, "row key"],
+    cos: Float[Tensor, "row key key"],
+    sink: Bool[Tensor, "row key"],
+    n_visible: Int[Tensor, " row"],
+    grid: Int[Tensor, " n"],
+) -> dict[str, Tensor]:
+    """Every margin of a chunk of rows, keys in selection order (rank 0 first).
+
+    ``a`` are the effective weights by rank, ``cos`` their cosines, ``sink``
+    marks the rank holding key 0; ranks >= ``n_visible`` are hidden and must
+    carry a = 0 and finite cosines.
+    """
+    n_keys = a.shape[-1]
+    ranks = torch.arange(n_keys)
+    visible = ranks < n_visible.unsqueeze(-1)  # [row, key]
+    inside = ranks < grid.clamp(max=n_keys).unsqueeze(-1)  # [n, key]
+    outside = ~inside & visible.unsqueeze(1)  # [row, n, key]
+    inside_rows = inside & visible.unsqueeze(1)
+    nonsink_in = inside_rows & ~sink.unsqueeze(1)
+    a_n = a.unsqueeze(1)
+    inf = math.inf
+
+    has_in, has_out = nonsink_in.any(-1), outside.any(-1)
+    sink_in = (inside_rows & sink.unsqueeze(1)).any(-1)
+    s_in = (a_n * nonsink_in).sum(-1)
+    a_min_in = torch.where(nonsink_in, a_n, inf).amin(-1)
+    a_max_in = torch.where(nonsink_in, a_n, -inf).amax(-1)
+    a_max_out = torch.where(outside, a_n, -inf).amax(-1)
+    a0 = torch.where(sink, a, 0.0).sum(-1, keepdim=True).expand_as(s_in)
+    a0 = torch.where(sink.any(-1, keepdim=True), a0, math.nan)
+
+    # rho_out: candidates k are visible non-sink ranks, j any visible outside rank.
+    candidates = visible & ~sink
+    cos_k = cos.masked_fill(~candidates.unsqueeze(1), -inf)
+    prefix = einops.rearrange(_segment_prefix_max(cos_k, grid), "row key n -> row n key")
+    rho_out = torch.where(outside, prefix, -inf).amax(-1)
+    has_pair = torch.isfinite(rho_out)
+    rho_out = torch.where(has_pair, rho_out, math.nan)
+    rho_used = torch.where(has_pair, rho_out, 0.0)
+
+    # mu_ij = D_j^2 - D_i^2 with D^2 - ||s||^2 = a_i^2 - 2 a_i sum_{k in I_N} a_k rho_ki (eq. 25).
+    inner = torch.bmm(a_n * inside, cos)  # [row, n, key]: sum_k a_k rho_k,i over I_N
+    proximity = a_n * a_n - 2 * a_n * inner
+    far_in = torch.where(inside_rows, proximity, -inf).amax(-1)
+    near_out = torch.where(outside, proximity, inf).amin(-1)
+    pair_gap = torch.where(has_out, near_out - far_in, inf)
+    gap_in = torch.where(inside_rows, torch.where(has_out, near_out, inf).unsqueeze(-1) - proximity, math.nan)
+
+    delta = torch.where(has_in, a_min_in**2 - 2 * torch.where(has_pair, a_max_out * s_in * rho_used, 0.0), math.nan)
+    delta0 = torch.where(sink_in, a0**2 - (s_in * rho_used) ** 2, math.nan)
+    scale = torch.where(has_in, a_max_in, 0.0) + torch.where(has_out, a_max_out, 0.0) + s_in
+    out = {
+        "delta": delta,
+        "delta0": delta0,
+        "scale": scale,
+        "s_in": s_in,
+        "a_min_in": torch.where(has_in, a_min_in, math.nan),
+        "a_max_in": torch.where(has_in, a_max_in, math.nan),
+        "a_max_out": torch.where(has_out, a_max_out, math.nan),
+        "a0": a0,
+        "rho_out": rho_out,
+        "sink_selected": sink_in.to(a.dtype),
+        "pair_gap": pair_gap,
+    }
+    missing = grid.unsqueeze(0) > n_visible.unsqueeze(-1)  # [row, n]
+    out = {name: t.masked_fill(missing, math.nan) for name, t in out.items()}
+    out["gap_in"] = gap_in.masked_fill(missing.unsqueeze(-1), math.nan)
+    return out
+
+
+def _chunk_rows(n_keys: int, n_grid: int, itemsize: int, budget_mib: float) -> int:
+    """Rows per chunk: about five key x key and four n x key buffers per row within the budget."""
+    per_row = itemsize * (5 * n_keys * n_keys + 4 * n_grid * n_keys + 4 * n_keys * n_grid)
+    return max(1, int(budget_mib * 2**20 // per_row))
+
+
+def selection_margins(
+    alpha: Tensor,
+    values: Tensor,
+    n_grid: NGridLike = None,
+    *,
+    key_mask: Tensor | None = None,
+    ranking: str = "attention",
+    memory_budget_mib: int | float = DEFAULT_MEMORY_BUDGET_MIB,
+) -> SelectionMargins:
+    """Delta, Delta_0, B and the quantities behind them, for every row and N at once.
+
+    Measured reading of section 3.4: a_i = alpha_i ||v_i|| and the cosines are
+    those of the given value vectors. Keys are sorted as the engine sorts
+    them (:func:`tl_geometry.selection.selection_order`); key 0 is the sink.
+    The cosines of a row cost key x key memory; rows are processed in chunks
+    within about ``memory_budget_mib`` MiB. The readings chosen where the paper
+    is ambiguous are listed in the module docstring.
+
+    Args:
+        alpha: attention weights, ``[*batch, key]``, finite and >= 0.
+        values: value vectors, ``[*batch, key, d_head]``.
+        n_grid: selection sizes N (None: every N from 1 to the keys).
+        key_mask: visible keys, ``[*batch, key]`` (default: all).
+        ranking: ``"attention"`` (the paper's) or ``"contribution"``.
+        memory_budget_mib: working memory of one chunk of rows.
+
+    Returns:
+        SelectionMargins, fields ``[*batch, n]`` (``gap_in`` ``[*batch, n, key]``).
+
+    Raises:
+        GeometryError: as :func:`tl_geometry.selection_metrics` for bad inputs.
+
+    Example:
+        >>> alpha = torch.tensor([0.6, 0.3, 0.1])
+        >>> values = torch.tensor([[0.1, 0.0], [0.0, 1.0], [1.0, 0.0]])
+        >>> m = selection_margins(alpha, values, [1, 2, 3])
+        >>> m.s_in.tolist(), m.rho_out.tolist()[:2]
+        ([0.0, 0.30000001192092896, 0.4000000059604645], [nan, 0.0])
+    """
+    check_selection_inputs(alpha, values, key_mask, ranking, "euclidean")
+    if not isinstance(memory_budget_mib, (int, float)) or not memory_budget_mib > 0:
+        raise GeometryError(f"memory_budget_mib: expected a positive number of MiB, got {memory_budget_mib!r}")
+    batch_shape, n_keys, d_head = alpha.shape[:-1], alpha.shape[-1], values.shape[-1]
+    grid = resolve_n_grid(n_grid, n_keys)
+    dtype = working_dtype(alpha, values)
+    rows_alpha = alpha.reshape(-1, n_keys).to(dtype)
+    rows_values = values.reshape(-1, n_keys, d_head).to(dtype)
+    rows_mask = torch.ones_like(rows_alpha, dtype=torch.bool) if key_mask is None else key_mask.reshape(-1, n_keys)
+    n_rows = rows_alpha.shape[0]
+    chunk = _chunk_rows(n_keys, len(grid), rows_alpha.element_size(), float(memory_budget_mib))
+    parts: dict[str, list[Tensor]] = {}
+    with torch.no_grad():
+        for start in range(0, n_rows, chunk):
+            rows = slice(start, start + chunk)
+            out = _measured_chunk(rows_alpha[rows], rows_values[rows], rows_mask[rows], grid, ranking)
+            for name, t in out.items():
+                parts.setdefault(name, []).append(t)
+    joined = {name: torch.cat(ts) for name, ts in parts.items()}
+    shape = (*batch_shape, len(grid))
+    return SelectionMargins(
+        n_grid=grid,
+        n_visible=rows_mask.sum(-1).reshape(batch_shape),
+        gap_in=joined.pop("gap_in").reshape(*shape, n_keys),
+        **{name: t.reshape(shape) for name, t in joined.items()},
+    )
+
+
+def _measured_chunk(
+    alpha: Float[Tensor, "row key"],
+    values: Float[Tensor, "row key d_head"],
+    key_mask: Bool[Tensor, "row key"],
+    grid: Int[Tensor, " n"],
+    ranking: str,
+) -> dict[str, Tensor]:
+    """Sort one chunk of rows, form a_i and the cosines, and call the core."""
+    order = selection_order(alpha, values, key_mask, ranking)
+    n_visible = key_mask.sum(-1)
+    hidden = torch.arange(alpha.shape[-1]) >= n_visible.unsqueeze(-1)
+    norms = torch.linalg.vector_norm(values, dim=-1)
+    a = torch.gather(alpha * norms, 1, order).masked_fill(hidden, 0.0)
+    # A zero vector has no direction: its cosines are 0 (its a_i is 0 too).
+    unit = values / torch.where(norms > 0, norms, 1.0).unsqueeze(-1)
+    unit = torch.gather(unit, 1, einops.repeat(order, "row key -> row key d", d=values.shape[-1]))
+    unit = unit.masked_fill(hidden.unsqueeze(-1), 0.0)
+    cos = torch.bmm(unit, unit.transpose(1, 2))
+    sink = (order == 0) & ~hidden
+    return _margins_core(a, cos, sink, n_visible, grid)
+
+
+def _p_minus(xi: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
+    """Eq. 9: phi(xi) xi / (1 + xi^2) for xi >= 0 (phi the standard normal pdf), 1/2 for xi < 0."""
+    phi = torch.exp(-0.5 * xi * xi) / math.sqrt(2 * math.pi)
+    mills = phi * xi / (1 + xi * xi)
+    mills = torch.where(torch.isinf(xi), 0.0, mills)  # no outside key: no swap
+    return torch.where(xi < 0, 0.5, mills)
+
+
+def _tail(margin: Float[Tensor, "*shape"], scale: Float[Tensor, "*shape"], kappa: float, d_head: int) -> Float[Tensor, "*shape"]:
+    """exp(-kappa d (margin+/B)^2); 1 for margin <= 0 (no guarantee), 0 where the term is absent (NaN)."""
+    ratio = torch.where(scale > 0, margin.clamp(min=0) / torch.where(scale > 0, scale, 1.0), 0.0)
+    return torch.where(torch.isnan(margin), 0.0, torch.exp(-kappa * d_head * ratio**2))
+
+
+def _f(x: Tensor) -> Tensor:
+    return 2 * x / (1 + x)
+
+
+def envelopes(
+    margins: SelectionMargins,
+    d_head: int,
+    n_keys: int | None = None,
+    *,
+    kappa: float = DEFAULT_KAPPA,
+) -> Envelopes:
+    """Lower and upper envelopes of E[P], E[R] and the two F-scores (eq. 12-17).
+
+    Args:
+        margins: from :func:`selection_margins` or :func:`assumption_margins`.
+        d_head: the dimension d of the value vectors.
+        n_keys: L, the keys of the union bound; None: each row's visible keys
+            (``margins.n_visible``, the sink included; see the module docstring).
+        kappa: the universal constant of the concentration bounds (> 0). It
+            enters the lower envelopes through e^{-kappa d (Delta/B)^2} and the
+            upper ones through sigma = B / sqrt(2 kappa d).
+
+    Returns:
+        Envelopes, every field ``[*batch, n]``; lower envelopes capped at 0;
+        NaN where N exceeds the visible keys.
+
+    Raises:
+        GeometryError: kappa <= 0, d_head < 1 or n_keys < 1.
+
+    Example:
+        >>> alpha = torch.tensor([0.6, 0.3, 0.1])
+        >>> values = torch.tensor([[0.1, 0.0], [0.0, 1.0], [1.0, 0.0]])
+        >>> e = envelopes(selection_margins(alpha, values, [1, 3]), d_head=2)
+        >>> [round(x, 3) for x in e.recall_upper.tolist()], e.recall_lower.tolist()
+        ([0.886, 1.0], [0.0, 1.0])
+    """
+    if isinstance(kappa, bool) or not isinstance(kappa, (int, float)) or not (kappa > 0 and math.isfinite(kappa)):
+        raise GeometryError(f"kappa: expected a positive finite number, got {kappa!r}")
+    if isinstance(d_head, bool) or not isinstance(d_head, int) or d_head < 1:
+        raise GeometryError(f"d_head: expected a positive integer (the value dimension d), got {d_head!r}")
+    if n_keys is not None and (isinstance(n_keys, bool) or not isinstance(n_keys, int) or n_keys < 1):
+        raise GeometryError(f"n_keys: expected a positive integer L or None (visible keys), got {n_keys!r}")
+    dtype = margins.delta.dtype
+    n = margins.n_grid.to(dtype)
+    length = margins.n_visible.to(dtype).unsqueeze(-1) if n_keys is None else torch.tensor(float(n_keys), dtype=dtype)
+    n_out = (length - n).clamp(min=0)
+    scale = margins.scale
+    union = n_out * _tail(margins.delta, scale, kappa, d_head) + n_out / n * _tail(
+        margins.delta0, scale, kappa, d_head
+    )
+    precision_lower = 1 / (1 + union)
+    recall_lower = (1 - union).clamp(min=0)
+
+    sigma = scale / math.sqrt(2 * kappa * d_head)
+    positive = sigma > 0
+    safe_sigma = torch.where(positive, sigma, 1.0)
+    xi_pair = torch.where(positive, margins.pair_gap / safe_sigma, margins.pair_gap.sign() * math.inf)
+    precision_upper = 1 - _p_minus(xi_pair) / (n + 1)
+    gap_in = margins.gap_in
+    xi_in = torch.where(positive.unsqueeze(-1), gap_in / safe_sigma.unsqueeze(-1), gap_in.sign() * math.inf)
+    recall_upper = torch.nansum(1 - _p_minus(xi_in).masked_fill(torch.isnan(gap_in), 1.0), dim=-1) / n
+    missing = torch.isnan(margins.scale)
+    precision_upper = precision_upper.masked_fill(missing, math.nan)
+    recall_upper = recall_upper.masked_fill(missing, math.nan)
+    precision_lower = precision_lower.masked_fill(missing, math.nan)
+    recall_lower = recall_lower.masked_fill(missing, math.nan)
+    return Envelopes(
+        precision_lower=precision_lower,
+        precision_upper=precision_upper,
+        recall_lower=recall_lower,
+        recall_upper=recall_upper,
+        f_rmin_lower=_f(recall_lower),
+        f_rmin_upper=_f(recall_upper),
+        f_rmax_lower=_f(precision_lower),
+        f_rmax_upper=_f(precision_upper),
+    )
+
+
+def assumption_margins(
+    c: float,
+    lam: float,
+    beta: float,
+    rho0: float,
+    profile: AttentionProfile,
+    n_keys: int,
+    n_grid: NGridLike = None,
+) -> SelectionMargins:
+    """The margins implied by fitted Assumption 1-3 parameters instead of measured vectors.
+
+    a_0 = alpha_0 lambda C and a_i = alpha_i C (Assumption 1), alpha from the
+    four-phase profile (Assumption 3, normalised to sum 1, see
+    :func:`tl_geometry.synthetic.attention_profile`), cosines
+    rho_ij = e^{-beta |i - j|} between non-sink keys and rho_0j = rho0
+    (Assumption 2). Pass the result to :func:`envelopes` with d = d_head.
+
+    Args:
+        c: the value norm C (> 0).
+        lam: the sink's norm ratio lambda (> 0).
+        beta: the cosine decay rate (>= 0).
+        rho0: the sink cosine, in [-1, 1].
+        profile: the attention-profile parameters.
+        n_keys: L, keys 0..L-1 with the sink at 0.
+        n_grid: selection sizes N (None: 1..L).
+
+    Returns:
+        SelectionMargins of one row: fields ``[n]``, ``gap_in`` ``[n, key]``.
+
+    Raises:
+        GeometryError: parameters out of range.
+
+    Example:
+        >>> from tl_geometry.synthetic import AttentionProfile
+        >>> m = assumption_margins(1.0, 0.1, 0.5, 0.2, AttentionProfile(), 64, [1, 8, 64])
+        >>> m.delta.shape
+        torch.Size([3])
+    """
+    for name, value, ok, want in (
+        ("c", c, c > 0, "> 0"),
+        ("lam", lam, lam > 0, "> 0"),
+        ("beta", beta, beta >= 0, ">= 0"),
+        ("rho0", rho0, -1 <= rho0 <= 1, "in [-1, 1]"),
+    ):
+        if not (ok and math.isfinite(value)):
+            raise GeometryError(f"{name}: expected a finite number {want}, got {value!r}")
+    alpha = attention_profile(profile, n_keys).to(torch.float64)
+    norms = torch.full((n_keys,), float(c), dtype=torch.float64)
+    norms[0] = lam * c
+    grid = resolve_n_grid(n_grid, n_keys)
+    order = torch.sort(alpha, descending=True, stable=True).indices
+    positions = order.to(torch.float64)
+    cos = torch.exp(-beta * (positions[:, None] - positions[None, :]).abs())
+    is_sink = order == 0
+    cos = torch.where(is_sink[:, None] ^ is_sink[None, :], float(rho0), cos)
+    out = _margins_core(
+        (alpha * norms)[order].unsqueeze(0), cos.unsqueeze(0), is_sink.unsqueeze(0), torch.tensor([n_keys]), grid
+    )
+    return SelectionMargins(
+        n_grid=grid,
+        n_visible=torch.tensor(n_keys),
+        gap_in=out.pop("gap_in")[0],
+        **{name: t[0] for name, t in out.items()},
+    )
+
+
+# Margin fields the diagnostic returns next to the envelopes, so that the
+# lower envelopes and the Precision upper envelope can be recomputed with
+# another kappa (the Recall upper envelope also needs gap_in, per key).
+DIAGNOSTIC_MARGINS = (
+    "delta", "delta0", "scale", "s_in", "a_min_in", "a_max_in", "a_max_out", "a0", "rho_out",
+    "sink_selected", "pair_gap",
+)
+
+
+def bound_diagnostics(seen: LayerActivations) -> dict[str, Tensor]:
+    """The margins and envelopes of one layer, for the last analysed query of each sequence.
+
+    Uses the module default :data:`DEFAULT_KAPPA` and d = d_head. To recompute
+    with another kappa, rebuild a :class:`SelectionMargins` from the
+    ``margin_*`` fields (``margin_n_keys`` is L) and call :func:`envelopes`;
+    the Recall upper envelope needs ``gap_in`` per key, which is not kept here
+    (run :func:`selection_margins` on the activations for it).
+
+    Args:
+        seen: the layer's activations (see :mod:`tl_geometry.activations`).
+
+    Returns:
+        ``bound_{precision,recall,f_rmin,f_rmax}_{lower,upper}`` and
+        ``margin_delta``, ``margin_delta0``, ``margin_scale`` and the other
+        ``margin_<name>`` of :data:`DIAGNOSTIC_MARGINS`, each
+        ``[batch, head_index, n]``; ``margin_n_keys`` ``[batch, head_index]``.
+    """
+    alpha, key_mask = seen.last_query()
+    values = einops.rearrange(seen.values, "batch key head d_head -> batch head key d_head")
+    margins = selection_margins(alpha, values, seen.grid, key_mask=key_mask)
+    bounds = envelopes(margins, d_head=values.shape[-1])
+    out = {f"bound_{name}": t for name, t in bounds.as_dict().items()}
+    out.update({f"margin_{name}": getattr(margins, name) for name in DIAGNOSTIC_MARGINS})
+    out["margin_n_keys"] = margins.n_visible.to(margins.delta.dtype)
+    return out
