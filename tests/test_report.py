@@ -2,11 +2,13 @@
 
 import dataclasses
 import html
+import shutil
+import sys
 
 import pytest
 
 from tests import tiny_models as tm
-from tl_geometry import GeometryResult, run_with_geometry_hooks
+from tl_geometry import GeometryError, GeometryResult, run_with_geometry_hooks
 from tl_geometry import report
 from tl_geometry.features import TAXONOMY_FEATURES
 
@@ -55,3 +57,25 @@ def test_a_failed_write_keeps_the_previous_report(result, tmp_path, monkeypatch)
     with pytest.raises(RuntimeError, match="disk full"):
         report.write_report(result, tmp_path)
     assert index.read_text() == before
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Chromium (make test installs it where it can)")
+def test_png_of_every_figure(result, tmp_path):
+    report.write_report(result, tmp_path, png=True)
+    for figure, _ in report.render_figures(result):
+        assert (tmp_path / f"{figure.key}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(tmp_path.glob(".*"))
+
+
+def test_png_without_a_browser_says_how_to_install_one(result, tmp_path, monkeypatch):
+    monkeypatch.delenv("BROWSER_PATH", raising=False)
+    monkeypatch.setattr(report.shutil, "which", lambda name: None)
+    with pytest.raises(GeometryError, match="apt-get install chromium"):
+        report.write_report(result, tmp_path / "out", png=True)
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_png_without_kaleido_says_how_to_install_it(result, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "kaleido", None)  # import fails
+    with pytest.raises(GeometryError, match=r"pip install 'tl_geometry\[png\]'"):
+        report.write_report(result, tmp_path, png=True)

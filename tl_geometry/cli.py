@@ -51,13 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--batch-size", type=int, default=1, help="windows per forward pass (default: 1)")
     run.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
-    commands.add_parser(
+    report = commands.add_parser(
         "report",
         parents=[run],
         help="analyse a model on a text and write the HTML report (the main job)",
         description="Analyse every layer and head of a model on windows of a text; write OUT/index.html "
         "(self-contained, opens offline), OUT/result.npz and OUT/result.json, and print a summary.",
     )
+    report.add_argument("--png", action="store_true", help="also write a PNG of every figure (kaleido + Chromium)")
     commands.add_parser(
         "analyze",
         parents=[run],
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plot.add_argument("result", type=Path, help="path of the saved result, with or without .npz")
     plot.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
+    plot.add_argument("--png", action="store_true", help="also write a PNG of every figure (kaleido + Chromium)")
     return parser
 
 
@@ -119,13 +121,13 @@ def run_command(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.command == "plot":
         result = GeometryResult.load(args.result)
-        index = write_report(result, args.out, {"source": str(args.result)})
+        index = write_report(result, args.out, {"source": str(args.result)}, png=args.png)
         print(f"wrote {index}")
         return EXIT_OK
     result, details = _analyse(args)
     print(_summary(result, time.perf_counter() - start))
     if args.command == "report":
-        index = write_report(result, args.out, details)
+        index = write_report(result, args.out, details, png=args.png)
         print(f"wrote {index} (open it in a browser; it works offline)")
     else:
         npz_path, json_path = result.save(args.out / "result")

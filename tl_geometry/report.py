@@ -7,6 +7,7 @@ interrupted run never leaves a half-written report or damages an earlier one.
 
 import html
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 from tl_geometry import plots
+from tl_geometry.errors import GeometryError
 from tl_geometry.features import TAXONOMY_FEATURES
 from tl_geometry.result import GeometryResult
 from tl_geometry.taxonomy import REGIMES, HeadTaxonomy, taxonomy_from_result
@@ -127,7 +129,17 @@ def summary_rows(
     return rows
 
 
-def render_html(result: GeometryResult, details: Mapping[str, str] | None = None) -> str:
+def render_figures(result: GeometryResult) -> list[tuple[Figure, go.Figure]]:
+    """Every figure the result supports, drawn (the taxonomy ones need the taxonomy features)."""
+    taxonomy = taxonomy_from_result(result) if all(n in result.per_sequence for n in TAXONOMY_FEATURES) else None
+    return [(f, f.draw(result, taxonomy)) for f in FIGURES if taxonomy is not None or not f.needs_taxonomy]
+
+
+def render_html(
+    result: GeometryResult,
+    details: Mapping[str, str] | None = None,
+    figures: list[tuple[Figure, go.Figure]] | None = None,
+) -> str:
     """The whole report as one HTML document (plotly.js embedded once).
 
     The taxonomy figures are drawn when the result carries the taxonomy
@@ -135,15 +147,14 @@ def render_html(result: GeometryResult, details: Mapping[str, str] | None = None
     """
     details = details or {}
     taxonomy = taxonomy_from_result(result) if all(n in result.per_sequence for n in TAXONOMY_FEATURES) else None
-    figures = [f for f in FIGURES if taxonomy is not None or not f.needs_taxonomy]
+    figures = render_figures(result) if figures is None else figures
     table = "\n".join(
         f"<tr><th>{html.escape(key)}</th><td>{html.escape(value)}</td></tr>"
         for key, value in summary_rows(result, details, taxonomy)
     )
-    contents = "\n".join(f'<li><a href="#{f.key}">{html.escape(f.title)}</a></li>' for f in figures)
+    contents = "\n".join(f'<li><a href="#{f.key}">{html.escape(f.title)}</a></li>' for f, _ in figures)
     sections = []
-    for index, figure in enumerate(figures):
-        drawn = figure.draw(result, taxonomy)
+    for index, (figure, drawn) in enumerate(figures):
         div = drawn.to_html(full_html=False, include_plotlyjs=index == 0, div_id=figure.key)
         sections.append(
             f'<section id="section-{figure.key}"><h2>{html.escape(figure.title)}</h2>'
@@ -184,21 +195,75 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
-def write_report(result: GeometryResult, out_dir: str | os.PathLike, details: Mapping[str, str] | None = None) -> Path:
+def _browser_for_png() -> str:
+    """The Chromium or Chrome that kaleido will drive, or GeometryError saying how to get one."""
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        raise GeometryError(
+            "--png: static images need the kaleido package: pip install 'tl_geometry[png]' (or pip install kaleido)"
+        ) from None
+    found = os.environ.get("BROWSER_PATH") or next(
+        (path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))), None
+    )
+    if found is None:
+        raise GeometryError(
+            "--png: kaleido renders with a Chromium or Chrome installed on this machine, and none was found; "
+            "install one (Debian/Ubuntu: apt-get install chromium) or set BROWSER_PATH to its executable"
+        )
+    return found
+
+
+def write_png(figures: list[tuple[Figure, go.Figure]], out_dir: Path) -> list[Path]:
+    """One PNG per figure, ``out_dir/<figure key>.png``, each written atomically."""
+    browser = _browser_for_png()
+    os.environ.setdefault("BROWSER_PATH", browser)  # where kaleido's choreographer looks first
+    paths = []
+    for figure, drawn in figures:
+        path = out_dir / f"{figure.key}.png"
+        handle, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{path.name}.", suffix=".png")
+        os.close(handle)
+        try:
+            drawn.write_image(tmp, width=1100, height=drawn.layout.height or 500)
+            os.replace(tmp, path)
+        except Exception as error:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise GeometryError(f"--png: could not render {figure.key} with {browser}: {error}") from None
+        paths.append(path)
+    return paths
+
+
+def write_report(
+    result: GeometryResult,
+    out_dir: str | os.PathLike,
+    details: Mapping[str, str] | None = None,
+    *,
+    png: bool = False,
+) -> Path:
     """Write ``out_dir/index.html`` and the result files ``out_dir/result.npz`` + ``.json``.
 
     Args:
         result: the analysis to report.
         out_dir: the report folder (created if needed).
         details: extra rows for the summary table, e.g. the text analysed.
+        png: also write a PNG of every figure (needs kaleido and a Chromium).
 
     Returns:
         The path of ``index.html``.
+
+    Raises:
+        GeometryError: ``png`` without kaleido or a browser to render with.
     """
     out = Path(out_dir)
+    if png:
+        _browser_for_png()  # fail before writing anything
     out.mkdir(parents=True, exist_ok=True)
-    page = render_html(result, details)  # everything is drawn before anything is written
+    figures = render_figures(result)
+    page = render_html(result, details, figures)  # everything is drawn before anything is written
     result.save(out / "result")
     index = out / "index.html"
     write_atomically(index, page)
+    if png:
+        write_png(figures, out)
     return index
