@@ -15,6 +15,7 @@ finds and requires only ``REQUIRED_FIELDS``.
 """
 
 import dataclasses
+import math
 import hashlib
 import importlib.metadata
 import json
@@ -33,6 +34,7 @@ from torch import Tensor
 from tl_geometry.config import GeometryConfig
 from tl_geometry.errors import GeometryError
 from tl_geometry.metrics import SelectionMetrics
+from tl_geometry.profile_fit import ProfileFit
 
 FORMAT_VERSION = 1
 # Fields every result has: those of SelectionMetrics, per sequence.
@@ -112,6 +114,35 @@ class GeometryResult:
         # torch.nanmean keeps +inf (r_min where every key is selected) and gives NaN for all-NaN slices.
         return torch.nanmean(self.per_sequence[name], dim=0)
 
+    @property
+    def profile_fit(self) -> ProfileFit:
+        """The four-phase attention-profile fit (Assumption 3), each parameter ``[layer, head_index]``.
+
+        Each parameter is the nanmean over sequences of the per-sequence fits;
+        the ``has_*`` flags become the fraction of sequences with that phase.
+        Needs a run with ``diagnostics=["assumptions"]``.
+        """
+        names = [f.name for f in dataclasses.fields(ProfileFit)]
+        missing = [name for name in names if "profile_" + name not in self.per_sequence]
+        if missing:
+            raise GeometryError(
+                "profile_fit: this result has no attention-profile fit; run run_with_geometry_hooks(..., "
+                "diagnostics=['assumptions'])"
+            )
+        return ProfileFit(**{name: self.per_head("profile_" + name) for name in names})
+
+    @property
+    def sink_recall_corr(self) -> Float[Tensor, " n"]:
+        """Pearson corr(R(r_min, N), rho_0) across heads for every N (Figure 6), ``[n]``.
+
+        Pairs are the per-head means over sequences; see
+        :func:`tl_geometry.sink.sink_recall_correlation` for the Spearman value,
+        other pairings and bootstrap bounds. Needs ``diagnostics=["assumptions"]``.
+        """
+        from tl_geometry.sink import sink_recall_correlation
+
+        return sink_recall_correlation(self, n_bootstrap=1).pearson
+
     def __getattr__(self, name: str) -> Tensor:
         # Only called when normal lookup fails: gives result.precision etc.
         if name.startswith("_") or name not in self.__dict__.get("per_sequence", {}):
@@ -133,7 +164,7 @@ class GeometryResult:
                     )
             if not torch.equal(first.n_grid, other.n_grid) or set(first.per_sequence) != set(other.per_sequence):
                 raise GeometryError("concatenate: the results have different n_grid or fields; run them with one config")
-        joined = {k: torch.cat([p.per_sequence[k] for p in parts]) for k in first.per_sequence}
+        joined = {k: _join_sequences([p.per_sequence[k] for p in parts]) for k in first.per_sequence}
         lengths = torch.cat([p.sequence_lengths for p in parts])
         return dataclasses.replace(first, per_sequence=joined, sequence_lengths=lengths)
 
@@ -218,6 +249,14 @@ class GeometryResult:
                             torch.nan_to_num(b, nan=0.0) if b.is_floating_point() else b)
             for a, b in tensors
         )
+
+
+def _join_sequences(tensors: list[Tensor]) -> Tensor:
+    """Concatenate along sequences; per-position and per-lag fields are as wide as each
+    run's longest sequence, so narrower ones are padded with NaN (undefined there)."""
+    width = max(t.shape[-1] for t in tensors)
+    padded = [torch.nn.functional.pad(t, (0, width - t.shape[-1]), value=math.nan) for t in tensors]
+    return torch.cat(padded)
 
 
 def _sha256(path: Path) -> str:

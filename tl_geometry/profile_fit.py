@@ -1,0 +1,363 @@
+"""Fit of the four-phase attention profile of Assumption 3 (paper section 3.3, Figure 4).
+
+The model, for positions i = 0..L of one attention row (0 the sink, L the query):
+
+    alpha_0 = p_sink
+    alpha_i = p_base                              1 <= i <= T1      (plateau)
+    alpha_i = p_base * (1 + eta * cos(omega * i)) T1 < i <= T2      (oscillation)
+    alpha_i = p_base * exp(eta * (i - T2))        i > T2            (recency)
+
+with one eta for both the oscillation and the growth, as the paper writes it,
+and ``0 <= T1 <= T2 <= L`` (``T1 = T2``: no oscillation; ``T1 = 0``: no
+plateau; ``T2 = L``: no recency).
+
+How it is fitted, robustly and for all rows at once (no iterative optimiser
+that could silently stop short; the fit error is always reported):
+
+1. ``p_sink = alpha_0`` (the sink phase is one point; least squares gives it).
+2. In log space (weights floored at ``LOG_FLOOR``), for every candidate
+   ``(T1, T2, omega)`` the model is linearised (``log(1 + eta c) ~ eta c``), so
+   that ``(log p_base, eta)`` is a closed-form 2-parameter least squares, and
+   its error follows from prefix sums in O(1) per candidate.
+3. Candidates: every integer ``T1 = T2`` (no oscillation); for the oscillation,
+   a coarse grid of breakpoints (17 evenly spaced plus ``L - 2^k``, k < 9) and of
+   frequencies (periods log-spaced from 2 to 2048 tokens), plus every integer
+   T1 before the recency start found without oscillation; then
+   ``_REFINE_ROUNDS`` rounds of refinement: omega on a fine grid around the
+   best one (narrower each round), every integer T1 given T2, every integer
+   T2 given T1.
+   Ties go to the longest plateau: a flat row is all plateau, and recency from
+   position 1 (T2 = 0) is reported as T1 = T2 = 1 with ``p_base = alpha_1``
+   (the same curve: the two are indistinguishable).
+4. The oscillation is kept only if it lowers the squared log error of the best
+   fit without it by more than ``OSC_MIN_GAIN`` (relative); otherwise
+   ``T1 = T2``, ``omega`` NaN, ``has_oscillation`` 0.
+5. ``(log p_base, eta)`` is polished on the exact model by a few Gauss-Newton
+   steps, each kept only if it lowers the error.
+
+The fit error is the root-mean-square error of ``log alpha_i`` over i = 1..L
+(natural log).
+"""
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from tl_geometry.errors import GeometryError
+
+LOG_FLOOR = 1e-30  # weights below this (underflowed softmax) are raised to it before the log
+OSC_MIN_GAIN = 0.05  # relative drop in squared log error the oscillatory phase must bring
+MIN_POSITIONS = 4  # rows with fewer non-sink positions are not fitted (NaN)
+_PERIODS = torch.logspace(math.log10(2.0), math.log10(2048.0), 32, dtype=torch.float64)
+_FINE_OMEGAS = 21
+_REFINE_ROUNDS = 5
+_PERIODOGRAM_PAD = 4  # zero padding of the periodogram: frequency step 2 pi / (4 L), refined afterwards
+_EVEN_KNOTS, _END_KNOTS = 17, 9  # coarse breakpoints: evenly spaced, and L - 2^k near the query
+_GAUSS_NEWTON_STEPS = 8
+
+
+@dataclass(frozen=True)
+class ProfileFit:
+    """Fitted four-phase profile parameters, one per row (``[...]``; ``[layer, head_index]`` on a result).
+
+    Attributes:
+        p_sink: attention weight of the sink (position 0).
+        p_base: plateau weight.
+        eta: oscillation amplitude and recency growth rate (NaN with neither phase).
+        omega: oscillation frequency in radians per position (NaN without oscillation).
+        t1: end of the plateau (0: no plateau).
+        t2: start of the recency phase (= t1: no oscillation; = L: no recency).
+        error: root-mean-square error of ``log alpha_i`` over positions 1..L.
+        has_plateau, has_oscillation, has_recency: 1.0 where the phase is
+            present, else 0.0 (on a result: the fraction of sequences with it).
+    """
+
+    p_sink: Tensor
+    p_base: Tensor
+    eta: Tensor
+    omega: Tensor
+    t1: Tensor
+    t2: Tensor
+    error: Tensor
+    has_plateau: Tensor
+    has_oscillation: Tensor
+    has_recency: Tensor
+
+    def __post_init__(self) -> None:
+        shape = self.p_sink.shape
+        for f in fields(self):
+            t = getattr(self, f.name)
+            if not isinstance(t, Tensor) or t.shape != shape:
+                raise GeometryError(
+                    f"ProfileFit.{f.name}: expected a tensor of shape {list(shape)} (that of p_sink), "
+                    f"got {getattr(t, 'shape', type(t).__name__)}"
+                )
+
+    def as_fields(self, prefix: str = "") -> dict[str, Tensor]:
+        """Every parameter by name (with ``prefix``), e.g. for a result's ``per_sequence``."""
+        return {prefix + f.name: getattr(self, f.name) for f in fields(self)}
+
+    def evaluate(self, n_pos: int) -> Float[Tensor, "... pos"]:
+        """The fitted profile at positions 0..n_pos-1 (see :func:`four_phase_profile`)."""
+        return four_phase_profile(self.p_sink, self.p_base, self.eta, self.omega, self.t1, self.t2, n_pos)
+
+
+def four_phase_profile(
+    p_sink: Tensor, p_base: Tensor, eta: Tensor, omega: Tensor, t1: Tensor, t2: Tensor, n_pos: int
+) -> Float[Tensor, "... pos"]:
+    """Assumption 3's profile at positions 0..n_pos-1; NaN ``eta`` / ``omega`` count as 0 (absent phases).
+
+    >>> one = torch.tensor(1.0)
+    >>> four_phase_profile(one, one / 10, torch.tensor(0.5), torch.tensor(math.pi), one, 3 * one, 5).float()
+    tensor([1.0000, 0.1000, 0.1500, 0.0500, 0.1649])
+    """
+    i = torch.arange(n_pos, dtype=torch.float64)
+    p_sink, p_base, eta, omega, t1, t2 = (x.double().unsqueeze(-1) for x in (p_sink, p_base, eta, omega, t1, t2))
+    eta, omega = torch.nan_to_num(eta), torch.nan_to_num(omega)
+    osc = p_base * (1 + eta * torch.cos(omega * i))
+    rec = p_base * torch.exp(eta * (i - t2))
+    out = torch.where(i <= t1, p_base, torch.where(i <= t2, osc, rec))
+    return torch.where(i == 0, p_sink, out)
+
+
+def _cum(x: Float[Tensor, "*b pos"]) -> Float[Tensor, "*b pos"]:
+    """Inclusive prefix sums: the sum over positions (lo, hi] is ``C[hi] - C[lo]`` (lo >= 0)."""
+    return x.cumsum(-1)
+
+
+def _range_sum(
+    cum: Float[Tensor, "row k pos"], lo: Int[Tensor, "row m"], hi: Int[Tensor, "row m"]
+) -> Float[Tensor, "row k m"]:
+    """Sums over positions (lo, hi] of each of the k prefix-summed series."""
+    k = cum.shape[1]
+    upper = cum.gather(2, hi.unsqueeze(1).expand(-1, k, -1))
+    lower = cum.gather(2, lo.unsqueeze(1).expand(-1, k, -1))
+    return upper - lower
+
+
+@dataclass(frozen=True)
+class _Series:
+    """Prefix sums of one batch of rows: centred log weights y and positions i over 1..L."""
+
+    y: Float[Tensor, "row pos"]  # centred log weights, 0 outside 1..L
+    mask: Float[Tensor, "row pos"]  # 1 on positions 1..L
+    length: Int[Tensor, " row"]  # L
+    rec: Float[Tensor, "row 5 pos"]  # prefix sums of 1, i, i^2, y, y*i
+    total: Float[Tensor, "row 3"]  # n, sum y, sum y^2 over 1..L
+
+    def osc(self, omega: Float[Tensor, "row w"]) -> Float[Tensor, "row w 3 pos"]:
+        """Prefix sums of c, c^2 and y*c with c = cos(omega * i), for each row's frequencies."""
+        i = torch.arange(self.y.shape[1], dtype=torch.float64, device=self.y.device)
+        c = torch.cos(omega.unsqueeze(-1) * i) * self.mask.unsqueeze(1)
+        series = torch.empty(*c.shape[:2], 3, c.shape[2], dtype=c.dtype, device=c.device)
+        torch.mul(c, c, out=series[:, :, 1])
+        torch.mul(c, self.y.unsqueeze(1), out=series[:, :, 2])
+        series[:, :, 0] = c
+        return _cum(series)
+
+
+def _series(y: Float[Tensor, "row pos"], length: Int[Tensor, " row"]) -> _Series:
+    i = torch.arange(y.shape[1], dtype=torch.float64, device=y.device)
+    mask = ((i >= 1) & (i <= length.unsqueeze(-1))).double()
+    y = y * mask
+    rec = _cum(torch.stack([mask, mask * i, mask * i * i, y, y * i], dim=1))
+    total = torch.stack([mask.sum(-1), y.sum(-1), (y * y).sum(-1)], dim=-1)
+    return _Series(y=y, mask=mask, length=length, rec=rec, total=total)
+
+
+def _linear_fit(
+    s: _Series, osc: Float[Tensor, "row w 3 pos"], t1: Int[Tensor, "row _ c"], t2: Int[Tensor, "row _ c"]
+) -> tuple[Float[Tensor, "row w c"], Float[Tensor, "row w c"], Float[Tensor, "row w c"]]:
+    """Closed-form least squares of the linearised model for every candidate: ``(b, eta, sse)``.
+
+    ``t1`` and ``t2`` are ``[row, w, c]`` or ``[row, 1, c]`` (the same breakpoints for every frequency).
+    """
+    rows, w, c = osc.shape[0], osc.shape[1], t1.shape[2]
+    # Recency sums depend on T2 only: computed once when T2 does not vary with omega (axis 1 of size 1).
+    wt = t2.shape[1]
+    length = s.length[:, None, None].expand(rows, wt, c)
+    r = _range_sum(s.rec, t2.reshape(rows, -1), length.reshape(rows, -1)).reshape(rows, 5, wt, c)
+    n_r, si, sy_r, sii, syi = r[:, 0], r[:, 1], r[:, 3], r[:, 2], r[:, 4]
+    lo, hi = t1.expand(rows, w, c).reshape(rows * w, c), t2.expand(rows, w, c).reshape(rows * w, c)
+    o = _range_sum(osc.reshape(rows * w, 3, -1), lo, hi)
+    sc, scc, syc = o.reshape(rows, w, 3, c).unbind(2)
+    t = t2.double()
+    sx = sc + si - t * n_r
+    sxx = scc + sii - 2 * t * si + t * t * n_r
+    sxy = syc + syi - t * sy_r
+    n, sy, syy = (x[:, None, None] for x in s.total.unbind(-1))
+    det = n * sxx - sx * sx
+    eta = torch.where(det > 1e-9 * n * sxx.clamp(min=1e-300), (n * sxy - sx * sy) / det.clamp(min=1e-300), 0.0)
+    b = (sy - eta * sx) / n
+    sse = (syy - b * sy - eta * sxy).clamp(min=0.0)
+    return b, eta, sse
+
+
+def _best(sse: Float[Tensor, "row w c"]) -> tuple[Int[Tensor, " row"], Int[Tensor, " row"]]:
+    flat = sse.flatten(1).argmin(-1)
+    return flat // sse.shape[2], flat % sse.shape[2]
+
+
+def _exact_residual(
+    s: _Series, b: Tensor, eta: Tensor, omega: Tensor, t1: Tensor, t2: Tensor
+) -> tuple[Float[Tensor, "row pos"], Float[Tensor, "row pos"]]:
+    """Residual of the exact log model and its derivative in eta, zero outside 1..L."""
+    i = torch.arange(s.y.shape[1], dtype=torch.float64, device=s.y.device)
+    c = torch.cos(omega.unsqueeze(-1) * i)
+    in_osc = (i > t1.unsqueeze(-1)) & (i <= t2.unsqueeze(-1))
+    in_rec = i > t2.unsqueeze(-1)
+    x = i - t2.unsqueeze(-1).double()
+    e = eta.unsqueeze(-1)
+    f = torch.where(in_osc, torch.log1p((e * c).clamp(min=-0.999999)), torch.where(in_rec, e * x, 0.0))
+    df = torch.where(in_osc, c / (1 + e * c).clamp(min=1e-6), torch.where(in_rec, x, 0.0))
+    return (s.y - b.unsqueeze(-1) - f) * s.mask, df * s.mask
+
+
+def _gauss_newton(s: _Series, b: Tensor, eta: Tensor, omega: Tensor, t1: Tensor, t2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Polish (b, eta) on the exact model; each step is kept only where it lowers the error."""
+    limit = torch.where(t2 > t1, 0.999, math.inf)  # 1 + eta cos > 0 in the oscillation
+    res, _ = _exact_residual(s, b, eta, omega, t1, t2)
+    sse = (res * res).sum(-1)
+    for _ in range(_GAUSS_NEWTON_STEPS):
+        res, df = _exact_residual(s, b, eta, omega, t1, t2)
+        n, sd, sdd = s.mask.sum(-1), df.sum(-1), (df * df).sum(-1)
+        sr, srd = res.sum(-1), (res * df).sum(-1)
+        det = n * sdd - sd * sd
+        ok = det > 1e-12 * n * sdd.clamp(min=1e-300)
+        d_eta = torch.where(ok, (n * srd - sd * sr) / det.clamp(min=1e-300), 0.0)
+        d_b = (sr - d_eta * sd) / n
+        new_b, new_eta = b + d_b, (eta + d_eta).clamp(-limit, limit)
+        new_res, _ = _exact_residual(s, new_b, new_eta, omega, t1, t2)
+        new_sse = (new_res * new_res).sum(-1)
+        better = new_sse < sse
+        b, eta, sse = torch.where(better, new_b, b), torch.where(better, new_eta, eta), torch.where(better, new_sse, sse)
+    return b, eta, sse
+
+
+def _fit_rows(alpha: Float[Tensor, "row pos"], length: Int[Tensor, " row"]) -> dict[str, Tensor]:
+    """The fit of rows whose weights are defined on positions 0..length (float64)."""
+    rows, n_pos = alpha.shape
+    device = alpha.device
+    logs = torch.log(torch.nan_to_num(alpha, nan=1.0).clamp(min=LOG_FLOOR))
+    positions = torch.arange(n_pos, device=device)
+    inside = (positions >= 1) & (positions <= length.unsqueeze(-1))
+    mean = (logs * inside).sum(-1) / inside.sum(-1).clamp(min=1)
+    s = _series(logs - mean.unsqueeze(-1), length)
+    grid = positions.expand(rows, n_pos)
+    lmax = length.unsqueeze(-1)
+
+    # Without oscillation: every integer T1 = T2 in 0..L.
+    t_all = grid.clamp(max=lmax).unsqueeze(1)
+    zero_omega = s.osc(torch.zeros(rows, 1, dtype=torch.float64, device=device))
+    b0, eta0, sse0 = _linear_fit(s, zero_omega, t_all, t_all)
+    sse0 = sse0.masked_fill(grid.unsqueeze(1) > lmax.unsqueeze(1), math.inf)
+    # Ties (a flat row fits every T with eta = 0): the longest plateau, i.e. the last near-minimal T.
+    tolerance = sse0.amin(-1, keepdim=True) * (1 + 1e-9) + 1e-12 * length[:, None, None]
+    pick = torch.where(sse0[:, 0] <= tolerance[:, 0], grid, -1).argmax(-1)
+    none_t = t_all[:, 0].gather(1, pick[:, None]).squeeze(1)
+    none_sse = sse0[:, 0].gather(1, pick[:, None]).squeeze(1)
+
+    # With oscillation: coarse grid of (T1 < T2, omega), then refinement.
+    fractions = torch.linspace(0, 1, _EVEN_KNOTS, dtype=torch.float64, device=device)
+    ends = length.unsqueeze(-1) - 2 ** torch.arange(_END_KNOTS, device=device)
+    knots = torch.cat([(fractions * length.unsqueeze(-1)).round().long(), ends.clamp(min=0)], dim=-1)  # [row, k]
+    first, second = torch.triu_indices(knots.shape[1], knots.shape[1], offset=1, device=device)
+    t1c, t2c = knots[:, first], knots[:, second]
+    t1c, t2c = torch.minimum(t1c, t2c), torch.maximum(t1c, t2c)
+    omegas = (2 * math.pi / _PERIODS.to(device)).expand(rows, -1)
+    coarse_osc = s.osc(omegas)
+    _, _, sse = _linear_fit(s, coarse_osc, t1c.unsqueeze(1), t2c.unsqueeze(1))
+    sse = sse.masked_fill((t1c >= t2c).unsqueeze(1), math.inf)
+    wi, ci = _best(sse)
+    best_sse = sse.flatten(1).amin(-1)
+    omega = omegas.gather(1, wi[:, None]).squeeze(1)
+    t1, t2 = t1c.gather(1, ci[:, None]).squeeze(1), t2c.gather(1, ci[:, None]).squeeze(1)
+    # Also: the recency start found without oscillation (usually the right T2), each coarse T1 before it,
+    # and for each the frequency from the periodogram of the oscillation region (fine enough for long regions).
+    k1 = torch.minimum(knots, (none_t - 1).clamp(min=0).unsqueeze(-1))  # [row, k]
+    region = (grid.unsqueeze(1) > k1.unsqueeze(-1)) & (grid.unsqueeze(1) <= none_t[:, None, None])  # [row, k, pos]
+    z = s.y.unsqueeze(1) * region
+    z = (z - z.sum(-1, keepdim=True) / region.sum(-1, keepdim=True).clamp(min=1)) * region
+    spectrum = torch.fft.rfft(z.float(), n=_PERIODOGRAM_PAD * n_pos, dim=-1).real.abs()  # float32: only an argmax
+    spectrum[..., 0] = -1.0  # omega = 0 is the plateau, not an oscillation
+    omega_k = 2 * math.pi * spectrum.argmax(-1).double() / (_PERIODOGRAM_PAD * n_pos)
+    _, _, sse_k = _linear_fit(s, s.osc(omega_k), k1.unsqueeze(-1), none_t[:, None, None])
+    sse_k = sse_k[..., 0].masked_fill(k1 >= none_t.unsqueeze(-1), math.inf)  # [row, k]
+    pick_k = sse_k.argmin(-1, keepdim=True)
+    better = sse_k.gather(1, pick_k).squeeze(1) < best_sse
+    omega = torch.where(better, omega_k.gather(1, pick_k).squeeze(1), omega)
+    t1 = torch.where(better, k1.gather(1, pick_k).squeeze(1), t1)
+    t2 = torch.where(better, none_t, t2)
+    span = float(_PERIODS[1] / _PERIODS[0])  # one coarse step; each round narrows to two fine steps
+    for _ in range(_REFINE_ROUNDS):
+        fine = omega.unsqueeze(-1) * torch.logspace(-1, 1, _FINE_OMEGAS, base=span, dtype=torch.float64, device=device)
+        fine = fine.clamp(max=math.pi)
+        span = span ** (4 / (_FINE_OMEGAS - 1))  # the next round covers two steps either side
+        _, _, sse = _linear_fit(s, s.osc(fine), t1[:, None, None], t2[:, None, None])
+        omega = fine.gather(1, _best(sse)[0][:, None]).squeeze(1)
+        osc = s.osc(omega.unsqueeze(-1))
+        _, _, sse = _linear_fit(s, osc, grid.unsqueeze(1), t2[:, None, None].expand(-1, 1, n_pos))
+        t1 = _best(sse.masked_fill((grid >= t2.unsqueeze(-1)).unsqueeze(1), math.inf))[1]
+        _, _, sse = _linear_fit(s, osc, t1[:, None, None].expand(-1, 1, n_pos), grid.unsqueeze(1))
+        t2 = _best(sse.masked_fill(((grid <= t1.unsqueeze(-1)) | (grid > lmax)).unsqueeze(1), math.inf))[1]
+    osc = s.osc(omega.unsqueeze(-1))
+    b1, eta1, osc_sse = (x[:, 0, 0] for x in _linear_fit(s, osc, t1[:, None, None], t2[:, None, None]))
+
+    use_osc = (none_sse - osc_sse) > OSC_MIN_GAIN * none_sse + 1e-12 * length
+    b0, eta0 = (x[:, 0].gather(1, pick[:, None]).squeeze(1) for x in (b0, eta0))
+    t1 = torch.where(use_osc, t1, none_t)
+    t2 = torch.where(use_osc, t2, none_t)
+    omega = torch.where(use_osc, omega, 0.0)
+    b, eta, sse = _gauss_newton(s, torch.where(use_osc, b1, b0), torch.where(use_osc, eta1, eta0), omega, t1, t2)
+    has_rec = t2 < length
+    return {
+        "p_sink": alpha[:, 0],
+        "p_base": torch.exp(b + mean),
+        "eta": eta.masked_fill(~use_osc & ~has_rec, math.nan),
+        "omega": omega.masked_fill(~use_osc, math.nan),
+        "t1": t1.double(),
+        "t2": t2.double(),
+        "error": (sse / length.clamp(min=1)).sqrt(),
+        "has_plateau": (t1 >= 1).double(),
+        "has_oscillation": use_osc.double(),
+        "has_recency": has_rec.double(),
+    }
+
+
+def fit_attention_profile(alpha: Tensor) -> ProfileFit:
+    """Fit Assumption 3's four-phase profile to attention rows, all rows at once.
+
+    Args:
+        alpha: attention weights ``[..., pos]``, position 0 the sink, each row
+            defined on positions 0..L and NaN after (L may differ per row).
+
+    Returns:
+        ProfileFit with ``[...]`` tensors (float32); rows with fewer than
+        ``MIN_POSITIONS`` non-sink positions are NaN throughout.
+
+    Raises:
+        GeometryError: no position axis, negative weights, or NaN inside a row.
+
+    >>> i = torch.arange(40.0)
+    >>> row = torch.where(i > 30, 1e-3 * torch.exp(0.2 * (i - 30)), torch.tensor(1e-3))
+    >>> row[0] = 0.5
+    >>> fit = fit_attention_profile(row)
+    >>> int(fit.t2), round(float(fit.eta), 3), bool(fit.has_oscillation)
+    (30, 0.2, False)
+    """
+    if alpha.ndim < 1 or alpha.shape[-1] < 1:
+        raise GeometryError(f"alpha: expected attention rows [..., pos], got shape {list(alpha.shape)}")
+    rows = alpha.reshape(-1, alpha.shape[-1]).double()
+    defined = ~rows.isnan()
+    length = defined.sum(-1) - 1
+    if not torch.equal(defined, torch.arange(rows.shape[1], device=rows.device) <= length.unsqueeze(-1)):
+        raise GeometryError("alpha: NaN inside a row; each row must be defined on positions 0..L and NaN only after L")
+    if bool((rows[defined] < 0).any()):
+        raise GeometryError("alpha: negative attention weights; pass softmax probabilities")
+    fitted = _fit_rows(rows, length.clamp(min=0))
+    short = length < MIN_POSITIONS
+    shape = alpha.shape[:-1]
+    return ProfileFit(**{k: v.masked_fill(short, math.nan).float().reshape(shape) for k, v in fitted.items()})

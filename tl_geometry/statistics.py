@@ -1,0 +1,264 @@
+"""Assumption diagnostics of the paper (sections 3.1-3.3), computed inside the hooked pass.
+
+Definitions (position 0 is the sink; "non-sink" means the real positions i > 0):
+
+- value norms (Assumption 1, Figure 2): ``||v_i||_2`` per position;
+  CV = population std / mean of the non-sink norms (NaN with fewer than 2
+  non-sink positions); sink ratio lambda = ``||v_0|| / median_{i>0} ||v_i||``,
+  with the median of an even count the mean of the two middle values (numpy's).
+- cosine by lag (Assumption 2, Figure 3): for each lag k, the mean of
+  ``cos(v_i, v_j)`` over all pairs of non-sink positions with ``|i - j| = k``
+  (lag 0 is 1 by construction); NaN where no pair has that lag. A zero value
+  vector has no direction: it enters with cosine 0 (never seen on real models).
+- decay fit: ``exp(-beta * k)`` is fitted to the mean cosine directly (no log,
+  since cosines can be <= 0) by least squares over lags ``1..MAX_LAG_FIT`` (the
+  paper does not say which lags; fewer where the sequence is shorter), with a
+  1-D search over beta on a log grid in ``[BETA_MIN, BETA_MAX]`` followed by a
+  finer grid around the best value; ``decay_mae`` is the mean absolute error of
+  that fit over the same lags. Each sequence is fitted on its own profile and
+  the result averages over sequences; fit the averaged profile with
+  :func:`fit_exponential_decay` on ``result.cosine_by_lag`` if preferred.
+- rho_0 = mean over non-sink j of ``cos(v_0, v_j)``.
+- attention profile (Assumption 3, Figure 4): the attention row of each
+  sequence's last analysed query, positions counted from the sink; fitted by
+  :func:`tl_geometry.profile_fit.fit_attention_profile`.
+
+Padding: positions count from each row's first real token, so left-padded rows
+are shifted left before any statistic; per-position and per-lag outputs are
+padded with NaN to ``n_keys``.
+"""
+
+import math
+
+import einops
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from tl_geometry.activations import LayerActivations
+from tl_geometry.errors import GeometryError
+from tl_geometry.profile_fit import fit_attention_profile
+
+MAX_LAG_FIT = 64  # lags 1..MAX_LAG_FIT enter the decay fit (the paper does not say)
+BETA_MIN, BETA_MAX = 1e-4, 10.0  # search range of the decay rate (beta > 0 in Assumption 2)
+_COARSE_BETAS, _FINE_BETAS = 161, 81
+
+
+def _check_values(values: Tensor, real: Tensor) -> None:
+    if values.ndim < 2 or real.shape != values.shape[:-1]:
+        raise GeometryError(
+            f"values, real: expected values [..., pos, d_head] and real [..., pos] with matching leading shape, "
+            f"got {list(values.shape)} and {list(real.shape)}"
+        )
+    if not bool(real[..., 0].all()):
+        raise GeometryError("real: position 0 (the sink) must be a real token in every row; shift left-padded rows first")
+
+
+def _masked_norms(values: Float[Tensor, "*b pos d_head"], real: Bool[Tensor, "*b pos"]) -> Float[Tensor, "*b pos"]:
+    norms = torch.linalg.vector_norm(values.float() if values.dtype.itemsize < 4 else values, dim=-1)
+    return norms.masked_fill(~real, math.nan)
+
+
+def _nan_median(x: Float[Tensor, "*b pos"]) -> Float[Tensor, "*b"]:
+    """Median over the non-NaN entries, the mean of the two middle ones for an even count (numpy's)."""
+    count = (~x.isnan()).sum(-1, keepdim=True)
+    ordered = torch.sort(torch.nan_to_num(x, nan=math.inf), dim=-1).values  # NaN (as +inf) sort last
+    low = ordered.gather(-1, ((count - 1) // 2).clamp(min=0))
+    high = ordered.gather(-1, (count // 2).clamp(max=x.shape[-1] - 1))
+    return ((low + high) / 2).squeeze(-1).masked_fill(count.squeeze(-1) == 0, math.nan)
+
+
+def value_norm_statistics(
+    values: Tensor, real: Tensor
+) -> tuple[Float[Tensor, "*b pos"], Float[Tensor, "*b"], Float[Tensor, "*b"]]:
+    """Value norms by position, CV of the non-sink norms and the sink norm ratio lambda.
+
+    Args:
+        values: value states ``[..., pos, d_head]``, position 0 the sink.
+        real: real (not padding) positions ``[..., pos]``; position 0 must be real.
+
+    Returns:
+        ``(norms [..., pos]`` NaN at padding, ``cv [...]``, ``sink_ratio [...])``:
+        CV = population std / mean over the real positions i > 0 (NaN with
+        fewer than two), lambda = ``||v_0|| / median_{i>0} ||v_i||``.
+
+    Raises:
+        GeometryError: shapes that do not match, or a row whose sink is padding.
+    """
+    _check_values(values, real)
+    norms = _masked_norms(values, real)
+    rest = norms[..., 1:]
+    count = (~rest.isnan()).sum(-1)
+    mean = torch.nanmean(rest, dim=-1)
+    std = torch.nanmean((rest - mean.unsqueeze(-1)) ** 2, dim=-1).sqrt()  # population std
+    cv = (std / mean).masked_fill(count < 2, math.nan)
+    return norms, cv, norms[..., 0] / _nan_median(rest)
+
+
+def _unit(values: Float[Tensor, "*b pos d_head"], real: Bool[Tensor, "*b pos"]) -> Float[Tensor, "*b pos d_head"]:
+    """Unit vectors (float32 at least), zero at padding and for zero vectors."""
+    v = values.float() if values.dtype.itemsize < 4 else values
+    v = v.masked_fill(~real.unsqueeze(-1), 0.0)
+    norms = torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+    return torch.where(norms > 0, v / norms.clamp(min=torch.finfo(v.dtype).tiny), 0.0)
+
+
+def cosine_by_lag(values: Tensor, real: Tensor) -> Float[Tensor, "*b pos"]:
+    """Mean cosine similarity of non-sink value states as a function of the lag ``|i - j|``.
+
+    All lags at once by FFT autocorrelation of the unit vectors along positions
+    (float32 unless the input is float64; about 1e-6 error, up to 3e-5 at the
+    last few lags, which rest on a handful of pairs):
+    ``sum_i <u_i, u_{i+k}>`` divided by the number of real pairs at lag k.
+
+    Args:
+        values: value states ``[..., pos, d_head]``, position 0 the sink (excluded).
+        real: real positions ``[..., pos]``.
+
+    Returns:
+        ``[..., pos]``: entry k is the mean cosine at lag k (k = 0..pos-1; 1 at
+        lag 0), NaN where no pair of real non-sink positions is k apart.
+
+    Raises:
+        GeometryError: shapes that do not match, or a row whose sink is padding.
+    """
+    _check_values(values, real)
+    n_pos = values.shape[-2]
+    # float32 FFT unless the input is float64: ~4x faster, error < 1e-6 up to lag 0.9 * pos, ~3e-5 at the last few lags.
+    dtype = torch.float64 if values.dtype == torch.float64 else torch.float32
+    u = _unit(values[..., 1:, :], real[..., 1:]).to(dtype).transpose(-1, -2)  # [..., d, pos-1]
+    mask = real[..., 1:].to(dtype)
+    size = 1 << max(1, (2 * n_pos - 1).bit_length())  # zero padding: no circular wrap-around
+    spectrum = torch.fft.rfft(u, n=size, dim=-1)
+    power = (spectrum.real**2 + spectrum.imag**2).sum(-2)  # sum over d_head: one inverse FFT per row
+    sums = torch.fft.irfft(power, n=size, dim=-1)[..., : n_pos - 1]
+    mask_spectrum = torch.fft.rfft(mask, n=size, dim=-1)
+    counts = torch.fft.irfft(mask_spectrum.real**2 + mask_spectrum.imag**2, n=size, dim=-1)[..., : n_pos - 1].round()
+    mean = (sums / counts.clamp(min=1)).masked_fill(counts < 0.5, math.nan).float()
+    pad = torch.full((*mean.shape[:-1], 1), math.nan, dtype=mean.dtype, device=mean.device)
+    return torch.cat([mean, pad], dim=-1).float()  # lag pos-1 has no non-sink pair
+
+
+def sink_similarity(values: Tensor, real: Tensor) -> Float[Tensor, "*b"]:
+    """rho_0: the mean of ``cos(v_0, v_j)`` over the real positions j > 0 (NaN if there are none).
+
+    Args:
+        values: value states ``[..., pos, d_head]``, position 0 the sink.
+        real: real positions ``[..., pos]``; position 0 must be real.
+
+    Returns:
+        ``[...]``.
+
+    Raises:
+        GeometryError: shapes that do not match, or a row whose sink is padding.
+    """
+    _check_values(values, real)
+    u = _unit(values, real)
+    count = real[..., 1:].sum(-1)
+    total = einops.einsum(u[..., 0, :], u[..., 1:, :], "... d, ... pos d -> ...")
+    return (total / count.clamp(min=1)).masked_fill(count == 0, math.nan)
+
+
+def _decay_sse(
+    cosines: Float[Tensor, "... 1 lag"], lags: Float[Tensor, " lag"], betas: Float[Tensor, "... beta 1"]
+) -> Float[Tensor, "... beta"]:
+    """Squared error of exp(-beta * lag) for each beta (leading axes broadcast); NaN lags are skipped."""
+    model = torch.exp(-betas * lags)
+    return torch.nansum((cosines - model) ** 2, dim=-1)
+
+
+def fit_exponential_decay(
+    cosines: Tensor, max_lag: int = MAX_LAG_FIT
+) -> tuple[Float[Tensor, "*b"], Float[Tensor, "*b"]]:
+    """Fit ``exp(-beta * lag)`` to a mean-cosine-by-lag profile; the rate and the mean absolute error.
+
+    Least squares on the cosines themselves (they can be <= 0, so no log),
+    over lags ``1..max_lag`` that are not NaN, by a 1-D grid search over beta
+    (log grid on ``[BETA_MIN, BETA_MAX]``, then a finer grid around the best
+    point): no optimiser that can fail to converge. A fit pinned at
+    ``BETA_MAX`` means the cosines are ~0 or negative already at lag 1.
+
+    Args:
+        cosines: ``[..., lag]`` with entry k the mean cosine at lag k (as from
+            :func:`cosine_by_lag`); entry 0 is ignored.
+        max_lag: the largest lag fitted.
+
+    Returns:
+        ``(beta [...], mae [...])``; NaN where no lag in ``1..max_lag`` is defined.
+
+    Raises:
+        GeometryError: ``max_lag < 1`` or a profile with no lag axis.
+    """
+    if max_lag < 1:
+        raise GeometryError(f"max_lag: expected an integer >= 1, got {max_lag}")
+    if cosines.ndim < 1 or cosines.shape[-1] < 2:
+        raise GeometryError(f"cosines: expected [..., lag] with at least lags 0 and 1, got {list(cosines.shape)}")
+    c = cosines[..., 1 : max_lag + 1].double()
+    lags = torch.arange(1, c.shape[-1] + 1, dtype=torch.float64, device=c.device)
+    defined = (~c.isnan()).any(-1)
+    coarse = torch.logspace(math.log10(BETA_MIN), math.log10(BETA_MAX), _COARSE_BETAS, dtype=torch.float64, device=c.device)
+    best = coarse[_decay_sse(c.unsqueeze(-2), lags, coarse[:, None]).argmin(-1)]
+    step = (BETA_MAX / BETA_MIN) ** (1 / (_COARSE_BETAS - 1))
+    fine = torch.logspace(-1, 1, _FINE_BETAS, base=step, dtype=torch.float64, device=c.device)
+    candidates = (best.unsqueeze(-1) * fine).clamp(BETA_MIN, BETA_MAX)  # [..., beta]
+    beta = candidates.gather(-1, _decay_sse(c.unsqueeze(-2), lags, candidates.unsqueeze(-1)).argmin(-1, keepdim=True))
+    mae = torch.nanmean((c - torch.exp(-beta * lags)).abs(), dim=-1)
+    return beta.squeeze(-1).masked_fill(~defined, math.nan).float(), mae.masked_fill(~defined, math.nan).float()
+
+
+def _from_first_real(x: Float[Tensor, "batch head_index key *rest"], real: Bool[Tensor, "batch key"]) -> tuple[
+    Float[Tensor, "batch head_index key *rest"], Bool[Tensor, "batch key"]
+]:
+    """Shift each row so that its first real token (the sink) sits at position 0."""
+    first = real.int().argmax(-1)  # [batch]
+    if not bool(first.any()):
+        return x, real
+    n_keys = real.shape[1]
+    index = torch.arange(n_keys, device=real.device) + first[:, None]  # [batch, key]
+    inside = index < n_keys
+    index = index.clamp(max=n_keys - 1)
+    shifted_real = real.gather(1, index) & inside
+    gather_index = index[:, None, :].expand(x.shape[0], x.shape[1], n_keys)
+    gather_index = gather_index.reshape(*gather_index.shape, *([1] * (x.ndim - 3))).expand_as(x)
+    return x.gather(2, gather_index), shifted_real
+
+
+def assumption_diagnostics(seen: LayerActivations) -> dict[str, Tensor]:
+    """Assumptions 1-3 of the paper for one layer, every head and sequence at once (the "assumptions" diagnostic).
+
+    Args:
+        seen: the layer's value states and attention rows (see :class:`LayerActivations`).
+
+    Returns:
+        ``[batch, head_index, ...]`` tensors by name: ``value_norm_by_position``
+        ``[.., pos]``, ``value_norm_cv``, ``sink_norm_ratio``, ``rho0``,
+        ``decay_beta``, ``decay_mae``, ``cosine_by_lag`` ``[.., lag]``,
+        ``attention_profile`` ``[.., pos]`` (the last analysed query's row) and
+        ``profile_<parameter>`` for each field of
+        :class:`tl_geometry.profile_fit.ProfileFit`. Per-position and per-lag
+        axes have ``n_keys`` entries, NaN where undefined.
+
+    The value statistics use the real keys up to the last analysed query
+    (every real token with the default ``query_positions="last"``).
+    """
+    values = einops.rearrange(seen.values, "batch key head d_head -> batch head key d_head")
+    values, real = _from_first_real(values, seen.real)
+    real_rows = einops.repeat(real, "batch key -> batch head key", head=values.shape[1])
+    norms, cv, ratio = value_norm_statistics(values, real_rows)
+    lag_profile = cosine_by_lag(values, real_rows)
+    beta, mae = fit_exponential_decay(lag_profile)
+    alpha, visible = seen.last_query()
+    alpha, shifted_real = _from_first_real(alpha.masked_fill(~visible, math.nan), seen.real)
+    alpha = alpha.float().masked_fill(~shifted_real[:, None, :], math.nan)
+    out = {
+        "value_norm_by_position": norms.float(),
+        "value_norm_cv": cv.float(),
+        "sink_norm_ratio": ratio.float(),
+        "rho0": sink_similarity(values, real_rows).float(),
+        "decay_beta": beta,
+        "decay_mae": mae,
+        "cosine_by_lag": lag_profile,
+        "attention_profile": alpha,
+    }
+    out.update(fit_attention_profile(alpha).as_fields("profile_"))
+    return out
