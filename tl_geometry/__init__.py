@@ -17,7 +17,9 @@ from tl_geometry.grid import default_n_grid
 from tl_geometry.hooks import HookableModel, run_with_geometry_hooks
 from tl_geometry.metrics import SelectionMetrics, selection_metrics
 from tl_geometry.models import load_model
+from tl_geometry.profile_fit import ProfileFit, fit_attention_profile
 from tl_geometry.result import GeometryResult
+from tl_geometry.sink import SinkRecallCorrelation, sink_recall_correlation
 from tl_geometry.taxonomy import REGIMES, HeadTaxonomy, Regime, TaxonomyConfig, classify_heads, detect_regime
 from tl_geometry.text import default_text, read_text_files, text_windows
 
@@ -29,9 +31,11 @@ __all__ = [
     "GeometryResult",
     "HeadTaxonomy",
     "HookableModel",
+    "ProfileFit",
     "REGIMES",
     "Regime",
     "SelectionMetrics",
+    "SinkRecallCorrelation",
     "TaxonomyConfig",
     "analyze_corpus",
     "classify_heads",
@@ -39,11 +43,13 @@ __all__ = [
     "default_text",
     "detect_regime",
     "envelopes",
+    "fit_attention_profile",
     "load_model",
     "read_text_files",
     "run_with_geometry_hooks",
     "selection_margins",
     "selection_metrics",
+    "sink_recall_correlation",
     "text_windows",
     "__version__",
 ]
