@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (make t
 def test_every_figure_renders_offline_without_console_messages(tmp_path):
     model = tm.make_model("bridge-llama")
     result = run_with_geometry_hooks(
-        model, tm.with_bos(tm.random_tokens(2, 20)), n_grid=[1, 2, 4, 21], diagnostics=["taxonomy"]
+        model, tm.with_bos(tm.random_tokens(2, 20)), n_grid=[1, 2, 4, 21], diagnostics="all"
     )
     index = write_report(result, tmp_path / "report")
     done = subprocess.run(

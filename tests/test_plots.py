@@ -8,7 +8,9 @@ import torch
 from tests import tiny_models as tm
 from tl_geometry import REGIMES, GeometryConfig, GeometryError, classify_heads, run_with_geometry_hooks
 from tl_geometry import plots
+from tl_geometry.sink import sink_recall_correlation
 from tl_geometry.summaries import mean_over_heads
+from tl_geometry.synthetic import toy_2d
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +82,70 @@ def test_regime_diagnostics_and_contributions_show_the_example_heads(taxonomy):
         assert all(y is None or math.isnan(y) or y >= 0 for y in trace.y)
         assert all(c is None or math.isnan(c) or abs(c) <= 1 + 1e-6 for c in trace.marker.color)
     assert fig10.layout.yaxis.type == "log"
+
+
+@pytest.fixture(scope="module")
+def full():
+    """Every diagnostic, on a tiny model, with several sequences for the correlations."""
+    model = tm.make_model("bridge-llama")
+    return run_with_geometry_hooks(model, tm.with_bos(tm.random_tokens(4, 40)), n_grid=[1, 2, 4, 8, 41],
+                                   diagnostics="all")
+
+
+def test_toy_selection_draws_points_s_and_both_balls():
+    toy = toy_2d(n_points=8, n_selected=3, seed=0)
+    fig = plots.toy_selection(toy)
+    names = [t.name for t in fig.data]
+    assert names.count("selected") == 3 and "s(N)" in names and "r_min ball" in names and "r_max ball" in names
+    ball = next(t for t in fig.data if t.name == "r_max ball")
+    radius = torch.tensor([math.hypot(x - float(toy.s[0]), y - float(toy.s[1])) for x, y in zip(ball.x, ball.y)])
+    torch.testing.assert_close(radius, torch.full_like(radius, float(toy.r_max)), atol=1e-5, rtol=1e-5)
+    selected = next(t for t in fig.data if t.name == "selected" and t.xaxis == "x2")
+    assert len(selected.x) == int(toy.selected.sum())
+
+
+def test_value_norms_plots_the_mean_by_position_and_the_cv_histogram(full):
+    fig = plots.value_norms(full)
+    mean = next(t for t in fig.data if t.name == "mean over layer-heads")
+    expected = torch.nanmean(full.value_norm_by_position.flatten(0, 1), 0)
+    torch.testing.assert_close(torch.tensor(mean.y, dtype=torch.float64), expected.double(), equal_nan=True)
+    histogram = next(t for t in fig.data if t.type == "histogram")
+    assert len(histogram.x) == full.value_norm_cv.numel() and min(histogram.x) >= 0
+    assert fig.layout.xaxis.type == "log"
+
+
+def test_cosine_decay_shows_the_fit_of_the_chosen_head(full):
+    fig = plots.cosine_decay(full, layer=1, head=2)
+    fit = next(t for t in fig.data if t.name == "fit exp(-beta lag)")
+    beta = float(full.decay_beta[1, 2])
+    assert all(abs(y - math.exp(-beta * x)) < 1e-6 for x, y in zip(fit.x, fit.y))
+    assert min(fit.x) >= 1 and "layer 1, head 2" in fig.layout.annotations[1].text
+    with pytest.raises(GeometryError, match=r"\(7, 0\) was not analysed"):
+        plots.cosine_decay(full, layer=7, head=0)
+
+
+def test_attention_profile_is_on_a_log_axis_with_its_fit(full):
+    fig = plots.attention_profile(full, layer=0, head=0)
+    weights, fit = fig.data[0], fig.data[1]
+    profile = full.per_sequence["attention_profile"][0, 0, 0]
+    assert list(weights.y) == profile[~torch.isnan(profile)].tolist()
+    assert len(fit.y) == len(weights.y) and all(y > 0 for y in fit.y)
+    assert fig.layout.yaxis.type == "log"
+
+
+def test_sink_recall_draws_pearson_spearman_and_interval(full):
+    correlation = sink_recall_correlation(full, n_bootstrap=50)
+    fig = plots.sink_recall(correlation)
+    pearson = next(t for t in fig.data if t.name == "Pearson")
+    torch.testing.assert_close(torch.tensor(pearson.y, dtype=torch.float64), correlation.pearson.double(),
+                               equal_nan=True)
+    assert fig.layout.yaxis.range == (-1, 1) and fig.layout.xaxis.type == "log"
+
+
+def test_precision_recall_vs_n_draws_envelopes_when_bounds_were_computed(full):
+    fig = plots.precision_recall_vs_n(full)
+    envelopes = [t for t in fig.data if "envelope" in (t.name or "")]
+    assert len(envelopes) == 4
+    upper = next(t for t in envelopes if t.name == "theoretical upper envelope")
+    torch.testing.assert_close(torch.tensor(upper.y, dtype=torch.float64),
+                               mean_over_heads(full, "bound_precision_upper").double(), equal_nan=True)

@@ -10,23 +10,23 @@ import pytest
 from tests import tiny_models as tm
 from tl_geometry import GeometryError, GeometryResult, run_with_geometry_hooks
 from tl_geometry import report
-from tl_geometry.features import TAXONOMY_FEATURES
+from tl_geometry.result import REQUIRED_FIELDS
 
 
 @pytest.fixture(scope="module")
 def result():
     model = tm.make_model("bridge-llama")
     tokens = tm.with_bos(tm.random_tokens(2, 20))
-    return run_with_geometry_hooks(model, tokens, n_grid=[1, 2, 4, 21], diagnostics=["taxonomy"])
+    return run_with_geometry_hooks(model, tokens, n_grid=[1, 2, 4, 21], diagnostics="all")
 
 
-def test_without_taxonomy_features_the_regime_figures_are_left_out(result):
+def test_without_diagnostics_their_figures_are_left_out(result):
     plain = dataclasses.replace(
-        result, per_sequence={k: v for k, v in result.per_sequence.items() if k not in TAXONOMY_FEATURES}
+        result, per_sequence={k: v for k, v in result.per_sequence.items() if k in REQUIRED_FIELDS}
     )
     page = report.render_html(plain)
     for figure in report.FIGURES:
-        assert (f'id="{figure.key}"' in page) == (not figure.needs_taxonomy)
+        assert (f'id="{figure.key}"' in page) == (figure.needs is None)
 
 
 def test_page_embeds_plotly_once_and_shows_every_figure(result):

@@ -18,7 +18,7 @@ from tl_geometry.errors import GeometryError
 
 EXIT_OK, EXIT_USAGE, EXIT_INPUT = 0, 2, 1
 # Everything the report draws is computed in the same hooked pass.
-DIAGNOSTICS = ("taxonomy",)
+DIAGNOSTICS = "all"
 
 
 def _n_grid_argument(text: str) -> str | list[int]:

@@ -7,12 +7,19 @@ a colour-blind-safe palette (Okabe-Ito) in which one regime always has one
 colour.
 """
 
+import math
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
+import torch
 from plotly.subplots import make_subplots
+from torch import Tensor
 
+from tl_geometry.errors import GeometryError
+from tl_geometry.profile_fit import ProfileFit
 from tl_geometry.result import GeometryResult
+from tl_geometry.sink import SinkRecallCorrelation
+from tl_geometry.synthetic import Toy2D
 from tl_geometry.taxonomy import REGIMES, HeadTaxonomy
 from tl_geometry.summaries import at_n, mean_over_heads, spread_over_heads
 
@@ -197,3 +204,133 @@ def precision_recall_by_regime(taxonomy: HeadTaxonomy) -> go.Figure:
         fig.update_xaxes(type="log", title="N (selected keys)", row=1, col=col)
         fig.update_yaxes(range=[0, 1.05], title=metric, row=1, col=col)
     return _style(fig, "Precision and Recall by head regime")
+
+
+def _example(result: GeometryResult, layer: int | None, head: int | None) -> tuple[int, int]:
+    """Indices into the result's layer and head axes; default the middle analysed layer, first head."""
+    layer = result.layers[len(result.layers) // 2] if layer is None else layer
+    head = result.heads[0] if head is None else head
+    if layer not in result.layers or head not in result.heads:
+        raise GeometryError(
+            f"layer, head: ({layer}, {head}) was not analysed; this result has layers {list(result.layers)} "
+            f"and heads {list(result.heads)}"
+        )
+    return result.layers.index(layer), result.heads.index(head)
+
+
+def _circle(centre: Tensor, radius: float, name: str, colour: str, dash: str) -> go.Scatter:
+    angle = torch.linspace(0, 2 * math.pi, 200)
+    return go.Scatter(x=(centre[0] + radius * torch.cos(angle)).tolist(),
+                      y=(centre[1] + radius * torch.sin(angle)).tolist(),
+                      mode="lines", line={"color": colour, "dash": dash}, name=name)
+
+
+def toy_selection(toy: Toy2D) -> go.Figure:
+    """Figure 1: the 2-D picture. Tokens on a circle (left), scaled by their attention
+    weights (middle), and s(N) with the r_min and r_max balls (right)."""
+    fig = make_subplots(rows=1, cols=3, subplot_titles=(
+        "value states v_i", "scaled: alpha_i v_i",
+        f"s(N) and the balls: P = {toy.precision:.2f}, R = {toy.recall:.2f}"))
+    for col, points in ((1, toy.points), (2, toy.scaled), (3, toy.scaled)):
+        for chosen, name, colour, symbol in ((True, "selected", PURPLE, "star"), (False, "not selected", "black", "circle")):
+            mask = toy.selected == chosen
+            fig.add_trace(go.Scatter(x=points[mask, 0].tolist(), y=points[mask, 1].tolist(), mode="markers",
+                                     marker={"color": colour, "symbol": symbol, "size": 11}, name=name,
+                                     showlegend=col == 1), row=1, col=col)
+    fig.add_trace(go.Scatter(x=[float(toy.s[0])], y=[float(toy.s[1])], mode="markers", name="s(N)",
+                             marker={"color": VERMILLION, "symbol": "x", "size": 12}), row=1, col=3)
+    fig.add_trace(_circle(toy.s, toy.r_min, "r_min ball", GREEN, "dash"), row=1, col=3)
+    fig.add_trace(_circle(toy.s, toy.r_max, "r_max ball", ORANGE, "dot"), row=1, col=3)
+    for col in (1, 2, 3):
+        fig.update_yaxes(scaleanchor=f"x{'' if col == 1 else col}", row=1, col=col)
+    return _style(fig, "Top-N selection in value-state space (2-D toy example)", height=420)
+
+
+def value_norms(result: GeometryResult) -> go.Figure:
+    """Figure 2: mean ||v_i|| by position over all layer-heads (left, log x) and the
+    coefficient of variation of the non-sink norms across heads (right)."""
+    norms = result.per_head("value_norm_by_position").flatten(0, 1)  # [layer*head, pos]
+    mean, low, high = torch.nanmean(norms, 0), torch.nanquantile(norms, 0.1, 0), torch.nanquantile(norms, 0.9, 0)
+    positions = list(range(norms.shape[-1]))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("value-state norm by position", "CV of non-sink norms"))
+    fig.add_trace(go.Scatter(x=positions, y=high.tolist(), line={"width": 0}, showlegend=False, hoverinfo="skip"))
+    fig.add_trace(go.Scatter(x=positions, y=low.tolist(), fill="tonexty", fillcolor="rgba(0,114,178,0.15)",
+                             line={"width": 0}, name="10-90 % of layer-heads", hoverinfo="skip"))
+    fig.add_trace(go.Scatter(x=positions, y=mean.tolist(), mode="lines", line={"color": BLUE},
+                             name="mean over layer-heads"))
+    cv = result.value_norm_cv.flatten()
+    fig.add_trace(go.Histogram(x=cv[~torch.isnan(cv)].tolist(), marker_color=BLUE, name="heads", showlegend=False),
+                  row=1, col=2)
+    fig.update_xaxes(type="log", title="position i (0 = sink)", row=1, col=1)
+    fig.update_yaxes(title="||v_i||", row=1, col=1)
+    fig.update_xaxes(title="CV = std / mean of ||v_i||, i > 0", row=1, col=2)
+    fig.update_yaxes(title="layer-heads", row=1, col=2)
+    return _style(fig, "Assumption 1: value-state norms are stable except at the sink")
+
+
+def cosine_decay(result: GeometryResult, layer: int | None = None, head: int | None = None) -> go.Figure:
+    """Figure 3: the error of the exponential fit of cosine similarity vs lag across heads
+    (left) and one head's mean cosine by lag with its fit exp(-beta lag) (right)."""
+    li, hi = _example(result, layer, head)
+    mae = result.decay_mae.flatten()
+    curve = result.cosine_by_lag[li, hi]
+    beta = result.decay_beta[li, hi]
+    lags = torch.arange(len(curve))
+    shown = (lags >= 1) & ~torch.isnan(curve)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(
+        "MAE of the exponential fit", f"layer {result.layers[li]}, head {result.heads[hi]}: beta = {beta:.3f}"))
+    fig.add_trace(go.Histogram(x=mae[~torch.isnan(mae)].tolist(), marker_color=BLUE, showlegend=False), row=1, col=1)
+    fig.add_trace(go.Scatter(x=lags[shown].tolist(), y=curve[shown].tolist(), mode="markers", name="mean cosine",
+                             marker={"color": BLUE, "size": 4}), row=1, col=2)
+    fig.add_trace(go.Scatter(x=lags[shown].tolist(), y=torch.exp(-beta * lags[shown]).tolist(), mode="lines",
+                             name="fit exp(-beta lag)", line={"color": ORANGE}), row=1, col=2)
+    fig.update_xaxes(title="mean absolute error over lags 1..64", row=1, col=1)
+    fig.update_yaxes(title="layer-heads", row=1, col=1)
+    fig.update_xaxes(type="log", title="lag |i - j|", row=1, col=2)
+    fig.update_yaxes(title="cos(v_i, v_j)", row=1, col=2)
+    return _style(fig, "Assumption 2: cosine similarity decays with the lag")
+
+
+def attention_profile(result: GeometryResult, layer: int | None = None, head: int | None = None) -> go.Figure:
+    """Figure 4: one head's attention weights by position for the final query (first
+    sequence, log scale) with its four-phase fit (sink, plateau, oscillation, recency)."""
+    li, hi = _example(result, layer, head)
+    profile = result.per_sequence["attention_profile"][0, li, hi]
+    fit = ProfileFit(**{name: result.per_sequence["profile_" + name][0, li, hi]
+                        for name in ProfileFit.__dataclass_fields__})
+    positions = torch.arange(len(profile))
+    shown = ~torch.isnan(profile)
+    fitted = fit.evaluate(int(shown.sum()))
+    fig = go.Figure([
+        go.Scatter(x=positions[shown].tolist(), y=profile[shown].tolist(), mode="markers", name="attention weight",
+                   marker={"color": BLUE, "size": 4}),
+        go.Scatter(x=positions[shown].tolist(), y=fitted.tolist(), mode="lines", name="four-phase fit",
+                   line={"color": ORANGE}),
+    ])
+    for value, label in ((fit.t1, "T1"), (fit.t2, "T2")):
+        if not torch.isnan(value):
+            fig.add_vline(x=float(value), line={"dash": "dot", "color": GREY}, annotation_text=label)
+    fig.update_xaxes(title="key position i (0 = sink)")
+    fig.update_yaxes(type="log", title="alpha_i")
+    return _style(fig, f"Assumption 3: attention profile of layer {result.layers[li]}, head {result.heads[hi]} "
+                       f"(fit error {fit.error:.2f} in log space)")
+
+
+def sink_recall(correlation: SinkRecallCorrelation) -> go.Figure:
+    """Figure 6: corr(R(r_min, N), rho_0) against N, Pearson with its bootstrap interval and Spearman."""
+    grid = correlation.n_grid.tolist()
+    level = f"{100 * correlation.confidence:.0f} %"
+    fig = go.Figure([
+        go.Scatter(x=grid, y=correlation.pearson_high.tolist(), line={"width": 0}, showlegend=False,
+                   hoverinfo="skip"),
+        go.Scatter(x=grid, y=correlation.pearson_low.tolist(), fill="tonexty", fillcolor="rgba(0,114,178,0.15)",
+                   line={"width": 0}, name=f"{level} bootstrap interval over sequences", hoverinfo="skip"),
+        go.Scatter(x=grid, y=correlation.pearson.tolist(), mode="lines+markers", name="Pearson",
+                   line={"color": BLUE}),
+        go.Scatter(x=grid, y=correlation.spearman.tolist(), mode="lines", name="Spearman",
+                   line={"color": ORANGE, "dash": "dash"}),
+    ])
+    fig.add_hline(y=0, line={"color": GREY, "width": 1})
+    fig.update_xaxes(type="log", title="N (selected keys)")
+    fig.update_yaxes(range=[-1, 1], title="corr(R(r_min, N), rho_0)")
+    return _style(fig, f"Sink similarity and Recall, across {correlation.over}")

@@ -19,6 +19,8 @@ from tl_geometry import plots
 from tl_geometry.errors import GeometryError
 from tl_geometry.features import TAXONOMY_FEATURES
 from tl_geometry.result import GeometryResult
+from tl_geometry.sink import sink_recall_correlation
+from tl_geometry.synthetic import toy_2d
 from tl_geometry.taxonomy import REGIMES, HeadTaxonomy, taxonomy_from_result
 from tl_geometry.summaries import mean_over_heads
 
@@ -31,7 +33,21 @@ class Figure:
     title: str
     how_to_read: str
     draw: Callable[[GeometryResult, HeadTaxonomy | None], go.Figure]
-    needs_taxonomy: bool = False
+    needs: str | None = None  # the diagnostic whose fields the figure draws
+
+    @property
+    def needs_taxonomy(self) -> bool:
+        return self.needs == "taxonomy"
+
+
+def available(result: GeometryResult) -> set[str]:
+    """The diagnostics whose fields the result carries."""
+    present = set()
+    if all(name in result.per_sequence for name in TAXONOMY_FEATURES):
+        present.add("taxonomy")
+    if "value_norm_cv" in result.per_sequence:
+        present.add("assumptions")
+    return present
 
 
 def _names(taxonomy: HeadTaxonomy | None) -> list[list[str]] | None:
@@ -45,6 +61,39 @@ def _small_n(result: GeometryResult) -> int:
 
 
 FIGURES: tuple[Figure, ...] = (
+    Figure(
+        "figure-1",
+        "Figure 1: top-N selection in a 2-D toy example",
+        "Tokens on a circle (left) are scaled by their attention weights (middle); the selected ones (stars) "
+        "sum to s(N). Precision counts non-selected tokens inside the r_max ball around s(N), Recall the "
+        "selected ones inside the r_min ball (right). Drawn from tl_geometry.synthetic.toy_2d, not the model.",
+        lambda result, taxonomy: plots.toy_selection(toy_2d()),
+    ),
+    Figure(
+        "figure-2",
+        "Figure 2: value-state norms (Assumption 1)",
+        "Left: mean ||v_i|| by position over all layers and heads; the paper finds a much smaller norm at the "
+        "sink (position 0) and stable norms after it. Right: the coefficient of variation of the non-sink norms "
+        "per head (the paper: mostly 0.02-0.03).",
+        lambda result, taxonomy: plots.value_norms(result),
+        needs="assumptions",
+    ),
+    Figure(
+        "figure-3",
+        "Figure 3: cosine similarity against lag (Assumption 2)",
+        "Left: the mean absolute error of fitting exp(-beta |i - j|) to each head's mean cosine similarity by "
+        "lag (the paper: about 0.09 on average). Right: one head's curve and its fit.",
+        lambda result, taxonomy: plots.cosine_decay(result),
+        needs="assumptions",
+    ),
+    Figure(
+        "figure-4",
+        "Figure 4: attention profile (Assumption 3)",
+        "One head's attention weights over the keys of the final query, on a log scale, with the fitted "
+        "four-phase profile: sink, plateau up to T1, oscillation up to T2, exponential recency after.",
+        lambda result, taxonomy: plots.attention_profile(result),
+        needs="assumptions",
+    ),
     Figure(
         "figure-5",
         "Figure 5: Precision and Recall against N",
@@ -67,13 +116,22 @@ FIGURES: tuple[Figure, ...] = (
         lambda result, taxonomy: plots.metric_heatmap(result, "recall", _small_n(result), _names(taxonomy)),
     ),
     Figure(
+        "figure-6",
+        "Figure 6: sink similarity and Recall",
+        "The correlation across heads between Recall(r_min, N) and rho_0, the mean cosine of the sink's value "
+        "with the others, for every N, with a bootstrap interval over sequences. The paper finds it strongest "
+        "at small N (peaking near N = 3 for Gemma and Mistral).",
+        lambda result, taxonomy: plots.sink_recall(sink_recall_correlation(result)),
+        needs="assumptions",
+    ),
+    Figure(
         "figure-7",
         "Figure 7: regime diagnostics",
         "One example head per regime. Top: ||s(N)|| and the norms left when the sink or the last token is "
         "removed; a Retriever drops without the last token, a Reset head without the sink. Bottom: alignment "
         "of s(N) with the sink v_0 and the last token v_L; in a Mixer it moves from v_0 to v_L as N grows.",
         lambda result, taxonomy: plots.regime_diagnostics(taxonomy),
-        needs_taxonomy=True,
+        needs="taxonomy",
     ),
     Figure(
         "figure-8",
@@ -82,7 +140,7 @@ FIGURES: tuple[Figure, ...] = (
         "(Llama-2-7B) finds Retrievers in the first two layers, Reset heads early and Mixers from the "
         "lower-middle layers on.",
         lambda result, taxonomy: plots.regimes_by_layer(taxonomy),
-        needs_taxonomy=True,
+        needs="taxonomy",
     ),
     Figure(
         "figure-10",
@@ -90,14 +148,14 @@ FIGURES: tuple[Figure, ...] = (
         "||alpha_i v_i|| of every key for the final query of the example heads, coloured by the cosine of v_i "
         "with the last token's value: Retrievers are dominated by the last token, Reset heads by the sink.",
         lambda result, taxonomy: plots.contributions_by_regime(taxonomy),
-        needs_taxonomy=True,
+        needs="taxonomy",
     ),
     Figure(
         "figure-11",
         "Figure 11: Precision and Recall by regime",
         "Mean Precision(r_max) and Recall(r_min) against N over the heads of each regime.",
         lambda result, taxonomy: plots.precision_recall_by_regime(taxonomy),
-        needs_taxonomy=True,
+        needs="taxonomy",
     ),
 )
 
@@ -130,9 +188,10 @@ def summary_rows(
 
 
 def render_figures(result: GeometryResult) -> list[tuple[Figure, go.Figure]]:
-    """Every figure the result supports, drawn (the taxonomy ones need the taxonomy features)."""
-    taxonomy = taxonomy_from_result(result) if all(n in result.per_sequence for n in TAXONOMY_FEATURES) else None
-    return [(f, f.draw(result, taxonomy)) for f in FIGURES if taxonomy is not None or not f.needs_taxonomy]
+    """Every figure the result supports, drawn (some need the fields of a diagnostic)."""
+    present = available(result)
+    taxonomy = taxonomy_from_result(result) if "taxonomy" in present else None
+    return [(f, f.draw(result, taxonomy)) for f in FIGURES if f.needs is None or f.needs in present]
 
 
 def render_html(
