@@ -96,6 +96,8 @@ def _summary(result, seconds: float) -> str:
 
 def _analyse(args: argparse.Namespace):
     """Load the model and text, analyse the windows; the result and the summary-table details."""
+    from tqdm.auto import tqdm
+
     from tl_geometry.corpus import analyze_corpus
     from tl_geometry.models import load_model
     from tl_geometry.text import default_text, read_text_files, text_windows
@@ -104,7 +106,11 @@ def _analyse(args: argparse.Namespace):
         if getattr(args, name) < 1:
             raise GeometryError(f"--{name.replace('_', '-')}: expected a positive number, got {getattr(args, name)}")
     text = read_text_files(args.text) if args.text else default_text()
-    model = load_model(args.model, progress=not args.quiet)
+    # A one-step bar: the cached load takes seconds, the first export of a bundled model longer
+    # (load_model then shows its own steps).
+    with tqdm(total=1, desc=f"tl_geometry: loading {args.model}", disable=args.quiet, bar_format="{desc} {elapsed}") as bar:
+        model = load_model(args.model, progress=not args.quiet)
+        bar.update()
     windows = text_windows(model, text, context=args.context, n_windows=args.windows)
     result = analyze_corpus(
         model, windows, batch_size=args.batch_size, progress=not args.quiet, n_grid=args.n_grid, diagnostics=DIAGNOSTICS

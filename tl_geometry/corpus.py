@@ -75,6 +75,6 @@ def analyze_corpus(
     grid = config.resolve_n_grid(max(batch.max_visible() for batch in batches))
     parts = [
         analyse_prepared(model, batch, config, grid)
-        for batch in tqdm(batches, desc="tl_geometry", unit="batch", disable=not progress)
+        for batch in tqdm(batches, desc="tl_geometry: analysing", unit="batch", disable=not progress)
     ]
     return GeometryResult.concatenate(parts)
