@@ -169,12 +169,14 @@ def _margins_core(
     sink: Bool[Tensor, "row key"],
     n_visible: Int[Tensor, " row"],
     grid: Int[Tensor, " n"],
+    unit: Float[Tensor, "row key d_head"] | None = None,
 ) -> dict[str, Tensor]:
     """Every margin of a chunk of rows, keys in selection order (rank 0 first).
 
     ``a`` are the effective weights by rank, ``cos`` their cosines, ``sink``
     marks the rank holding key 0; ranks >= ``n_visible`` are hidden and must
-    carry a = 0 and finite cosines.
+    carry a = 0 and finite cosines. ``unit``, the unit value vectors by rank
+    when they exist (measured margins), makes the sums over I_N cheaper.
     """
     n_keys = a.shape[-1]
     ranks = torch.arange(n_keys)
@@ -205,7 +207,13 @@ def _margins_core(
     rho_used = torch.where(has_pair, rho_out, 0.0)
 
     # mu_ij = D_j^2 - D_i^2 with D^2 - ||s||^2 = a_i^2 - 2 a_i sum_{k in I_N} a_k rho_ki (eq. 25).
-    inner = torch.bmm(a_n * inside, cos)  # [row, n, key]: sum_k a_k rho_k,i over I_N
+    # [row, n, key]: sum_k a_k rho_k,i over I_N. With the unit vectors at hand this is
+    # <sum_k a_k u_k, u_i>: two thin products instead of one n x key x key product.
+    weights = a_n * inside
+    if unit is None:
+        inner = torch.bmm(weights, cos)
+    else:
+        inner = torch.bmm(torch.bmm(weights, unit), unit.transpose(1, 2))
     proximity = a_n * a_n - 2 * a_n * inner
     far_in = torch.where(inside_rows, proximity, -inf).amax(-1)
     near_out = torch.where(outside, proximity, inf).amin(-1)
@@ -326,7 +334,7 @@ def _measured_chunk(
     unit = unit.masked_fill(hidden.unsqueeze(-1), 0.0)
     cos = torch.bmm(unit, unit.transpose(1, 2))
     sink = (order == 0) & ~hidden
-    return _margins_core(a, cos, sink, n_visible, grid)
+    return _margins_core(a, cos, sink, n_visible, grid, unit)
 
 
 def _p_minus(xi: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
