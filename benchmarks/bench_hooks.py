@@ -27,8 +27,6 @@ MODES = ("bare", "hooks", "all", "cache")
 
 def build_model():
     """The default model, or a stand-in of the same shape; and a description."""
-    import torch
-
     try:
         from tl_geometry.models import load_model
 
@@ -84,7 +82,6 @@ def run_mode(mode: str, repeats: int, context: int) -> dict:
     from tl_geometry.hook_names import pattern_hook, value_hook
     from tl_geometry.hooks import run_with_geometry_hooks
     from tl_geometry.metrics import selection_metrics
-    from tl_geometry.config import GeometryConfig
     from tl_geometry.grid import default_n_grid
 
     torch.manual_seed(0)

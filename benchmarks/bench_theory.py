@@ -15,7 +15,6 @@ and at the module default.
 import math
 import time
 
-import torch
 
 from tl_geometry import selection_metrics
 from tl_geometry.bounds import DEFAULT_KAPPA, assumption_margins, envelopes

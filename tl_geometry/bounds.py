@@ -67,13 +67,7 @@ from torch import Tensor
 from tl_geometry.activations import LayerActivations
 from tl_geometry.errors import GeometryError
 from tl_geometry.synthetic import AttentionProfile, attention_profile
-from tl_geometry.selection import (
-    NGridLike,
-    check_selection_inputs,
-    resolve_n_grid,
-    selection_order,
-    working_dtype,
-)
+from tl_geometry.selection import NGridLike, as_rows, resolve_n_grid, selection_order
 
 # The universal constant kappa of Theorems 1-2. Pinned from the simulator
 # (benchmarks/bench_theory.py): the largest kappa for which the Monte Carlo
@@ -287,22 +281,17 @@ def selection_margins(
         >>> m.s_in.tolist(), m.rho_out.tolist()[:2]
         ([0.0, 0.30000001192092896, 0.4000000059604645], [nan, 0.0])
     """
-    check_selection_inputs(alpha, values, key_mask, ranking, "euclidean")
-    if not isinstance(memory_budget_mib, (int, float)) or not memory_budget_mib > 0:
-        raise GeometryError(f"memory_budget_mib: expected a positive number of MiB, got {memory_budget_mib!r}")
-    batch_shape, n_keys, d_head = alpha.shape[:-1], alpha.shape[-1], values.shape[-1]
-    grid = resolve_n_grid(n_grid, n_keys)
-    dtype = working_dtype(alpha, values)
-    rows_alpha = alpha.reshape(-1, n_keys).to(dtype)
-    rows_values = values.reshape(-1, n_keys, d_head).to(dtype)
-    rows_mask = torch.ones_like(rows_alpha, dtype=torch.bool) if key_mask is None else key_mask.reshape(-1, n_keys)
+    rows = as_rows(alpha, values, n_grid, key_mask, ranking, "euclidean", memory_budget_mib)
+    batch_shape, grid = rows.batch_shape, rows.grid
+    rows_alpha, rows_values, rows_mask = rows.alpha, rows.values, rows.key_mask
+    n_keys = rows_alpha.shape[-1]
     n_rows = rows_alpha.shape[0]
     chunk = _chunk_rows(n_keys, len(grid), rows_alpha.element_size(), float(memory_budget_mib))
     parts: dict[str, list[Tensor]] = {}
     with torch.no_grad():
         for start in range(0, n_rows, chunk):
-            rows = slice(start, start + chunk)
-            out = _measured_chunk(rows_alpha[rows], rows_values[rows], rows_mask[rows], grid, ranking)
+            part = slice(start, start + chunk)
+            out = _measured_chunk(rows_alpha[part], rows_values[part], rows_mask[part], grid, ranking)
             for name, t in out.items():
                 parts.setdefault(name, []).append(t)
     joined = {name: torch.cat(ts) for name, ts in parts.items()}

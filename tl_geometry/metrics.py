@@ -19,16 +19,13 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_geometry._types import Distance
-from tl_geometry.errors import GeometryError
 from tl_geometry.selection import (
     NGridLike,
     ChunkGeometry,
     Workspace,
-    check_selection_inputs,
+    as_rows,
     chunk_geometry,
     distance_to_rank,
-    resolve_n_grid,
-    working_dtype,
 )
 
 DEFAULT_MEMORY_BUDGET_MIB = 128
@@ -180,18 +177,10 @@ def selection_metrics(
         >>> m.precision.tolist(), m.recall.tolist()
         ([1.0, 0.6666666865348816, 1.0], [1.0, 0.5, 1.0])
     """
-    check_selection_inputs(alpha, values, key_mask, ranking, distance)
-    if not isinstance(memory_budget_mib, (int, float)) or not memory_budget_mib > 0:
-        raise GeometryError(f"memory_budget_mib: expected a positive number of MiB, got {memory_budget_mib!r}")
-    batch_shape, n_keys, d_head = alpha.shape[:-1], alpha.shape[-1], values.shape[-1]
-    grid = resolve_n_grid(n_grid, n_keys)
-    dtype = working_dtype(alpha, values)
-
-    rows_alpha = alpha.reshape(-1, n_keys).to(dtype)
-    rows_values = values.reshape(-1, n_keys, d_head).to(dtype)
-    rows_mask = (
-        torch.ones_like(rows_alpha, dtype=torch.bool) if key_mask is None else key_mask.reshape(-1, n_keys)
-    )
+    rows = as_rows(alpha, values, n_grid, key_mask, ranking, distance, memory_budget_mib)
+    batch_shape, grid = rows.batch_shape, rows.grid
+    rows_alpha, rows_values, rows_mask = rows.alpha, rows.values, rows.key_mask
+    n_keys, d_head, dtype = rows_alpha.shape[-1], rows_values.shape[-1], rows_alpha.dtype
     n_rows = rows_alpha.shape[0]
     chunk = _chunk_rows(len(grid), n_keys, d_head, float(memory_budget_mib), rows_alpha.element_size())
 
@@ -204,15 +193,15 @@ def selection_metrics(
     joined = {name: torch.empty(n_rows, len(grid), dtype=dtype) for name in chunk_fields}
     with torch.no_grad():
         for start in range(0, n_rows, chunk):
-            rows = slice(start, start + chunk)
-            buffers = workspace.first(rows_alpha[rows].shape[0])
+            part = slice(start, start + chunk)
+            buffers = workspace.first(rows_alpha[part].shape[0])
             geometry = chunk_geometry(
-                rows_alpha[rows], rows_values[rows], rows_mask[rows], grid, ranking, distance, buffers
+                rows_alpha[part], rows_values[part], rows_mask[part], grid, ranking, distance, buffers
             )
             out = _counts_and_radii(geometry, grid, selected, distance, buffers)
             out["s_norm"] = geometry.s_norm
             for name, tensor in out.items():
-                joined[name][rows].copy_(tensor)
+                joined[name][part].copy_(tensor)
 
     n_visible = rows_mask.sum(-1)
     missing = grid.unsqueeze(0) > n_visible.unsqueeze(-1)  # [row, n]: no top-N set

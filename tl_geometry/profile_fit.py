@@ -43,7 +43,7 @@ import math
 from dataclasses import dataclass, fields
 
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.errors import GeometryError

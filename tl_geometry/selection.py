@@ -122,6 +122,44 @@ def check_selection_inputs(
         )
 
 
+class Rows(NamedTuple):
+    """Validated engine inputs flattened to rows, in the working dtype."""
+
+    batch_shape: torch.Size
+    alpha: Float[Tensor, "row key"]
+    values: Float[Tensor, "row key d_head"]
+    key_mask: Bool[Tensor, "row key"]
+    grid: Int[Tensor, " n"]
+
+
+def as_rows(
+    alpha: Tensor,
+    values: Tensor,
+    n_grid: NGridLike,
+    key_mask: Tensor | None,
+    ranking: str,
+    distance: str,
+    memory_budget_mib: object,
+) -> Rows:
+    """Check the inputs of an engine call (GeometryError naming what is wrong) and flatten them to rows."""
+    check_selection_inputs(alpha, values, key_mask, ranking, distance)
+    if isinstance(memory_budget_mib, bool) or not isinstance(memory_budget_mib, (int, float)) or not (
+        memory_budget_mib > 0
+    ):
+        raise GeometryError(f"memory_budget_mib: expected a positive number of MiB, got {memory_budget_mib!r}")
+    n_keys, d_head = alpha.shape[-1], values.shape[-1]
+    dtype = working_dtype(alpha, values)
+    rows_alpha = alpha.reshape(-1, n_keys).to(dtype)
+    mask = torch.ones_like(rows_alpha, dtype=torch.bool) if key_mask is None else key_mask.reshape(-1, n_keys)
+    return Rows(
+        batch_shape=alpha.shape[:-1],
+        alpha=rows_alpha,
+        values=values.reshape(-1, n_keys, d_head).to(dtype),
+        key_mask=mask,
+        grid=resolve_n_grid(n_grid, n_keys),
+    )
+
+
 def selection_order(
     alpha: Float[Tensor, "row key"],
     values: Float[Tensor, "row key d_head"],

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from tl_geometry.config import GeometryConfig
 from tl_geometry.errors import GeometryError
-from tl_geometry.features import CURVE_FEATURES, POSITION_FEATURES, SCALAR_FEATURES, TAXONOMY_FEATURES
+from tl_geometry.features import CURVE_FEATURES, SCALAR_FEATURES, TAXONOMY_FEATURES
 from tl_geometry.hooks import HookableModel, run_with_geometry_hooks
 from tl_geometry.result import GeometryResult
 
