@@ -2,6 +2,8 @@
 
 import dataclasses
 import html
+import os
+import stat
 import shutil
 import sys
 
@@ -79,3 +81,13 @@ def test_png_without_kaleido_says_how_to_install_it(result, tmp_path, monkeypatc
     monkeypatch.setitem(sys.modules, "kaleido", None)  # import fails
     with pytest.raises(GeometryError, match=r"pip install 'tl_geometry\[png\]'"):
         report.write_report(result, tmp_path, png=True)
+
+
+def test_written_files_get_ordinary_permissions(result, tmp_path):
+    mask = os.umask(0o022)
+    try:
+        report.write_report(result, tmp_path)
+    finally:
+        os.umask(mask)
+    for name in ("index.html", "result.npz", "result.json"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644, name

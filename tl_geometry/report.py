@@ -8,7 +8,6 @@ interrupted run never leaves a half-written report or damages an earlier one.
 import html
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ import plotly.graph_objects as go
 
 from tl_geometry import plots
 from tl_geometry.errors import GeometryError
+from tl_geometry.files import atomic_path
 from tl_geometry.features import TAXONOMY_FEATURES
 from tl_geometry.result import GeometryResult
 from tl_geometry.sink import sink_recall_correlation
@@ -242,16 +242,8 @@ th {{ font-weight: 600; }} p.how {{ color: #444; max-width: 70em; }}
 
 def write_atomically(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def _browser_for_png() -> str:
@@ -280,14 +272,10 @@ def write_png(figures: list[tuple[Figure, go.Figure]], out_dir: Path) -> list[Pa
     paths = []
     for figure, drawn in figures:
         path = out_dir / f"{figure.key}.png"
-        handle, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{path.name}.", suffix=".png")
-        os.close(handle)
         try:
-            drawn.write_image(tmp, width=1100, height=drawn.layout.height or 500)
-            os.replace(tmp, path)
+            with atomic_path(path) as tmp:
+                drawn.write_image(tmp, format="png", width=1100, height=drawn.layout.height or 500)
         except Exception as error:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
             raise GeometryError(f"--png: could not render {figure.key} with {browser}: {error}") from None
         paths.append(path)
     return paths

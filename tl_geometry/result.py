@@ -15,12 +15,11 @@ finds and requires only ``REQUIRED_FIELDS``.
 """
 
 import dataclasses
-import math
 import hashlib
 import importlib.metadata
 import json
+import math
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from torch import Tensor
 from tl_geometry.config import GeometryConfig
 from tl_geometry.errors import GeometryError
 from tl_geometry.metrics import SelectionMetrics
+from tl_geometry.files import atomic_path
 from tl_geometry.profile_fit import ProfileFit
 
 FORMAT_VERSION = 1
@@ -264,18 +264,11 @@ def _sha256(path: Path) -> str:
 
 
 def _atomic_write(path: Path, write: Any) -> None:
-    """Write through a temporary file in the same directory, then os.replace it into place."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write through a temporary file in the same directory, then rename it into place."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def result_from_parts(
