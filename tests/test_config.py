@@ -61,3 +61,29 @@ def test_default_grid(n_keys):
 def test_resolve_n_grid_modes():
     assert GeometryConfig(n_grid="all").resolve_n_grid(5).tolist() == [1, 2, 3, 4, 5]
     assert GeometryConfig(n_grid=[3, 9]).resolve_n_grid(5).tolist() == [3, 9]  # N > keys: NaN later, not clipped
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ((), ()),
+        ("taxonomy", ("taxonomy",)),
+        (["taxonomy", "assumptions"], ("assumptions", "taxonomy")),
+        ("all", ("assumptions", "bounds", "taxonomy")),
+    ],
+)
+def test_diagnostics_are_normalised_to_canonical_order(given, expected):
+    assert GeometryConfig(diagnostics=given).diagnostics == expected
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ("nope", "diagnostics: unknown name(s) ['nope']; choose from ('assumptions', 'bounds', 'taxonomy') or 'all'"),
+        ([3], "diagnostics: unknown name(s) [3]"),
+    ],
+)
+def test_bad_diagnostics_are_named(given, message):
+    with pytest.raises(GeometryError) as info:
+        GeometryConfig(diagnostics=given)
+    assert message in str(info.value)

@@ -255,7 +255,7 @@ def selection_margins(
 
     Measured reading of section 3.4: a_i = alpha_i ||v_i|| and the cosines are
     those of the given value vectors. Keys are sorted as the engine sorts
-    them (:func:`tl_geometry.selection.selection_order`); key 0 is the sink.
+    them (`tl_geometry.selection.selection_order`); key 0 is the sink.
     The cosines of a row cost key x key memory; rows are processed in chunks
     within about ``memory_budget_mib`` MiB. The readings chosen where the paper
     is ambiguous are listed in the module docstring.
@@ -272,7 +272,7 @@ def selection_margins(
         SelectionMargins, fields ``[*batch, n]`` (``gap_in`` ``[*batch, n, key]``).
 
     Raises:
-        GeometryError: as :func:`tl_geometry.selection_metrics` for bad inputs.
+        GeometryError: as `tl_geometry.selection_metrics` for bad inputs.
 
     Example:
         >>> alpha = torch.tensor([0.6, 0.3, 0.1])
@@ -354,7 +354,7 @@ def envelopes(
     """Lower and upper envelopes of E[P], E[R] and the two F-scores (eq. 12-17).
 
     Args:
-        margins: from :func:`selection_margins` or :func:`assumption_margins`.
+        margins: from `selection_margins` or `assumption_margins`.
         d_head: the dimension d of the value vectors.
         n_keys: L, the keys of the union bound; None: each row's visible keys
             (``margins.n_visible``, the sink included; see the module docstring).
@@ -431,9 +431,9 @@ def assumption_margins(
 
     a_0 = alpha_0 lambda C and a_i = alpha_i C (Assumption 1), alpha from the
     four-phase profile (Assumption 3, normalised to sum 1, see
-    :func:`tl_geometry.synthetic.attention_profile`), cosines
+    `tl_geometry.synthetic.attention_profile`), cosines
     rho_ij = e^{-beta |i - j|} between non-sink keys and rho_0j = rho0
-    (Assumption 2). Pass the result to :func:`envelopes` with d = d_head.
+    (Assumption 2). Pass the result to `envelopes` with d = d_head.
 
     Args:
         c: the value norm C (> 0).
@@ -496,19 +496,19 @@ DIAGNOSTIC_MARGINS = (
 def bound_diagnostics(seen: LayerActivations) -> dict[str, Tensor]:
     """The margins and envelopes of one layer, for the last analysed query of each sequence.
 
-    Uses the module default :data:`DEFAULT_KAPPA` and d = d_head. To recompute
-    with another kappa, rebuild a :class:`SelectionMargins` from the
-    ``margin_*`` fields (``margin_n_keys`` is L) and call :func:`envelopes`;
+    Uses the module default `DEFAULT_KAPPA` and d = d_head. To recompute
+    with another kappa, rebuild a `SelectionMargins` from the
+    ``margin_*`` fields (``margin_n_keys`` is L) and call `envelopes`;
     the Recall upper envelope needs ``gap_in`` per key, which is not kept here
-    (run :func:`selection_margins` on the activations for it).
+    (run `selection_margins` on the activations for it).
 
     Args:
-        seen: the layer's activations (see :mod:`tl_geometry.activations`).
+        seen: the layer's activations (see `tl_geometry.activations`).
 
     Returns:
         ``bound_{precision,recall,f_rmin,f_rmax}_{lower,upper}`` and
         ``margin_delta``, ``margin_delta0``, ``margin_scale`` and the other
-        ``margin_<name>`` of :data:`DIAGNOSTIC_MARGINS`, each
+        ``margin_<name>`` of `DIAGNOSTIC_MARGINS`, each
         ``[batch, head_index, n]``; ``margin_n_keys`` ``[batch, head_index]``.
     """
     alpha, key_mask = seen.last_query()

@@ -2,7 +2,7 @@
 
 Fields that depend on the model (layers and heads in range) or on the input
 (the default grid's last N, query positions within the sequences) are checked
-when the config meets a model, in :mod:`tl_geometry.hooks`.
+when the config meets a model, in `tl_geometry.hooks`.
 """
 
 import dataclasses
@@ -49,7 +49,7 @@ def _int_tuple(name: str, value: Any, what: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class GeometryConfig:
-    """What :func:`tl_geometry.run_with_geometry_hooks` analyses, and how.
+    """What `tl_geometry.run_with_geometry_hooks` analyses, and how.
 
     Attributes:
         n_grid: selection sizes N. ``"default"``: every N from 1 to 16, then
@@ -166,7 +166,7 @@ class GeometryConfig:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "GeometryConfig":
-        """Inverse of :meth:`to_json`; unknown keys raise GeometryError."""
+        """Inverse of `to_json`; unknown keys raise GeometryError."""
         return cls().with_overrides(**data)
 
 
@@ -175,7 +175,9 @@ def _diagnostics(value: Any) -> tuple[str, ...]:
     allowed = get_args(Diagnostic)
     if value == "all":
         return allowed
-    if isinstance(value, str) or not isinstance(value, Sequence):
+    if isinstance(value, str):
+        value = (value,)  # one name, e.g. diagnostics="taxonomy"
+    if not isinstance(value, Sequence):
         raise GeometryError(f"diagnostics: expected 'all' or a sequence of names from {allowed}, got {value!r}")
     unknown = [item for item in value if item not in allowed]
     if unknown:

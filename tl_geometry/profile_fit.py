@@ -101,7 +101,7 @@ class ProfileFit:
         return {prefix + f.name: getattr(self, f.name) for f in fields(self)}
 
     def evaluate(self, n_pos: int) -> Float[Tensor, "... pos"]:
-        """The fitted profile at positions 0..n_pos-1 (see :func:`four_phase_profile`)."""
+        """The fitted profile at positions 0..n_pos-1 (see `four_phase_profile`)."""
         return four_phase_profile(self.p_sink, self.p_base, self.eta, self.omega, self.t1, self.t2, n_pos)
 
 

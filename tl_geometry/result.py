@@ -136,7 +136,7 @@ class GeometryResult:
         """Pearson corr(R(r_min, N), rho_0) across heads for every N (Figure 6), ``[n]``.
 
         Pairs are the per-head means over sequences; see
-        :func:`tl_geometry.sink.sink_recall_correlation` for the Spearman value,
+        `tl_geometry.sink.sink_recall_correlation` for the Spearman value,
         other pairings and bootstrap bounds. Needs ``diagnostics=["assumptions"]``.
         """
         from tl_geometry.sink import sink_recall_correlation
@@ -207,7 +207,7 @@ class GeometryResult:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "GeometryResult":
-        """Read a result written by :meth:`save`; exact round trip (NaN and inf included)."""
+        """Read a result written by `save`; exact round trip (NaN and inf included)."""
         npz_path, json_path = cls.paths(path)
         for p in (npz_path, json_path):
             if not p.exists():

@@ -17,11 +17,11 @@ Definitions (position 0 is the sink; "non-sink" means the real positions i > 0):
   finer grid around the best value; ``decay_mae`` is the mean absolute error of
   that fit over the same lags. Each sequence is fitted on its own profile and
   the result averages over sequences; fit the averaged profile with
-  :func:`fit_exponential_decay` on ``result.cosine_by_lag`` if preferred.
+  `fit_exponential_decay` on ``result.cosine_by_lag`` if preferred.
 - rho_0 = mean over non-sink j of ``cos(v_0, v_j)``.
 - attention profile (Assumption 3, Figure 4): the attention row of each
   sequence's last analysed query, positions counted from the sink; fitted by
-  :func:`tl_geometry.profile_fit.fit_attention_profile`.
+  `tl_geometry.profile_fit.fit_attention_profile`.
 
 Padding: positions count from each row's first real token, so left-padded rows
 are shifted left before any statistic; per-position and per-lag outputs are
@@ -180,7 +180,7 @@ def fit_exponential_decay(
 
     Args:
         cosines: ``[..., lag]`` with entry k the mean cosine at lag k (as from
-            :func:`cosine_by_lag`); entry 0 is ignored.
+            `cosine_by_lag`); entry 0 is ignored.
         max_lag: the largest lag fitted.
 
     Returns:
@@ -227,7 +227,7 @@ def assumption_diagnostics(seen: LayerActivations) -> dict[str, Tensor]:
     """Assumptions 1-3 of the paper for one layer, every head and sequence at once (the "assumptions" diagnostic).
 
     Args:
-        seen: the layer's value states and attention rows (see :class:`LayerActivations`).
+        seen: the layer's value states and attention rows (see `LayerActivations`).
 
     Returns:
         ``[batch, head_index, ...]`` tensors by name: ``value_norm_by_position``
@@ -235,7 +235,7 @@ def assumption_diagnostics(seen: LayerActivations) -> dict[str, Tensor]:
         ``decay_beta``, ``decay_mae``, ``cosine_by_lag`` ``[.., lag]``,
         ``attention_profile`` ``[.., pos]`` (the last analysed query's row) and
         ``profile_<parameter>`` for each field of
-        :class:`tl_geometry.profile_fit.ProfileFit`. Per-position and per-lag
+        `tl_geometry.profile_fit.ProfileFit`. Per-position and per-lag
         axes have ``n_keys`` entries, NaN where undefined.
 
     The value statistics use the real keys up to the last analysed query

@@ -1,7 +1,7 @@
 """Retriever / Mixer / Reset: the paper's head taxonomy (section 4.2) as explicit rules.
 
 The paper's criteria are qualitative; here each regime gets three sub-scores
-in [0, 1], computed from the features of :mod:`tl_geometry.features`
+in [0, 1], computed from the features of `tl_geometry.features`
 (c_0 = ||alpha_0 v_0||, c_L = ||alpha_L v_L||, c_R = ||sum of the other
 alpha_i v_i||, and the curves over N), and the regime's score is their mean
 (or geometric mean). The label is the regime with the largest score; exact ties
@@ -45,7 +45,9 @@ from tl_geometry.hooks import HookableModel, run_with_geometry_hooks
 from tl_geometry.result import GeometryResult
 
 Regime = Literal["retriever", "mixer", "reset"]
+"""The name of a head regime."""
 REGIMES: tuple[str, ...] = get_args(Regime)
+"""The three regimes, in label order: ``HeadTaxonomy.labels`` index into this tuple."""
 Combine = Literal["mean", "geometric"]
 # The sub-scores behind each regime's score, in REGIMES order.
 CRITERIA: dict[str, tuple[str, str, str]] = {
