@@ -193,7 +193,10 @@ def _margins_core(
 
     # rho_out: candidates k are visible non-sink ranks, j any visible outside rank.
     candidates = visible & ~sink
-    cos_k = cos.masked_fill(~candidates.unsqueeze(1), -inf)
+    not_candidate = ~candidates.unsqueeze(1)
+    # With the unit vectors at hand the cosines are not needed after this: mask them in place
+    # rather than copying a key x key block per row.
+    cos_k = cos.masked_fill(not_candidate, -inf) if unit is None else cos.masked_fill_(not_candidate, -inf)
     prefix = einops.rearrange(_segment_prefix_max(cos_k, grid), "row key n -> row n key")
     rho_out = torch.where(outside, prefix, -inf).amax(-1)
     has_pair = torch.isfinite(rho_out)
