@@ -18,20 +18,16 @@ import time
 
 from tl_geometry import selection_metrics
 from tl_geometry.bounds import DEFAULT_KAPPA, assumption_margins, envelopes
-from tl_geometry.synthetic import AttentionProfile, SimulationSettings, simulate
-
-RECENT = AttentionProfile(p_sink=0.3, p_base=1e-3, eta=0.3, omega=0.7, t1=8, t2=24)
-WAVY = AttentionProfile(p_sink=0.5, p_base=1e-3, eta=0.9, omega=0.9, t1=4, t2=120)
-SETTINGS = (
-    SimulationSettings(d_head=64, n_keys=64, lam=0.1, beta=3.0, rho0=0.2, profile=RECENT),
-    SimulationSettings(d_head=16, n_keys=64, lam=0.1, beta=3.0, rho0=0.2, profile=RECENT),
-    SimulationSettings(d_head=64, n_keys=128, lam=0.3, beta=2.0, rho0=-0.3, profile=RECENT),
-    SimulationSettings(d_head=128, n_keys=256, lam=0.05, beta=4.0, rho0=0.1, profile=RECENT),
-    SimulationSettings(d_head=64, n_keys=128, lam=0.1, beta=0.5, rho0=0.2, profile=WAVY),
-    SimulationSettings(d_head=32, n_keys=128, lam=0.2, beta=1.0, rho0=0.5, profile=WAVY),
+from tl_geometry.synthetic import (
+    RECENT_PROFILE,
+    VALIDATION_GRID,
+    VALIDATION_SETTINGS,
+    SimulationSettings,
+    simulate,
 )
+
+SETTINGS, GRID = VALIDATION_SETTINGS, VALIDATION_GRID
 SAMPLES = 200
-GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
 def monte_carlo(settings: SimulationSettings, samples: int = SAMPLES, seed: int = 0):
@@ -73,7 +69,7 @@ def main() -> None:
     for s, run in runs:
         at_best = slack(s, *run, kappa if math.isfinite(kappa) else 1e6)
         at_default = slack(s, *run, DEFAULT_KAPPA)
-        name = "recent" if s.profile == RECENT else "wavy"
+        name = "recent" if s.profile == RECENT_PROFILE else "wavy"
         print(f"{s.d_head:>4} {s.n_keys:>4} {s.beta:>5} {s.lam:>5} {s.rho0:>5} {name:>7} | "
               f"{at_best[0]:>12.4f} {at_best[1]:>12.4f} | {at_default[0]:>13.4f} {at_default[1]:>12.4f}")
     print(f"time: {time.perf_counter() - start:.1f} s")

@@ -13,7 +13,7 @@ from tl_geometry.bounds import DEFAULT_KAPPA, assumption_margins, envelopes, sel
 from tl_geometry.errors import GeometryError
 from tl_geometry.hook_names import pattern_hook, value_hook
 from tl_geometry.hooks import run_with_geometry_hooks
-from tl_geometry.synthetic import AttentionProfile, SimulationSettings, simulate
+from tl_geometry.synthetic import VALIDATION_GRID, VALIDATION_SETTINGS, AttentionProfile, SimulationSettings, simulate
 
 
 def _phi(x: float) -> float:
@@ -183,17 +183,7 @@ def test_assumption_margins_match_the_measured_path_on_exact_vectors():
         torch.testing.assert_close(getattr(fitted, name), getattr(measured, name), equal_nan=True)
 
 
-RECENT = AttentionProfile(p_sink=0.3, p_base=1e-3, eta=0.3, omega=0.7, t1=8, t2=24)
-WAVY = AttentionProfile(p_sink=0.5, p_base=1e-3, eta=0.9, omega=0.9, t1=4, t2=120)
-MC_SETTINGS = [
-    SimulationSettings(d_head=64, n_keys=64, lam=0.1, beta=3.0, rho0=0.2, profile=RECENT),
-    SimulationSettings(d_head=16, n_keys=64, lam=0.1, beta=3.0, rho0=0.2, profile=RECENT),
-    SimulationSettings(d_head=64, n_keys=128, lam=0.3, beta=2.0, rho0=-0.3, profile=RECENT),
-    SimulationSettings(d_head=128, n_keys=256, lam=0.05, beta=4.0, rho0=0.1, profile=RECENT),
-    SimulationSettings(d_head=64, n_keys=128, lam=0.1, beta=0.5, rho0=0.2, profile=WAVY),
-    SimulationSettings(d_head=32, n_keys=128, lam=0.2, beta=1.0, rho0=0.5, profile=WAVY),
-]
-MC_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+MC_SETTINGS, MC_GRID = VALIDATION_SETTINGS, VALIDATION_GRID
 
 
 def _monte_carlo(s: SimulationSettings, kappa: float):

@@ -152,6 +152,22 @@ class SyntheticRows:
     values: Float[Tensor, "sample key d_head"]
 
 
+# The settings on which the theory is checked (tests/test_bounds.py) and kappa is
+# chosen (benchmarks/bench_theory.py): recency-dominated and strongly oscillating
+# profiles over a range of d, L, beta, lambda and rho_0.
+RECENT_PROFILE = AttentionProfile(p_sink=0.3, p_base=1e-3, eta=0.3, omega=0.7, t1=8, t2=24)
+WAVY_PROFILE = AttentionProfile(p_sink=0.5, p_base=1e-3, eta=0.9, omega=0.9, t1=4, t2=120)
+VALIDATION_SETTINGS: tuple[SimulationSettings, ...] = (
+    SimulationSettings(d_head=64, n_keys=64, lam=0.1, beta=3.0, rho0=0.2, profile=RECENT_PROFILE),
+    SimulationSettings(d_head=16, n_keys=64, lam=0.1, beta=3.0, rho0=0.2, profile=RECENT_PROFILE),
+    SimulationSettings(d_head=64, n_keys=128, lam=0.3, beta=2.0, rho0=-0.3, profile=RECENT_PROFILE),
+    SimulationSettings(d_head=128, n_keys=256, lam=0.05, beta=4.0, rho0=0.1, profile=RECENT_PROFILE),
+    SimulationSettings(d_head=64, n_keys=128, lam=0.1, beta=0.5, rho0=0.2, profile=WAVY_PROFILE),
+    SimulationSettings(d_head=32, n_keys=128, lam=0.2, beta=1.0, rho0=0.5, profile=WAVY_PROFILE),
+)
+VALIDATION_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
 def simulate(settings: SimulationSettings, n_samples: int, *, seed: int = 0) -> SyntheticRows:
     """Draw ``n_samples`` independent rows under Assumptions 1-3 (float64, seeded).
 
