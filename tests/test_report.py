@@ -64,7 +64,7 @@ def test_a_failed_write_keeps_the_previous_report(result, tmp_path, monkeypatch)
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Chromium (make test installs it where it can)")
 def test_png_of_every_figure(result, tmp_path):
     report.write_report(result, tmp_path, png=True)
-    for figure, _ in report.render_figures(result):
+    for figure, _ in report.render_figures(result).figures:
         assert (tmp_path / f"{figure.key}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob(".*"))
 

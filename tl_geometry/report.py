@@ -11,18 +11,19 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import plotly.graph_objects as go
 
 from tl_geometry import plots
 from tl_geometry.errors import GeometryError
-from tl_geometry.files import atomic_path
 from tl_geometry.features import TAXONOMY_FEATURES
+from tl_geometry.files import atomic_path
 from tl_geometry.result import GeometryResult
 from tl_geometry.sink import sink_recall_correlation
 from tl_geometry.synthetic import toy_2d
-from tl_geometry.taxonomy import REGIMES, HeadTaxonomy, taxonomy_from_result
 from tl_geometry.summaries import mean_over_heads
+from tl_geometry.taxonomy import REGIMES, HeadTaxonomy, taxonomy_from_result
 
 
 @dataclass(frozen=True)
@@ -187,26 +188,31 @@ def summary_rows(
     return rows
 
 
-def render_figures(result: GeometryResult) -> list[tuple[Figure, go.Figure]]:
+class Rendered(NamedTuple):
+    """The figures drawn for a result, and its taxonomy when the result carries the features."""
+
+    taxonomy: HeadTaxonomy | None
+    figures: list[tuple[Figure, go.Figure]]
+
+
+def render_figures(result: GeometryResult) -> Rendered:
     """Every figure the result supports, drawn (some need the fields of a diagnostic)."""
     present = available(result)
     taxonomy = taxonomy_from_result(result) if "taxonomy" in present else None
-    return [(f, f.draw(result, taxonomy)) for f in FIGURES if f.needs is None or f.needs in present]
+    figures = [(f, f.draw(result, taxonomy)) for f in FIGURES if f.needs is None or f.needs in present]
+    return Rendered(taxonomy, figures)
 
 
 def render_html(
-    result: GeometryResult,
-    details: Mapping[str, str] | None = None,
-    figures: list[tuple[Figure, go.Figure]] | None = None,
+    result: GeometryResult, details: Mapping[str, str] | None = None, rendered: Rendered | None = None
 ) -> str:
     """The whole report as one HTML document (plotly.js embedded once).
 
-    The taxonomy figures are drawn when the result carries the taxonomy
-    features (``diagnostics`` including ``"taxonomy"``).
+    Figures that need a diagnostic (taxonomy, assumptions) are drawn when the
+    result carries its fields. ``rendered`` reuses figures already drawn.
     """
     details = details or {}
-    taxonomy = taxonomy_from_result(result) if all(n in result.per_sequence for n in TAXONOMY_FEATURES) else None
-    figures = render_figures(result) if figures is None else figures
+    taxonomy, figures = render_figures(result) if rendered is None else rendered
     table = "\n".join(
         f"<tr><th>{html.escape(key)}</th><td>{html.escape(value)}</td></tr>"
         for key, value in summary_rows(result, details, taxonomy)
@@ -306,11 +312,11 @@ def write_report(
     if png:
         _browser_for_png()  # fail before writing anything
     out.mkdir(parents=True, exist_ok=True)
-    figures = render_figures(result)
-    page = render_html(result, details, figures)  # everything is drawn before anything is written
+    rendered = render_figures(result)
+    page = render_html(result, details, rendered)  # everything is drawn before anything is written
     result.save(out / "result")
     index = out / "index.html"
     write_atomically(index, page)
     if png:
-        write_png(figures, out)
+        write_png(rendered.figures, out)
     return index
