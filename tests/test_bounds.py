@@ -29,8 +29,8 @@ def _p_minus(xi: float) -> float:
     return _phi(xi) / (xi + 1 / xi) if xi > 0 else 0.0
 
 
-def reference_row(alpha, values, mask, n, d, kappa):
-    """Margins and envelopes of one row at one N, straight from eq. 7-17 (readings of tl_geometry.bounds)."""
+def reference_margins(alpha, values, mask, n):
+    """Margins of one row at one N, straight from eq. 7-11 (readings of tl_geometry.bounds); None if N > L."""
     alpha, values = alpha.double(), values.double()
     visible = [i for i in range(len(alpha)) if bool(mask[i])]
     length = len(visible)
@@ -58,6 +58,19 @@ def reference_row(alpha, values, mask, n, d, kappa):
     s = sum((y[k] for k in inside), torch.zeros(values.shape[-1], dtype=torch.float64))
     dist2 = {i: float((s - y[i]) @ (s - y[i])) for i in visible}
     mu = {(i, j): dist2[j] - dist2[i] for i in inside for j in outside}  # eq. 25: E X_ij = D_j^2 - D_i^2
+    return {
+        "delta": delta, "delta0": delta0, "scale": scale, "s_in": s_in, "rho_out": rho_out,
+        "length": length, "inside": inside, "outside": outside, "mu": mu,
+    }
+
+
+def reference_row(alpha, values, mask, n, d, kappa):
+    """Margins and envelopes of one row at one N, straight from eq. 7-17 (readings of tl_geometry.bounds)."""
+    m = reference_margins(alpha, values, mask, n)
+    if m is None:
+        return None
+    delta, delta0, scale, s_in, rho_out = (m[k] for k in ("delta", "delta0", "scale", "s_in", "rho_out"))
+    length, inside, outside, mu = m["length"], m["inside"], m["outside"], m["mu"]
     sigma = scale / math.sqrt(2 * kappa * d)
 
     def tail(margin):
@@ -108,6 +121,37 @@ def test_fast_matches_reference(seed, kappa):
                 got = fast[name]
                 assert (math.isnan(want) and math.isnan(got)) or got == pytest.approx(want, rel=1e-9, abs=1e-12), (
                     r, n, name, got, want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    keys=st.integers(2, 24),
+    grid=st.lists(st.integers(1, 30), min_size=1, max_size=8),
+    budget=st.sampled_from([1e-4, 128.0]),
+    ties=st.booleans(),
+)
+def test_rho_out_and_margins_match_reference_on_any_grid(seed, keys, grid, budget, ties):
+    """Unsorted and repeated grids, N beyond the keys, hidden keys, tied weights, one row per chunk or all."""
+    gen = torch.Generator().manual_seed(seed)
+    alpha = torch.softmax(3 * torch.randn(3, keys, generator=gen, dtype=torch.float64), -1)
+    if ties:
+        alpha = (alpha * 4).round() + 1e-3
+    values = torch.randn(3, keys, 3, generator=gen, dtype=torch.float64)
+    mask = torch.rand(3, keys, generator=gen) < 0.8
+    mask[:, 0] = True
+    margins = selection_margins(alpha, values, grid, key_mask=mask, memory_budget_mib=budget)
+    for r in range(3):
+        for col, n in enumerate(grid):
+            ref = reference_margins(alpha[r], values[r], mask[r], n)
+            got = {k: float(getattr(margins, k)[r, col]) for k in ("rho_out", "delta", "delta0", "s_in")}
+            if ref is None:
+                assert all(math.isnan(v) for v in got.values())
+                continue
+            for name, value in got.items():
+                want = ref[name]
+                assert (math.isnan(want) and math.isnan(value)) or value == pytest.approx(want, rel=1e-9, abs=1e-12), (
+                    r, n, name, value, want)
 
 
 def test_pair_gap_is_the_engine_radii_gap():

@@ -57,6 +57,7 @@ kappa for which the lower envelopes hold depends on that scale.
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import einops
@@ -139,38 +140,56 @@ class Envelopes:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def _segment_prefix_max(
-    cos: Float[Tensor, "row key key"], grid: Int[Tensor, " n"]
-) -> Float[Tensor, "row key n"]:
-    """max over ranks q < N of cos[p, q], for every p and every N of the grid.
+def _rho_out(
+    cosine_block: Callable[[int, slice], Float[Tensor, "row p q"]],
+    candidate: Bool[Tensor, "row key"],
+    visible: Bool[Tensor, "row key"],
+    grid: Int[Tensor, " n"],
+    dtype: torch.dtype,
+) -> Float[Tensor, "row n"]:
+    """max of cos[p, q] over visible ranks p >= N and candidate ranks q < N, for every N of the grid.
 
-    One pass over the key x key block: the columns are cut at the sorted grid
-    values, each segment reduced by a scatter-max, and a cummax over the
-    (few) segments gives the prefix maxima at every N.
+    Only the blocks below the grid's staircase are formed: the columns
+    [g_{t-1}, g_t) between consecutive grid values against the rows p >= g_t,
+    each reduced to its row maxima and folded into a running max per row.
+    That is about half the key x key cosines, one block at a time, never the
+    whole matrix. ``cosine_block(p0, cols)`` returns ``cos[:, p0:, cols]``.
+    -inf where there is no such pair.
     """
-    n_keys = cos.shape[-1]
-    bounds, position = torch.unique(grid, sorted=True, return_inverse=True)
-    segment = torch.searchsorted(bounds, torch.arange(n_keys), right=True)  # columns q < bounds[0] -> 0
-    out = cos.new_full((*cos.shape[:-1], len(bounds) + 1), -math.inf)
-    out.scatter_reduce_(-1, segment.expand_as(cos), cos, reduce="amax", include_self=True)
-    prefix = torch.cummax(out[..., :-1], dim=-1).values  # [..., s]: max over q < bounds[s]
-    return prefix[..., position]
+    n_rows, n_keys = candidate.shape
+    bounds, position = torch.unique(grid.clamp(max=n_keys), sorted=True, return_inverse=True)
+    running = torch.full((n_rows, n_keys), -math.inf, dtype=dtype)  # row p: max over candidates q < end
+    by_bound = torch.full((n_rows, len(bounds)), -math.inf, dtype=dtype)
+    start = 0
+    for t, end in enumerate(bounds.tolist()):
+        if start < end < n_keys:
+            block = cosine_block(end, slice(start, end))
+            hidden = ~candidate[:, start:end]
+            if bool(hidden.any()):  # the sink's column; in most rows only in the first segment
+                block = block.masked_fill(hidden.unsqueeze(1), -math.inf)
+            torch.maximum(running[:, end:], block.amax(-1), out=running[:, end:])
+            by_bound[:, t] = running[:, end:].masked_fill(~visible[:, end:], -math.inf).amax(-1)
+        start = end
+    return by_bound[:, position]
 
 
 def _margins_core(
     a: Float[Tensor, "row key"],
-    cos: Float[Tensor, "row key key"],
     sink: Bool[Tensor, "row key"],
     n_visible: Int[Tensor, " row"],
     grid: Int[Tensor, " n"],
+    *,
     unit: Float[Tensor, "row key d_head"] | None = None,
+    cos: Float[Tensor, "row key key"] | None = None,
 ) -> dict[str, Tensor]:
     """Every margin of a chunk of rows, keys in selection order (rank 0 first).
 
-    ``a`` are the effective weights by rank, ``cos`` their cosines, ``sink``
-    marks the rank holding key 0; ranks >= ``n_visible`` are hidden and must
-    carry a = 0 and finite cosines. ``unit``, the unit value vectors by rank
-    when they exist (measured margins), makes the sums over I_N cheaper.
+    ``a`` are the effective weights by rank and ``sink`` marks the rank
+    holding key 0; ranks >= ``n_visible`` are hidden and must carry a = 0.
+    The cosines come either as the unit value vectors by rank (measured
+    margins: the key x key cosines are then never formed whole) or as a
+    given matrix ``cos`` (margins from the assumptions); hidden ranks must
+    have zero (or finite) entries.
     """
     n_keys = a.shape[-1]
     ranks = torch.arange(n_keys)
@@ -192,13 +211,13 @@ def _margins_core(
     a0 = torch.where(sink.any(-1, keepdim=True), a0, math.nan)
 
     # rho_out: candidates k are visible non-sink ranks, j any visible outside rank.
-    candidates = visible & ~sink
-    not_candidate = ~candidates.unsqueeze(1)
-    # With the unit vectors at hand the cosines are not needed after this: mask them in place
-    # rather than copying a key x key block per row.
-    cos_k = cos.masked_fill(not_candidate, -inf) if unit is None else cos.masked_fill_(not_candidate, -inf)
-    prefix = einops.rearrange(_segment_prefix_max(cos_k, grid), "row key n -> row n key")
-    rho_out = torch.where(outside, prefix, -inf).amax(-1)
+    if unit is not None:
+        def cosine_block(p0: int, cols: slice) -> Tensor:
+            return torch.bmm(unit[:, p0:], unit[:, cols].transpose(1, 2))
+    else:
+        def cosine_block(p0: int, cols: slice) -> Tensor:
+            return cos[:, p0:, cols]
+    rho_out = _rho_out(cosine_block, visible & ~sink, visible, grid, a.dtype)
     has_pair = torch.isfinite(rho_out)
     rho_out = torch.where(has_pair, rho_out, math.nan)
     rho_used = torch.where(has_pair, rho_out, 0.0)
@@ -240,8 +259,8 @@ def _margins_core(
 
 
 def _chunk_rows(n_keys: int, n_grid: int, itemsize: int, budget_mib: float) -> int:
-    """Rows per chunk: about five key x key and four n x key buffers per row within the budget."""
-    per_row = itemsize * (5 * n_keys * n_keys + 4 * n_grid * n_keys + 4 * n_keys * n_grid)
+    """Rows per chunk: the largest cosine block (under half of key x key) and about ten n x key buffers per row."""
+    per_row = itemsize * (n_keys * n_keys // 2 + 10 * n_grid * n_keys)
     return max(1, int(budget_mib * 2**20 // per_row))
 
 
@@ -259,8 +278,10 @@ def selection_margins(
     Measured reading of section 3.4: a_i = alpha_i ||v_i|| and the cosines are
     those of the given value vectors. Keys are sorted as the engine sorts
     them (`tl_geometry.selection.selection_order`); key 0 is the sink.
-    The cosines of a row cost key x key memory; rows are processed in chunks
-    within about ``memory_budget_mib`` MiB. The readings chosen where the paper
+    rho_out needs the cosines of every (outside, inside) pair: they are
+    formed block by block below the grid's staircase (about half of key x key
+    per row, never at once), and rows are processed in chunks within about
+    ``memory_budget_mib`` MiB. The readings chosen where the paper
     is ambiguous are listed in the module docstring.
 
     Args:
@@ -324,9 +345,8 @@ def _measured_chunk(
     unit = values / torch.where(norms > 0, norms, 1.0).unsqueeze(-1)
     unit = torch.gather(unit, 1, einops.repeat(order, "row key -> row key d", d=values.shape[-1]))
     unit = unit.masked_fill(hidden.unsqueeze(-1), 0.0)
-    cos = torch.bmm(unit, unit.transpose(1, 2))
     sink = (order == 0) & ~hidden
-    return _margins_core(a, cos, sink, n_visible, grid, unit)
+    return _margins_core(a, sink, n_visible, grid, unit=unit)
 
 
 def _p_minus(xi: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
@@ -477,7 +497,7 @@ def assumption_margins(
     is_sink = order == 0
     cos = torch.where(is_sink[:, None] ^ is_sink[None, :], float(rho0), cos)
     out = _margins_core(
-        (alpha * norms)[order].unsqueeze(0), cos.unsqueeze(0), is_sink.unsqueeze(0), torch.tensor([n_keys]), grid
+        (alpha * norms)[order].unsqueeze(0), is_sink.unsqueeze(0), torch.tensor([n_keys]), grid, cos=cos.unsqueeze(0)
     )
     return SelectionMargins(
         n_grid=grid,
