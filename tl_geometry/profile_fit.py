@@ -43,7 +43,7 @@ import math
 from dataclasses import dataclass, fields
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_geometry.errors import GeometryError
@@ -168,22 +168,23 @@ def _series(y: Float[Tensor, "row pos"], length: Int[Tensor, " row"]) -> _Series
     return _Series(y=y, mask=mask, length=length, rec=rec, total=total)
 
 
-def _linear_fit(
-    s: _Series, osc: Float[Tensor, "row w 3 pos"], t1: Int[Tensor, "row _ c"], t2: Int[Tensor, "row _ c"]
-) -> tuple[Float[Tensor, "row w c"], Float[Tensor, "row w c"], Float[Tensor, "row w c"]]:
-    """Closed-form least squares of the linearised model for every candidate: ``(b, eta, sse)``.
-
-    ``t1`` and ``t2`` are ``[row, w, c]`` or ``[row, 1, c]`` (the same breakpoints for every frequency).
-    """
-    rows, w, c = osc.shape[0], osc.shape[1], t1.shape[2]
-    # Recency sums depend on T2 only: computed once when T2 does not vary with omega (axis 1 of size 1).
-    wt = t2.shape[1]
+def _recency_sums(s: _Series, t2: Int[Tensor, "row w c"]) -> tuple[Float[Tensor, "row w c"], ...]:
+    """Sums over the recency phase (T2, L] of 1, i, i^2, y and y*i."""
+    rows, wt, c = t2.shape
     length = s.length[:, None, None].expand(rows, wt, c)
     r = _range_sum(s.rec, t2.reshape(rows, -1), length.reshape(rows, -1)).reshape(rows, 5, wt, c)
-    n_r, si, sy_r, sii, syi = r[:, 0], r[:, 1], r[:, 3], r[:, 2], r[:, 4]
-    lo, hi = t1.expand(rows, w, c).reshape(rows * w, c), t2.expand(rows, w, c).reshape(rows * w, c)
-    o = _range_sum(osc.reshape(rows * w, 3, -1), lo, hi)
-    sc, scc, syc = o.reshape(rows, w, 3, c).unbind(2)
+    return tuple(r.unbind(1))
+
+
+def _closed_form(
+    s: _Series,
+    osc_sums: tuple[Float[Tensor, "row w c"], ...],
+    rec_sums: tuple[Float[Tensor, "row _ c"], ...],
+    t2: Int[Tensor, "row _ c"],
+) -> tuple[Float[Tensor, "row w c"], Float[Tensor, "row w c"], Float[Tensor, "row w c"]]:
+    """``(b, eta, sse)`` of the linearised model from its sums over the oscillation and recency phases."""
+    sc, scc, syc = osc_sums
+    n_r, si, sii, sy_r, syi = rec_sums
     t = t2.double()
     sx = sc + si - t * n_r
     sxx = scc + sii - 2 * t * si + t * t * n_r
@@ -196,44 +197,89 @@ def _linear_fit(
     return b, eta, sse
 
 
+def _linear_fit(
+    s: _Series, osc: Float[Tensor, "row w 3 pos"], t1: Int[Tensor, "row _ c"], t2: Int[Tensor, "row _ c"]
+) -> tuple[Float[Tensor, "row w c"], Float[Tensor, "row w c"], Float[Tensor, "row w c"]]:
+    """Closed-form least squares of the linearised model for every candidate: ``(b, eta, sse)``.
+
+    ``osc`` are the prefix sums of `_Series.osc`; ``t1`` and ``t2`` are
+    ``[row, w, c]`` or ``[row, 1, c]`` (the same breakpoints for every frequency).
+    """
+    rows, w, c = osc.shape[0], osc.shape[1], t1.shape[2]
+    # Recency sums depend on T2 only: computed once when T2 does not vary with omega (axis 1 of size 1).
+    rec_sums = _recency_sums(s, t2)
+    lo, hi = t1.expand(rows, w, c).reshape(rows * w, c), t2.expand(rows, w, c).reshape(rows * w, c)
+    o = _range_sum(osc.reshape(rows * w, 3, -1), lo, hi)
+    return _closed_form(s, o.reshape(rows, w, 3, c).unbind(2), rec_sums, t2)
+
+
+def _region_fit(
+    s: _Series, omega: Float[Tensor, "row w"], t1: Int[Tensor, "row w"], t2: Int[Tensor, " row"]
+) -> tuple[Float[Tensor, "row w 1"], Float[Tensor, "row w 1"], Float[Tensor, "row w 1"]]:
+    """`_linear_fit` for one (T1, T2) per frequency: the sums over (T1, T2] taken directly, no prefix sums."""
+    i = torch.arange(s.y.shape[1], dtype=torch.float64, device=s.y.device)
+    region = (i > t1.unsqueeze(-1)) & (i <= t2[:, None, None])  # inside 1..L, since 0 <= T1 and T2 <= L
+    c = torch.cos(omega.unsqueeze(-1) * i) * region
+    osc_sums = tuple(x.unsqueeze(-1) for x in (c.sum(-1), (c * c).sum(-1), (c * s.y.unsqueeze(1)).sum(-1)))
+    t2 = t2[:, None, None]
+    return _closed_form(s, osc_sums, _recency_sums(s, t2), t2)
+
+
 def _best(sse: Float[Tensor, "row w c"]) -> tuple[Int[Tensor, " row"], Int[Tensor, " row"]]:
     flat = sse.flatten(1).argmin(-1)
     return flat // sse.shape[2], flat % sse.shape[2]
 
 
-def _exact_residual(
-    s: _Series, b: Tensor, eta: Tensor, omega: Tensor, t1: Tensor, t2: Tensor
-) -> tuple[Float[Tensor, "row pos"], Float[Tensor, "row pos"]]:
-    """Residual of the exact log model and its derivative in eta, zero outside 1..L."""
+@dataclass(frozen=True)
+class _Phases:
+    """Which phase each position is in and the oscillation's cosine, fixed while (b, eta) are polished."""
+
+    cos: Float[Tensor, "row pos"]  # cos(omega * i)
+    in_osc: Bool[Tensor, "row pos"]  # T1 < i <= T2
+    in_rec: Bool[Tensor, "row pos"]  # i > T2
+    since_t2: Float[Tensor, "row pos"]  # i - T2
+
+
+def _phases(s: _Series, omega: Tensor, t1: Tensor, t2: Tensor) -> _Phases:
     i = torch.arange(s.y.shape[1], dtype=torch.float64, device=s.y.device)
-    c = torch.cos(omega.unsqueeze(-1) * i)
-    in_osc = (i > t1.unsqueeze(-1)) & (i <= t2.unsqueeze(-1))
-    in_rec = i > t2.unsqueeze(-1)
-    x = i - t2.unsqueeze(-1).double()
+    return _Phases(
+        cos=torch.cos(omega.unsqueeze(-1) * i),
+        in_osc=(i > t1.unsqueeze(-1)) & (i <= t2.unsqueeze(-1)),
+        in_rec=i > t2.unsqueeze(-1),
+        since_t2=i - t2.unsqueeze(-1).double(),
+    )
+
+
+def _exact_residual(
+    s: _Series, ph: _Phases, b: Tensor, eta: Tensor
+) -> tuple[Float[Tensor, "row pos"], Float[Tensor, "row pos"], Float[Tensor, " row"]]:
+    """Residual of the exact log model, its derivative in eta (both zero outside 1..L), and its sum of squares."""
     e = eta.unsqueeze(-1)
-    f = torch.where(in_osc, torch.log1p((e * c).clamp(min=-0.999999)), torch.where(in_rec, e * x, 0.0))
-    df = torch.where(in_osc, c / (1 + e * c).clamp(min=1e-6), torch.where(in_rec, x, 0.0))
-    return (s.y - b.unsqueeze(-1) - f) * s.mask, df * s.mask
+    ec = e * ph.cos
+    f = torch.where(ph.in_osc, torch.log1p(ec.clamp(min=-0.999999)), torch.where(ph.in_rec, e * ph.since_t2, 0.0))
+    df = torch.where(ph.in_osc, ph.cos / (1 + ec).clamp(min=1e-6), torch.where(ph.in_rec, ph.since_t2, 0.0))
+    res = (s.y - b.unsqueeze(-1) - f) * s.mask
+    return res, df * s.mask, (res * res).sum(-1)
 
 
 def _gauss_newton(s: _Series, b: Tensor, eta: Tensor, omega: Tensor, t1: Tensor, t2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Polish (b, eta) on the exact model; each step is kept only where it lowers the error."""
     limit = torch.where(t2 > t1, 0.999, math.inf)  # 1 + eta cos > 0 in the oscillation
-    res, _ = _exact_residual(s, b, eta, omega, t1, t2)
-    sse = (res * res).sum(-1)
+    ph = _phases(s, omega, t1, t2)
+    res, df, sse = _exact_residual(s, ph, b, eta)
+    n = s.mask.sum(-1)
     for _ in range(_GAUSS_NEWTON_STEPS):
-        res, df = _exact_residual(s, b, eta, omega, t1, t2)
-        n, sd, sdd = s.mask.sum(-1), df.sum(-1), (df * df).sum(-1)
+        sd, sdd = df.sum(-1), (df * df).sum(-1)
         sr, srd = res.sum(-1), (res * df).sum(-1)
         det = n * sdd - sd * sd
         ok = det > 1e-12 * n * sdd.clamp(min=1e-300)
         d_eta = torch.where(ok, (n * srd - sd * sr) / det.clamp(min=1e-300), 0.0)
         d_b = (sr - d_eta * sd) / n
         new_b, new_eta = b + d_b, (eta + d_eta).clamp(-limit, limit)
-        new_res, _ = _exact_residual(s, new_b, new_eta, omega, t1, t2)
-        new_sse = (new_res * new_res).sum(-1)
+        new_res, new_df, new_sse = _exact_residual(s, ph, new_b, new_eta)
         better = new_sse < sse
         b, eta, sse = torch.where(better, new_b, b), torch.where(better, new_eta, eta), torch.where(better, new_sse, sse)
+        res, df = torch.where(better.unsqueeze(-1), new_res, res), torch.where(better.unsqueeze(-1), new_df, df)
     return b, eta, sse
 
 
@@ -284,7 +330,7 @@ def _fit_rows(alpha: Float[Tensor, "row pos"], length: Int[Tensor, " row"]) -> d
     spectrum = torch.fft.rfft(z.float(), n=_PERIODOGRAM_PAD * n_pos, dim=-1).real.abs()  # float32: only an argmax
     spectrum[..., 0] = -1.0  # omega = 0 is the plateau, not an oscillation
     omega_k = 2 * math.pi * spectrum.argmax(-1).double() / (_PERIODOGRAM_PAD * n_pos)
-    _, _, sse_k = _linear_fit(s, s.osc(omega_k), k1.unsqueeze(-1), none_t[:, None, None])
+    _, _, sse_k = _region_fit(s, omega_k, k1, none_t)
     sse_k = sse_k[..., 0].masked_fill(k1 >= none_t.unsqueeze(-1), math.inf)  # [row, k]
     pick_k = sse_k.argmin(-1, keepdim=True)
     better = sse_k.gather(1, pick_k).squeeze(1) < best_sse
@@ -296,7 +342,7 @@ def _fit_rows(alpha: Float[Tensor, "row pos"], length: Int[Tensor, " row"]) -> d
         fine = omega.unsqueeze(-1) * torch.logspace(-1, 1, _FINE_OMEGAS, base=span, dtype=torch.float64, device=device)
         fine = fine.clamp(max=math.pi)
         span = span ** (4 / (_FINE_OMEGAS - 1))  # the next round covers two steps either side
-        _, _, sse = _linear_fit(s, s.osc(fine), t1[:, None, None], t2[:, None, None])
+        _, _, sse = _region_fit(s, fine, t1.unsqueeze(-1).expand_as(fine), t2)
         omega = fine.gather(1, _best(sse)[0][:, None]).squeeze(1)
         osc = s.osc(omega.unsqueeze(-1))
         _, _, sse = _linear_fit(s, osc, grid.unsqueeze(1), t2[:, None, None].expand(-1, 1, n_pos))
