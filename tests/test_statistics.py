@@ -223,6 +223,30 @@ def check_against_pure_functions(result, cached, width):
             assert result.per_sequence[name].shape[-1] == width
 
 
+@given(kv_heads=st.lists(st.integers(0, 3), min_size=1, max_size=6), seed=st.integers(0, 1000))
+@settings(max_examples=15, deadline=None)
+def test_value_statistics_once_per_kv_head_equal_those_of_every_head(kv_heads, seed):
+    """Heads of one GQA group share their value states: computing once per group changes nothing."""
+    from tl_geometry.activations import LayerActivations
+
+    gen = torch.Generator().manual_seed(seed)
+    heads, keys = len(kv_heads), 12
+    kv = torch.tensor(kv_heads)
+    per_kv = torch.randn(2, keys, 4, 8, generator=gen) + 0.5
+    alpha = torch.softmax(torch.randn(2, heads, 1, keys, generator=gen), -1)
+    mask = torch.ones(2, heads, 1, keys, dtype=torch.bool)
+    fields = dict(layer=0, values=per_kv[:, :, kv], alpha=alpha, key_mask=mask,
+                  query_index=torch.full((2, 1), keys - 1), query_valid=torch.ones(2, 1, dtype=torch.bool),
+                  real=torch.ones(2, keys, dtype=torch.bool), grid=torch.tensor([1, 4]))
+    first, inverse = LayerActivations(**fields, kv_heads=kv).value_heads()
+    assert torch.equal(kv[first][inverse], kv) and len(first) == len(set(kv_heads))
+    grouped = assumption_diagnostics(LayerActivations(**fields, kv_heads=kv))
+    every = assumption_diagnostics(LayerActivations(**fields))
+    assert grouped.keys() == every.keys()
+    for name, t in every.items():
+        torch.testing.assert_close(grouped[name], t, equal_nan=True, msg=name)
+
+
 @pytest.mark.model
 def test_diagnostic_in_the_hooked_pass_equals_the_pure_functions(model):
     rows = token_rows(model, TEXTS)

@@ -32,6 +32,8 @@ class LayerActivations:
         query_valid: False where a sequence has no such query, ``[batch, query]``.
         real: which positions are real tokens (not padding), ``[batch, key]``.
         grid: the selection sizes N, ``[n]``.
+        kv_heads: the KV head each analysed head reads, ``[head_index]``
+            (None: every head its own); see `value_heads`.
     """
 
     layer: int
@@ -42,6 +44,7 @@ class LayerActivations:
     query_valid: Bool[Tensor, "batch query"]
     real: Bool[Tensor, "batch key"]
     grid: Int[Tensor, " n"]
+    kv_heads: Int[Tensor, " head_index"] | None = None
 
     @property
     def n_keys(self) -> int:
@@ -52,3 +55,19 @@ class LayerActivations:
         last = (self.query_valid.long() * torch.arange(self.query_valid.shape[1])).argmax(-1)  # [batch]
         batch = torch.arange(self.alpha.shape[0])
         return self.alpha[batch, :, last], self.key_mask[batch, :, last]
+
+    def value_heads(self) -> tuple[Int[Tensor, " kv_head"], Int[Tensor, " head_index"]]:
+        """One analysed head per distinct KV head, and for each analysed head the index of its one.
+
+        Under grouped-query attention the heads of a group read the same value
+        states, so statistics of the values alone need computing once per
+        group: ``stats(values[:, :, first])[:, inverse]``.
+        """
+        n_heads = self.values.shape[2]
+        if self.kv_heads is None:
+            every = torch.arange(n_heads, device=self.values.device)
+            return every, every
+        groups, inverse = torch.unique(self.kv_heads, return_inverse=True)
+        first = torch.full((len(groups),), n_heads, dtype=torch.long, device=inverse.device)
+        first.scatter_reduce_(0, inverse, torch.arange(n_heads, device=inverse.device), reduce="amin")
+        return first, inverse

@@ -330,6 +330,7 @@ class _LayerAnalysis:
                 query_valid=p.query_valid.to(device),
                 real=p.real[:, : p.n_keys].to(device),
                 grid=self.grid,
+                kv_heads=self.kv_heads.to(device),
             )
             for diagnostic in self.diagnostics:
                 self.out[layer].update({name: t.cpu() for name, t in diagnostic(seen).items()})

@@ -241,16 +241,15 @@ def assumption_diagnostics(seen: LayerActivations) -> dict[str, Tensor]:
     The value statistics use the real keys up to the last analysed query
     (every real token with the default ``query_positions="last"``).
     """
-    values = einops.rearrange(seen.values, "batch key head d_head -> batch head key d_head")
+    # Statistics of the values alone: once per KV head, then copied to the heads that read it.
+    first, inverse = seen.value_heads()
+    values = einops.rearrange(seen.values[:, :, first], "batch key head d_head -> batch head key d_head")
     values, real = _from_first_real(values, seen.real)
     real_rows = einops.repeat(real, "batch key -> batch head key", head=values.shape[1])
     norms, cv, ratio = value_norm_statistics(values, real_rows)
     lag_profile = cosine_by_lag(values, real_rows)
     beta, mae = fit_exponential_decay(lag_profile)
-    alpha, visible = seen.last_query()
-    alpha, shifted_real = _from_first_real(alpha.masked_fill(~visible, math.nan), seen.real)
-    alpha = alpha.float().masked_fill(~shifted_real[:, None, :], math.nan)
-    out = {
+    by_value_head = {
         "value_norm_by_position": norms.float(),
         "value_norm_cv": cv.float(),
         "sink_norm_ratio": ratio.float(),
@@ -258,7 +257,10 @@ def assumption_diagnostics(seen: LayerActivations) -> dict[str, Tensor]:
         "decay_beta": beta,
         "decay_mae": mae,
         "cosine_by_lag": lag_profile,
-        "attention_profile": alpha,
     }
+    out = {name: t[:, inverse] for name, t in by_value_head.items()}
+    alpha, visible = seen.last_query()
+    alpha, shifted_real = _from_first_real(alpha.masked_fill(~visible, math.nan), seen.real)
+    out["attention_profile"] = alpha = alpha.float().masked_fill(~shifted_real[:, None, :], math.nan)
     out.update(fit_attention_profile(alpha).as_fields("profile_"))
     return out
