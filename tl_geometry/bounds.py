@@ -367,6 +367,18 @@ def _f(x: Tensor) -> Tensor:
     return 2 * x / (1 + x)
 
 
+def _ranks_below_n(grid: Int[Tensor, " n"], n_keys: int) -> tuple[Int[Tensor, " packed"], Int[Tensor, " packed"]]:
+    """Every (N, rank < N) of the grid: its index in a flattened ``[n, key]`` plane, and its grid column.
+
+    >>> _ranks_below_n(torch.tensor([1, 3]), 4)
+    (tensor([0, 4, 5, 6]), tensor([0, 1, 1, 1]))
+    """
+    counts = grid.clamp(max=n_keys)
+    column = torch.repeat_interleave(torch.arange(len(grid)), counts)
+    rank = torch.arange(len(column)) - (counts.cumsum(0) - counts)[column]
+    return column * n_keys + rank, column
+
+
 def envelopes(
     margins: SelectionMargins,
     d_head: int,
@@ -421,9 +433,12 @@ def envelopes(
     safe_sigma = torch.where(positive, sigma, 1.0)
     xi_pair = torch.where(positive, margins.pair_gap / safe_sigma, margins.pair_gap.sign() * math.inf)
     precision_upper = 1 - _p_minus(xi_pair) / (n + 1)
-    gap_in = margins.gap_in
-    xi_in = torch.where(positive.unsqueeze(-1), gap_in / safe_sigma.unsqueeze(-1), gap_in.sign() * math.inf)
-    recall_upper = torch.nansum(1 - _p_minus(xi_in).masked_fill(torch.isnan(gap_in), 1.0), dim=-1) / n
+    # gap_in is defined at ranks < N only (most entries, on a log grid): p_- on those alone, packed.
+    flat, column = _ranks_below_n(margins.n_grid, margins.gap_in.shape[-1])
+    gap_in = margins.gap_in.flatten(-2)[..., flat]  # [*batch, packed]
+    xi_in = torch.where(positive[..., column], gap_in / safe_sigma[..., column], gap_in.sign() * math.inf)
+    terms = (1 - _p_minus(xi_in)).masked_fill(torch.isnan(gap_in), 0.0)  # NaN: hidden ranks, or N > L
+    recall_upper = torch.zeros_like(scale).index_add_(-1, column, terms) / n
     missing = torch.isnan(margins.scale)
     precision_upper = precision_upper.masked_fill(missing, math.nan)
     recall_upper = recall_upper.masked_fill(missing, math.nan)
