@@ -179,8 +179,8 @@ def _recency_sums(s: _Series, t2: Int[Tensor, "row w c"]) -> tuple[Float[Tensor,
 def _closed_form(
     s: _Series,
     osc_sums: tuple[Float[Tensor, "row w c"], ...],
-    rec_sums: tuple[Float[Tensor, "row _ c"], ...],
-    t2: Int[Tensor, "row _ c"],
+    rec_sums: tuple[Float[Tensor, "row _ #c"], ...],
+    t2: Int[Tensor, "row _ #c"],
 ) -> tuple[Float[Tensor, "row w c"], Float[Tensor, "row w c"], Float[Tensor, "row w c"]]:
     """``(b, eta, sse)`` of the linearised model from its sums over the oscillation and recency phases."""
     sc, scc, syc = osc_sums
@@ -198,7 +198,7 @@ def _closed_form(
 
 
 def _linear_fit(
-    s: _Series, osc: Float[Tensor, "row w 3 pos"], t1: Int[Tensor, "row _ c"], t2: Int[Tensor, "row _ c"]
+    s: _Series, osc: Float[Tensor, "row w 3 pos"], t1: Int[Tensor, "row _ c"], t2: Int[Tensor, "row _ #c"]
 ) -> tuple[Float[Tensor, "row w c"], Float[Tensor, "row w c"], Float[Tensor, "row w c"]]:
     """Closed-form least squares of the linearised model for every candidate: ``(b, eta, sse)``.
 
@@ -223,6 +223,24 @@ def _region_fit(
     osc_sums = tuple(x.unsqueeze(-1) for x in (c.sum(-1), (c * c).sum(-1), (c * s.y.unsqueeze(1)).sum(-1)))
     t2 = t2[:, None, None]
     return _closed_form(s, osc_sums, _recency_sums(s, t2), t2)
+
+
+def _knot_prefix_sums(
+    s: _Series, omegas: Float[Tensor, " w"], knots: Int[Tensor, "row k"]
+) -> Float[Tensor, "row w 3 k"]:
+    """Prefix sums of c, c^2 and y*c (c = cos(omega * i)) up to each knot, for frequencies shared by all rows.
+
+    The coarse search reads the prefix sums only at its knots: the sums of c
+    and c^2 do not depend on the row (one cumsum for all rows), and those of
+    y*c are one matrix product, rather than a prefix sum per row, frequency
+    and position.
+    """
+    i = torch.arange(s.y.shape[1], dtype=torch.float64, device=s.y.device)
+    c = torch.cos(omegas.unsqueeze(-1) * i) * (i >= 1)  # [w, pos]; position 0 is the sink
+    shared = torch.stack([c, c * c]).cumsum(-1)[:, :, knots]  # [2, w, row, k]
+    upto = s.y.unsqueeze(1) * (i <= knots.unsqueeze(-1))  # [row, k, pos]: y over 1..knot (y is 0 past L)
+    yc = (upto.reshape(-1, len(i)) @ c.T).reshape(*knots.shape, -1)  # [row, k, w]
+    return torch.stack([shared[0].permute(1, 0, 2), shared[1].permute(1, 0, 2), yc.transpose(1, 2)], dim=2)
 
 
 def _best(sse: Float[Tensor, "row w c"]) -> tuple[Int[Tensor, " row"], Int[Tensor, " row"]]:
@@ -311,12 +329,16 @@ def _fit_rows(alpha: Float[Tensor, "row pos"], length: Int[Tensor, " row"]) -> d
     ends = length.unsqueeze(-1) - 2 ** torch.arange(_END_KNOTS, device=device)
     knots = torch.cat([(fractions * length.unsqueeze(-1)).round().long(), ends.clamp(min=0)], dim=-1)  # [row, k]
     first, second = torch.triu_indices(knots.shape[1], knots.shape[1], offset=1, device=device)
-    t1c, t2c = knots[:, first], knots[:, second]
-    t1c, t2c = torch.minimum(t1c, t2c), torch.maximum(t1c, t2c)
-    omegas = (2 * math.pi / _PERIODS.to(device)).expand(rows, -1)
-    coarse_osc = s.osc(omegas)
-    _, _, sse = _linear_fit(s, coarse_osc, t1c.unsqueeze(1), t2c.unsqueeze(1))
+    swap = knots[:, first] > knots[:, second]
+    lo, hi = torch.where(swap, second, first), torch.where(swap, first, second)  # [row, pair]: knot indices
+    t1c, t2c = knots.gather(1, lo), knots.gather(1, hi)
+    omegas = 2 * math.pi / _PERIODS.to(device)
+    at_knots = _knot_prefix_sums(s, omegas, knots)  # [row, w, 3, k]
+    ends = at_knots.gather(3, torch.cat([hi, lo], 1)[:, None, None, :].expand(rows, len(omegas), 3, -1))
+    osc_sums = tuple((ends[..., : hi.shape[1]] - ends[..., hi.shape[1] :]).unbind(2))  # sums over (T1, T2]
+    _, _, sse = _closed_form(s, osc_sums, _recency_sums(s, t2c.unsqueeze(1)), t2c.unsqueeze(1))
     sse = sse.masked_fill((t1c >= t2c).unsqueeze(1), math.inf)
+    omegas = omegas.expand(rows, -1)
     wi, ci = _best(sse)
     best_sse = sse.flatten(1).amin(-1)
     omega = omegas.gather(1, wi[:, None]).squeeze(1)
@@ -345,7 +367,7 @@ def _fit_rows(alpha: Float[Tensor, "row pos"], length: Int[Tensor, " row"]) -> d
         _, _, sse = _region_fit(s, fine, t1.unsqueeze(-1).expand_as(fine), t2)
         omega = fine.gather(1, _best(sse)[0][:, None]).squeeze(1)
         osc = s.osc(omega.unsqueeze(-1))
-        _, _, sse = _linear_fit(s, osc, grid.unsqueeze(1), t2[:, None, None].expand(-1, 1, n_pos))
+        _, _, sse = _linear_fit(s, osc, grid.unsqueeze(1), t2[:, None, None])  # recency sums: once per row
         t1 = _best(sse.masked_fill((grid >= t2.unsqueeze(-1)).unsqueeze(1), math.inf))[1]
         _, _, sse = _linear_fit(s, osc, t1[:, None, None].expand(-1, 1, n_pos), grid.unsqueeze(1))
         t2 = _best(sse.masked_fill(((grid <= t1.unsqueeze(-1)) | (grid > lmax)).unsqueeze(1), math.inf))[1]
