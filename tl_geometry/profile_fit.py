@@ -296,6 +296,8 @@ def _gauss_newton(s: _Series, b: Tensor, eta: Tensor, omega: Tensor, t1: Tensor,
         new_b, new_eta = b + d_b, (eta + d_eta).clamp(-limit, limit)
         new_res, new_df, new_sse = _exact_residual(s, ph, new_b, new_eta)
         better = new_sse < sse
+        if not bool(better.any()):  # nothing moved, so the next step would propose the same again
+            break
         b, eta, sse = torch.where(better, new_b, b), torch.where(better, new_eta, eta), torch.where(better, new_sse, sse)
         res, df = torch.where(better.unsqueeze(-1), new_res, res), torch.where(better.unsqueeze(-1), new_df, df)
     return b, eta, sse
