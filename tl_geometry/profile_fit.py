@@ -18,7 +18,9 @@ that could silently stop short; the fit error is always reported):
 2. In log space (weights floored at ``LOG_FLOOR``), for every candidate
    ``(T1, T2, omega)`` the model is linearised (``log(1 + eta c) ~ eta c``), so
    that ``(log p_base, eta)`` is a closed-form 2-parameter least squares, and
-   its error follows from prefix sums in O(1) per candidate.
+   its error follows from a few sums over the phases: prefix sums (read at
+   the knots only, for the coarse grid) where many breakpoints share a
+   frequency, direct sums where each frequency has one pair of breakpoints.
 3. Candidates: every integer ``T1 = T2`` (no oscillation); for the oscillation,
    a coarse grid of breakpoints (17 evenly spaced plus ``L - 2^k``, k < 9) and of
    frequencies (periods log-spaced from 2 to 2048 tokens), plus every integer
