@@ -104,10 +104,10 @@ class PeakRSS:
 def run_mode(mode: str, repeats: int, context: int) -> dict:
     import torch
 
-    from tl_geometry.hook_names import pattern_hook, value_hook
-    from tl_geometry.hooks import run_with_geometry_hooks
-    from tl_geometry.metrics import selection_metrics
-    from tl_geometry.grid import default_n_grid
+    from tl_geometry.capture.hook_names import pattern_hook, value_hook
+    from tl_geometry.capture.hooks import run_with_geometry_hooks
+    from tl_geometry.engine.metrics import selection_metrics
+    from tl_geometry.engine.grid import default_n_grid
 
     torch.manual_seed(0)
     model, description = build_model()

@@ -35,7 +35,7 @@ def make_inputs(seed: int = 0):
 def measure_engine(grid_name: str) -> dict:
     """Run in a subprocess: best-of-REPEATS time and the peak RSS above the inputs."""
     from tl_geometry import selection_metrics
-    from tl_geometry.grid import default_n_grid
+    from tl_geometry.engine.grid import default_n_grid
 
     torch.set_num_threads(torch.get_num_threads())
     alpha, values = make_inputs()
@@ -55,7 +55,7 @@ def measure_reference(grid_name: str) -> float:
     """Seconds of the slow float64 reference, extrapolated from a few rows and N."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.reference import reference_metrics
-    from tl_geometry.grid import default_n_grid
+    from tl_geometry.engine.grid import default_n_grid
 
     alpha, values = make_inputs()
     grid = list(range(1, KEYS + 1)) if grid_name == "every" else default_n_grid(KEYS).tolist()

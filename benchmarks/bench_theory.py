@@ -17,8 +17,8 @@ import time
 
 
 from tl_geometry import selection_metrics
-from tl_geometry.bounds import DEFAULT_KAPPA, assumption_margins, envelopes
-from tl_geometry.synthetic import (
+from tl_geometry.theory.bounds import DEFAULT_KAPPA, assumption_margins, envelopes
+from tl_geometry.theory.synthetic import (
     RECENT_PROFILE,
     VALIDATION_GRID,
     VALIDATION_SETTINGS,

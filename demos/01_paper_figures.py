@@ -37,9 +37,9 @@ import sys
 import torch
 
 import tl_geometry as tg
-from tl_geometry import plots
-from tl_geometry.summaries import mean_over_heads
-from tl_geometry.synthetic import toy_2d
+from tl_geometry.report import plots
+from tl_geometry.analysis.summaries import mean_over_heads
+from tl_geometry.theory.synthetic import toy_2d
 
 SMALL = os.environ.get("TL_GEOMETRY_DEMO_SMALL") == "1"
 N_WINDOWS, CONTEXT = (2, 128) if SMALL else (8, 512)
@@ -175,7 +175,7 @@ print(f"corr(R(r_min, N), rho_0): peak {pearson[peak]:.2f} at N={grid[peak]}; "
 # ## Figures 7, 8, 10, 11: the head regimes
 #
 # Each head is labelled Retriever, Mixer or Reset by the explicit rules of
-# `tl_geometry.taxonomy` (see the Concepts page). The paper (Llama-2-7B) finds
+# `tl_geometry.analysis.taxonomy` (see the Concepts page). The paper (Llama-2-7B) finds
 # Retrievers in the first layers, Reset heads early and Mixers from the
 # lower-middle layers on.
 

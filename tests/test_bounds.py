@@ -1,4 +1,4 @@
-"""Margins and envelopes (tl_geometry.bounds) against a slow float64 reference written from the paper."""
+"""Margins and envelopes (tl_geometry.theory.bounds) against a slow float64 reference written from the paper."""
 
 import math
 
@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 
 from tests import tiny_models as tm
 from tl_geometry import selection_metrics
-from tl_geometry.bounds import DEFAULT_KAPPA, assumption_margins, envelopes, selection_margins
+from tl_geometry.theory.bounds import DEFAULT_KAPPA, assumption_margins, envelopes, selection_margins
 from tl_geometry.errors import GeometryError
-from tl_geometry.hook_names import pattern_hook, value_hook
-from tl_geometry.hooks import run_with_geometry_hooks
-from tl_geometry.synthetic import VALIDATION_GRID, VALIDATION_SETTINGS, AttentionProfile, SimulationSettings, simulate
+from tl_geometry.capture.hook_names import pattern_hook, value_hook
+from tl_geometry.capture.hooks import run_with_geometry_hooks
+from tl_geometry.theory.synthetic import VALIDATION_GRID, VALIDATION_SETTINGS, AttentionProfile, SimulationSettings, simulate
 
 
 def _phi(x: float) -> float:
@@ -30,7 +30,7 @@ def _p_minus(xi: float) -> float:
 
 
 def reference_margins(alpha, values, mask, n):
-    """Margins of one row at one N, straight from eq. 7-11 (readings of tl_geometry.bounds); None if N > L."""
+    """Margins of one row at one N, straight from eq. 7-11 (readings of tl_geometry.theory.bounds); None if N > L."""
     alpha, values = alpha.double(), values.double()
     visible = [i for i in range(len(alpha)) if bool(mask[i])]
     length = len(visible)
@@ -65,7 +65,7 @@ def reference_margins(alpha, values, mask, n):
 
 
 def reference_row(alpha, values, mask, n, d, kappa):
-    """Margins and envelopes of one row at one N, straight from eq. 7-17 (readings of tl_geometry.bounds)."""
+    """Margins and envelopes of one row at one N, straight from eq. 7-17 (readings of tl_geometry.theory.bounds)."""
     m = reference_margins(alpha, values, mask, n)
     if m is None:
         return None
@@ -217,7 +217,7 @@ def test_assumption_margins_match_the_measured_path_on_exact_vectors():
     gram[0, 1:] = gram[1:, 0] = rho0
     vectors = torch.linalg.cholesky(gram)  # rows are unit vectors with that Gram matrix
     vectors = vectors * torch.tensor([lam * c] + [c] * (length - 1), dtype=torch.float64).unsqueeze(-1)
-    from tl_geometry.synthetic import attention_profile
+    from tl_geometry.theory.synthetic import attention_profile
 
     alpha = attention_profile(prof, length)
     grid = [1, 2, 3, 5, 9, 10]

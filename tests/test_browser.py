@@ -8,7 +8,7 @@ import pytest
 
 from tests import tiny_models as tm
 from tl_geometry import run_with_geometry_hooks
-from tl_geometry.report import FIGURES, write_report
+from tl_geometry.report.html import FIGURES, write_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # No network: every host resolves to nothing and any proxy use goes to a closed local port.

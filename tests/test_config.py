@@ -3,7 +3,7 @@
 import pytest
 
 from tl_geometry.config import GeometryConfig, make_config
-from tl_geometry.grid import default_n_grid
+from tl_geometry.engine.grid import default_n_grid
 from tl_geometry.errors import GeometryError
 
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from tests import tiny_models as tm
-from tl_geometry.corpus import analyze_corpus
+from tl_geometry.capture.corpus import analyze_corpus
 from tl_geometry.errors import GeometryError
-from tl_geometry.hooks import run_with_geometry_hooks
+from tl_geometry.capture.hooks import run_with_geometry_hooks
 
 # Model-facing: also run in the transformer-lens 3.9 environment (make test-tl3).
 pytestmark = pytest.mark.model

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tl_geometry import default_text, load_model, run_with_geometry_hooks, selection_metrics, text_windows
-from tl_geometry.hook_names import pattern_hook, value_hook
+from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.models import transformer_lens_major_version
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]

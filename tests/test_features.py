@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from tests import tiny_models as tm
 from tl_geometry.activations import LayerActivations
-from tl_geometry.features import CURVE_FEATURES, SCALAR_FEATURES, TAXONOMY_FEATURES, row_features, taxonomy_features
-from tl_geometry.hooks import run_with_geometry_hooks
+from tl_geometry.diagnostics.taxonomy import CURVE_FEATURES, SCALAR_FEATURES, TAXONOMY_FEATURES, row_features, taxonomy_features
+from tl_geometry.capture.hooks import run_with_geometry_hooks
 
 
 def reference_row(alpha, values, visible, grid) -> dict[str, list[float] | float]:

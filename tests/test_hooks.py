@@ -6,9 +6,9 @@ import torch
 from tests import tiny_models as tm
 from tl_geometry.config import GeometryConfig
 from tl_geometry.errors import GeometryError
-from tl_geometry.hook_names import pattern_hook, value_hook, z_hook
-from tl_geometry.hooks import kv_head_of, run_with_geometry_hooks
-from tl_geometry.metrics import selection_metrics
+from tl_geometry.capture.hook_names import pattern_hook, value_hook, z_hook
+from tl_geometry.capture.hooks import kv_head_of, run_with_geometry_hooks
+from tl_geometry.engine.metrics import selection_metrics
 
 # Model-facing: also run in the transformer-lens 3.9 environment (make test-tl3).
 pytestmark = pytest.mark.model
@@ -190,7 +190,7 @@ def test_hooks_removed_when_a_hook_raises(model, monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("engine failed mid-pass")
 
-    monkeypatch.setattr("tl_geometry.hooks.selection_metrics", boom)
+    monkeypatch.setattr("tl_geometry.capture.hooks.selection_metrics", boom)
     with pytest.raises(RuntimeError, match="engine failed mid-pass"):
         run_with_geometry_hooks(model, TEXTS)
     assert tm.hook_counts(model) == hooks_before

@@ -7,10 +7,10 @@ import torch
 
 from tests import tiny_models as tm
 from tl_geometry import REGIMES, GeometryConfig, GeometryError, classify_heads, run_with_geometry_hooks
-from tl_geometry import plots
-from tl_geometry.sink import sink_recall_correlation
-from tl_geometry.summaries import mean_over_heads
-from tl_geometry.synthetic import toy_2d
+from tl_geometry.report import plots
+from tl_geometry.analysis.sink import sink_recall_correlation
+from tl_geometry.analysis.summaries import mean_over_heads
+from tl_geometry.theory.synthetic import toy_2d
 
 
 @pytest.fixture(scope="module")

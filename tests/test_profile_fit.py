@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tl_geometry import GeometryError
-from tl_geometry.profile_fit import ProfileFit, fit_attention_profile, four_phase_profile
+from tl_geometry.diagnostics.profile_fit import ProfileFit, fit_attention_profile, four_phase_profile
 
 
 def paper_profile(p_sink, p_base, eta, omega, t1, t2, n_pos):

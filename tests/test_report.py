@@ -11,8 +11,8 @@ import pytest
 
 from tests import tiny_models as tm
 from tl_geometry import GeometryError, GeometryResult, run_with_geometry_hooks
-from tl_geometry import report
-from tl_geometry.result import REQUIRED_FIELDS
+from tl_geometry.report import html as report
+from tl_geometry.results.result import REQUIRED_FIELDS
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import torch
 
 from tl_geometry.config import GeometryConfig
 from tl_geometry.errors import GeometryError
-from tl_geometry.result import REQUIRED_FIELDS, GeometryResult, result_from_parts
+from tl_geometry.results.result import REQUIRED_FIELDS, GeometryResult, result_from_parts
 
 
 def make_result(n_seq=3, n_layers=2, n_heads=4, n=5, seed=0, extra=None):

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tl_geometry import GeometryConfig, GeometryError
-from tl_geometry.result import REQUIRED_FIELDS, result_from_parts
-from tl_geometry.sink import sink_recall_correlation
+from tl_geometry.results.result import REQUIRED_FIELDS, result_from_parts
+from tl_geometry.analysis.sink import sink_recall_correlation
 
 
 def make_result(recall: torch.Tensor, rho0: torch.Tensor | None):

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from tests import tiny_models as tm
 from tl_geometry import GeometryError, run_with_geometry_hooks
-from tl_geometry.hook_names import pattern_hook, value_hook
-from tl_geometry.statistics import (
+from tl_geometry.capture.hook_names import pattern_hook, value_hook
+from tl_geometry.diagnostics.assumptions import (
     MAX_LAG_FIT,
     assumption_diagnostics,
     cosine_by_lag,

@@ -7,7 +7,7 @@ import torch
 
 from tl_geometry import selection_metrics
 from tl_geometry.errors import GeometryError
-from tl_geometry.synthetic import AttentionProfile, SimulationSettings, attention_profile, simulate, toy_2d
+from tl_geometry.theory.synthetic import AttentionProfile, SimulationSettings, attention_profile, simulate, toy_2d
 
 SETTINGS = SimulationSettings(d_head=64, n_keys=96, c=2.5, lam=0.15, beta=0.4, rho0=0.3)
 

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from tests import tiny_models as tm
 from tl_geometry.errors import GeometryError
-from tl_geometry.features import row_features
-from tl_geometry.hooks import run_with_geometry_hooks
-from tl_geometry.taxonomy import (
+from tl_geometry.diagnostics.taxonomy import row_features
+from tl_geometry.capture.hooks import run_with_geometry_hooks
+from tl_geometry.analysis.taxonomy import (
     CRITERIA,
     REGIMES,
     TaxonomyConfig,

@@ -9,18 +9,18 @@ Importing the package is cheap: transformers and the models load only when
 asked for.
 """
 
-from tl_geometry.bounds import envelopes, selection_margins
+from tl_geometry.theory.bounds import envelopes, selection_margins
 from tl_geometry.config import GeometryConfig
-from tl_geometry.corpus import analyze_corpus
+from tl_geometry.capture.corpus import analyze_corpus
 from tl_geometry.errors import GeometryError
-from tl_geometry.grid import default_n_grid
-from tl_geometry.hooks import HookableModel, run_with_geometry_hooks
-from tl_geometry.metrics import SelectionMetrics, selection_metrics
+from tl_geometry.engine.grid import default_n_grid
+from tl_geometry.capture.hooks import HookableModel, run_with_geometry_hooks
+from tl_geometry.engine.metrics import SelectionMetrics, selection_metrics
 from tl_geometry.models import load_model
-from tl_geometry.profile_fit import ProfileFit, fit_attention_profile
-from tl_geometry.result import GeometryResult
-from tl_geometry.sink import SinkRecallCorrelation, sink_recall_correlation
-from tl_geometry.taxonomy import REGIMES, HeadTaxonomy, Regime, TaxonomyConfig, classify_heads, detect_regime
+from tl_geometry.diagnostics.profile_fit import ProfileFit, fit_attention_profile
+from tl_geometry.results.result import GeometryResult
+from tl_geometry.analysis.sink import SinkRecallCorrelation, sink_recall_correlation
+from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy, Regime, TaxonomyConfig, classify_heads, detect_regime
 from tl_geometry.text import default_text, read_text_files, text_windows
 
 __version__ = "0.1.0"

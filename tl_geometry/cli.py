@@ -98,7 +98,7 @@ def _analyse(args: argparse.Namespace):
     """Load the model and text, analyse the windows; the result and the summary-table details."""
     from tqdm.auto import tqdm
 
-    from tl_geometry.corpus import analyze_corpus
+    from tl_geometry.capture.corpus import analyze_corpus
     from tl_geometry.models import load_model
     from tl_geometry.text import default_text, read_text_files, text_windows
 
@@ -121,8 +121,8 @@ def _analyse(args: argparse.Namespace):
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from tl_geometry.report import write_report
-    from tl_geometry.result import GeometryResult
+    from tl_geometry.report.html import write_report
+    from tl_geometry.results.result import GeometryResult
 
     start = time.perf_counter()
     if args.command == "plot":

@@ -2,7 +2,7 @@
 
 Fields that depend on the model (layers and heads in range) or on the input
 (the default grid's last N, query positions within the sequences) are checked
-when the config meets a model, in `tl_geometry.hooks`.
+when the config meets a model, in `tl_geometry.capture.hooks`.
 """
 
 import dataclasses
@@ -18,9 +18,9 @@ from torch import Tensor
 
 from tl_geometry._types import Distance, Ranking
 from tl_geometry.errors import GeometryError
-from tl_geometry.grid import default_n_grid
-from tl_geometry.metrics import DEFAULT_MEMORY_BUDGET_MIB
-from tl_geometry.selection import resolve_n_grid
+from tl_geometry.engine.grid import default_n_grid
+from tl_geometry.engine.metrics import DEFAULT_MEMORY_BUDGET_MIB
+from tl_geometry.engine.selection import resolve_n_grid
 
 GridMode = Literal["default", "all"]
 QueryMode = Literal["last", "all"]

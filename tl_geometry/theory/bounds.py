@@ -67,8 +67,8 @@ from torch import Tensor
 
 from tl_geometry.activations import LayerActivations
 from tl_geometry.errors import GeometryError
-from tl_geometry.synthetic import AttentionProfile, attention_profile
-from tl_geometry.selection import NGridLike, as_rows, resolve_n_grid, selection_order
+from tl_geometry.theory.synthetic import AttentionProfile, attention_profile
+from tl_geometry.engine.selection import NGridLike, as_rows, resolve_n_grid, selection_order
 
 # The universal constant kappa of Theorems 1-2. Pinned from the simulator
 # (benchmarks/bench_theory.py): the largest kappa for which the Monte Carlo
@@ -277,7 +277,7 @@ def selection_margins(
 
     Measured reading of section 3.4: a_i = alpha_i ||v_i|| and the cosines are
     those of the given value vectors. Keys are sorted as the engine sorts
-    them (`tl_geometry.selection.selection_order`); key 0 is the sink.
+    them (`tl_geometry.engine.selection.selection_order`); key 0 is the sink.
     rho_out needs the cosines of every (outside, inside) pair: they are
     formed block by block below the grid's staircase (about half of key x key
     per row, never at once), and rows are processed in chunks within about
@@ -469,7 +469,7 @@ def assumption_margins(
 
     a_0 = alpha_0 lambda C and a_i = alpha_i C (Assumption 1), alpha from the
     four-phase profile (Assumption 3, normalised to sum 1, see
-    `tl_geometry.synthetic.attention_profile`), cosines
+    `tl_geometry.theory.synthetic.attention_profile`), cosines
     rho_ij = e^{-beta |i - j|} between non-sink keys and rho_0j = rho0
     (Assumption 2). Pass the result to `envelopes` with d = d_head.
 
@@ -489,7 +489,7 @@ def assumption_margins(
         GeometryError: parameters out of range.
 
     Example:
-        >>> from tl_geometry.synthetic import AttentionProfile
+        >>> from tl_geometry.theory.synthetic import AttentionProfile
         >>> m = assumption_margins(1.0, 0.1, 0.5, 0.2, AttentionProfile(), 64, [1, 8, 64])
         >>> m.delta.shape
         torch.Size([3])

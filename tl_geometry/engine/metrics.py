@@ -19,7 +19,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_geometry._types import Distance
-from tl_geometry.selection import (
+from tl_geometry.engine.selection import (
     NGridLike,
     ChunkGeometry,
     Workspace,
@@ -140,7 +140,7 @@ def selection_metrics(
     Each row of ``alpha`` is the attention of one query over its keys, and
     ``values`` holds the value vectors of those keys. Keys are ranked by
     ``ranking`` (ties by increasing key index), the top N form I_N, and the
-    metrics follow the definitions in `tl_geometry.metrics`.
+    metrics follow the definitions in `tl_geometry.engine.metrics`.
 
     Arithmetic is float32, or float64 when an input is float64. Rows are
     processed in chunks so that the working memory stays within about

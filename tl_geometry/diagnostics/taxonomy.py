@@ -4,7 +4,7 @@ For one query row with visible keys 0..L (L = the query's own position, the
 last visible key; the sink is the first visible key, position 0 / BOS when
 the sequence is not left-padded), y_i = alpha_i v_i and
 s(N) = sum of y_i over the top-N keys by attention weight (ties by increasing
-key index, as `tl_geometry.selection.selection_order`). Per row:
+key index, as `tl_geometry.engine.selection.selection_order`). Per row:
 
 - contributions ||y_0|| (sink), ||y_L|| (last) and ||sum of the other y_i|| (rest);
 - curves over N: ||s(N)||, ||s(N) without the sink|| (s(N) - y_0 if the sink
@@ -26,7 +26,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_geometry.activations import LayerActivations
-from tl_geometry.selection import COSINE_EPS, selection_order, working_dtype
+from tl_geometry.engine.selection import COSINE_EPS, selection_order, working_dtype
 
 # Working memory of one chunk of queries (the rows hold per-query copies of the values).
 FEATURE_BUDGET_MIB = 64

@@ -1,12 +1,12 @@
 """Hooks that reduce attention to selection metrics during one forward pass.
 
-Per analysed layer two hooks are attached (names from `tl_geometry.hook_names`):
+Per analysed layer two hooks are attached (names from `tl_geometry.capture.hook_names`):
 
 - on ``hook_v`` (fires first): keep the value states of the keys the chosen
   queries can see, for the KV head behind each analysed query head
   (grouped-query attention: query head h reads KV head h // (n_heads / n_kv_heads));
 - on ``hook_pattern``: take the attention rows of the chosen queries, call
-  `tl_geometry.metrics.selection_metrics` once for all heads and
+  `tl_geometry.engine.metrics.selection_metrics` once for all heads and
   queries of the layer, average over queries, and drop both tensors.
 
 So memory is bounded per layer, the full activation cache is never built, and
@@ -35,9 +35,9 @@ from torch import Tensor
 from tl_geometry.activations import LayerActivations
 from tl_geometry.config import GeometryConfig, make_config
 from tl_geometry.errors import GeometryError
-from tl_geometry.hook_names import pattern_hook, value_hook
-from tl_geometry.metrics import selection_metrics
-from tl_geometry.result import GeometryResult, result_from_parts
+from tl_geometry.capture.hook_names import pattern_hook, value_hook
+from tl_geometry.engine.metrics import selection_metrics
+from tl_geometry.results.result import GeometryResult, result_from_parts
 
 TokensLike = Tensor | str | Sequence[str]
 
@@ -341,15 +341,15 @@ def diagnostic_functions(names: Sequence[str]) -> tuple[Callable[[LayerActivatio
     functions = []
     for name in names:
         if name == "assumptions":
-            from tl_geometry.statistics import assumption_diagnostics
+            from tl_geometry.diagnostics.assumptions import assumption_diagnostics
 
             functions.append(assumption_diagnostics)
         elif name == "bounds":
-            from tl_geometry.bounds import bound_diagnostics
+            from tl_geometry.theory.bounds import bound_diagnostics
 
             functions.append(bound_diagnostics)
         elif name == "taxonomy":
-            from tl_geometry.features import taxonomy_features
+            from tl_geometry.diagnostics.taxonomy import taxonomy_features
 
             functions.append(taxonomy_features)
     return tuple(functions)

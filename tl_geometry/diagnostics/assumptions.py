@@ -21,7 +21,7 @@ Definitions (position 0 is the sink; "non-sink" means the real positions i > 0):
 - rho_0 = mean over non-sink j of ``cos(v_0, v_j)``.
 - attention profile (Assumption 3, Figure 4): the attention row of each
   sequence's last analysed query, positions counted from the sink; fitted by
-  `tl_geometry.profile_fit.fit_attention_profile`.
+  `tl_geometry.diagnostics.profile_fit.fit_attention_profile`.
 
 Padding: positions count from each row's first real token, so left-padded rows
 are shifted left before any statistic; per-position and per-lag outputs are
@@ -37,7 +37,7 @@ from torch import Tensor
 
 from tl_geometry.activations import LayerActivations
 from tl_geometry.errors import GeometryError
-from tl_geometry.profile_fit import fit_attention_profile
+from tl_geometry.diagnostics.profile_fit import fit_attention_profile
 
 MAX_LAG_FIT = 64  # lags 1..MAX_LAG_FIT enter the decay fit (the paper does not say)
 BETA_MIN, BETA_MAX = 1e-4, 10.0  # search range of the decay rate (beta > 0 in Assumption 2)
@@ -235,7 +235,7 @@ def assumption_diagnostics(seen: LayerActivations) -> dict[str, Tensor]:
         ``decay_beta``, ``decay_mae``, ``cosine_by_lag`` ``[.., lag]``,
         ``attention_profile`` ``[.., pos]`` (the last analysed query's row) and
         ``profile_<parameter>`` for each field of
-        `tl_geometry.profile_fit.ProfileFit`. Per-position and per-lag
+        `tl_geometry.diagnostics.profile_fit.ProfileFit`. Per-position and per-lag
         axes have ``n_keys`` entries, NaN where undefined.
 
     The value statistics use the real keys up to the last analysed query

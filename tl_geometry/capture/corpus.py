@@ -8,8 +8,8 @@ from torch import Tensor
 
 from tl_geometry.config import GeometryConfig, make_config
 from tl_geometry.errors import GeometryError
-from tl_geometry.hooks import HookableModel, PreparedTokens, analyse_prepared, prepare_tokens
-from tl_geometry.result import GeometryResult
+from tl_geometry.capture.hooks import HookableModel, PreparedTokens, analyse_prepared, prepare_tokens
+from tl_geometry.results.result import GeometryResult
 
 DEFAULT_BATCH_SIZE = 8
 

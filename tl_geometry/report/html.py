@@ -15,15 +15,15 @@ from typing import NamedTuple
 
 import plotly.graph_objects as go
 
-from tl_geometry import plots
+from tl_geometry.report import plots
 from tl_geometry.errors import GeometryError
-from tl_geometry.features import TAXONOMY_FEATURES
-from tl_geometry.files import atomic_path
-from tl_geometry.result import GeometryResult
-from tl_geometry.sink import sink_recall_correlation
-from tl_geometry.synthetic import toy_2d
-from tl_geometry.summaries import mean_over_heads
-from tl_geometry.taxonomy import REGIMES, HeadTaxonomy, taxonomy_from_result
+from tl_geometry.diagnostics.taxonomy import TAXONOMY_FEATURES
+from tl_geometry.results.files import atomic_path
+from tl_geometry.results.result import GeometryResult
+from tl_geometry.analysis.sink import sink_recall_correlation
+from tl_geometry.theory.synthetic import toy_2d
+from tl_geometry.analysis.summaries import mean_over_heads
+from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy, taxonomy_from_result
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ FIGURES: tuple[Figure, ...] = (
         "Figure 1: top-N selection in a 2-D toy example",
         "Tokens on a circle (left) are scaled by their attention weights (middle); the selected ones (stars) "
         "sum to s(N). Precision counts non-selected tokens inside the r_max ball around s(N), Recall the "
-        "selected ones inside the r_min ball (right). Drawn from tl_geometry.synthetic.toy_2d, not the model.",
+        "selected ones inside the r_min ball (right). Drawn from tl_geometry.theory.synthetic.toy_2d, not the model.",
         lambda result, taxonomy: plots.toy_selection(toy_2d()),
     ),
     Figure(
@@ -137,7 +137,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         "figure-8",
         "Figure 8: regimes by depth",
-        "How many heads of each layer fall into each regime, by the rules of tl_geometry.taxonomy. The paper "
+        "How many heads of each layer fall into each regime, by the rules of tl_geometry.analysis.taxonomy. The paper "
         "(Llama-2-7B) finds Retrievers in the first two layers, Reset heads early and Mixers from the "
         "lower-middle layers on.",
         lambda result, taxonomy: plots.regimes_by_layer(taxonomy),

@@ -1,6 +1,6 @@
 """Reductions of a GeometryResult that figures and reports show.
 
-Kept apart from `tl_geometry.plots` so that figures only draw, and so
+Kept apart from `tl_geometry.report.plots` so that figures only draw, and so
 that every number a figure shows can be had as a tensor too.
 """
 
@@ -9,7 +9,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from tl_geometry.errors import GeometryError
-from tl_geometry.result import GeometryResult
+from tl_geometry.results.result import GeometryResult
 
 
 def n_index(result: GeometryResult, n: int) -> int:

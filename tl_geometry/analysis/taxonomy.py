@@ -1,7 +1,7 @@
 """Retriever / Mixer / Reset: the paper's head taxonomy (section 4.2) as explicit rules.
 
 The paper's criteria are qualitative; here each regime gets three sub-scores
-in [0, 1], computed from the features of `tl_geometry.features`
+in [0, 1], computed from the features of `tl_geometry.diagnostics.taxonomy`
 (c_0 = ||alpha_0 v_0||, c_L = ||alpha_L v_L||, c_R = ||sum of the other
 alpha_i v_i||, and the curves over N), and the regime's score is their mean
 (or geometric mean). The label is the regime with the largest score; exact ties
@@ -40,9 +40,9 @@ from torch import Tensor
 
 from tl_geometry.config import GeometryConfig
 from tl_geometry.errors import GeometryError
-from tl_geometry.features import CURVE_FEATURES, SCALAR_FEATURES, TAXONOMY_FEATURES
-from tl_geometry.hooks import HookableModel, run_with_geometry_hooks
-from tl_geometry.result import GeometryResult
+from tl_geometry.diagnostics.taxonomy import CURVE_FEATURES, SCALAR_FEATURES, TAXONOMY_FEATURES
+from tl_geometry.capture.hooks import HookableModel, run_with_geometry_hooks
+from tl_geometry.results.result import GeometryResult
 
 Regime = Literal["retriever", "mixer", "reset"]
 """The name of a head regime."""

@@ -32,9 +32,9 @@ from torch import Tensor
 
 from tl_geometry.config import GeometryConfig
 from tl_geometry.errors import GeometryError
-from tl_geometry.metrics import SelectionMetrics
-from tl_geometry.files import atomic_path
-from tl_geometry.profile_fit import ProfileFit
+from tl_geometry.engine.metrics import SelectionMetrics
+from tl_geometry.results.files import atomic_path
+from tl_geometry.diagnostics.profile_fit import ProfileFit
 
 FORMAT_VERSION = 1
 # Fields every result has: those of SelectionMetrics, per sequence.
@@ -136,10 +136,10 @@ class GeometryResult:
         """Pearson corr(R(r_min, N), rho_0) across heads for every N (Figure 6), ``[n]``.
 
         Pairs are the per-head means over sequences; see
-        `tl_geometry.sink.sink_recall_correlation` for the Spearman value,
+        `tl_geometry.analysis.sink.sink_recall_correlation` for the Spearman value,
         other pairings and bootstrap bounds. Needs ``diagnostics=["assumptions"]``.
         """
-        from tl_geometry.sink import sink_recall_correlation
+        from tl_geometry.analysis.sink import sink_recall_correlation
 
         return sink_recall_correlation(self, n_bootstrap=1).pearson
 

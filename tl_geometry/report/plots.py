@@ -16,12 +16,12 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from tl_geometry.errors import GeometryError
-from tl_geometry.profile_fit import ProfileFit
-from tl_geometry.result import GeometryResult
-from tl_geometry.sink import SinkRecallCorrelation
-from tl_geometry.synthetic import Toy2D
-from tl_geometry.taxonomy import REGIMES, HeadTaxonomy
-from tl_geometry.summaries import at_n, mean_over_heads, spread_over_heads
+from tl_geometry.diagnostics.profile_fit import ProfileFit
+from tl_geometry.results.result import GeometryResult
+from tl_geometry.analysis.sink import SinkRecallCorrelation
+from tl_geometry.theory.synthetic import Toy2D
+from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy
+from tl_geometry.analysis.summaries import at_n, mean_over_heads, spread_over_heads
 
 # Okabe & Ito (2008), safe for the common colour-vision deficiencies.
 BLUE, ORANGE, GREEN, VERMILLION, SKY, PURPLE, GREY = (

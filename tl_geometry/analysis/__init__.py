@@ -1,0 +1,1 @@
+"""Analysis from a result only: taxonomy rules, the sink correlation, summaries."""

@@ -1,0 +1,1 @@
+"""Capture: tokens and windows in, one hooked forward pass, per-layer selection contexts out."""

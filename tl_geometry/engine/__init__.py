@@ -1,0 +1,1 @@
+"""Engine: pure tensor maths of top-N selection (the selection context, ordering, metrics, chunking)."""

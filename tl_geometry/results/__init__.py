@@ -1,0 +1,1 @@
+"""Results: mergeable accumulators, GeometryResult, and its files (one atomic unit)."""
