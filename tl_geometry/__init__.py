@@ -14,7 +14,11 @@ from tl_geometry.config import GeometryConfig
 from tl_geometry.capture.corpus import analyze_corpus
 from tl_geometry.errors import GeometryError
 from tl_geometry.engine.grid import default_n_grid
-from tl_geometry.capture.hooks import HookableModel, run_with_geometry_hooks
+from tl_geometry.capture.hooks import run_with_geometry_hooks
+from tl_geometry.capture.tokens import HookableModel
+from tl_geometry.capture.windows import attention_windows
+from tl_geometry.diagnostics.fields import FieldSpec
+from tl_geometry.diagnostics.registry import REGISTRY, Diagnostic
 from tl_geometry.engine.metrics import SelectionMetrics, selection_metrics
 from tl_geometry.models import load_model
 from tl_geometry.diagnostics.profile_fit import ProfileFit, fit_attention_profile
@@ -26,6 +30,8 @@ from tl_geometry.text import default_text, read_text_files, text_windows
 __version__ = "0.1.0"
 
 __all__ = [
+    "Diagnostic",
+    "FieldSpec",
     "GeometryConfig",
     "GeometryError",
     "GeometryResult",
@@ -33,11 +39,13 @@ __all__ = [
     "HookableModel",
     "ProfileFit",
     "REGIMES",
+    "REGISTRY",
     "Regime",
     "SelectionMetrics",
     "SinkRecallCorrelation",
     "TaxonomyConfig",
     "analyze_corpus",
+    "attention_windows",
     "classify_heads",
     "default_n_grid",
     "default_text",

@@ -7,7 +7,7 @@ when the config meets a model, in `tl_geometry.capture.hooks`.
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
 
@@ -20,12 +20,11 @@ from tl_geometry._types import Distance, Ranking
 from tl_geometry.errors import GeometryError
 from tl_geometry.engine.grid import default_n_grid
 from tl_geometry.engine.metrics import DEFAULT_MEMORY_BUDGET_MIB
-from tl_geometry.engine.selection import resolve_n_grid
+from tl_geometry.engine.inputs import resolve_n_grid
 
 GridMode = Literal["default", "all"]
 QueryMode = Literal["last", "all"]
-# Extra per-layer-head statistics computed in the same hooked pass (see tl_geometry.activations).
-Diagnostic = Literal["assumptions", "bounds", "taxonomy"]
+DEFAULT_BOOTSTRAP = 200
 # Element types are checked in __post_init__, with a message naming the field.
 IntSequence = Sequence | Tensor | np.ndarray
 
@@ -59,7 +58,8 @@ class GeometryConfig:
             a query's visible keys gives NaN for that query.
         query_positions: ``"last"`` (the last real token of each sequence),
             ``"all"`` (every real position), or a sequence of positions counted
-            from the first real token of each sequence (0 is the BOS/sink).
+            from the first real token of each sequence (0 is the BOS/sink);
+            negative positions count from each sequence's end (-1 is its last token).
         layers: layers to analyse (default: all).
         heads: query heads to analyse in every analysed layer (default: all).
         ranking: ``"attention"`` or ``"contribution"`` (see ``selection_metrics``).
@@ -67,14 +67,27 @@ class GeometryConfig:
         prepend_bos: prepend BOS when tokenising strings, so that position 0 is
             the sink (the paper's protocol). Token tensors are used as given.
         memory_budget_mib: working memory of one chunk of metric rows.
-        diagnostics: extra statistics computed in the same pass, any of
+        diagnostics: extra statistics computed in the same pass, any of the
+            registered diagnostics (``tl_geometry.diagnostics.registry.REGISTRY``):
             ``"assumptions"`` (the paper's Assumptions 1-3: value norms,
             cosine decay, attention profile), ``"bounds"`` (the margins and
             envelopes of Theorems 1-2) and ``"taxonomy"`` (the features behind
             the Retriever / Mixer / Reset labels); ``"all"`` for every one.
-            Together they add about 35-40 % to the forward pass of one
-            1024-token window of SmolLM2-135M (`benchmarks/bench_hooks.py`);
-            the bounds grow with the square of the keys, the rest about linearly.
+            The bounds grow with the square of the keys, the rest about
+            linearly; `benchmarks/bench_hooks.py` measures their cost.
+        settings: each diagnostic's settings, by diagnostic name: a mapping
+            of field values (``{"bounds": {"kappa": 500.0}}``) or an instance
+            of the diagnostic's ``Settings`` dataclass. Unnamed diagnostics
+            use their defaults.
+        n_bootstrap: B, the Poisson-bootstrap replicates kept per document
+            for confidence intervals over documents (0: none).
+        bootstrap_fields: the fields that keep replicates (``result.ci``);
+            None: those their diagnostic declares (Recall and rho_0, whose intervals
+            the report shows).
+        seed: mixed into every document's bootstrap weights.
+        keep_queries: also keep every analysed query's values
+            (``result.queries``), for circuit work on a few prompts; these
+            grow with the documents, everything else does not.
 
     Example:
         >>> GeometryConfig(n_grid=[1, 2, 4], layers=[0]).n_grid
@@ -98,10 +111,16 @@ class GeometryConfig:
     prepend_bos: bool = True
     memory_budget_mib: float | int = float(DEFAULT_MEMORY_BUDGET_MIB)
     diagnostics: str | Sequence = ()
+    settings: Any = ()
+    n_bootstrap: int = DEFAULT_BOOTSTRAP
+    bootstrap_fields: Sequence | None = None
+    seed: int = 0
+    keep_queries: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "diagnostics", _diagnostics(self.diagnostics))
+        set_(self, "settings", _settings(self.settings))
         if isinstance(self.n_grid, str):
             if self.n_grid not in get_args(GridMode):
                 raise _literal_error("n_grid", self.n_grid, GridMode, " or a sequence of positive integers")
@@ -121,11 +140,6 @@ class GeometryConfig:
                 )
         else:
             positions = _int_tuple("query_positions", self.query_positions, "'last', 'all' or a sequence of positions")
-            if min(positions) < 0:
-                raise GeometryError(
-                    f"query_positions: positions count from the first token (0), got {min(positions)}; "
-                    "use 'last' for the final token"
-                )
             set_(self, "query_positions", positions)
         for name in ("layers", "heads"):
             value = getattr(self, name)
@@ -146,6 +160,41 @@ class GeometryConfig:
         if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not (budget > 0 and math.isfinite(budget)):
             raise GeometryError(f"memory_budget_mib: expected a positive finite number of MiB, got {budget!r}")
         set_(self, "memory_budget_mib", float(budget))
+        for name in ("n_bootstrap", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise GeometryError(f"{name}: expected an integer >= 0, got {value!r}")
+        if self.bootstrap_fields is not None:
+            if isinstance(self.bootstrap_fields, str) or not isinstance(self.bootstrap_fields, Sequence):
+                raise GeometryError(f"bootstrap_fields: expected a sequence of field names or None, got {self.bootstrap_fields!r}")
+            set_(self, "bootstrap_fields", tuple(sorted(set(self.bootstrap_fields))))
+        if not isinstance(self.keep_queries, bool):
+            raise GeometryError(f"keep_queries: expected True or False, got {self.keep_queries!r}")
+        from tl_geometry.diagnostics.registry import REGISTRY
+
+        for name in self.diagnostics:
+            REGISTRY.get(name).check(self)  # e.g. the bounds need the Euclidean distance
+
+    def settings_for(self, diagnostic: str) -> Any:
+        """The settings of a diagnostic: those given in ``settings``, else its defaults."""
+        from tl_geometry.diagnostics.registry import REGISTRY
+
+        return dict(self.settings).get(diagnostic) or REGISTRY.get(diagnostic).Settings()
+
+    def resolve_bootstrap_fields(self, specs: Any) -> frozenset[str]:
+        """The fields among ``specs`` (name -> FieldSpec) that keep bootstrap replicates.
+
+        Raises:
+            GeometryError: a name in ``bootstrap_fields`` that the run does not compute.
+        """
+        if self.bootstrap_fields is None:
+            return frozenset(name for name, spec in specs.items() if spec.bootstrap)
+        unknown = sorted(set(self.bootstrap_fields) - set(specs))
+        if unknown:
+            raise GeometryError(
+                f"bootstrap_fields: {unknown} are not computed by this run; its fields are {sorted(specs)}"
+            )
+        return frozenset(self.bootstrap_fields)
 
     def with_overrides(self, **overrides: Any) -> "GeometryConfig":
         """A copy with some fields replaced; unknown names raise GeometryError listing the valid ones."""
@@ -164,8 +213,10 @@ class GeometryConfig:
         return torch.tensor(self.n_grid, dtype=torch.int64)
 
     def to_json(self) -> dict[str, Any]:
-        """The fields as JSON-ready values (tuples become lists)."""
-        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
+        """The fields as JSON-ready values (tuples become lists, settings dicts of their fields)."""
+        out = {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
+        out["settings"] = {name: dataclasses.asdict(value) for name, value in self.settings}
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "GeometryConfig":
@@ -174,8 +225,10 @@ class GeometryConfig:
 
 
 def _diagnostics(value: Any) -> tuple[str, ...]:
-    """The diagnostics as a tuple in canonical order; ``"all"`` means every one."""
-    allowed = get_args(Diagnostic)
+    """The diagnostics as a tuple in registration order; ``"all"`` means every one."""
+    from tl_geometry.diagnostics.registry import REGISTRY
+
+    allowed = REGISTRY.optional_names()
     if value == "all":
         return allowed
     if isinstance(value, str):
@@ -186,6 +239,33 @@ def _diagnostics(value: Any) -> tuple[str, ...]:
     if unknown:
         raise GeometryError(f"diagnostics: unknown name(s) {unknown}; choose from {allowed} or 'all'")
     return tuple(name for name in allowed if name in value)
+
+
+def _settings(value: Any) -> tuple[tuple[str, Any], ...]:
+    """Diagnostic settings as a sorted tuple of (name, Settings instance): hashable and comparable."""
+    from tl_geometry.diagnostics.registry import REGISTRY
+
+    if isinstance(value, tuple) and all(isinstance(item, tuple) and len(item) == 2 for item in value):
+        value = dict(value)
+    if not isinstance(value, Mapping):
+        raise GeometryError(
+            f"settings: expected a mapping of diagnostic name -> settings, e.g. {{'bounds': {{'kappa': 500.0}}}}, "
+            f"got {value!r}"
+        )
+    out = []
+    for name, given in value.items():
+        settings_type = REGISTRY.get(name).Settings
+        if isinstance(given, settings_type):
+            out.append((name, given))
+            continue
+        if not isinstance(given, Mapping):
+            raise GeometryError(f"settings[{name!r}]: expected a mapping or a {settings_type.__name__}, got {given!r}")
+        known = [f.name for f in fields(settings_type)]
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            raise GeometryError(f"settings[{name!r}]: unknown field(s) {unknown}; {settings_type.__name__} has {known}")
+        out.append((name, settings_type(**given)))
+    return tuple(sorted(out, key=lambda item: item[0]))
 
 
 def make_config(config: GeometryConfig | None, overrides: dict[str, Any]) -> GeometryConfig:

@@ -1,18 +1,19 @@
 """The attention-sink effect (paper section 4.1, Figure 6): corr(R(r_min, N), rho_0) as a function of N.
 
 For every N of the grid, Recall ``R(r_min, N)`` is correlated with the sink
-similarity ``rho_0 = mean_j cos(v_0, v_j)`` across heads. Two pairings:
+similarity ``rho_0 = mean_j cos(v_0, v_j)`` across heads: one pair per
+(layer, head), each the mean over documents of R and of rho_0 (as in the
+paper's per-head figures). Pairs with a NaN (N larger than every document's
+visible keys) are left out of that N. Spearman uses average ranks for ties
+(Recall takes few distinct values).
 
-- ``over="heads"`` (default, as in the paper's per-head figures): one pair per
-  (layer, head), each the mean over sequences (nanmean) of R and of rho_0;
-- ``over="sequence_heads"``: one pair per (sequence, layer, head).
-
-Pairs with a NaN (N larger than a sequence's visible keys) are left out of
-that N. Spearman uses average ranks for ties (Recall takes few distinct
-values). The confidence interval is a percentile bootstrap over sequences
-(resampled with replacement, seeded): each resample reweights the sequences
-by their multiplicities, so no data are copied. With fewer than two sequences
-there is nothing to resample and the bounds are NaN.
+The bounds are a percentile bootstrap over documents from the result's own
+Poisson-bootstrap replicates of ``recall`` and ``rho0``: for each replicate,
+the same correlations of its per-head replicate means. A result keeps
+statistics over documents, not each document's values, so the 0.1 pairing
+``over="sequence_heads"`` (one pair per sequence and head) is gone. With
+fewer than two documents, or without replicates of both fields, the bounds
+are NaN and ``n_bootstrap`` is 0.
 """
 
 import math
@@ -25,8 +26,8 @@ from torch import Tensor
 
 from tl_geometry.errors import GeometryError
 
-Pairing = Literal["heads", "sequence_heads"]
-_CHUNK_ELEMENTS = 1 << 23  # bootstrap resamples per chunk are bounded by this many (resample x n x pair) entries
+Pairing = Literal["heads"]
+_CHUNK_ELEMENTS = 1 << 23  # replicates per chunk are bounded by this many (replicate x n x pair) entries
 
 
 @dataclass(frozen=True)
@@ -37,12 +38,12 @@ class SinkRecallCorrelation:
         n_grid: the selection sizes N.
         pearson, spearman: the correlations over the pairs (NaN with fewer than 3 pairs or no spread).
         pearson_low, pearson_high, spearman_low, spearman_high: percentile
-            bootstrap bounds over sequences at level ``confidence`` (NaN with one sequence).
+            bootstrap bounds over documents at level ``confidence`` (NaN
+            without replicates or with one document).
         n_pairs: pairs entering each N (float).
-        over: the pairing, ``"heads"`` or ``"sequence_heads"``.
+        over: the pairing, ``"heads"``.
         confidence: the level of the bounds.
-        n_bootstrap: the number of resamples.
-        seed: the seed of the resampling.
+        n_bootstrap: the replicates behind the bounds (0: no bounds).
     """
 
     n_grid: Int[Tensor, " n"]
@@ -56,7 +57,6 @@ class SinkRecallCorrelation:
     over: str
     confidence: float
     n_bootstrap: int
-    seed: int
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -98,80 +98,81 @@ def _correlations(
 
 
 def _pairs(
-    recall: Float[Tensor, "sequence layer head_index n"], rho0: Float[Tensor, "sequence layer head_index"],
-    weights: Float[Tensor, "b sequence"], over: str,
-) -> tuple[Float[Tensor, "b n pair"], Float[Tensor, "b n pair"], Float[Tensor, "b n pair"]]:
-    """(recall, rho0, weight) of every pair for every N, under each weighting of the sequences."""
-    b, n = weights.shape[0], recall.shape[-1]
-    if over == "heads":
-        def mean(t: Tensor) -> Tensor:  # weighted nanmean over sequences: [b, ...]
-            present = ~t.isnan()
-            total = torch.einsum("bs,s...->b...", weights, torch.nan_to_num(t))
-            count = torch.einsum("bs,s...->b...", weights, present.double())
-            return (total / count).masked_fill(count == 0, math.nan)
-
-        x = mean(recall).flatten(1, 2).transpose(1, 2)  # [b, n, layer*head]
-        y = mean(rho0).flatten(1).unsqueeze(1).expand_as(x)
-        return x, y, torch.ones_like(x)
-    s = recall.shape[0]
-    x = recall.permute(3, 0, 1, 2).reshape(1, n, -1).expand(b, -1, -1)
-    y = rho0.reshape(1, 1, -1).expand_as(x)
-    w = weights[:, :, None].expand(b, s, recall.shape[1] * recall.shape[2]).reshape(b, 1, -1).expand_as(x)
-    return x, y, w
+    recall: Float[Tensor, "*b layer head_index n"], rho0: Float[Tensor, "*b layer head_index"]
+) -> tuple[Float[Tensor, "*b n pair"], Float[Tensor, "*b n pair"]]:
+    """(recall, rho0) of every head for every N: one pair per (layer, head)."""
+    x = recall.flatten(-3, -2).transpose(-1, -2)  # [*b, n, layer*head]
+    y = rho0.flatten(-2).unsqueeze(-2).expand_as(x)
+    return x, y
 
 
 def sink_recall_correlation(
     result: object,
     *,
     over: str = "heads",
-    n_bootstrap: int = 1000,
+    n_bootstrap: int | None = None,
     confidence: float = 0.95,
-    seed: int = 0,
+    seed: int | None = None,
 ) -> SinkRecallCorrelation:
     """corr(R(r_min, N), rho_0) across heads for every N of a result's grid (Figure 6), with bootstrap bounds.
 
     Args:
         result: a GeometryResult run with ``diagnostics=["assumptions"]`` (it
-            needs ``per_sequence["rho0"]`` and ``per_sequence["recall"]``).
-        over: ``"heads"`` (pairs are per-head means over sequences) or
-            ``"sequence_heads"`` (one pair per sequence and head).
-        n_bootstrap: resamples of the sequences for the bounds.
+            needs the fields ``recall`` and ``rho0``).
+        over: ``"heads"``, the one pairing a result supports.
+        n_bootstrap: None (default) uses the result's replicates; an integer
+            must equal their number (0: skip the bounds). Kept from 0.1, when
+            this function resampled the sequences itself.
         confidence: level of the percentile bounds, in (0, 1).
-        seed: seed of the resampling (a private generator; global RNG untouched).
+        seed: ignored, kept from 0.1: the replicates were drawn when the
+            result was analysed, with the run's bootstrap seed.
 
     Returns:
         SinkRecallCorrelation with ``[n]`` tensors.
 
     Raises:
         GeometryError: the result lacks rho0 (run without the "assumptions"
-            diagnostic), or a bad ``over``, ``n_bootstrap`` or ``confidence``.
+            diagnostic), ``over="sequence_heads"`` (needs per-document
+            values), or a bad ``over``, ``n_bootstrap`` or ``confidence``.
     """
-    per_sequence = getattr(result, "per_sequence", None)
-    if per_sequence is None or "rho0" not in per_sequence:
+    present = getattr(result, "fields", ())
+    if "rho0" not in present or "recall" not in present:
         raise GeometryError(
             "result: no 'rho0' field; run run_with_geometry_hooks(..., diagnostics=['assumptions']) to measure "
             "the sink similarity"
         )
+    if over == "sequence_heads":
+        raise GeometryError(
+            "over='sequence_heads' needs each document's values, and a GeometryResult keeps statistics over "
+            "documents instead; use over='heads' (per-head means), or analyse with keep_queries=True and pair "
+            "the per-query rows yourself"
+        )
     if over not in get_args(Pairing):
         raise GeometryError(f"over: expected {' or '.join(map(repr, get_args(Pairing)))}, got {over!r}")
-    if n_bootstrap < 1:
-        raise GeometryError(f"n_bootstrap: expected an integer >= 1, got {n_bootstrap}")
     if not 0 < confidence < 1:
         raise GeometryError(f"confidence: expected a level in (0, 1), e.g. 0.95, got {confidence}")
-    recall = per_sequence["recall"].double()
-    rho0 = per_sequence["rho0"].double()
-    s, n = recall.shape[0], recall.shape[-1]
-    x, y, w = _pairs(recall, rho0, torch.ones(1, s, dtype=torch.float64), over)
-    pearson, spearman = (c[0] for c in _correlations(x, y, w))
-    n_pairs = (w * ~(x.isnan() | y.isnan()))[0].sum(-1)
+    kept = min(_replicates_kept(result, "recall"), _replicates_kept(result, "rho0"))
+    if n_bootstrap is not None and n_bootstrap not in (0, kept):
+        raise GeometryError(
+            f"n_bootstrap: the bounds use the result's {kept} bootstrap replicates of recall and rho0, drawn when "
+            f"it was analysed; got n_bootstrap={n_bootstrap}. Pass None (or 0 for no bounds), or analyse again "
+            "with GeometryConfig(n_bootstrap=...) and recall and rho0 in GeometryConfig.bootstrap_fields"
+        )
+    x, y = _pairs(result.per_head("recall").double(), result.per_head("rho0").double())
+    ones = torch.ones_like(x)
+    pearson, spearman = _correlations(x, y, ones)
+    n_pairs = (~(x.isnan() | y.isnan())).double().sum(-1)
+    n = x.shape[0]
     bounds = torch.full((4, n), math.nan, dtype=torch.float64)
-    if s >= 2:
-        generator = torch.Generator().manual_seed(seed)
-        draws = torch.randint(0, s, (n_bootstrap, s), generator=generator)
-        weights = torch.zeros(n_bootstrap, s, dtype=torch.float64).scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64))
+    used = kept if n_bootstrap != 0 and result.n_documents >= 2 else 0  # one document: nothing to resample
+    if used:
+        recall, rho0 = result.replicates("recall").double(), result.replicates("rho0").double()
         chunk = max(1, _CHUNK_ELEMENTS // max(1, n * x.shape[-1]))
-        boot = [torch.stack(_correlations(*_pairs(recall, rho0, part, over))) for part in weights.split(chunk)]
-        stats = torch.cat(boot, dim=1)  # [2, b, n]
+        boot = [
+            torch.stack(_correlations(*_pairs(r, h), torch.ones(len(r), n, x.shape[-1], dtype=torch.float64)))
+            for r, h in zip(recall.split(chunk), rho0.split(chunk))
+        ]
+        stats = torch.cat(boot, dim=1)  # [2 stat, replicate, n]
         tail = (1 - confidence) / 2
         q = torch.nanquantile(stats, torch.tensor([tail, 1 - tail], dtype=torch.float64), dim=1)  # [2 q, 2 stat, n]
         bounds = torch.stack([q[0, 0], q[1, 0], q[0, 1], q[1, 1]])
@@ -186,6 +187,9 @@ def sink_recall_correlation(
         n_pairs=n_pairs.float(),
         over=over,
         confidence=confidence,
-        n_bootstrap=n_bootstrap,
-        seed=seed,
+        n_bootstrap=used,
     )
+
+
+def _replicates_kept(result: object, name: str) -> int:
+    return result.stats[name].n_replicates

@@ -56,6 +56,8 @@ CRITERIA: dict[str, tuple[str, str, str]] = {
     "reset": ("sink_weight", "weak_last", "sink_removal"),
 }
 EPS = 1e-12
+# The per-head values the rules read: ||s(N)|| (a selection metric) and the taxonomy diagnostic's features.
+REGIME_INPUTS: tuple[str, ...] = ("s_norm", *CURVE_FEATURES, *SCALAR_FEATURES)
 
 
 @dataclass(frozen=True)
@@ -110,8 +112,9 @@ def regime_criteria(
     """The nine sub-scores in [0, 1] of every head (and sequence), from its features.
 
     Args:
-        features: ``CURVE_FEATURES`` ``[*batch, n]`` and ``SCALAR_FEATURES``
-            ``[*batch]`` (per head, or per sequence and head).
+        features: ``REGIME_INPUTS``: the curves (``s_norm`` and ``CURVE_FEATURES``)
+            ``[*batch, n]`` and ``SCALAR_FEATURES`` ``[*batch]`` (per head, or
+            per bootstrap replicate and head).
         grid: the selection sizes N of the curves.
         config: the thresholds.
 
@@ -119,9 +122,9 @@ def regime_criteria(
         Every name of ``CRITERIA`` -> ``[*batch]``; NaN where a head has no
         defined N.
     """
-    f = {name: features[name].double() for name in CURVE_FEATURES + SCALAR_FEATURES}
+    f = {name: features[name].double() for name in REGIME_INPUTS}
     c0, cl, cr = f["contribution_sink"], f["contribution_last"], f["contribution_rest"]
-    cos_last, cos_sink, s = f["cos_s_last"], f["cos_s_sink"], f["taxonomy_s_norm"]
+    cos_last, cos_sink, s = f["cos_s_last"], f["cos_s_sink"], f["s_norm"]
     grid = grid.to(cos_last.device).double()
     valid = ~torch.isnan(cos_last)
     n_max = torch.where(valid, grid, torch.zeros((), dtype=grid.dtype)).amax(-1, keepdim=True)
@@ -177,10 +180,12 @@ class HeadTaxonomy:
     Attributes:
         labels: index into ``REGIMES`` per head, ``[layer, head_index]``.
         scores: each regime's score in [0, 1], ``[layer, head_index, 3]``.
-        confidence: fraction of sequences whose own label (from their own
-            features) agrees with ``labels``, ``[layer, head_index]``.
+        confidence: fraction of the document-bootstrap replicates whose label
+            (from their own feature means) agrees with ``labels``,
+            ``[layer, head_index]``; NaN where the result keeps no replicates
+            of the features (run with ``bootstrap_fields`` including
+            ``REGIME_INPUTS``, see `classify_heads`).
         margin: best score minus second best, ``[layer, head_index]``.
-        sequence_labels: the label of each sequence, ``[sequence, layer, head_index]``.
         criteria: the nine sub-scores, name -> ``[layer, head_index]``.
         features: the taxonomy features averaged over sequences, name ->
             ``[layer, head_index, ...]``.
@@ -194,7 +199,6 @@ class HeadTaxonomy:
     scores: Float[Tensor, "layer head_index 3"]
     confidence: Float[Tensor, "layer head_index"]
     margin: Float[Tensor, "layer head_index"]
-    sequence_labels: Int[Tensor, "sequence layer head_index"]
     criteria: Mapping[str, Tensor]
     features: Mapping[str, Tensor]
     precision: Float[Tensor, "layer head_index n"]
@@ -220,7 +224,7 @@ class HeadTaxonomy:
         """
         if name in ("precision", "recall"):
             curve = getattr(self, name)
-        elif name in CURVE_FEATURES:
+        elif name in CURVE_FEATURES or name == "s_norm":
             curve = self.features[name]
         else:
             raise GeometryError(f"name: expected 'precision', 'recall' or one of {CURVE_FEATURES}, got {name!r}")
@@ -253,30 +257,28 @@ class HeadTaxonomy:
 def taxonomy_from_result(result: GeometryResult, config: TaxonomyConfig | None = None) -> HeadTaxonomy:
     """Classify the heads of a result computed with the ``"taxonomy"`` diagnostic."""
     config = config or TaxonomyConfig()
-    missing = [name for name in TAXONOMY_FEATURES if name not in result.per_sequence]
+    missing = [name for name in TAXONOMY_FEATURES if name not in result.fields]
     if missing:
         raise GeometryError(
             f"result_or_model: the GeometryResult lacks the taxonomy features {missing}; run it with "
             "diagnostics=['taxonomy'] (e.g. run_with_geometry_hooks(model, tokens, diagnostics=['taxonomy'])) "
             "or pass the model and tokens to classify_heads"
         )
-    per_sequence = {name: result.per_sequence[name] for name in CURVE_FEATURES + SCALAR_FEATURES}
-    per_head = {name: result.per_head(name) for name in TAXONOMY_FEATURES}
+    per_head = {name: result.per_head(name) for name in (*TAXONOMY_FEATURES, "s_norm")}
     criteria = regime_criteria(per_head, result.n_grid, config)
     scores = regime_scores(criteria, config)
     labels = labels_from_scores(scores)
-    sequence_scores = regime_scores(regime_criteria(per_sequence, result.n_grid, config), config)
-    sequence_labels = labels_from_scores(sequence_scores)
-    defined = ~torch.isnan(sequence_scores).all(-1)
-    agree = ((sequence_labels == labels) & defined).sum(0).double()
-    confidence = agree / defined.sum(0).double()  # NaN where no sequence defines the head
+    confidence = torch.full(labels.shape, math.nan, dtype=torch.float64)
+    if all(result.has_replicates(name) for name in REGIME_INPUTS):
+        replicates = {name: result.replicates(name) for name in REGIME_INPUTS}  # [replicate, layer, head, ...]
+        replicate_labels = labels_from_scores(regime_scores(regime_criteria(replicates, result.n_grid, config), config))
+        confidence = (replicate_labels == labels).double().mean(0)
     top2 = torch.nan_to_num(scores, nan=-1.0).topk(2, dim=-1).values
     return HeadTaxonomy(
         labels=labels,
         scores=scores.float(),
         confidence=confidence.float(),
         margin=(top2[..., 0] - top2[..., 1]).float(),
-        sequence_labels=sequence_labels,
         criteria={name: t.float() for name, t in criteria.items()},
         features=per_head,
         precision=result.per_head("precision"),
@@ -295,7 +297,7 @@ def _with_taxonomy(config: GeometryConfig | None) -> GeometryConfig:
         raise GeometryError(f"config: expected a GeometryConfig or None, got {type(config).__name__}")
     if "taxonomy" in config.diagnostics:
         return config
-    return config.with_overrides(diagnostics=config.diagnostics + ("taxonomy",))
+    return config.with_overrides(diagnostics=(*config.diagnostics, "taxonomy"))
 
 
 def classify_heads(

@@ -8,7 +8,8 @@ from torch import Tensor
 
 from tl_geometry.config import GeometryConfig, make_config
 from tl_geometry.errors import GeometryError
-from tl_geometry.capture.hooks import HookableModel, PreparedTokens, analyse_prepared, prepare_tokens
+from tl_geometry.capture.hooks import analyse_prepared, grid_for, model_name, new_accumulator
+from tl_geometry.capture.tokens import HookableModel, PreparedTokens, prepare_tokens
 from tl_geometry.results.result import GeometryResult
 
 DEFAULT_BATCH_SIZE = 8
@@ -52,8 +53,9 @@ def analyze_corpus(
     """Selection metrics over a corpus, batch after batch, equal to analysing it all at once.
 
     The N grid is fixed once for the whole corpus (from the longest query),
-    so every batch reports the same N; per-sequence values are concatenated,
-    and the per-layer-head values are their nanmeans over all sequences.
+    so every batch reports the same N. Each sequence is one document; the
+    result keeps exact statistics over documents (memory flat in their
+    number), so batching never changes it.
 
     Args:
         model: a TransformerLens model (see `tl_geometry.run_with_geometry_hooks`).
@@ -66,15 +68,13 @@ def analyze_corpus(
         **overrides: config fields to replace.
 
     Returns:
-        GeometryResult over every sequence, in corpus order.
+        GeometryResult over every sequence.
     """
     config = make_config(config, overrides)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise GeometryError(f"batch_size: expected a positive integer, got {batch_size!r}")
     batches = _batches(model, texts_or_token_batches, config, batch_size)
-    grid = config.resolve_n_grid(max(batch.max_visible() for batch in batches))
-    parts = [
-        analyse_prepared(model, batch, config, grid)
-        for batch in tqdm(batches, desc="tl_geometry: analysing", unit="batch", disable=not progress)
-    ]
-    return GeometryResult.concatenate(parts)
+    accumulator = new_accumulator(model, config, grid_for(model, batches, config))
+    for batch in tqdm(batches, desc="tl_geometry: analysing", unit="batch", disable=not progress):
+        analyse_prepared(model, batch, config, accumulator)
+    return GeometryResult.from_accumulator(accumulator, config=config, model_name=model_name(model))

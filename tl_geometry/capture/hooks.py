@@ -1,199 +1,43 @@
-"""Hooks that reduce attention to selection metrics during one forward pass.
+"""Hooks that reduce attention to declared diagnostics during one forward pass.
 
 Per analysed layer two hooks are attached (names from `tl_geometry.capture.hook_names`):
 
 - on ``hook_v`` (fires first): keep the value states of the keys the chosen
   queries can see, for the KV head behind each analysed query head
   (grouped-query attention: query head h reads KV head h // (n_heads / n_kv_heads));
-- on ``hook_pattern``: take the attention rows of the chosen queries, call
-  `tl_geometry.engine.metrics.selection_metrics` once for all heads and
-  queries of the layer, average over queries, and drop both tensors.
+- on ``hook_pattern``: build the layer's selection context (visible keys
+  from causality, padding and the layer's sliding window; the sink; the
+  top-N core, chunk by chunk) and run every active diagnostic on it; each
+  field is reduced per sequence as it is declared, and both tensors are dropped.
 
 So memory is bounded per layer, the full activation cache is never built, and
-the analysis rides on the model's own forward pass (no second pass).
-
-Padding: sequences of different lengths are right-padded and the model gets
-an ``attention_mask``; padded keys are never visible, and each sequence's
-"last" query is its last real token. Token tensors may also be left-padded if
-their ``attention_mask`` is passed. Every kind of TransformerLens model checked
-(HookedTransformer 3.x, TransformerBridge 3.x and 4.x, with or without
-compatibility mode) takes ``attention_mask=`` and derives positions from it.
+the analysis rides on the model's own forward pass (no second pass). Every
+kind of TransformerLens model checked (HookedTransformer 3.x,
+TransformerBridge 3.x and 4.x, with or without compatibility mode) takes
+``attention_mask=`` and derives positions from it.
 """
 
 import inspect
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-import einops
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from tl_geometry.activations import LayerActivations
-from tl_geometry.config import GeometryConfig, make_config
-from tl_geometry.errors import GeometryError
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
-from tl_geometry.engine.metrics import selection_metrics
-from tl_geometry.results.result import GeometryResult, result_from_parts
-
-TokensLike = Tensor | str | Sequence[str]
-
-
-@runtime_checkable
-class HookableModel(Protocol):
-    """What this package needs of a TransformerLens model (structural, so any version works).
-
-    ``HookedTransformer`` (transformer-lens <= 3.x) and ``TransformerBridge``
-    (3.x, 4.x; with or without compatibility mode) match it.
-    """
-
-    @property
-    def cfg(self) -> Any:
-        """The model's config: ``n_layers``, ``n_heads``, ``n_key_value_heads`` (GQA), ``device``."""
-        ...
-
-    @property
-    def hook_dict(self) -> Any:
-        """Hook points by name; ``blocks.{l}.attn.hook_v`` and ``hook_pattern`` must be among them."""
-        ...
-
-    def hooks(self, *args: Any, **kwargs: Any) -> Any:
-        """Context manager that attaches forward hooks and removes them on exit, also after an error."""
-        ...
-
-    def to_tokens(self, *args: Any, **kwargs: Any) -> Any:
-        """Token ids of a text (BOS prepended when asked), ``[batch, pos]``."""
-        ...
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
-
-
-@dataclass(frozen=True)
-class PreparedTokens:
-    """Token ids, which of them are real (not padding), and the queries to analyse."""
-
-    tokens: Int[Tensor, "batch pos"]
-    real: Bool[Tensor, "batch pos"]
-    query_index: Int[Tensor, "batch query"]  # position of each analysed query in the padded row
-    query_valid: Bool[Tensor, "batch query"]  # False where a sequence is too short ("all" queries)
-
-    @property
-    def padded(self) -> bool:
-        return not bool(self.real.all())
-
-    @property
-    def n_keys(self) -> int:
-        """Keys on the key axis: up to the last analysed query."""
-        return int(self.query_index.max()) + 1
-
-    def key_mask(self) -> Bool[Tensor, "batch query key"]:
-        """Keys visible to each query: causal (k <= q) and not padding."""
-        keys = torch.arange(self.n_keys, device=self.real.device)
-        causal = keys <= self.query_index.unsqueeze(-1)
-        return causal & self.real[:, None, : self.n_keys]
-
-    def max_visible(self) -> int:
-        """Most keys any analysed query sees (the default grid's last N)."""
-        return int((self.key_mask() & self.query_valid.unsqueeze(-1)).sum(-1).max())
-
-
-def _tokenize(model: HookableModel, texts: Sequence[str], prepend_bos: bool) -> tuple[Tensor, Tensor]:
-    """Tokenise each text alone and right-pad: ``(tokens, real)``."""
-    tokenizer = getattr(model, "tokenizer", None)
-    if tokenizer is None:
-        raise GeometryError(
-            "tokens: got text but the model has no tokenizer; pass token ids as a [batch, pos] integer "
-            "tensor, or attach a tokenizer to the model"
-        )
-    if len(texts) == 0:
-        raise GeometryError("tokens: got an empty list of texts; pass at least one string")
-    rows = [model.to_tokens(text, prepend_bos=prepend_bos)[0].cpu() for text in texts]
-    if any(len(row) == 0 for row in rows):
-        raise GeometryError("tokens: a text tokenised to no tokens; drop empty strings or use prepend_bos=True")
-    width = max(len(row) for row in rows)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    real = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, row in enumerate(rows):
-        tokens[i, : len(row)] = row
-        real[i, : len(row)] = True
-    return tokens, real
-
-
-def _check_token_tensor(tokens: Tensor, attention_mask: Tensor | None) -> Tensor:
-    """Validate a token tensor and return its ``real`` mask."""
-    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-        raise GeometryError(
-            f"tokens: expected integer token ids, got dtype {tokens.dtype}; "
-            "pass model.to_tokens(text) or a LongTensor (embeddings are not supported)"
-        )
-    if tokens.ndim != 2 or tokens.shape[1] == 0 or tokens.shape[0] == 0:
-        raise GeometryError(
-            f"tokens: expected shape [batch, pos] with batch, pos >= 1, got {list(tokens.shape)}; "
-            "for one sequence use tokens.unsqueeze(0)"
-        )
-    if attention_mask is None:
-        return torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device)
-    if attention_mask.shape != tokens.shape:
-        raise GeometryError(
-            f"attention_mask: expected the shape of tokens {list(tokens.shape)}, got {list(attention_mask.shape)}"
-        )
-    real = attention_mask.bool()
-    counts = real.sum(-1)
-    if (counts == 0).any():
-        raise GeometryError("attention_mask: a row has no real token; drop empty sequences")
-    first = real.int().argmax(-1)
-    span = torch.arange(tokens.shape[1], device=real.device)
-    contiguous = (span >= first[:, None]) & (span < (first + counts)[:, None])
-    if not torch.equal(contiguous, real):
-        raise GeometryError(
-            "attention_mask: the real tokens of a row must be one contiguous run (left or right padding), "
-            "found gaps"
-        )
-    return real
-
-
-def prepare_tokens(
-    model: HookableModel, tokens: TokensLike, config: GeometryConfig, attention_mask: Tensor | None = None
-) -> PreparedTokens:
-    """Tokenise if needed, find the real tokens and the query positions of every sequence."""
-    if isinstance(tokens, str):
-        tokens = [tokens]
-    if isinstance(tokens, Tensor):
-        real = _check_token_tensor(tokens, attention_mask)
-    elif isinstance(tokens, Sequence) and all(isinstance(t, str) for t in tokens):
-        if attention_mask is not None:
-            raise GeometryError("attention_mask: only for token tensors; text is padded here")
-        tokens, real = _tokenize(model, tokens, config.prepend_bos)
-    else:
-        raise GeometryError(
-            f"tokens: expected a [batch, pos] integer tensor, a string or a list of strings, "
-            f"got {type(tokens).__name__}"
-        )
-    device = real.device
-    lengths = real.sum(-1)
-    first = real.int().argmax(-1)
-    if config.query_positions == "last":
-        offsets = torch.zeros((len(lengths), 1), dtype=torch.long, device=device)
-        offsets += (lengths - 1).unsqueeze(-1)
-    elif config.query_positions == "all":
-        offsets = torch.arange(int(lengths.max()), device=device).expand(len(lengths), -1)
-    else:
-        positions = torch.tensor(config.query_positions, dtype=torch.long, device=device)
-        shortest = int(lengths.min())
-        if int(positions.max()) >= shortest:
-            raise GeometryError(
-                f"query_positions: position {int(positions.max())} is beyond the shortest sequence "
-                f"({shortest} tokens); use positions < {shortest} or query_positions='last'"
-            )
-        offsets = positions.expand(len(lengths), -1)
-    valid = offsets < lengths.unsqueeze(-1)
-    # Rows too short for a query point it at their last real token; they are masked out later.
-    offsets = torch.minimum(offsets, (lengths - 1).unsqueeze(-1))
-    return PreparedTokens(tokens=tokens, real=real, query_index=first.unsqueeze(-1) + offsets, query_valid=valid)
+from tl_geometry.capture.tokens import HookableModel, PreparedTokens, TokensLike, prepare_tokens
+from tl_geometry.capture.windows import attention_windows
+from tl_geometry.config import GeometryConfig, make_config
+from tl_geometry.diagnostics.registry import REGISTRY, Diagnostic
+from tl_geometry.engine.context import SelectionContext
+from tl_geometry.errors import GeometryError
+from tl_geometry.results.accumulators import Accumulator
+from tl_geometry.results.bootstrap import document_weights
+from tl_geometry.results.result import GeometryResult
 
 
 def kv_head_of(heads: Int[Tensor, " head_index"], n_heads: int, n_kv_heads: int) -> Int[Tensor, " head_index"]:
@@ -244,8 +88,47 @@ def _accepts_attention_mask(model: HookableModel) -> bool:
 
 
 @dataclass
+class _Reduction:
+    """Per-sequence sums and counts of the ``"mean"`` fields of one layer, filled chunk by chunk."""
+
+    n_batch: int
+    n_heads: int
+    n_queries: int
+    keep_queries: bool
+    sums: dict[str, Tensor] = field(default_factory=dict)
+    counts: dict[str, Tensor] = field(default_factory=dict)
+    rows: dict[str, Tensor] = field(default_factory=dict)
+
+    def add(self, name: str, values: Tensor, batch: Tensor, head: Tensor, query: Tensor) -> None:
+        """Add per-row values ``[row, *trailing]`` of rows (batch, head, query)."""
+        slot = batch * self.n_heads + head
+        if name not in self.sums:
+            shape = (self.n_batch * self.n_heads, *values.shape[1:])
+            self.sums[name] = values.new_zeros(shape)
+            self.counts[name] = values.new_zeros(shape)
+            if self.keep_queries:
+                shape = (self.n_batch, self.n_heads, self.n_queries, *values.shape[1:])
+                self.rows[name] = values.new_full(shape, math.nan)
+        defined = ~values.isnan()
+        # NaN is "undefined here" and not counted; +inf (r_min with every key selected) is a value.
+        self.sums[name].index_add_(0, slot, values.nan_to_num(nan=0.0, posinf=math.inf, neginf=-math.inf))
+        self.counts[name].index_add_(0, slot, defined.to(values.dtype))
+        if self.keep_queries:
+            self.rows[name][batch, head, query] = values
+
+    def means(self) -> dict[str, Tensor]:
+        """Each field's nanmean over the analysed queries of each sequence, ``[batch, head_index, *trailing]``."""
+        return {
+            name: (total / self.counts[name]).masked_fill(self.counts[name] == 0, math.nan).reshape(
+                self.n_batch, self.n_heads, *total.shape[1:]
+            )
+            for name, total in self.sums.items()
+        }
+
+
+@dataclass
 class _LayerAnalysis:
-    """State shared by the two hooks of one run; the layer is bound per hook with functools.partial."""
+    """State shared by the hooks of one pass; the layer is bound per hook with functools.partial."""
 
     prepared: PreparedTokens
     config: GeometryConfig
@@ -254,9 +137,11 @@ class _LayerAnalysis:
     kv_heads: Int[Tensor, " head_index"]  # KV head read by each analysed query head
     n_heads: int
     n_kv: int
-    values: dict[int, Tensor]
-    out: dict[int, dict[str, Tensor]]
-    diagnostics: tuple[Callable[[LayerActivations], dict[str, Tensor]], ...] = ()
+    windows: Sequence[int | None]  # sliding window of every layer of the model (None: global)
+    diagnostics: tuple[Diagnostic, ...]
+    values: dict[int, Tensor] = field(default_factory=dict)
+    out: dict[int, dict[str, Tensor]] = field(default_factory=dict)
+    queries: dict[int, dict[str, Tensor]] = field(default_factory=dict)
 
     def value_hook(self, v: Float[Tensor, "batch pos kv_head d_head"], *, hook: Any, layer: int) -> None:
         """Keep the analysed heads' value states (GQA-aligned) of the keys the queries can see."""
@@ -268,138 +153,108 @@ class _LayerAnalysis:
         self.values[layer] = v[:, : self.prepared.n_keys, self.kv_heads.to(v.device)]
 
     def pattern_hook(self, pattern: Float[Tensor, "batch head_index query_pos key_pos"], *, hook: Any, layer: int) -> None:
-        """Selection metrics of the chosen query rows, averaged over queries, for all heads at once."""
+        """Build the layer's selection context and run every active diagnostic on it."""
         if layer not in self.values:
             raise GeometryError(
                 f"{pattern_hook(layer)} fired before {value_hook(layer)}; this model computes attention in an "
                 "order tl_geometry does not support"
             )
         p = self.prepared
-        real_keys = p.real[:, : p.n_keys, None, None].to(self.values[layer].device)
-        values = self.values.pop(layer).masked_fill(~real_keys, 0.0)
         if pattern.ndim != 4 or pattern.shape[1] != self.n_heads or pattern.shape[2] < p.n_keys:
             raise GeometryError(
                 f"{pattern_hook(layer)}: expected [batch, n_heads={self.n_heads}, query_pos, key_pos] with "
                 f"pos >= {p.n_keys}, got {list(pattern.shape)}"
             )
         device = pattern.device
-        batch = torch.arange(pattern.shape[0], device=device)[:, None, None]
-        query_index = p.query_index.to(device)
-        key_mask = p.key_mask().to(device)
-        per_query: dict[str, list[Tensor]] = {}
-        for queries in _query_chunks(values, query_index.shape[1], self.config.memory_budget_mib):
-            q = query_index[:, queries]
-            alpha = pattern[batch, self.heads.to(device)[None, :, None], q[:, None, :], : p.n_keys]
-            mask = einops.repeat(key_mask[:, queries], "batch query key -> batch head query key", head=len(self.heads))
-            if not torch.isfinite(alpha[mask]).all():
-                raise GeometryError(
-                    f"{pattern_hook(layer)}: the model returned NaN or Inf attention weights on real query rows "
-                    "over visible keys. A raw TransformerBridge over Llama in float64 does this with left "
-                    "padding (fully masked pad rows turn NaN and spread); pass text or right-padded tokens, "
-                    "run in float32, or call model.enable_compatibility_mode()"
-                )
-            # Hidden keys are ignored by the engine; zero them so that whatever the model left at
-            # padded positions (possibly NaN) cannot reach its input checks.
-            alpha = alpha.masked_fill(~mask, 0.0)
-            v = einops.repeat(values, "batch key head d_head -> batch head query key d_head", query=q.shape[1])
-            metrics = selection_metrics(
-                alpha,
-                v,
-                self.grid,
-                key_mask=mask,
-                ranking=self.config.ranking,
-                distance=self.config.distance,
-                memory_budget_mib=self.config.memory_budget_mib,
-            )
-            for name, t in metrics.per_row_fields().items():
-                per_query.setdefault(name, []).append(t)
-        invalid = ~p.query_valid.to(device)[:, None, :, None]  # [batch, 1, query, 1]
-        self.out[layer] = {
-            name: torch.nanmean(torch.cat(chunks, dim=2).masked_fill(invalid, math.nan), dim=2).cpu()
-            for name, chunks in per_query.items()
-        }
-        if self.diagnostics:
-            heads = self.heads.to(device)[None, :, None]
-            mask = einops.repeat(key_mask, "batch query key -> batch head query key", head=len(self.heads))
-            seen = LayerActivations(
-                layer=layer,
-                values=values,
-                alpha=pattern[batch, heads, query_index[:, None, :], : p.n_keys].masked_fill(~mask, 0.0),
-                key_mask=mask,
-                query_index=query_index,
-                query_valid=p.query_valid.to(device),
-                real=p.real[:, : p.n_keys].to(device),
-                grid=self.grid,
-                kv_heads=self.kv_heads.to(device),
-            )
+        real_keys = p.real[:, : p.n_keys, None, None].to(device)
+        values = self.values.pop(layer).masked_fill(~real_keys, 0.0)
+        visible = p.visible(self.windows[layer]).to(device)
+        context = SelectionContext(
+            pattern,
+            values,
+            visible,
+            p.sink(visible).to(device),
+            p.query_valid.to(device),
+            self.grid,
+            ranking=self.config.ranking,  # type: ignore[arg-type]
+            distance=self.config.distance,  # type: ignore[arg-type]
+            memory_budget_mib=self.config.memory_budget_mib,
+            costs=[d.cost for d in self.diagnostics],
+            query_index=p.query_index.to(device),
+            real=p.real[:, : p.n_keys].to(device),
+            kv_heads=self.kv_heads.to(device),
+            heads=self.heads.to(device),
+            label=pattern_hook(layer),
+        )
+        n_batch, n_heads, n_queries, _ = context.shape
+        reduction = _Reduction(n_batch, n_heads, n_queries, self.config.keep_queries)
+        settings = {d.name: self.config.settings_for(d.name) for d in self.diagnostics}
+        for chunk in context.chunks():
             for diagnostic in self.diagnostics:
-                self.out[layer].update({name: t.cpu() for name, t in diagnostic(seen).items()})
+                for name, t in diagnostic.rows(chunk, settings[diagnostic.name]).items():
+                    reduction.add(name, t, chunk.batch, chunk.head, chunk.query)
+        out = reduction.means()
+        for diagnostic in self.diagnostics:
+            out.update(diagnostic.sequences(context, settings[diagnostic.name]))
+        self.out[layer] = out
+        if self.config.keep_queries:
+            self.queries[layer] = reduction.rows
 
 
-def diagnostic_functions(names: Sequence[str]) -> tuple[Callable[[LayerActivations], dict[str, Tensor]], ...]:
-    """The per-layer functions behind the config's diagnostics (imported only when asked for)."""
-    functions = []
-    for name in names:
-        if name == "assumptions":
-            from tl_geometry.diagnostics.assumptions import assumption_diagnostics
-
-            functions.append(assumption_diagnostics)
-        elif name == "bounds":
-            from tl_geometry.theory.bounds import bound_diagnostics
-
-            functions.append(bound_diagnostics)
-        elif name == "taxonomy":
-            from tl_geometry.diagnostics.taxonomy import taxonomy_features
-
-            functions.append(taxonomy_features)
-    return tuple(functions)
+def active_diagnostics(config: GeometryConfig) -> tuple[Diagnostic, ...]:
+    """The always-on diagnostics and those the config asks for, each checked against the config."""
+    diagnostics = REGISTRY.active(config.diagnostics)
+    for diagnostic in diagnostics:
+        diagnostic.check(config)
+    return diagnostics
 
 
-def _query_chunks(values: Tensor, n_queries: int, budget_mib: float) -> list[slice]:
-    """Query slices whose values, copied once per query by the engine, fit in the memory budget.
-
-    ``values`` is ``[batch, key, head_index, d_head]``; per query the engine
-    holds about three float32-or-wider copies of it (input rows, sorted
-    contributions, prefix sums). For ``query_positions="last"`` this is one slice.
-    """
-    per_query = 3 * values.numel() * max(4, values.element_size())
-    size = max(1, int(budget_mib * 2**20 // per_query))
-    return [slice(start, start + size) for start in range(0, n_queries, size)]
+def new_accumulator(model: HookableModel, config: GeometryConfig, grid: Int[Tensor, " n"]) -> Accumulator:
+    """An empty accumulator for the fields of the config's diagnostics on this model."""
+    layers, heads, _, _ = _model_shape(model, config)
+    specs = REGISTRY.fields_of(active_diagnostics(config))
+    return Accumulator(
+        list(specs.values()),
+        layers=layers,
+        heads=heads,
+        n_grid=grid,
+        n_bootstrap=config.n_bootstrap,
+        replicate_fields=config.resolve_bootstrap_fields(specs),
+        keep_queries=config.keep_queries,
+    )
 
 
 def analyse_prepared(
-    model: HookableModel, prepared: PreparedTokens, config: GeometryConfig, grid: Int[Tensor, " n"]
-) -> GeometryResult:
-    """One forward pass with the geometry hooks on prepared tokens and a fixed grid."""
+    model: HookableModel, prepared: PreparedTokens, config: GeometryConfig, accumulator: Accumulator
+) -> None:
+    """One forward pass with the geometry hooks on prepared tokens; its documents are added to ``accumulator``."""
     layers, heads, n_heads, n_kv = _model_shape(model, config)
+    heads_t = torch.tensor(heads, dtype=torch.long)
     state = _LayerAnalysis(
         prepared=prepared,
         config=config,
-        grid=grid,
-        heads=torch.tensor(heads, dtype=torch.long),
-        kv_heads=kv_head_of(torch.tensor(heads, dtype=torch.long), n_heads, n_kv),
+        grid=accumulator.n_grid,
+        heads=heads_t,
+        kv_heads=kv_head_of(heads_t, n_heads, n_kv),
         n_heads=n_heads,
         n_kv=n_kv,
-        values={},
-        out={},
-        diagnostics=diagnostic_functions(config.diagnostics),
+        windows=attention_windows(model),
+        diagnostics=active_diagnostics(config),
     )
     fwd_hooks: list[tuple[str, Callable[..., None]]] = []
     for layer in layers:
         fwd_hooks.append((value_hook(layer), partial(state.value_hook, layer=layer)))
         fwd_hooks.append((pattern_hook(layer), partial(state.pattern_hook, layer=layer)))
     kwargs: dict[str, Any] = {"return_type": None}
+    device = getattr(model.cfg, "device", None)
     if prepared.padded:
         if not _accepts_attention_mask(model):
             raise GeometryError(
                 "tokens: the sequences are padded but this model's forward takes no attention_mask; "
                 "run the sequences one at a time (batch of 1) or with equal lengths"
             )
-        kwargs["attention_mask"] = prepared.real.long()
-    device = getattr(model.cfg, "device", None)
+        kwargs["attention_mask"] = prepared.real.long() if device is None else prepared.real.long().to(device)
     tokens = prepared.tokens if device is None else prepared.tokens.to(device)
-    if "attention_mask" in kwargs and device is not None:
-        kwargs["attention_mask"] = kwargs["attention_mask"].to(device)
     with torch.inference_mode(), model.hooks(fwd_hooks=fwd_hooks):
         model(tokens, **kwargs)
     silent = [layer for layer in layers if layer not in state.out]
@@ -408,18 +263,37 @@ def analyse_prepared(
             f"hooks {[pattern_hook(layer) for layer in silent]} never fired; the model's forward pass skipped "
             "these layers' attention (check stop_at_layer or the model's attention implementation)"
         )
-    per_sequence = {
-        name: torch.stack([state.out[layer][name] for layer in layers], dim=1) for name in state.out[layers[0]]
-    }
-    return result_from_parts(
-        per_sequence,
-        n_grid=grid,
-        layers=layers,
-        heads=heads,
-        sequence_lengths=prepared.real.sum(-1).cpu(),
-        config=config,
-        model_name=str(getattr(model.cfg, "model_name", type(model).__name__)),
+    # Results live on the CPU: one transfer of the reduced fields per batch.
+    values = {name: torch.stack([state.out[layer][name] for layer in layers], dim=1).cpu() for name in state.out[layers[0]]}
+    queries = None
+    if config.keep_queries:
+        queries = {
+            name: torch.stack([state.queries[layer][name] for layer in layers], dim=1).cpu()
+            for name in state.queries[layers[0]]
+        }
+    documents = prepared.documents()
+    weights = document_weights([d.cpu() for d in documents], config.n_bootstrap, config.seed)
+    accumulator.add(
+        values,
+        weights,
+        n_tokens=sum(len(d) for d in documents),
+        queries=queries,
+        query_positions=_query_positions(prepared) if queries is not None else None,
     )
+
+
+def _query_positions(prepared: PreparedTokens) -> Int[Tensor, "batch query"]:
+    """Each analysed query's position counted from its sequence's first real token; -1 where there is none."""
+    first = prepared.real.int().argmax(-1, keepdim=True)
+    return (prepared.query_index - first).masked_fill(~prepared.query_valid, -1).cpu()
+
+
+def grid_for(model: HookableModel, prepared: Sequence[PreparedTokens], config: GeometryConfig) -> Int[Tensor, " n"]:
+    """The N grid of a run: the config's, with the default's last N the most keys any analysed query sees."""
+    windows = attention_windows(model)
+    layers, _, _, _ = _model_shape(model, config)
+    used = [windows[layer] for layer in layers]
+    return config.resolve_n_grid(max(batch.max_visible(used) for batch in prepared))
 
 
 def run_with_geometry_hooks(
@@ -430,22 +304,22 @@ def run_with_geometry_hooks(
     attention_mask: Int[Tensor, "batch pos"] | Bool[Tensor, "batch pos"] | None = None,
     **overrides: Any,
 ) -> GeometryResult:
-    """Selection metrics of every analysed layer and head, from one forward pass with hooks.
+    """Selection metrics (and the config's diagnostics) of every analysed layer and head, from one forward pass.
 
     Args:
         model: a TransformerLens model (HookedTransformer, TransformerBridge
             with or without compatibility mode); left exactly as it was.
         tokens: token ids ``[batch, pos]`` (used as given), a string, or a
             list of strings (tokenised one by one with BOS prepended unless
-            ``prepend_bos=False``, then right-padded).
+            ``prepend_bos=False``, then right-padded). Each sequence is one document.
         config: the GeometryConfig (default ``GeometryConfig()``).
         attention_mask: for padded token tensors, 1 for real tokens (left or
             right padding); without it every token counts as real.
         **overrides: config fields to replace, e.g. ``layers=[0]``.
 
     Returns:
-        GeometryResult: per-sequence metrics ``[sequence, layer, head_index, n]``
-        (nanmean over each sequence's queries) and their nanmeans over sequences.
+        GeometryResult: every field's statistics over the sequences
+        (``result.precision`` is the ``[layer, head_index, n]`` mean).
 
     Raises:
         GeometryError: bad tokens, config or layer/head indices, missing hooks.
@@ -456,5 +330,11 @@ def run_with_geometry_hooks(
     """
     config = make_config(config, overrides)
     prepared = prepare_tokens(model, tokens, config, attention_mask)
-    grid = config.resolve_n_grid(prepared.max_visible())
-    return analyse_prepared(model, prepared, config, grid)
+    accumulator = new_accumulator(model, config, grid_for(model, [prepared], config))
+    analyse_prepared(model, prepared, config, accumulator)
+    return GeometryResult.from_accumulator(accumulator, config=config, model_name=model_name(model))
+
+
+def model_name(model: HookableModel) -> str:
+    """``model.cfg.model_name``, or the class name."""
+    return str(getattr(model.cfg, "model_name", type(model).__name__))

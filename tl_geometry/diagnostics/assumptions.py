@@ -1,5 +1,8 @@
 """Assumption diagnostics of the paper (sections 3.1-3.3), computed inside the hooked pass.
 
+The value statistics depend on the value states alone (not on a query): they
+are computed once per sequence and KV head and copied to the heads of its group.
+
 Definitions (position 0 is the sink; "non-sink" means the real positions i > 0):
 
 - value norms (Assumption 1, Figure 2): ``||v_i||_2`` per position;
@@ -28,16 +31,20 @@ are shifted left before any statistic; per-position and per-lag outputs are
 padded with NaN to ``n_keys``.
 """
 
+import dataclasses
 import math
+from dataclasses import dataclass
 
 import einops
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from tl_geometry.activations import LayerActivations
+from tl_geometry.diagnostics.fields import FieldSpec
+from tl_geometry.diagnostics.profile_fit import ProfileFit, fit_attention_profile
+from tl_geometry.diagnostics.registry import Diagnostic
+from tl_geometry.engine.context import SelectionContext
 from tl_geometry.errors import GeometryError
-from tl_geometry.diagnostics.profile_fit import fit_attention_profile
 
 MAX_LAG_FIT = 64  # lags 1..MAX_LAG_FIT enter the decay fit (the paper does not say)
 BETA_MIN, BETA_MAX = 1e-4, 10.0  # search range of the decay rate (beta > 0 in Assumption 2)
@@ -206,61 +213,91 @@ def fit_exponential_decay(
     return beta.squeeze(-1).masked_fill(~defined, math.nan).float(), mae.masked_fill(~defined, math.nan).float()
 
 
-def _from_first_real(x: Float[Tensor, "batch head_index key *rest"], real: Bool[Tensor, "batch key"]) -> tuple[
-    Float[Tensor, "batch head_index key *rest"], Bool[Tensor, "batch key"]
-]:
-    """Shift each row so that its first real token (the sink) sits at position 0."""
-    first = real.int().argmax(-1)  # [batch]
-    if not bool(first.any()):
-        return x, real
-    n_keys = real.shape[1]
-    index = torch.arange(n_keys, device=real.device) + first[:, None]  # [batch, key]
-    inside = index < n_keys
-    index = index.clamp(max=n_keys - 1)
-    shifted_real = real.gather(1, index) & inside
-    gather_index = index[:, None, :].expand(x.shape[0], x.shape[1], n_keys)
-    gather_index = gather_index.reshape(*gather_index.shape, *([1] * (x.ndim - 3))).expand_as(x)
-    return x.gather(2, gather_index), shifted_real
+@dataclass(frozen=True)
+class AssumptionSettings:
+    """Settings of the assumptions diagnostic.
 
-
-def assumption_diagnostics(seen: LayerActivations) -> dict[str, Tensor]:
-    """Assumptions 1-3 of the paper for one layer, every head and sequence at once (the "assumptions" diagnostic).
-
-    Args:
-        seen: the layer's value states and attention rows (see `LayerActivations`).
-
-    Returns:
-        ``[batch, head_index, ...]`` tensors by name: ``value_norm_by_position``
-        ``[.., pos]``, ``value_norm_cv``, ``sink_norm_ratio``, ``rho0``,
-        ``decay_beta``, ``decay_mae``, ``cosine_by_lag`` ``[.., lag]``,
-        ``attention_profile`` ``[.., pos]`` (the last analysed query's row) and
-        ``profile_<parameter>`` for each field of
-        `tl_geometry.diagnostics.profile_fit.ProfileFit`. Per-position and per-lag
-        axes have ``n_keys`` entries, NaN where undefined.
-
-    The value statistics use the real keys up to the last analysed query
-    (every real token with the default ``query_positions="last"``).
+    Attributes:
+        max_lag_fit: lags 1..max_lag_fit enter the exponential decay fit (the paper does not say which).
     """
-    # Statistics of the values alone: once per KV head, then copied to the heads that read it.
-    first, inverse = seen.value_heads()
-    values = einops.rearrange(seen.values[:, :, first], "batch key head d_head -> batch head key d_head")
-    values, real = _from_first_real(values, seen.real)
-    real_rows = einops.repeat(real, "batch key -> batch head key", head=values.shape[1])
-    norms, cv, ratio = value_norm_statistics(values, real_rows)
-    lag_profile = cosine_by_lag(values, real_rows)
-    beta, mae = fit_exponential_decay(lag_profile)
-    by_value_head = {
-        "value_norm_by_position": norms.float(),
-        "value_norm_cv": cv.float(),
-        "sink_norm_ratio": ratio.float(),
-        "rho0": sink_similarity(values, real_rows).float(),
-        "decay_beta": beta,
-        "decay_mae": mae,
-        "cosine_by_lag": lag_profile,
-    }
-    out = {name: t[:, inverse] for name, t in by_value_head.items()}
-    alpha, visible = seen.last_query()
-    alpha, shifted_real = _from_first_real(alpha.masked_fill(~visible, math.nan), seen.real)
-    out["attention_profile"] = alpha = alpha.float().masked_fill(~shifted_real[:, None, :], math.nan)
-    out.update(fit_attention_profile(alpha).as_fields("profile_"))
-    return out
+
+    max_lag_fit: int = MAX_LAG_FIT
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_lag_fit, bool) or not isinstance(self.max_lag_fit, int) or self.max_lag_fit < 1:
+            raise GeometryError(f"settings['assumptions'].max_lag_fit: expected an integer >= 1, got {self.max_lag_fit!r}")
+
+
+def _kv_groups(context: SelectionContext) -> tuple[Tensor, Tensor]:
+    """One analysed head per distinct KV head, and for each analysed head the index of its one.
+
+    Under grouped-query attention the heads of a group read the same value
+    states, so statistics of the values alone are computed once per group:
+    ``stats(values[:, :, first])[:, inverse]``.
+    """
+    n_heads = context.values.shape[2]
+    device = context.values.device
+    if context.kv_heads is None:
+        every = torch.arange(n_heads, device=device)
+        return every, every
+    groups, inverse = torch.unique(context.kv_heads.to(device), return_inverse=True)
+    first = torch.full((len(groups),), n_heads, dtype=torch.long, device=device)
+    first.scatter_reduce_(0, inverse, torch.arange(n_heads, device=device), reduce="amin")
+    return first, inverse
+
+
+class AssumptionDiagnostic(Diagnostic):
+    name = "assumptions"
+    Settings = AssumptionSettings
+    fields = (
+        FieldSpec("value_norm_by_position", "||v_i|| by position counted from the sink (Figure 2)", ("position",), queries="sequence", documents="mean"),
+        FieldSpec("value_norm_cv", "CV (population std / mean) of the non-sink value norms (Assumption 1)", queries="sequence"),
+        FieldSpec("sink_norm_ratio", "lambda = ||v_0|| / median of the non-sink norms", queries="sequence"),
+        FieldSpec("rho0", "rho_0: mean cos(v_0, v_j) over the non-sink positions (Figure 6)", queries="sequence", bootstrap=True),
+        FieldSpec("decay_beta", "beta of the fit exp(-beta lag) to the mean cosine by lag (Assumption 2)", queries="sequence"),
+        FieldSpec("decay_mae", "mean absolute error of that fit", queries="sequence"),
+        FieldSpec("cosine_by_lag", "mean cos(v_i, v_j) over non-sink pairs |i - j| = lag (Figure 3)", ("lag",), queries="sequence", documents="mean"),
+        FieldSpec("attention_profile", "attention row of the last analysed query by position from the sink (Figure 4)", ("position",), queries="last", documents="mean"),
+        *(
+            FieldSpec(f"profile_{f.name}", f"four-phase profile fit (Assumption 3): {f.name}", queries="last")
+            for f in dataclasses.fields(ProfileFit)
+        ),
+    )  # fmt: skip
+
+    def sequences(self, context: SelectionContext, settings: AssumptionSettings) -> dict[str, Tensor]:
+        """Assumptions 1-3 of one layer, every head and sequence at once.
+
+        The value statistics use the real keys up to the last analysed query
+        (every real token with the default ``query_positions="last"``),
+        positions counted from the sequence's first real token.
+        """
+        first, inverse = _kv_groups(context)
+        values = einops.rearrange(context.values[:, :, first], "batch key head d_head -> batch head key d_head")
+        n_keys = values.shape[2]
+        real = context.from_first_real(context.real[:, None, :].float()).nan_to_num(0.0).bool()[:, 0]
+        values = context.from_first_real(values).nan_to_num(0.0)
+        real_rows = einops.repeat(real, "batch key -> batch head key", head=values.shape[1])
+        norms, cv, ratio = value_norm_statistics(values, real_rows)
+        lag_profile = cosine_by_lag(values, real_rows)
+        beta, mae = fit_exponential_decay(lag_profile, settings.max_lag_fit)
+        by_value_head = {
+            "value_norm_by_position": norms.float(),
+            "value_norm_cv": cv.float(),
+            "sink_norm_ratio": ratio.float(),
+            "rho0": sink_similarity(values, real_rows).float(),
+            "decay_beta": beta,
+            "decay_mae": mae,
+            "cosine_by_lag": lag_profile,
+        }
+        out = {name: t[:, inverse] for name, t in by_value_head.items()}
+        alpha, visible, sink, _ = context.last_query()
+        profile = context.from_first_real(alpha.float().masked_fill(~visible[:, None, :], math.nan))
+        out["attention_profile"] = profile[..., :n_keys]
+        fits = fit_attention_profile(profile).as_fields("profile_")
+        # The profile's position 0 is the sink: where the last query cannot see it, there is nothing to fit.
+        no_sink = (sink < 0)[:, None]
+        out.update({name: t.masked_fill(no_sink, math.nan) for name, t in fits.items()})
+        return out
+
+
+DIAGNOSTIC = AssumptionDiagnostic()

@@ -1,37 +1,36 @@
 """The features behind the Retriever / Mixer / Reset taxonomy (paper section 4.2, Figures 7 and 10).
 
-For one query row with visible keys 0..L (L = the query's own position, the
-last visible key; the sink is the first visible key, position 0 / BOS when
-the sequence is not left-padded), y_i = alpha_i v_i and
-s(N) = sum of y_i over the top-N keys by attention weight (ties by increasing
-key index, as `tl_geometry.engine.selection.selection_order`). Per row:
+For one query row, L is the query's own position (the last visible key) and
+the sink is the sequence's first real token where the query can see it;
+y_i = alpha_i v_i and s(N) is the selection context's s(N) (the config's
+ranking, ties by increasing key index). Per row:
 
-- contributions ||y_0|| (sink), ||y_L|| (last) and ||sum of the other y_i|| (rest);
-- curves over N: ||s(N)||, ||s(N) without the sink|| (s(N) - y_0 if the sink
-  is in the top-N set, else s(N)), ||s(N) without the last token||,
-  cos(s(N), v_0) and cos(s(N), v_L); NaN where N exceeds the visible keys;
-- for Figure 10, ||y_i|| and cos(v_i, v_L) by key position for the last
-  analysed query of each sequence, NaN at keys it does not see.
+- contributions ||y_sink|| (sink), ||y_L|| (last) and ||sum of the other visible y_i|| (rest);
+- curves over N: ||s(N) without the sink|| (s(N) - y_sink if the sink is in
+  the top-N set, else s(N)), ||s(N) without the last token||,
+  cos(s(N), v_sink) and cos(s(N), v_L); NaN where N exceeds the visible
+  keys. ||s(N)|| itself is the selection metric ``s_norm``;
+- for Figure 10, ||y_i|| and cos(v_i, v_L) by key position (counted from the
+  sink) for the last analysed query of each sequence, NaN at keys it does not see.
 
 Rows that see a single key (sink and last token coincide) carry no
-information about the regime and are left out (NaN). Per sequence, the
-features are the nanmean over its valid analysed queries.
+information about the regime and are NaN. Where a query cannot see the sink
+(a sliding window that has moved past it), every sink quantity is NaN.
 """
 
 import math
+from typing import Any
 
 import einops
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from tl_geometry.activations import LayerActivations
-from tl_geometry.engine.selection import COSINE_EPS, selection_order, working_dtype
+from tl_geometry.diagnostics.fields import FieldSpec
+from tl_geometry.diagnostics.registry import Diagnostic
+from tl_geometry.engine.context import COSINE_EPS, SelectionChunk, SelectionContext, rows_context
 
-# Working memory of one chunk of queries (the rows hold per-query copies of the values).
-FEATURE_BUDGET_MIB = 64
-
-CURVE_FEATURES = ("taxonomy_s_norm", "s_norm_without_sink", "s_norm_without_last", "cos_s_sink", "cos_s_last")
+CURVE_FEATURES = ("s_norm_without_sink", "s_norm_without_last", "cos_s_sink", "cos_s_last")
 SCALAR_FEATURES = (
     "contribution_sink",
     "contribution_last",
@@ -40,7 +39,7 @@ SCALAR_FEATURES = (
     "taxonomy_attention_last",
 )
 POSITION_FEATURES = ("contribution_by_position", "cos_last_by_position")
-# Every name taxonomy_features returns; classify_heads checks a result for these.
+# Every name the taxonomy diagnostic declares; classify_heads checks a result for these.
 TAXONOMY_FEATURES = CURVE_FEATURES + SCALAR_FEATURES + POSITION_FEATURES
 
 
@@ -50,80 +49,42 @@ def _cosine(a: Float[Tensor, "*#batch d"], b: Float[Tensor, "*#batch d"]) -> Flo
     return (a * b).sum(-1) / (norms + COSINE_EPS)
 
 
-def sink_and_last(key_mask: Bool[Tensor, "*batch key"]) -> tuple[Int[Tensor, "*batch"], Int[Tensor, "*batch"]]:
-    """Index of the first (sink) and last (current token) visible key of each row.
+def chunk_features(chunk: SelectionChunk) -> dict[str, Tensor]:
+    """The curve and scalar features of every row of a chunk, for every N at once.
 
-    >>> sink_and_last(torch.tensor([[False, True, True, False]]))
-    (tensor([1]), tensor([2]))
+    The leave-one-out curves subtract y_sink (y_L) where the sink (last key)
+    has rank < N; the rest is the sum of every visible y_i (the last prefix
+    sum) minus the sink's and the last token's.
     """
-    positions = torch.arange(key_mask.shape[-1], device=key_mask.device)
-    sink = key_mask.int().argmax(-1)
-    last = (key_mask.long() * (positions + 1)).argmax(-1)
-    return sink, last
-
-
-def row_features(
-    alpha: Float[Tensor, "row key"],
-    values: Float[Tensor, "row key d_head"],
-    key_mask: Bool[Tensor, "row key"],
-    grid: Int[Tensor, " n"],
-) -> dict[str, Tensor]:
-    """The taxonomy features of each query row, for every N of the grid at once.
-
-    s(N) for all N comes from the prefix sums of the contributions sorted by
-    attention; the leave-one-out variants subtract y_0 (y_L) where the sink
-    (last key) has rank < N.
-
-    Args:
-        alpha: attention weights, hidden keys ignored.
-        values: value vectors of the keys.
-        key_mask: visible keys; the sink is the first, the last token the last.
-        grid: selection sizes N.
-
-    Returns:
-        ``CURVE_FEATURES`` as ``[row, n]`` (NaN where N exceeds the visible
-        keys) and ``SCALAR_FEATURES`` as ``[row]``; rows with fewer than two
-        visible keys are NaN throughout.
-    """
-    dtype = working_dtype(alpha, values)
-    alpha, values = alpha.to(dtype), values.to(dtype)
-    n_keys = alpha.shape[-1]
-    rows = torch.arange(alpha.shape[0], device=alpha.device)
-    sink, last = sink_and_last(key_mask)
-    alpha = alpha.masked_fill(~key_mask, 0.0)
-    y = alpha.unsqueeze(-1) * values
-    order = selection_order(alpha, values, key_mask, "attention")
-    prefix = torch.cumsum(torch.gather(y, 1, order.unsqueeze(-1).expand_as(y)), dim=1)
-    s = prefix[:, grid.clamp(max=n_keys) - 1]  # [row, n, d_head]
-    # rank[row, key]: the key's place in the order (the inverse permutation).
-    rank = torch.empty_like(order).scatter_(1, order, torch.arange(n_keys, device=order.device).expand_as(order))
-    y_sink, y_last = y[rows, sink], y[rows, last]
-    sink_in = (rank[rows, sink].unsqueeze(-1) < grid).unsqueeze(-1)  # [row, n, 1]
-    last_in = (rank[rows, last].unsqueeze(-1) < grid).unsqueeze(-1)
-    without_sink = s - sink_in * y_sink.unsqueeze(1)
-    without_last = s - last_in * y_last.unsqueeze(1)
-    others = key_mask.clone()
-    others[rows, sink] = False
-    others[rows, last] = False
-    rest = (y * others.unsqueeze(-1)).sum(1)
-    n_visible = key_mask.sum(-1)
+    rows = torch.arange(chunk.n_rows, device=chunk.alpha.device)
+    sink, last, has_sink = chunk.sink.clamp(min=0), chunk.last_key, chunk.has_sink
+    y_sink = chunk.alpha[rows, sink].unsqueeze(-1) * chunk.values[rows, sink]
+    y_last = chunk.alpha[rows, last].unsqueeze(-1) * chunk.values[rows, last]
+    grid = chunk.grid
+    sink_in = (chunk.sink_rank().unsqueeze(-1) < grid).unsqueeze(-1)  # [row, n, 1]; never for no sink
+    last_in = (chunk.rank[rows, last].unsqueeze(-1) < grid).unsqueeze(-1)
+    total = chunk.prefix[rows, (chunk.n_visible - 1).clamp(min=0)]
+    rest = total - y_sink * has_sink.unsqueeze(-1) - y_last * (last != chunk.sink).unsqueeze(-1)
     curves = {
-        "taxonomy_s_norm": torch.linalg.vector_norm(s, dim=-1),
-        "s_norm_without_sink": torch.linalg.vector_norm(without_sink, dim=-1),
-        "s_norm_without_last": torch.linalg.vector_norm(without_last, dim=-1),
-        "cos_s_sink": _cosine(s, values[rows, sink].unsqueeze(1)),
-        "cos_s_last": _cosine(s, values[rows, last].unsqueeze(1)),
+        "s_norm_without_sink": torch.linalg.vector_norm(chunk.s - sink_in * y_sink.unsqueeze(1), dim=-1),
+        "s_norm_without_last": torch.linalg.vector_norm(chunk.s - last_in * y_last.unsqueeze(1), dim=-1),
+        "cos_s_sink": _cosine(chunk.s, chunk.values[rows, sink].unsqueeze(1)),
+        "cos_s_last": _cosine(chunk.s, chunk.values[rows, last].unsqueeze(1)),
     }
-    beyond = (grid > n_visible.unsqueeze(-1)) | (n_visible < 2).unsqueeze(-1)
+    single = chunk.n_visible < 2
+    beyond = chunk.missing | single.unsqueeze(-1)
     out = {name: t.masked_fill(beyond, math.nan) for name, t in curves.items()}
+    no_sink = (~has_sink).unsqueeze(-1)
+    for name in ("s_norm_without_sink", "cos_s_sink"):
+        out[name] = out[name].masked_fill(no_sink, math.nan)
     scalars = {
-        "contribution_sink": torch.linalg.vector_norm(y_sink, dim=-1),
+        "contribution_sink": torch.linalg.vector_norm(y_sink, dim=-1).masked_fill(~has_sink, math.nan),
         "contribution_last": torch.linalg.vector_norm(y_last, dim=-1),
         "contribution_rest": torch.linalg.vector_norm(rest, dim=-1),
-        "taxonomy_attention_sink": alpha[rows, sink],
-        "taxonomy_attention_last": alpha[rows, last],
+        "taxonomy_attention_sink": chunk.alpha[rows, sink].masked_fill(~has_sink, math.nan),
+        "taxonomy_attention_last": chunk.alpha[rows, last],
     }
-    out.update({name: t.masked_fill(n_visible < 2, math.nan) for name, t in scalars.items()})
+    out.update({name: t.masked_fill(single, math.nan) for name, t in scalars.items()})
     return out
 
 
@@ -136,9 +97,8 @@ def position_features(
         ``contribution_by_position`` and ``cos_last_by_position``, ``[row, key]``,
         NaN at keys the row does not see.
     """
-    dtype = working_dtype(alpha, values)
-    alpha, values = alpha.to(dtype), values.to(dtype)
-    _, last = sink_and_last(key_mask)
+    positions = torch.arange(key_mask.shape[-1], device=key_mask.device)
+    last = (key_mask.long() * (positions + 1)).argmax(-1)
     v_last = values[torch.arange(values.shape[0], device=values.device), last]
     contribution = alpha * torch.linalg.vector_norm(values, dim=-1)
     cos_last = _cosine(values, v_last.unsqueeze(1))
@@ -148,61 +108,63 @@ def position_features(
     }
 
 
-def _query_chunk(seen: LayerActivations) -> int:
-    """Queries per chunk so that the per-query copies of the values fit the budget."""
-    batch, n_keys, n_heads, d_head = seen.values.shape
-    per_query = 4 * batch * n_keys * n_heads * max(d_head, 1) * 8
-    return max(1, int(FEATURE_BUDGET_MIB * 2**20 // per_query))
-
-
-def taxonomy_features(seen: LayerActivations) -> dict[str, Tensor]:
-    """The per-sequence taxonomy features of one layer (the ``"taxonomy"`` diagnostic).
-
-    Args:
-        seen: what the hooks of one layer saw (see `LayerActivations`).
+def row_features(
+    alpha: Float[Tensor, "row key"],
+    values: Float[Tensor, "row key d_head"],
+    key_mask: Bool[Tensor, "row key"],
+    grid: Int[Tensor, " n"],
+    ranking: str = "attention",
+) -> dict[str, Tensor]:
+    """The taxonomy features of independent query rows; the sink is each row's first visible key.
 
     Returns:
-        ``CURVE_FEATURES`` as ``[batch, head_index, n]`` and ``SCALAR_FEATURES``
-        as ``[batch, head_index]``, each the nanmean over the sequence's valid
-        analysed queries; ``POSITION_FEATURES`` as ``[batch, head_index, key]``
-        (key padded with NaN to ``seen.n_keys``) for each sequence's last
-        analysed query.
+        ``CURVE_FEATURES`` as ``[row, n]`` and ``SCALAR_FEATURES`` as ``[row]``.
     """
-    n_queries = seen.alpha.shape[2]
-    size = _query_chunk(seen)
-    per_query: dict[str, list[Tensor]] = {}
-    for start in range(0, n_queries, size):
-        alpha = seen.alpha[:, :, start : start + size]
-        q = alpha.shape[2]
-        values = einops.repeat(seen.values, "batch key head d -> (batch head query) key d", query=q)
-        features = row_features(
-            einops.rearrange(alpha, "batch head query key -> (batch head query) key"),
-            values,
-            einops.rearrange(seen.key_mask[:, :, start : start + size], "batch head query key -> (batch head query) key"),
-            seen.grid.to(alpha.device),
+    positions = torch.arange(key_mask.shape[-1], device=key_mask.device)
+    first = torch.where(key_mask, positions, key_mask.shape[-1]).amin(-1)
+    context = rows_context(
+        alpha.masked_fill(~key_mask, 0.0), values, key_mask, grid,
+        ranking=ranking, distance="euclidean", memory_budget_mib=128.0, sink=torch.where(key_mask.any(-1), first, -1),
+    )  # fmt: skip
+    parts: dict[str, list[Tensor]] = {}
+    for chunk in context.chunks():
+        for name, t in chunk_features(chunk).items():
+            parts.setdefault(name, []).append(t)
+    return {name: torch.cat(ts) for name, ts in parts.items()}
+
+
+class TaxonomyDiagnostic(Diagnostic):
+    name = "taxonomy"
+    fields = (
+        FieldSpec("s_norm_without_sink", "||s(N)|| with the sink left out of the top-N set", ("n",)),
+        FieldSpec("s_norm_without_last", "||s(N)|| with the query's own token left out of the top-N set", ("n",)),
+        FieldSpec("cos_s_sink", "cos(s(N), v_sink)", ("n",)),
+        FieldSpec("cos_s_last", "cos(s(N), v_L), L the query's own position", ("n",)),
+        FieldSpec("contribution_sink", "||alpha_sink v_sink||"),
+        FieldSpec("contribution_last", "||alpha_L v_L||"),
+        FieldSpec("contribution_rest", "||sum of alpha_i v_i over the other visible keys||"),
+        FieldSpec("taxonomy_attention_sink", "attention weight on the sink"),
+        FieldSpec("taxonomy_attention_last", "attention weight on the query's own token"),
+        FieldSpec("contribution_by_position", "||alpha_i v_i|| by key position (last analysed query)", ("position",), queries="last", documents="mean"),
+        FieldSpec("cos_last_by_position", "cos(v_i, v_L) by key position (last analysed query)", ("position",), queries="last", documents="mean"),
+    )  # fmt: skip
+
+    def rows(self, chunk: SelectionChunk, settings: Any) -> dict[str, Tensor]:
+        return chunk_features(chunk)
+
+    def sequences(self, context: SelectionContext, settings: Any) -> dict[str, Tensor]:
+        alpha, visible, _, _ = context.last_query()
+        batch, heads, n_keys = alpha.shape
+        values = context.values.to(context.dtype)
+        by_position = position_features(
+            einops.rearrange(alpha, "batch head key -> (batch head) key"),
+            einops.rearrange(values, "batch key head d -> (batch head) key d"),
+            einops.repeat(visible, "batch key -> (batch head) key", head=heads),
         )
-        batch, heads = alpha.shape[:2]
-        for name, t in features.items():
-            per_query.setdefault(name, []).append(
-                einops.rearrange(t, "(batch head query) ... -> batch head query ...", batch=batch, head=heads)
-            )
-    invalid = ~seen.query_valid[:, None, :]  # [batch, 1, query]
-    out = {}
-    for name, chunks in per_query.items():
-        t = torch.cat(chunks, dim=2)
-        mask = invalid if t.ndim == 3 else invalid.unsqueeze(-1)
-        out[name] = torch.nanmean(t.masked_fill(mask, math.nan), dim=2)
-    alpha_last, mask_last = seen.last_query()
-    batch, heads = alpha_last.shape[:2]
-    by_position = position_features(
-        einops.rearrange(alpha_last, "batch head key -> (batch head) key"),
-        einops.rearrange(seen.values, "batch key head d -> (batch head) key d"),
-        einops.rearrange(mask_last, "batch head key -> (batch head) key"),
-    )
-    out.update(
-        {
-            name: einops.rearrange(t, "(batch head) key -> batch head key", batch=batch, head=heads)
+        return {
+            name: context.from_first_real(einops.rearrange(t, "(batch head) key -> batch head key", batch=batch))
             for name, t in by_position.items()
         }
-    )
-    return out
+
+
+DIAGNOSTIC = TaxonomyDiagnostic()

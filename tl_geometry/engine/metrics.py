@@ -1,7 +1,8 @@
 """Precision, Recall, F-scores and radii of top-N selection (paper section 3, appendix A.1).
 
-Definitions (fixed in DESIGN.md), for one query row and a selection size N:
+Definitions (see the Concepts page of the docs), for one query row and a selection size N:
 
+- D_i = ||s(N) - y_i|| (Euclidean), or 1 - <s, y_i> / (||s|| ||y_i|| + 1e-12) (cosine);
 - r_max = max of D_i over the selected keys, r_min = min of D_j over the
   visible non-selected keys (+inf when every visible key is selected);
 - Precision P(r_max, N) = N / (N + K_out), K_out = #{non-selected j : D_j <= r_max}
@@ -9,26 +10,26 @@ Definitions (fixed in DESIGN.md), for one query row and a selection size N:
 - Recall R(r_min, N) = K_in / N, K_in = #{selected i : D_i < r_min} (open ball);
 - F(r_max) = 2P / (1 + P), F(r_min) = 2R / (1 + R) (Corollary 1, since
   P(r_min) = R(r_max) = 1), and the extremal F_N = 2PR / (P + R).
+
+Everything works on a chunk of rows of the selection context and on every N
+at once: the prefix sums of the sorted y_i give s(N) for all N, and one
+batched matrix product gives <s(N), y_i> for all (N, i).
 """
 
 import math
 from dataclasses import dataclass, fields
 
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Float, Int
 from torch import Tensor
 
-from tl_geometry._types import Distance
-from tl_geometry.engine.selection import (
-    NGridLike,
-    ChunkGeometry,
-    Workspace,
-    as_rows,
-    chunk_geometry,
-    distance_to_rank,
-)
+from tl_geometry.engine.context import COSINE_EPS, RowCost, SelectionChunk, rows_context
+from tl_geometry.engine.inputs import NGridLike, as_rows
 
 DEFAULT_MEMORY_BUDGET_MIB = 128
+
+# Per row: the proximities, one float and one boolean scratch plane of n x key each.
+METRICS_COST = RowCost(n_key=3)
 
 
 @dataclass(frozen=True)
@@ -70,55 +71,82 @@ class SelectionMetrics:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "n_grid"}
 
 
-def _counts_and_radii(
-    geometry: ChunkGeometry,
-    grid: Int[Tensor, " n"],
-    selected: Bool[Tensor, "n key"],
-    distance: Distance,
-    workspace: Workspace,
-) -> dict[str, Float[Tensor, "row n"]]:
-    """K_in, K_out and the radii of a chunk, from the proximities of all keys.
+# The metric names, in SelectionMetrics order.
+METRIC_NAMES: tuple[str, ...] = tuple(f.name for f in fields(SelectionMetrics) if f.name != "n_grid")
 
-    Written to touch the ``[row, n, key]`` proximities as few times as
-    possible: with hidden keys at +inf, every selected key lies inside the
-    closed r_max ball and no non-selected key lies inside the open r_min ball,
-    so K_out = #{keys within r_max} - N and K_in = #{keys within r_min}.
-    ``selected[n, p]`` says whether sorted rank p is in I_N (p < N).
+
+def proximity(chunk: SelectionChunk) -> Float[Tensor, "row n key"]:
+    """A quantity that orders keys exactly as D_i does, per (row, N), keys in selection order.
+
+    For the Euclidean distance it is D_i^2 - ||s||^2 = ||y_i||^2 - 2<s, y_i>:
+    adding ||s||^2 would round away the tiny differences between the many
+    small alpha_i v_i of a real attention row, and those differences decide
+    the counts. For the cosine distance it is the distance itself. Hidden
+    keys (sorted last) get +inf. Written into a reused buffer of the chunk.
     """
-    proximity = geometry.proximity
-
-    inf = proximity.new_tensor(math.inf)
-    far_in, far_in_rank = torch.where(selected, proximity, -inf, out=workspace.scratch).max(-1)
-    near_out, near_out_rank = torch.where(selected, inf, proximity, out=workspace.scratch).min(-1)
-    within_far = torch.le(proximity, far_in.unsqueeze(-1), out=workspace.flags)
-    k_out = within_far.sum(-1, dtype=torch.int32) - grid.to(torch.int32)
-    within_near = torch.lt(proximity, near_out.unsqueeze(-1), out=workspace.flags)
-    k_in = within_near.sum(-1, dtype=torch.int32)
-
-    r_max = distance_to_rank(geometry, far_in_rank, distance, workspace)
-    everything_selected = torch.isinf(near_out)
-    r_min = distance_to_rank(geometry, near_out_rank, distance, workspace).masked_fill(everything_selected, math.inf)
-    return {"k_out": k_out.to(r_max.dtype), "k_in": k_in.to(r_max.dtype), "r_max": r_max, "r_min": r_min}
-
-
-# Chunks whose [row, n, key] proximities fit in the last-level cache run the
-# counting passes several times faster than larger ones (measured on 2-core
-# EPYC machines with 32 MiB L3: about 10x between 4 MiB and 100 MiB chunks).
-CACHE_FRIENDLY_BYTES = 4 * 2**20
+    n_keys = chunk.alpha.shape[-1]
+    out = chunk.scratch("proximity", (len(chunk.grid), n_keys))
+    y_sq = (chunk.y_sorted * chunk.y_sorted).sum(-1)
+    if chunk.distance == "euclidean":
+        torch.baddbmm(y_sq.unsqueeze(1), chunk.s, chunk.y_sorted.transpose(1, 2), alpha=-2.0, out=out)
+    else:
+        torch.bmm(chunk.s, chunk.y_sorted.transpose(1, 2), out=out)
+        scale = chunk.s_norm.unsqueeze(-1) * y_sq.sqrt().unsqueeze(1) + COSINE_EPS
+        out.div_(scale).neg_().add_(1.0)
+    hidden = torch.arange(n_keys, device=out.device) >= chunk.n_visible.unsqueeze(-1)
+    if hidden.any():
+        out.masked_fill_(hidden.unsqueeze(1), math.inf)
+    return out
 
 
-def _chunk_rows(n_grid: int, n_keys: int, d_head: int, budget_mib: float, itemsize: int) -> int:
-    """How many rows to process at once: cache-sized, and never above the memory budget.
+def distance_to_rank(chunk: SelectionChunk, near: Float[Tensor, "row n key"], rank: Int[Tensor, "row n"]) -> Float[Tensor, "row n"]:
+    """D between s(N) and the key at sorted position ``rank``, per (row, N).
 
-    Per row the workspace holds the contributions, sorted and prefix-summed
-    (3 x key x d_head), s(N) and one scratch of its size (2 x n x d_head),
-    and the proximities with one float and one boolean scratch of their size
-    (n x key each).
+    Computed from the vectors (not from the proximity) so that radii keep full
+    precision even when D is tiny; the cosine proximity is the distance itself.
     """
-    per_row = itemsize * (3 * n_keys * d_head + 2 * n_grid * d_head + 2 * n_grid * n_keys) + n_grid * n_keys
-    within_budget = int(budget_mib * 2**20 // per_row)
-    cache_sized = CACHE_FRIENDLY_BYTES // (itemsize * n_grid * n_keys)
-    return max(1, min(within_budget, cache_sized))
+    if chunk.distance == "cosine":
+        return torch.gather(near, 2, rank.unsqueeze(-1)).squeeze(-1)
+    d_head = chunk.y_sorted.shape[-1]
+    y_at = torch.gather(chunk.y_sorted, 1, rank.unsqueeze(-1).expand(*rank.shape, d_head))
+    return torch.linalg.vector_norm(y_at.sub_(chunk.s), dim=-1)
+
+
+def chunk_metrics(chunk: SelectionChunk) -> dict[str, Float[Tensor, "row n"]]:
+    """Every metric of `SelectionMetrics` for the rows of a chunk, NaN where N exceeds the visible keys.
+
+    Touches the ``[row, n, key]`` proximities as few times as possible: with
+    hidden keys at +inf, every selected key lies inside the closed r_max ball
+    and no non-selected key inside the open r_min ball, so
+    K_out = #{keys within r_max} - N and K_in = #{keys within r_min}.
+    """
+    near = proximity(chunk)
+    grid, n_keys = chunk.grid, near.shape[-1]
+    selected = torch.arange(n_keys, device=near.device) < grid.unsqueeze(-1)  # [n, key]: rank p is in I_N
+    scratch = chunk.scratch("metrics_scratch", tuple(near.shape[1:]))
+    flags = chunk.scratch("metrics_flags", tuple(near.shape[1:]), torch.bool)
+    inf = near.new_tensor(math.inf)
+    far_in, far_in_rank = torch.where(selected, near, -inf, out=scratch).max(-1)
+    near_out, near_out_rank = torch.where(selected, inf, near, out=scratch).min(-1)
+    k_out = torch.le(near, far_in.unsqueeze(-1), out=flags).sum(-1, dtype=torch.int32) - grid.to(torch.int32)
+    k_in = torch.lt(near, near_out.unsqueeze(-1), out=flags).sum(-1, dtype=torch.int32)
+    r_max = distance_to_rank(chunk, near, far_in_rank)
+    r_min = distance_to_rank(chunk, near, near_out_rank).masked_fill(torch.isinf(near_out), math.inf)
+
+    dtype = r_max.dtype
+    n = grid.to(dtype).unsqueeze(0)
+    out = {"k_out": k_out.to(dtype), "k_in": k_in.to(dtype), "r_max": r_max, "r_min": r_min, "s_norm": chunk.s_norm}
+    out = {name: t.masked_fill(chunk.missing, math.nan) for name, t in out.items()}
+    precision = n / (n + out["k_out"])
+    recall = out["k_in"] / n
+    return {
+        "precision": precision,
+        "recall": recall,
+        "f_rmax": 2 * precision / (1 + precision),
+        "f_rmin": 2 * recall / (1 + recall),
+        "f_score": 2 * precision * recall / (precision + recall),
+        **out,
+    }
 
 
 # The public entry point takes plain Tensors and checks them itself, so that
@@ -178,45 +206,19 @@ def selection_metrics(
         ([1.0, 0.6666666865348816, 1.0], [1.0, 0.5, 1.0])
     """
     rows = as_rows(alpha, values, n_grid, key_mask, ranking, distance, memory_budget_mib)
-    batch_shape, grid = rows.batch_shape, rows.grid
-    rows_alpha, rows_values, rows_mask = rows.alpha, rows.values, rows.key_mask
-    n_keys, d_head, dtype = rows_alpha.shape[-1], rows_values.shape[-1], rows_alpha.dtype
-    n_rows = rows_alpha.shape[0]
-    chunk = _chunk_rows(len(grid), n_keys, d_head, float(memory_budget_mib), rows_alpha.element_size())
-
-    selected = torch.arange(n_keys) < grid.unsqueeze(-1)
-    workspace = Workspace.allocate(min(chunk, n_rows), len(grid), n_keys, d_head, dtype)
-    # Results are written into tensors allocated up front: small per-chunk
-    # outputs kept alive between chunks would pin fragments of the C heap and
-    # grow memory by a chunk's temporaries at every chunk.
-    chunk_fields = ("k_out", "k_in", "r_max", "r_min", "s_norm")
-    joined = {name: torch.empty(n_rows, len(grid), dtype=dtype) for name in chunk_fields}
+    context = rows_context(
+        rows.alpha, rows.values, rows.key_mask, rows.grid,
+        ranking=ranking, distance=distance, memory_budget_mib=float(memory_budget_mib), costs=(METRICS_COST,),
+    )  # fmt: skip
+    n_rows, n = rows.alpha.shape[0], len(rows.grid)
+    # Written into tensors allocated up front: small per-chunk outputs kept
+    # alive between chunks would pin fragments of the C heap.
+    joined = {name: torch.empty(n_rows, n, dtype=context.dtype, device=rows.alpha.device) for name in METRIC_NAMES}
     with torch.no_grad():
-        for start in range(0, n_rows, chunk):
-            part = slice(start, start + chunk)
-            buffers = workspace.first(rows_alpha[part].shape[0])
-            geometry = chunk_geometry(
-                rows_alpha[part], rows_values[part], rows_mask[part], grid, ranking, distance, buffers
-            )
-            out = _counts_and_radii(geometry, grid, selected, distance, buffers)
-            out["s_norm"] = geometry.s_norm
-            for name, tensor in out.items():
-                joined[name][part].copy_(tensor)
-
-    n_visible = rows_mask.sum(-1)
-    missing = grid.unsqueeze(0) > n_visible.unsqueeze(-1)  # [row, n]: no top-N set
-    n = grid.to(dtype).unsqueeze(0)
-    for tensor in joined.values():
-        tensor.masked_fill_(missing, math.nan)
-    precision = n / (n + joined["k_out"])
-    recall = joined["k_in"] / n
-    metrics = {
-        "precision": precision,
-        "recall": recall,
-        "f_rmax": 2 * precision / (1 + precision),
-        "f_rmin": 2 * recall / (1 + recall),
-        "f_score": 2 * precision * recall / (precision + recall),
-        **joined,
-    }
-    shape = (*batch_shape, len(grid))
-    return SelectionMetrics(n_grid=grid, **{name: t.reshape(shape) for name, t in metrics.items()})
+        start = 0
+        for chunk in context.chunks():
+            for name, t in chunk_metrics(chunk).items():
+                joined[name][start : start + chunk.n_rows].copy_(t)
+            start += chunk.n_rows
+    shape = (*rows.batch_shape, n)
+    return SelectionMetrics(n_grid=rows.grid, **{name: t.reshape(shape) for name, t in joined.items()})

@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 
 from tl_geometry.report import plots
 from tl_geometry.errors import GeometryError
-from tl_geometry.diagnostics.taxonomy import TAXONOMY_FEATURES
+from tl_geometry.diagnostics.registry import REGISTRY
 from tl_geometry.results.files import atomic_path
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.analysis.sink import sink_recall_correlation
@@ -42,13 +42,10 @@ class Figure:
 
 
 def available(result: GeometryResult) -> set[str]:
-    """The diagnostics whose fields the result carries."""
-    present = set()
-    if all(name in result.per_sequence for name in TAXONOMY_FEATURES):
-        present.add("taxonomy")
-    if "value_norm_cv" in result.per_sequence:
-        present.add("assumptions")
-    return present
+    """The diagnostics whose declared fields the result carries (the registry says which fields each has)."""
+    return {
+        name for name in REGISTRY.names() if all(spec.name in result.fields for spec in REGISTRY.get(name).fields)
+    }
 
 
 def _names(taxonomy: HeadTaxonomy | None) -> list[list[str]] | None:
@@ -173,7 +170,7 @@ def summary_rows(
         ("model", result.model_name),
         *details.items(),
         ("sequences analysed", str(result.n_sequences)),
-        ("tokens per sequence", ", ".join(sorted({str(n) for n in result.sequence_lengths.tolist()}))),
+        ("tokens analysed", str(result.n_tokens)),
         ("layers x heads", f"{len(result.layers)} x {len(result.heads)}"),
         ("queries", str(config.query_positions)),
         ("ranking / distance", f"{config.ranking} / {config.distance}"),

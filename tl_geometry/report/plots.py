@@ -100,7 +100,7 @@ def precision_recall_vs_n(result: GeometryResult) -> go.Figure:
                        line={"color": BLUE}, name="measured mean", showlegend=col == 1),
             row=1, col=col,
         )
-        if f"{bound}_upper" in result.per_sequence:
+        if f"{bound}_upper" in result.fields:
             for side, dash, colour in (("upper", "dot", ORANGE), ("lower", "dash", GREEN)):
                 fig.add_trace(
                     go.Scatter(x=grid, y=mean_over_heads(result, f"{bound}_{side}").tolist(), mode="lines",
@@ -125,7 +125,7 @@ def regime_diagnostics(taxonomy: HeadTaxonomy) -> go.Figure:
                         subplot_titles=[_example_head_label(examples[r], r) for r in REGIMES] + ["", "", ""])
     grid = taxonomy.n_grid.tolist()
     lines = (
-        (1, "taxonomy_s_norm", "||s(N)||", "solid"),
+        (1, "s_norm", "||s(N)||", "solid"),
         (1, "s_norm_without_sink", "||s(N) without the sink||", "dashdot"),
         (1, "s_norm_without_last", "||s(N) without the last token||", "dash"),
         (2, "cos_s_sink", "cos(s(N), v_0)", "solid"),
@@ -292,12 +292,11 @@ def cosine_decay(result: GeometryResult, layer: int | None = None, head: int | N
 
 
 def attention_profile(result: GeometryResult, layer: int | None = None, head: int | None = None) -> go.Figure:
-    """Figure 4: one head's attention weights by position for the final query (first
-    sequence, log scale) with its four-phase fit (sink, plateau, oscillation, recency)."""
+    """Figure 4: one head's attention weights by position for the final query (mean over
+    documents, log scale) with the four-phase profile of its mean fitted parameters."""
     li, hi = _example(result, layer, head)
-    profile = result.per_sequence["attention_profile"][0, li, hi]
-    fit = ProfileFit(**{name: result.per_sequence["profile_" + name][0, li, hi]
-                        for name in ProfileFit.__dataclass_fields__})
+    profile = result.per_head("attention_profile")[li, hi]
+    fit = ProfileFit(**{name: value[li, hi] for name, value in vars(result.profile_fit).items()})
     positions = torch.arange(len(profile))
     shown = ~torch.isnan(profile)
     fitted = fit.evaluate(int(shown.sum()))

@@ -1,45 +1,61 @@
-"""GeometryResult: the per-layer-head output of a model run, saved without pickle.
+"""GeometryResult: statistics over documents per layer and head, mergeable, saved without pickle.
 
-Storage: every tensor is kept per sequence, by field name, in ``per_sequence``
-(shape ``[sequence, layer, head_index, ...]``; the selection metrics are
-``[sequence, layer, head_index, n]``, each the nanmean over that sequence's
-queries). The per-layer-head values are derived from it (nanmean over
-sequences), never stored twice.
+Storage: for every declared field (`FieldSpec`), exact sufficient statistics
+over the documents analysed (`FieldStats`: count and sum; sum of squares,
+minimum and maximum for ``documents="moments"`` fields; Poisson-bootstrap
+weighted sums and counts for fields that keep replicates), each
+``[layer, head_index, *trailing]``. Memory and files do not grow with the
+number of documents; the optional per-query rows (``keep_queries=True``) are
+the one exception. Results over disjoint documents merge exactly
+(`GeometryResult.merge`): a corpus analysed in one batch, many batches, or
+two halves merged later gives the same result (counts equal, sums up to
+rounding).
 
-File format (``format_version`` 1): ``<stem>.npz`` holds one array per field
-(``per_sequence/<name>``, plus ``n_grid`` and ``sequence_lengths``), written
-with ``allow_pickle=False``; ``<stem>.json`` holds the config, model name,
-layers, heads, package versions and the SHA-256 of the ``.npz``. Later fields
-are added as more ``per_sequence/<name>`` arrays: ``load`` keeps every array it
-finds and requires only ``REQUIRED_FIELDS``.
+File format (``format_version`` 2): ``<stem>.npz`` holds ``n_grid``, one
+array per statistic, ``<field>/<statistic>`` (``count`` int64, ``total``
+and ``total_sq`` float64, ``total`` float32 for ``documents="mean"``
+fields, ``minimum``, ``maximum`` and the replicate arrays float32), stored
+with size 1 on the layer and/or head axis where constant along it, and, with
+per-query rows, ``queries/<field>`` and ``query_positions``; written with
+``allow_pickle=False``. ``<stem>.json`` holds the field declarations and
+trailing shapes, the config, model name, layers, heads, documents, tokens,
+package versions and the SHA-256 of the ``.npz``. Files of format 1 (0.1:
+per-sequence arrays) load too, converted as `tl_geometry.results.legacy`
+describes.
+
+Size: the default report run (30 layers x 9 heads, 40 N, per-position fields
+1024 wide, about 35 fields on the grid, 5 per-position or per-lag ones, 25
+scalars, 200 replicates of Precision, Recall and rho_0) saves about 32 MB,
+17.5 MB of it the replicates, however many documents it analysed.
 """
 
-import dataclasses
-import hashlib
 import importlib.metadata
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.config import GeometryConfig
-from tl_geometry.errors import GeometryError
-from tl_geometry.engine.metrics import SelectionMetrics
-from tl_geometry.results.files import atomic_path
+from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.profile_fit import ProfileFit
-
-FORMAT_VERSION = 1
-# Fields every result has: those of SelectionMetrics, per sequence.
-REQUIRED_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SelectionMetrics) if f.name != "n_grid")
-_PREFIX = "per_sequence/"
+from tl_geometry.engine.metrics import SelectionMetrics
+from tl_geometry.errors import GeometryError
+from tl_geometry.results import fileformat
+from tl_geometry.results.accumulators import Accumulator
+from tl_geometry.results.fileformat import FORMAT_VERSION  # noqa: F401 (where 0.1 defined it)
+from tl_geometry.results.queries import check_rows, join_rows
+from tl_geometry.results.select import nanquantile, take
+from tl_geometry.results.stats import FieldStats, merge_stats
+# The selection metrics (every model run measures them), by name.
+REQUIRED_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(SelectionMetrics) if f.name != "n_grid")
+STATS = ("mean", "std", "sem", "count", "min", "max")
+"""What `GeometryResult.sel` can return for a field."""
 
 
 def package_versions() -> dict[str, str]:
@@ -55,76 +71,237 @@ def package_versions() -> dict[str, str]:
 
 @dataclass(frozen=True)
 class GeometryResult:
-    """Selection metrics per layer and head, with the per-sequence values behind them.
+    """Statistics of every field over the documents analysed, per layer and head.
 
     Attributes:
         n_grid: the selection sizes N, ``[n]``.
         layers: the layers analysed (axis ``layer`` of every tensor).
         heads: the query heads analysed (axis ``head_index``).
-        per_sequence: field name -> ``[sequence, layer, head_index, ...]``;
-            the selection metrics are ``[sequence, layer, head_index, n]``,
-            each the nanmean over that sequence's queries (queries for which
-            N exceeds the visible keys are NaN and skipped).
-        sequence_lengths: real (unpadded) tokens of each sequence, ``[sequence]``.
+        stats: field name -> its `FieldStats` (declaration included).
+        n_documents: documents analysed.
+        n_tokens: real tokens in them.
         config: the GeometryConfig of the run.
         model_name: ``model.cfg.model_name``.
         versions: package versions (tl_geometry, torch, transformer_lens).
+        queries: per-query rows by field, ``[doc, layer, head_index, query,
+            *trailing]`` (None unless the run kept them).
+        query_positions: the rows' positions, ``[doc, query]``, -1 where a
+            document has fewer queries (None with ``queries``).
 
-    Per-layer-head values: ``result.per_head(name)`` or ``result.precision``
-    (any field name works as an attribute) is ``[layer, head_index, n]``, the
-    nanmean over sequences (NaN only where no sequence has that N).
+    Per-layer-head means: ``result.per_head(name)`` or ``result.precision``
+    (any field name works as an attribute), ``[layer, head_index, ...]``;
+    ``std``, ``sem``, ``count``, ``min``, ``max``, ``ci`` and ``sel`` give
+    the rest.
+
+    Example (two documents, layer 5, heads 0 and 2, N in {1, 4}):
+        >>> from tl_geometry.results.accumulators import Accumulator
+        >>> acc = Accumulator([FieldSpec("recall", "R(r_min, N)", axes=("n",))], layers=(5,), heads=(0, 2),
+        ...                   n_grid=torch.tensor([1, 4]))
+        >>> recall = torch.tensor([[[[1.0, 0.5], [1.0, 0.25]]], [[[0.0, 0.5], [1.0, 0.75]]]])
+        >>> acc.add({"recall": recall}, torch.zeros(2, 0), n_tokens=20)
+        >>> result = GeometryResult.from_accumulator(acc, config=GeometryConfig(), model_name="toy")
+        >>> result.sel("recall", layer=5, head=2, n=4).item(), result.recall.shape
+        (0.5, torch.Size([1, 2, 2]))
     """
 
     n_grid: Int[Tensor, " n"]
     layers: tuple[int, ...]
     heads: tuple[int, ...]
-    per_sequence: Mapping[str, Tensor]
-    sequence_lengths: Int[Tensor, " sequence"]
+    stats: Mapping[str, FieldStats]
+    n_documents: int
+    n_tokens: int
     config: GeometryConfig
     model_name: str
     versions: Mapping[str, str]
+    queries: Mapping[str, Tensor] | None = None
+    query_positions: Int[Tensor, "doc query"] | None = None
 
     def __post_init__(self) -> None:
-        missing = [name for name in REQUIRED_FIELDS if name not in self.per_sequence]
-        if missing:
-            raise GeometryError(f"per_sequence: missing the required field(s) {missing}")
-        expected = (len(self.sequence_lengths), len(self.layers), len(self.heads))
-        for name, tensor in self.per_sequence.items():
-            if tuple(tensor.shape[:3]) != expected:
+        shape = (len(self.layers), len(self.heads))
+        replicates = set()
+        for name, s in self.stats.items():
+            if s.spec.name != name:
+                raise GeometryError(f"stats[{name!r}]: holds the statistics of field {s.spec.name!r}")
+            if tuple(s.count.shape[:2]) != shape:
                 raise GeometryError(
-                    f"per_sequence[{name!r}]: expected leading shape [sequence, layer, head_index] = "
-                    f"{list(expected)}, got {list(tensor.shape)}"
+                    f"stats[{name!r}]: expected leading shape [layer, head_index] = {list(shape)}, "
+                    f"got {list(s.count.shape)}"
                 )
-        for name in REQUIRED_FIELDS:
-            if self.per_sequence[name].shape[3:] != self.n_grid.shape:
-                raise GeometryError(
-                    f"per_sequence[{name!r}]: expected a last axis of len(n_grid) = {len(self.n_grid)}, "
-                    f"got {list(self.per_sequence[name].shape)}"
-                )
+            for axis, size in zip(s.spec.axes, s.trailing):
+                if axis == "n" and size != len(self.n_grid):
+                    raise GeometryError(
+                        f"stats[{name!r}]: its n axis has {size} entries, the grid has {len(self.n_grid)}"
+                    )
+            if s.n_replicates:
+                replicates.add(s.n_replicates)
+        if len(replicates) > 1:
+            raise GeometryError(f"stats: fields keep different numbers of bootstrap replicates {sorted(replicates)}")
+        if (self.queries is None) != (self.query_positions is None):
+            raise GeometryError("queries and query_positions come together; got only one")
+        if self.queries is not None:
+            unknown = sorted(set(self.queries) - set(self.stats))
+            if unknown:
+                raise GeometryError(f"queries: {unknown} are not fields of this result {list(self.stats)}")
+            check_rows(self.queries, self.query_positions, self.n_documents, shape)
+
+    # ---- fields and their statistics ----
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The names of the fields this result holds."""
+        return tuple(self.stats)
 
     @property
     def n_sequences(self) -> int:
-        """Number of sequences analysed."""
-        return len(self.sequence_lengths)
+        """Documents (sequences, windows) analysed; the name of 0.1."""
+        return self.n_documents
+
+    @property
+    def n_bootstrap(self) -> int:
+        """Bootstrap replicates kept (0 if no field keeps any)."""
+        return max((s.n_replicates for s in self.stats.values()), default=0)
+
+    def spec(self, name: str) -> FieldSpec:
+        """The declaration of field ``name``."""
+        return self._stats(name).spec
+
+    def _stats(self, name: str) -> FieldStats:
+        if name not in self.stats:
+            raise GeometryError(f"unknown field {name!r}; this result has {sorted(self.stats)}")
+        return self.stats[name]
+
+    def _moments(self, name: str, what: str) -> FieldStats:
+        s = self._stats(name)
+        if s.spec.documents != "moments":
+            raise GeometryError(
+                f"{what}: field {name!r} is declared with documents={s.spec.documents!r} (count and sum only), so "
+                "its spread over documents was not kept; only its mean and count are available"
+            )
+        return s
 
     def per_head(self, name: str) -> Float[Tensor, "layer head_index *rest"]:
-        """Field ``name`` averaged over sequences (nanmean), ``[layer, head_index, ...]``."""
-        if name not in self.per_sequence:
-            raise GeometryError(f"unknown field {name!r}; this result has {sorted(self.per_sequence)}")
-        # torch.nanmean keeps +inf (r_min where every key is selected) and gives NaN for all-NaN slices.
-        return torch.nanmean(self.per_sequence[name], dim=0)
+        """Mean of field ``name`` over documents, ``[layer, head_index, ...]`` (float64).
+
+        NaN where no document defined it; +inf kept (as ``torch.nanmean`` does).
+        """
+        return self._stats(name).mean()
+
+    def count(self, name: str) -> Int[Tensor, "layer head_index *rest"]:
+        """Documents where field ``name`` is defined, ``[layer, head_index, ...]``."""
+        return self._stats(name).count.clone()
+
+    def std(self, name: str) -> Float[Tensor, "layer head_index *rest"]:
+        """Sample standard deviation over documents (ddof = 1); NaN with fewer than 2 documents."""
+        return self._moments(name, "std").std()
+
+    def sem(self, name: str) -> Float[Tensor, "layer head_index *rest"]:
+        """Standard error of the mean over documents, std / sqrt(count)."""
+        s = self._moments(name, "sem")
+        return s.std() / s.count.double().sqrt()
+
+    def min(self, name: str) -> Float[Tensor, "layer head_index *rest"]:
+        """Smallest per-document value (NaN where none)."""
+        return self._moments(name, "min").minimum.double()
+
+    def max(self, name: str) -> Float[Tensor, "layer head_index *rest"]:
+        """Largest per-document value (NaN where none)."""
+        return self._moments(name, "max").maximum.double()
+
+    def has_replicates(self, name: str) -> bool:
+        """Whether field ``name`` kept bootstrap replicates (so that `ci` and `replicates` work)."""
+        return bool(self._stats(name).n_replicates)
+
+    def replicates(self, name: str) -> Float[Tensor, "replicate layer head_index *rest"]:
+        """The Poisson-bootstrap replicate means of field ``name``, ``[replicate, layer, head_index, ...]``.
+
+        Replicate b's mean is sum_d w[d, b] x_d / sum_d w[d, b] [x_d defined]
+        (NaN where its weights leave no document).
+        """
+        s = self._stats(name)
+        if not s.n_replicates:
+            raise GeometryError(
+                f"replicates: field {name!r} kept no bootstrap replicates; analyse with "
+                f"GeometryConfig.bootstrap_fields including {name!r} (and n_bootstrap > 0)"
+            )
+        return s.replicate_means()
+
+    def ci(self, name: str, level: float = 0.95) -> tuple[Tensor, Tensor]:
+        """Percentile bootstrap interval of the mean of field ``name`` over documents.
+
+        Args:
+            name: a field that kept replicates.
+            level: coverage in (0, 1).
+
+        Returns:
+            ``(low, high)``, each ``[layer, head_index, ...]``: the
+            ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles (linear
+            interpolation) of the replicate means, NaN replicates left out.
+        """
+        if not 0 < level < 1:
+            raise GeometryError(f"level: expected a coverage in (0, 1), e.g. 0.95, got {level}")
+        means = self.replicates(name)
+        tail = (1 - level) / 2
+        return nanquantile(means, tail), nanquantile(means, 1 - tail)
+
+    def sel(
+        self,
+        name: str | None = None,
+        *,
+        layer: int | Sequence[int] | None = None,
+        head: int | Sequence[int] | None = None,
+        n: int | Sequence[int] | None = None,
+        stat: str = "mean",
+    ) -> Tensor | dict[str, Tensor]:
+        """A statistic indexed by real layer numbers, head numbers and N values (not positions on the axes).
+
+        Args:
+            name: a field; None for a dict of every field that has ``stat``
+                (``std``, ``sem``, ``min`` and ``max`` need ``documents="moments"``).
+            layer, head, n: a number drops that axis, a list keeps it, None
+                keeps all; fields without an N axis ignore ``n``.
+            stat: one of `STATS`.
+
+        Returns:
+            The selected tensor (or a dict of them by field name).
+
+        Example: ``result.sel("precision", layer=18, head=6, n=4)`` is 0-d;
+        ``result.sel("recall", layer=[0, 1], n=[1, 2])`` is ``[2, head_index, 2]``.
+        """
+        if stat not in STATS:
+            raise GeometryError(f"stat: expected one of {STATS}, got {stat!r}")
+        if name is None:
+            names = [f for f in self.stats if stat in ("mean", "count") or self.stats[f].spec.documents == "moments"]
+            return {f: self.sel(f, layer=layer, head=head, n=n, stat=stat) for f in names}
+        getter = {"mean": self.per_head, "std": self.std, "sem": self.sem, "count": self.count,
+                  "min": self.min, "max": self.max}[stat]
+        t = getter(name)
+        axes = self.spec(name).axes
+        # Innermost first, so the positions of the outer axes do not move.
+        if "n" in axes:
+            t = take(t, 2 + axes.index("n"), "n", tuple(self.n_grid.tolist()), n)
+        t = take(t, 1, "head", self.heads, head)
+        return take(t, 0, "layer", self.layers, layer)
+
+    def describe(self) -> str:
+        """One line per field: name, trailing axes, what is kept over documents, and its doc."""
+        lines = [f"{self.model_name}: {self.n_documents} documents, {self.n_tokens} tokens, "
+                 f"{len(self.layers)} layers x {len(self.heads)} heads, {len(self.n_grid)} N"]
+        for name, s in self.stats.items():
+            axes = ", ".join(("layer", "head_index", *s.spec.axes))
+            extra = f", {s.n_replicates} replicates" if s.n_replicates else ""
+            lines.append(f"  {name} [{axes}] {s.spec.documents}{extra}: {s.spec.doc}")
+        return "\n".join(lines)
 
     @property
     def profile_fit(self) -> ProfileFit:
         """The four-phase attention-profile fit (Assumption 3), each parameter ``[layer, head_index]``.
 
-        Each parameter is the nanmean over sequences of the per-sequence fits;
-        the ``has_*`` flags become the fraction of sequences with that phase.
+        Each parameter is the mean over documents of the per-document fits;
+        the ``has_*`` flags become the fraction of documents with that phase.
         Needs a run with ``diagnostics=["assumptions"]``.
         """
-        names = [f.name for f in dataclasses.fields(ProfileFit)]
-        missing = [name for name in names if "profile_" + name not in self.per_sequence]
-        if missing:
+        names = [f.name for f in fields(ProfileFit)]
+        if any("profile_" + name not in self.stats for name in names):
             raise GeometryError(
                 "profile_fit: this result has no attention-profile fit; run run_with_geometry_hooks(..., "
                 "diagnostics=['assumptions'])"
@@ -135,48 +312,101 @@ class GeometryResult:
     def sink_recall_corr(self) -> Float[Tensor, " n"]:
         """Pearson corr(R(r_min, N), rho_0) across heads for every N (Figure 6), ``[n]``.
 
-        Pairs are the per-head means over sequences; see
-        `tl_geometry.analysis.sink.sink_recall_correlation` for the Spearman value,
-        other pairings and bootstrap bounds. Needs ``diagnostics=["assumptions"]``.
+        Pairs are the per-head means over documents; see
+        `tl_geometry.analysis.sink.sink_recall_correlation` for the Spearman
+        value and bootstrap bounds. Needs ``diagnostics=["assumptions"]``.
         """
         from tl_geometry.analysis.sink import sink_recall_correlation
 
-        return sink_recall_correlation(self, n_bootstrap=1).pearson
+        return sink_recall_correlation(self).pearson
 
     def __getattr__(self, name: str) -> Tensor:
         # Only called when normal lookup fails: gives result.precision etc.
-        if name.startswith("_") or name not in self.__dict__.get("per_sequence", {}):
+        if name.startswith("_") or name not in self.__dict__.get("stats", {}):
             raise AttributeError(name)
         return self.per_head(name)
 
-    @staticmethod
-    def concatenate(parts: Sequence["GeometryResult"]) -> "GeometryResult":
-        """One result over the sequences of several runs with the same grid, layers, heads and config."""
-        if not parts:
-            raise GeometryError("concatenate: expected at least one GeometryResult, got none")
+    # ---- building and merging ----
+
+    @classmethod
+    def from_accumulator(cls, acc: Accumulator, *, config: GeometryConfig, model_name: str) -> "GeometryResult":
+        """The result of an accumulator's documents, stamped with the current package versions."""
+        rows, positions = acc.queries if acc.queries is not None else (None, None)
+        if acc.keep_queries and rows is None:
+            rows = {}
+            positions = torch.zeros(0, 0, dtype=torch.int64)
+        return cls(
+            n_grid=acc.n_grid.clone(),
+            layers=acc.layers,
+            heads=acc.heads,
+            stats=acc.stored_stats(),
+            n_documents=acc.n_documents,
+            n_tokens=acc.n_tokens,
+            config=config,
+            model_name=model_name,
+            versions=package_versions(),
+            queries=rows,
+            query_positions=positions,
+        )
+
+    def merge(self, *others: "GeometryResult | Sequence[GeometryResult]") -> "GeometryResult":
+        """One result over the documents of several (disjoint) ones.
+
+        Call as ``GeometryResult.merge(a, b)``, ``GeometryResult.merge([r1,
+        r2, ...])`` or ``a.merge(b)``. Exact: counts add, sums add in
+        float64, ranges combine; position and lag axes grow to the widest;
+        per-query rows are concatenated along documents. Versions that differ
+        are all recorded (``"2.1, 2.2"``).
+
+        Raises:
+            GeometryError: the results differ in model_name, config, layers,
+                heads, n_grid, fields or replicates (the message names which).
+        """
+        parts = _flatten(self, others)
         first = parts[0]
         for other in parts[1:]:
-            for attr in ("layers", "heads", "config", "model_name"):
-                if getattr(first, attr) != getattr(other, attr):
+            checks = {
+                "model_name": (first.model_name, other.model_name),
+                "config": (first.config, other.config),
+                "layers": (first.layers, other.layers),
+                "heads": (first.heads, other.heads),
+                "n_grid": (first.n_grid.tolist(), other.n_grid.tolist()),
+                "fields": (sorted(first.fields), sorted(other.fields)),
+                "per-query rows": tuple("kept" if r.queries is not None else "not kept" for r in (first, other)),
+            }
+            checks.update({f"declaration of {name!r}": (first.spec(name), other.spec(name))
+                           for name in first.fields if name in other.stats})
+            for what, (mine, theirs) in checks.items():
+                if mine != theirs:
                     raise GeometryError(
-                        f"concatenate: the results differ in {attr} "
-                        f"({getattr(first, attr)!r} vs {getattr(other, attr)!r}); run them with one config"
+                        f"merge: the results differ in {what} ({mine!r} vs {theirs!r}); only results of one "
+                        "model and config merge"
                     )
-            if not torch.equal(first.n_grid, other.n_grid) or set(first.per_sequence) != set(other.per_sequence):
-                raise GeometryError("concatenate: the results have different n_grid or fields; run them with one config")
-        joined = {k: _join_sequences([p.per_sequence[k] for p in parts]) for k in first.per_sequence}
-        lengths = torch.cat([p.sequence_lengths for p in parts])
-        return dataclasses.replace(first, per_sequence=joined, sequence_lengths=lengths)
+        stats = dict(first.stats)
+        for other in parts[1:]:
+            stats = {name: merge_stats(stats[name], other.stats[name]) for name in stats}
+        versions = {
+            key: ", ".join(sorted({p.versions.get(key, "unknown") for p in parts}))
+            for key in sorted({k for p in parts for k in p.versions})
+        }
+        rows, positions = None, None
+        if first.queries is not None:
+            rows, positions = join_rows([(dict(p.queries), p.query_positions) for p in parts])
+        return replace(
+            first,
+            stats=stats,
+            n_documents=sum(p.n_documents for p in parts),
+            n_tokens=sum(p.n_tokens for p in parts),
+            versions=versions,
+            queries=rows,
+            query_positions=positions,
+        )
 
-    # ---- files ----
+    concatenate = merge  # the 0.1 name (sequences are documents)
 
-    @staticmethod
-    def paths(path: str | os.PathLike) -> tuple[Path, Path]:
-        """The ``.npz`` and ``.json`` files of a result saved at ``path`` (suffix ignored)."""
-        stem = Path(path)
-        if stem.suffix in (".npz", ".json"):
-            stem = stem.with_suffix("")
-        return stem.with_name(stem.name + ".npz"), stem.with_name(stem.name + ".json")
+    # ---- files (format 2, see `tl_geometry.results.fileformat`) ----
+
+    paths = staticmethod(fileformat.paths)
 
     def save(self, path: str | os.PathLike) -> tuple[Path, Path]:
         """Write ``<path>.npz`` and ``<path>.json`` atomically (temp file, then os.replace).
@@ -184,111 +414,63 @@ class GeometryResult:
         Returns:
             The two paths written.
         """
-        npz_path, json_path = self.paths(path)
-        npz_path.parent.mkdir(parents=True, exist_ok=True)
-        arrays = {_PREFIX + k: v.detach().cpu().numpy() for k, v in self.per_sequence.items()}
-        arrays["n_grid"] = self.n_grid.cpu().numpy()
-        arrays["sequence_lengths"] = self.sequence_lengths.cpu().numpy()
-        _atomic_write(npz_path, lambda f: np.savez(f, **arrays))
-        meta = {
-            "format_version": FORMAT_VERSION,
-            "model_name": self.model_name,
-            "layers": list(self.layers),
-            "heads": list(self.heads),
-            "config": self.config.to_json(),
-            "versions": dict(self.versions),
-            "fields": sorted(self.per_sequence),
-            "dtypes": {k: str(v.dtype).removeprefix("torch.") for k, v in self.per_sequence.items()},
-            "npz_sha256": _sha256(npz_path),
-        }
-        text = json.dumps(meta, indent=2, sort_keys=True)
-        _atomic_write(json_path, lambda f: f.write(text.encode()))
-        return npz_path, json_path
+        return fileformat.write(self, path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "GeometryResult":
-        """Read a result written by `save`; exact round trip (NaN and inf included)."""
-        npz_path, json_path = cls.paths(path)
-        for p in (npz_path, json_path):
-            if not p.exists():
-                raise GeometryError(f"load: {p} does not exist; save writes both {npz_path.name} and {json_path.name}")
-        meta = json.loads(json_path.read_text())
-        if meta.get("format_version") != FORMAT_VERSION:
-            raise GeometryError(
-                f"load: {json_path} has format_version {meta.get('format_version')!r}, "
-                f"this tl_geometry reads {FORMAT_VERSION}"
-            )
-        if meta.get("npz_sha256") != _sha256(npz_path):
-            raise GeometryError(f"load: {npz_path} does not match {json_path} (checksum differs); save again")
-        with np.load(npz_path, allow_pickle=False) as data:
-            arrays = {k: torch.from_numpy(data[k].copy()) for k in data.files}
-        per_sequence = {k.removeprefix(_PREFIX): v for k, v in arrays.items() if k.startswith(_PREFIX)}
-        return cls(
-            n_grid=arrays["n_grid"],
-            layers=tuple(meta["layers"]),
-            heads=tuple(meta["heads"]),
-            per_sequence=per_sequence,
-            sequence_lengths=arrays["sequence_lengths"],
-            config=GeometryConfig.from_json(meta["config"]),
-            model_name=meta["model_name"],
-            versions=meta["versions"],
-        )
+    def load(cls, path: str | os.PathLike, *, specs: Mapping[str, FieldSpec] | None = None) -> "GeometryResult":
+        """Read a result written by `save` (exact round trip, NaN and inf included), or a format-1 file.
+
+        Args:
+            path: the stem, or either file.
+            specs: for format-1 files only, declarations of their fields by
+                name (others: the registered ones, else
+                `tl_geometry.results.legacy.default_spec`).
+
+        Raises:
+            GeometryError: a file is missing, damaged or does not match the
+                other (the message names the file and the problem).
+        """
+        return cls(**fileformat.read(path, specs))
 
     def equals(self, other: "GeometryResult") -> bool:
-        """Exact equality, NaN equal to NaN, dtypes included."""
-        if not isinstance(other, GeometryResult) or set(self.per_sequence) != set(other.per_sequence):
+        """Exact equality: metadata, declarations, every statistic bit for bit (NaN equal to NaN), dtypes."""
+        if not isinstance(other, GeometryResult) or self.fields != other.fields:
             return False
-        same_meta = (self.layers, self.heads, self.config, self.model_name, dict(self.versions)) == (
-            other.layers, other.heads, other.config, other.model_name, dict(other.versions)
-        )
-        tensors = [(self.n_grid, other.n_grid), (self.sequence_lengths, other.sequence_lengths)]
-        tensors += [(v, other.per_sequence[k]) for k, v in self.per_sequence.items()]
-        return same_meta and all(
-            a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.isnan(), b.isnan())
-            and torch.equal(torch.nan_to_num(a, nan=0.0) if a.is_floating_point() else a,
-                            torch.nan_to_num(b, nan=0.0) if b.is_floating_point() else b)
-            for a, b in tensors
-        )
+        meta = ("layers", "heads", "config", "model_name", "n_documents", "n_tokens")
+        if any(getattr(self, a) != getattr(other, a) for a in meta) or dict(self.versions) != dict(other.versions):
+            return False
+        pairs = [(self.n_grid, other.n_grid)]
+        for name, s in self.stats.items():
+            t = other.stats[name]
+            if s.spec != t.spec or list(s.arrays()) != list(t.arrays()):
+                return False
+            pairs += [(s.arrays()[k], t.arrays()[k]) for k in s.arrays()]
+        if (self.queries is None) != (other.queries is None):
+            return False
+        if self.queries is not None:
+            if list(self.queries) != list(other.queries):
+                return False
+            pairs += [(self.query_positions, other.query_positions)]
+            pairs += [(t, other.queries[k]) for k, t in self.queries.items()]
+        return all(_same(a, b) for a, b in pairs)
 
 
-def _join_sequences(tensors: list[Tensor]) -> Tensor:
-    """Concatenate along sequences; per-position and per-lag fields are as wide as each
-    run's longest sequence, so narrower ones are padded with NaN (undefined there)."""
-    width = max(t.shape[-1] for t in tensors)
-    padded = [torch.nn.functional.pad(t, (0, width - t.shape[-1]), value=math.nan) for t in tensors]
-    return torch.cat(padded)
+def _same(a: Tensor, b: Tensor) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0, math.inf, -math.inf),
+                                                             b.nan_to_num(0.0, math.inf, -math.inf))
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _atomic_write(path: Path, write: Any) -> None:
-    """Write through a temporary file in the same directory, then rename it into place."""
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def result_from_parts(
-    per_sequence: Mapping[str, Tensor],
-    *,
-    n_grid: Int[Tensor, " n"],
-    layers: tuple[int, ...],
-    heads: tuple[int, ...],
-    sequence_lengths: Int[Tensor, " sequence"],
-    config: GeometryConfig,
-    model_name: str,
-) -> GeometryResult:
-    """A GeometryResult stamped with the current package versions."""
-    return GeometryResult(
-        n_grid=n_grid,
-        layers=layers,
-        heads=heads,
-        per_sequence=dict(per_sequence),
-        sequence_lengths=sequence_lengths,
-        config=config,
-        model_name=model_name,
-        versions=package_versions(),
-    )
+def _flatten(first: Any, others: tuple[Any, ...]) -> list[GeometryResult]:
+    parts: list[Any] = []
+    for item in (first, *others):
+        parts.extend(item if isinstance(item, (list, tuple)) else [item])
+    if not parts:
+        raise GeometryError("merge: expected at least one GeometryResult, got none")
+    for i, p in enumerate(parts):
+        if not isinstance(p, GeometryResult):
+            raise GeometryError(f"merge: item {i} is a {type(p).__name__}, expected a GeometryResult")
+    return parts

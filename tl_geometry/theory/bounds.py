@@ -60,15 +60,14 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
-import einops
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from tl_geometry.activations import LayerActivations
+from tl_geometry.engine.context import RowCost, SelectionChunk, rows_context
+from tl_geometry.engine.inputs import NGridLike, as_rows, resolve_n_grid
 from tl_geometry.errors import GeometryError
 from tl_geometry.theory.synthetic import AttentionProfile, attention_profile
-from tl_geometry.engine.selection import NGridLike, as_rows, resolve_n_grid, selection_order
 
 # The universal constant kappa of Theorems 1-2. Pinned from the simulator
 # (benchmarks/bench_theory.py): the largest kappa for which the Monte Carlo
@@ -158,8 +157,8 @@ def _rho_out(
     """
     n_rows, n_keys = candidate.shape
     bounds, position = torch.unique(grid.clamp(max=n_keys), sorted=True, return_inverse=True)
-    running = torch.full((n_rows, n_keys), -math.inf, dtype=dtype)  # row p: max over candidates q < end
-    by_bound = torch.full((n_rows, len(bounds)), -math.inf, dtype=dtype)
+    running = torch.full((n_rows, n_keys), -math.inf, dtype=dtype, device=candidate.device)  # row p: max over candidates q < end
+    by_bound = torch.full((n_rows, len(bounds)), -math.inf, dtype=dtype, device=candidate.device)
     start = 0
     for t, end in enumerate(bounds.tolist()):
         if start < end < n_keys:
@@ -192,7 +191,8 @@ def _margins_core(
     have zero (or finite) entries.
     """
     n_keys = a.shape[-1]
-    ranks = torch.arange(n_keys)
+    ranks = torch.arange(n_keys, device=a.device)
+    grid = grid.to(a.device)
     visible = ranks < n_visible.unsqueeze(-1)  # [row, key]
     inside = ranks < grid.clamp(max=n_keys).unsqueeze(-1)  # [n, key]
     outside = ~inside & visible.unsqueeze(1)  # [row, n, key]
@@ -258,10 +258,8 @@ def _margins_core(
     return out
 
 
-def _chunk_rows(n_keys: int, n_grid: int, itemsize: int, budget_mib: float) -> int:
-    """Rows per chunk: the largest cosine block (under half of key x key) and about ten n x key buffers per row."""
-    per_row = itemsize * (n_keys * n_keys // 2 + 10 * n_grid * n_keys)
-    return max(1, int(budget_mib * 2**20 // per_row))
+# Per row of a chunk: the largest cosine block (under half of key x key) and about ten n x key planes.
+MARGINS_COST = RowCost(n_key=10, key_key=0.5)
 
 
 def selection_margins(
@@ -277,7 +275,7 @@ def selection_margins(
 
     Measured reading of section 3.4: a_i = alpha_i ||v_i|| and the cosines are
     those of the given value vectors. Keys are sorted as the engine sorts
-    them (`tl_geometry.engine.selection.selection_order`); key 0 is the sink.
+    them (`tl_geometry.engine.context.selection_order`); key 0 is the sink.
     rho_out needs the cosines of every (outside, inside) pair: they are
     formed block by block below the grid's staircase (about half of key x key
     per row, never at once), and rows are processed in chunks within about
@@ -306,47 +304,43 @@ def selection_margins(
         ([0.0, 0.30000001192092896, 0.4000000059604645], [nan, 0.0])
     """
     rows = as_rows(alpha, values, n_grid, key_mask, ranking, "euclidean", memory_budget_mib)
-    batch_shape, grid = rows.batch_shape, rows.grid
-    rows_alpha, rows_values, rows_mask = rows.alpha, rows.values, rows.key_mask
-    n_keys = rows_alpha.shape[-1]
-    n_rows = rows_alpha.shape[0]
-    chunk = _chunk_rows(n_keys, len(grid), rows_alpha.element_size(), float(memory_budget_mib))
+    context = rows_context(
+        rows.alpha, rows.values, rows.key_mask, rows.grid,
+        ranking=ranking, distance="euclidean", memory_budget_mib=float(memory_budget_mib), costs=(MARGINS_COST,),
+    )  # fmt: skip
     parts: dict[str, list[Tensor]] = {}
     with torch.no_grad():
-        for start in range(0, n_rows, chunk):
-            part = slice(start, start + chunk)
-            out = _measured_chunk(rows_alpha[part], rows_values[part], rows_mask[part], grid, ranking)
-            for name, t in out.items():
+        for chunk in context.chunks():
+            for name, t in chunk_margins(chunk).items():
                 parts.setdefault(name, []).append(t)
     joined = {name: torch.cat(ts) for name, ts in parts.items()}
+    batch_shape, grid, n_keys = rows.batch_shape, rows.grid, rows.alpha.shape[-1]
     shape = (*batch_shape, len(grid))
     return SelectionMargins(
         n_grid=grid,
-        n_visible=rows_mask.sum(-1).reshape(batch_shape),
+        n_visible=rows.key_mask.sum(-1).reshape(batch_shape),
         gap_in=joined.pop("gap_in").reshape(*shape, n_keys),
         **{name: t.reshape(shape) for name, t in joined.items()},
     )
 
 
-def _measured_chunk(
-    alpha: Float[Tensor, "row key"],
-    values: Float[Tensor, "row key d_head"],
-    key_mask: Bool[Tensor, "row key"],
-    grid: Int[Tensor, " n"],
-    ranking: str,
-) -> dict[str, Tensor]:
-    """Sort one chunk of rows, form a_i and the cosines, and call the core."""
-    order = selection_order(alpha, values, key_mask, ranking)
-    n_visible = key_mask.sum(-1)
-    hidden = torch.arange(alpha.shape[-1]) >= n_visible.unsqueeze(-1)
-    norms = torch.linalg.vector_norm(values, dim=-1)
-    a = torch.gather(alpha * norms, 1, order).masked_fill(hidden, 0.0)
+def chunk_margins(chunk: SelectionChunk) -> dict[str, Tensor]:
+    """The margins of a chunk of the selection context: a_i and the unit vectors by rank, then the core.
+
+    The sink is the chunk's sink (the sequence's first real token where the
+    query sees it); a row without one has no Delta_0 term.
+    """
+    n_rows, n_keys = chunk.alpha.shape
+    hidden = torch.arange(n_keys, device=chunk.order.device) >= chunk.n_visible.unsqueeze(-1)
+    norms = torch.linalg.vector_norm(chunk.values, dim=-1)
+    a = torch.gather(chunk.alpha * norms, 1, chunk.order).masked_fill(hidden, 0.0)
     # A zero vector has no direction: its cosines are 0 (its a_i is 0 too).
-    unit = values / torch.where(norms > 0, norms, 1.0).unsqueeze(-1)
-    unit = torch.gather(unit, 1, einops.repeat(order, "row key -> row key d", d=values.shape[-1]))
-    unit = unit.masked_fill(hidden.unsqueeze(-1), 0.0)
-    sink = (order == 0) & ~hidden
-    return _margins_core(a, sink, n_visible, grid, unit=unit)
+    unit = chunk.values / torch.where(norms > 0, norms, 1.0).unsqueeze(-1)
+    unit = torch.gather(unit, 1, chunk.order.unsqueeze(-1).expand_as(unit)).masked_fill(hidden.unsqueeze(-1), 0.0)
+    sink = torch.zeros(n_rows, n_keys, dtype=torch.bool, device=a.device)
+    rows = torch.arange(n_rows, device=a.device)
+    sink[rows, chunk.sink_rank().clamp(max=n_keys - 1)] = chunk.has_sink
+    return _margins_core(a, sink, chunk.n_visible, chunk.grid, unit=unit)
 
 
 def _p_minus(xi: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
@@ -374,8 +368,8 @@ def _ranks_below_n(grid: Int[Tensor, " n"], n_keys: int) -> tuple[Int[Tensor, " 
     (tensor([0, 4, 5, 6]), tensor([0, 1, 1, 1]))
     """
     counts = grid.clamp(max=n_keys)
-    column = torch.repeat_interleave(torch.arange(len(grid)), counts)
-    rank = torch.arange(len(column)) - (counts.cumsum(0) - counts)[column]
+    column = torch.repeat_interleave(torch.arange(len(grid), device=grid.device), counts)
+    rank = torch.arange(len(column), device=grid.device) - (counts.cumsum(0) - counts)[column]
     return column * n_keys + rank, column
 
 
@@ -419,7 +413,7 @@ def envelopes(
         raise GeometryError(f"n_keys: expected a positive integer L or None (visible keys), got {n_keys!r}")
     dtype = margins.delta.dtype
     n = margins.n_grid.to(dtype)
-    length = margins.n_visible.to(dtype).unsqueeze(-1) if n_keys is None else torch.tensor(float(n_keys), dtype=dtype)
+    length = margins.n_visible.to(dtype).unsqueeze(-1) if n_keys is None else torch.tensor(float(n_keys), dtype=dtype, device=margins.delta.device)
     n_out = (length - n).clamp(min=0)
     scale = margins.scale
     union = n_out * _tail(margins.delta, scale, kappa, d_head) + n_out / n * _tail(
@@ -520,40 +514,3 @@ def assumption_margins(
         gap_in=out.pop("gap_in")[0],
         **{name: t[0] for name, t in out.items()},
     )
-
-
-# Margin fields the diagnostic returns next to the envelopes, so that the
-# lower envelopes and the Precision upper envelope can be recomputed with
-# another kappa (the Recall upper envelope also needs gap_in, per key).
-DIAGNOSTIC_MARGINS = (
-    "delta", "delta0", "scale", "s_in", "a_min_in", "a_max_in", "a_max_out", "a0", "rho_out",
-    "sink_selected", "pair_gap",
-)
-
-
-def bound_diagnostics(seen: LayerActivations) -> dict[str, Tensor]:
-    """The margins and envelopes of one layer, for the last analysed query of each sequence.
-
-    Uses the module default `DEFAULT_KAPPA` and d = d_head. To recompute
-    with another kappa, rebuild a `SelectionMargins` from the
-    ``margin_*`` fields (``margin_n_keys`` is L) and call `envelopes`;
-    the Recall upper envelope needs ``gap_in`` per key, which is not kept here
-    (run `selection_margins` on the activations for it).
-
-    Args:
-        seen: the layer's activations (see `tl_geometry.activations`).
-
-    Returns:
-        ``bound_{precision,recall,f_rmin,f_rmax}_{lower,upper}`` and
-        ``margin_delta``, ``margin_delta0``, ``margin_scale`` and the other
-        ``margin_<name>`` of `DIAGNOSTIC_MARGINS`, each
-        ``[batch, head_index, n]``; ``margin_n_keys`` ``[batch, head_index]``.
-    """
-    alpha, key_mask = seen.last_query()
-    values = einops.rearrange(seen.values, "batch key head d_head -> batch head key d_head")
-    margins = selection_margins(alpha, values, seen.grid, key_mask=key_mask)
-    bounds = envelopes(margins, d_head=values.shape[-1])
-    out = {f"bound_{name}": t for name, t in bounds.as_dict().items()}
-    out.update({f"margin_{name}": getattr(margins, name) for name in DIAGNOSTIC_MARGINS})
-    out["margin_n_keys"] = margins.n_visible.to(margins.delta.dtype)
-    return out

@@ -1,0 +1,137 @@
+"""Accumulator: statistics over documents added in batches, growing axes, flat memory, exact merge."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tl_geometry.diagnostics.fields import FieldSpec
+from tl_geometry.errors import GeometryError
+from tl_geometry.results.accumulators import Accumulator
+
+SPECS = [
+    FieldSpec("recall", "R(r_min, N)", axes=("n",), bootstrap=True),
+    FieldSpec("rho0", "sink similarity", bootstrap=True),
+    FieldSpec("profile", "attention by position", axes=("position",), queries="last", documents="mean"),
+]
+GRID = torch.tensor([1, 2, 4])
+
+
+def make(**overrides):
+    kwargs = dict(layers=(0, 1), heads=(0, 1, 2), n_grid=GRID, n_bootstrap=4, replicate_fields=["recall", "rho0"])
+    kwargs.update(overrides)
+    return Accumulator(overrides.pop("specs", SPECS), **{k: v for k, v in kwargs.items() if k != "specs"})
+
+
+def batch(n_docs, width, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        "recall": torch.rand(n_docs, 2, 3, 3, generator=gen),
+        "rho0": torch.rand(n_docs, 2, 3, generator=gen),
+        "profile": torch.rand(n_docs, 2, 3, width, generator=gen),
+    }
+
+
+def test_growing_axes_pad_with_not_counted_and_means_match_numpy():
+    first, second = batch(2, 3, seed=1), batch(1, 5, seed=2)
+    first["profile"][1, ..., 2] = math.nan  # the second document is shorter
+    acc = make()
+    acc.add(first, torch.ones(2, 4), n_tokens=5)
+    acc.add(second, torch.ones(1, 4), n_tokens=5)
+    stats = acc.stats["profile"]
+    assert stats.count.shape == (2, 3, 5)
+    assert stats.count[0, 0].tolist() == [3, 3, 2, 1, 1]
+    padded = np.full((3, 2, 3, 5), np.nan)
+    padded[:2, ..., :3] = first["profile"].double().numpy()
+    padded[2] = second["profile"][0].double().numpy()
+    np.testing.assert_allclose(stats.mean().numpy(), np.nanmean(padded, axis=0), rtol=1e-12)
+    assert stats.total_sq is None and stats.minimum is None  # documents="mean": count and sum only
+    assert acc.n_documents == 3 and acc.n_tokens == 10
+
+
+def test_memory_does_not_grow_with_documents():
+    acc = make()
+    acc.add(batch(2, 8), torch.ones(2, 4), n_tokens=16)
+    size = acc.nbytes
+    for seed in range(10):
+        acc.add(batch(3, 8, seed=seed), torch.ones(3, 4), n_tokens=24)
+    assert acc.nbytes == size and acc.n_documents == 32
+
+
+def test_infinities_are_values_and_zero_weights_do_not_make_nan():
+    values = batch(3, 2)
+    values["recall"][0, 0, 0, 0] = math.inf  # r_min-like: everything selected
+    values["recall"][:, 0, 1, 0] = torch.tensor([math.inf, -math.inf, 1.0])
+    weights = torch.tensor([[1.0, 1.0, 2.0, 0.0]] * 3)
+    weights[0] = torch.tensor([0.0, 1.0, 0.0, 3.0])
+    acc = make()
+    acc.add(values, weights, n_tokens=6)
+    stats = acc.stats["recall"]
+    reference = torch.nanmean(values["recall"].double(), dim=0)
+    torch.testing.assert_close(stats.mean(), reference, equal_nan=True)
+    assert stats.mean()[0, 0, 0] == math.inf and stats.mean()[0, 1, 0].isnan()
+    assert stats.maximum[0, 0, 0] == math.inf and stats.minimum[0, 1, 0] == -math.inf
+    replicate = stats.replicate_means()[:, 0, 0, 0]
+    # Replicates 0 and 2 give the infinite document weight 0: finite means, not NaN.
+    assert replicate[0].isfinite() and replicate[2].isfinite() and replicate[1] == math.inf and replicate[3] == math.inf
+
+
+def test_add_refuses_bad_batches():
+    acc = make()
+    values = batch(2, 4)
+    with pytest.raises(GeometryError, match=r"values: expected exactly the declared fields \['profile', 'recall', 'rho0'\]"):
+        acc.add({k: v for k, v in values.items() if k != "rho0"}, torch.ones(2, 4), n_tokens=1)
+    with pytest.raises(GeometryError, match=r"values\['recall'\]: expected a float tensor \[doc, layer, head_index, n\] = \[2, 2, 3, 3\]"):
+        acc.add({**values, "recall": torch.zeros(2, 2, 3, 4)}, torch.ones(2, 4), n_tokens=1)
+    with pytest.raises(GeometryError, match=r"values\['rho0'\]: expected a float tensor \[doc, layer, head_index\] = \[2, 2, 3\]"):
+        acc.add({**values, "rho0": torch.zeros(2, 1, 3)}, torch.ones(2, 4), n_tokens=1)
+    with pytest.raises(GeometryError, match=r"weights: expected \[doc, replicate\] with 4 replicates"):
+        acc.add(values, torch.ones(2, 3), n_tokens=1)
+    with pytest.raises(GeometryError, match="n_tokens: expected the batch's number of real tokens"):
+        acc.add(values, torch.ones(2, 4), n_tokens=-1)
+    with pytest.raises(GeometryError, match="keep_queries=False"):
+        acc.add(values, torch.ones(2, 4), n_tokens=1, queries={}, query_positions=torch.zeros(2, 1, dtype=torch.long))
+    assert acc.n_documents == 0  # nothing half-added
+    with pytest.raises(GeometryError, match=r"replicate_fields: \['nope'\] are not declared fields"):
+        make(replicate_fields=["nope"])
+
+
+def test_merge_is_exact_and_refuses_other_runs():
+    a, b, both = make(), make(), make()
+    first, second = batch(2, 3, seed=1), batch(3, 6, seed=2)
+    w1, w2 = torch.rand(2, 4), torch.rand(3, 4)
+    a.add(first, w1, n_tokens=4)
+    b.add(second, w2, n_tokens=9)
+    both.add(first, w1, n_tokens=4)
+    both.add(second, w2, n_tokens=9)
+    merged = a.merge(b)
+    assert merged.n_documents == 5 and merged.n_tokens == 13 and a.n_documents == 2  # a unchanged
+    for name in both.stats:
+        for statistic, t in both.stats[name].arrays().items():
+            torch.testing.assert_close(merged.stats[name].arrays()[statistic], t, rtol=1e-12, atol=0, equal_nan=True)
+    assert torch.equal(merged.stats["recall"].count, both.stats["recall"].count)
+    for other, what in [
+        (make(layers=(0, 2)), r"layers \(\(0, 1\) vs \(0, 2\)\)"),
+        (make(heads=(0, 1, 3)), "heads"),
+        (make(n_grid=torch.tensor([1, 2, 8])), r"n_grid \(\[1, 2, 4\] vs \[1, 2, 8\]\)"),
+        (make(n_bootstrap=5), "n_bootstrap"),
+        (make(specs=SPECS[:2]), "fields"),
+        (make(keep_queries=True), "keep_queries"),
+    ]:
+        with pytest.raises(GeometryError, match=f"merge: the accumulators differ in {what}"):
+            a.merge(other)
+
+
+def test_per_query_rows_are_joined_and_padded():
+    acc = make(keep_queries=True)
+    values = batch(1, 2)
+    acc.add(values, torch.ones(1, 4), n_tokens=2, queries={"recall": torch.rand(1, 2, 3, 2, 3)},
+            query_positions=torch.tensor([[0, 1]]))
+    acc.add(batch(1, 2), torch.ones(1, 4), n_tokens=3, queries={"recall": torch.rand(1, 2, 3, 3, 3)},
+            query_positions=torch.tensor([[0, 1, 2]]))
+    rows, positions = acc.queries
+    assert rows["recall"].shape == (2, 2, 3, 3, 3) and positions.tolist() == [[0, 1, -1], [0, 1, 2]]
+    assert rows["recall"][0, :, :, 2].isnan().all() and not rows["recall"][1].isnan().any()
+    with pytest.raises(GeometryError, match="keep_queries=True needs queries and query_positions"):
+        acc.add(values, torch.ones(1, 4), n_tokens=1)

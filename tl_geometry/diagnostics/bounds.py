@@ -1,0 +1,87 @@
+"""The margins and envelopes of Theorems 1-2 as a diagnostic, on exactly the rows of the metrics.
+
+Every analysed query row gets its margins (Delta, Delta_0, B, ...) and the
+envelopes of E[P], E[R] and the F-scores (see `tl_geometry.theory.bounds`),
+under the config's ranking, with the sink the context found for that row;
+per sequence they are the nanmean over its analysed queries, like the metrics.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from tl_geometry.diagnostics.fields import FieldSpec
+from tl_geometry.diagnostics.registry import Diagnostic
+from tl_geometry.engine.context import SelectionChunk
+from tl_geometry.errors import GeometryError
+from tl_geometry.theory.bounds import DEFAULT_KAPPA, MARGINS_COST, SelectionMargins, chunk_margins, envelopes
+
+_ENVELOPES = ("precision", "recall", "f_rmin", "f_rmax")
+_MARGINS = {
+    "delta": "Delta = a_min_in^2 - 2 a_max_out S_in rho_out (eq. 8; NaN when I_N holds only the sink)",
+    "delta0": "Delta_0 = a_0^2 - (S_in rho_out)^2 (eq. 29; NaN when the sink is not selected)",
+    "scale": "B = a_max_in + a_max_out + S_in",
+    "s_in": "S_in: sum of a_k = alpha_k ||v_k|| over the selected non-sink keys",
+    "a_min_in": "smallest a_i over the selected non-sink keys",
+    "a_max_in": "largest a_i over the selected non-sink keys",
+    "a_max_out": "largest a_j over the visible non-selected keys",
+    "a0": "the sink's a_0 (NaN where the query cannot see the sink)",
+    "rho_out": "largest cosine between a non-selected key and a selected non-sink key",
+    "sink_selected": "1 where the sink is in the top-N set, else 0",
+    "pair_gap": "r_min^2 - r_max^2: the smallest mean gap mu_ij over (selected i, non-selected j)",
+}
+
+
+@dataclass(frozen=True)
+class BoundSettings:
+    """Settings of the bounds diagnostic.
+
+    Attributes:
+        kappa: the universal constant of the concentration bounds (> 0).
+    """
+
+    kappa: float = DEFAULT_KAPPA
+
+    def __post_init__(self) -> None:
+        if isinstance(self.kappa, bool) or not isinstance(self.kappa, (int, float)) or not (
+            self.kappa > 0 and math.isfinite(self.kappa)
+        ):
+            raise GeometryError(f"settings['bounds'].kappa: expected a positive finite number, got {self.kappa!r}")
+
+
+class BoundDiagnostic(Diagnostic):
+    name = "bounds"
+    Settings = BoundSettings
+    cost = MARGINS_COST
+    fields = (
+        *(
+            FieldSpec(f"bound_{metric}_{side}", f"{side} envelope of E[{metric}] (Theorems 1-2, Corollary 1)", ("n",))
+            for metric in _ENVELOPES
+            for side in ("lower", "upper")
+        ),
+        # The margins are read as means (to redraw the envelopes); their spread over documents is not kept.
+        *(FieldSpec(f"margin_{name}", doc, ("n",), documents="mean") for name, doc in _MARGINS.items()),
+        FieldSpec("margin_n_keys", "L: the keys the query sees, the sink included"),
+    )
+
+    def check(self, config: Any) -> None:
+        if config.distance != "euclidean":
+            raise GeometryError(
+                f"diagnostics: 'bounds' needs distance='euclidean' (got {config.distance!r}); the margins and "
+                "envelopes of Theorems 1-2 are derived for the Euclidean distance. Run the bounds in a separate "
+                "run with distance='euclidean', or drop 'bounds' from diagnostics"
+            )
+
+    def rows(self, chunk: SelectionChunk, settings: BoundSettings) -> dict[str, Tensor]:
+        raw = chunk_margins(chunk)
+        margins = SelectionMargins(n_grid=chunk.grid, n_visible=chunk.n_visible, **raw)
+        bounds = envelopes(margins, d_head=chunk.values.shape[-1], kappa=float(settings.kappa))
+        out = {f"bound_{name}": t for name, t in bounds.as_dict().items()}
+        out.update({f"margin_{name}": raw[name] for name in _MARGINS})
+        out["margin_n_keys"] = chunk.n_visible.to(chunk.alpha.dtype)
+        return out
+
+
+DIAGNOSTIC = BoundDiagnostic()

@@ -1,0 +1,394 @@
+"""The selection context: one per analysed layer, read by every diagnostic.
+
+For every analysed (sequence, head, query) row it holds the attention row,
+the GQA-aligned value vectors, the keys the query can see (causal, padding,
+sliding window), the sink (the sequence's first real token when the query
+can see it, else none), and, chunk by chunk, the top-N order under the
+config's ranking with the prefix sums of y_i = alpha_i v_i. The order is
+computed once per row here; metrics, bounds and taxonomy features read it,
+and none of them sorts or chunks on its own.
+
+Chunks: rows are processed in slices whose working memory fits the budget
+and whose ``[row, n, key]`` planes stay cache-sized. Each diagnostic
+declares the extra memory it needs per row (`RowCost`), so one chunk size
+serves them all. The buffers of a chunk are reused by the next one: what a
+diagnostic reads from a chunk is valid until the iteration moves on.
+"""
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from tl_geometry._types import Distance, Ranking
+from tl_geometry.errors import GeometryError
+
+# Chunks whose [row, n, key] planes fit in the last-level cache run the counting
+# passes several times faster than larger ones (measured on 2-core EPYC machines
+# with 32 MiB L3: about 10x between 4 MiB and 100 MiB chunks).
+CACHE_FRIENDLY_BYTES = 4 * 2**20
+
+# Cosine guard of every cosine in the package: <a, b> / (||a|| ||b|| + 1e-12), 0 for a zero vector.
+COSINE_EPS = 1e-12
+
+
+def working_dtype(*tensors: Tensor) -> torch.dtype:
+    """float64 if any input is float64, else float32 (never less than float32)."""
+    if any(t.dtype == torch.float64 for t in tensors):
+        return torch.float64
+    return torch.float32
+
+
+@dataclass(frozen=True)
+class RowCost:
+    """Working memory a diagnostic needs per row of a chunk, in elements of the working dtype.
+
+    ``per_row(n_keys, n_grid, d_head)`` is the number of floats; the context
+    takes the largest over the active diagnostics.
+    """
+
+    key_d: int = 0  # multiples of key x d_head
+    n_key: int = 0  # multiples of n x key
+    key_key: float = 0.0  # multiples of key x key (e.g. cosine blocks)
+
+    def per_row(self, n_keys: int, n_grid: int, d_head: int) -> float:
+        return self.key_d * n_keys * d_head + self.n_key * n_grid * n_keys + self.key_key * n_keys * n_keys
+
+
+# The chunk's own tensors: contributions, sorted and prefix-summed (3 x key x d_head), s(N) (n x d_head).
+CORE_COST = RowCost(key_d=3)
+
+
+@dataclass
+class SelectionChunk:
+    """The sorted core of a slice of rows; every tensor is ``[row, ...]``.
+
+    Attributes:
+        batch, head, query: where each row comes from (indices into the
+            context's batch, head and query axes).
+        alpha: attention weights in the working dtype, hidden keys 0, ``[row, key]``.
+        values: value vectors of the row's head, ``[row, key, d_head]``.
+        visible: keys the query can see, ``[row, key]``.
+        n_visible: number of visible keys, ``[row]``.
+        sink: key index of the sink, -1 where the query cannot see it, ``[row]``.
+        last_key: key index of the query's own position (the last visible key), ``[row]``.
+        order: key indices by decreasing score, ties by increasing key index,
+            hidden keys last, ``[row, key]``.
+        rank: the inverse of ``order``: each key's rank, ``[row, key]``.
+        y_sorted: y_i = alpha_i v_i in selection order, ``[row, key, d_head]``.
+        prefix: prefix sums of ``y_sorted`` (``prefix[:, p]`` = s(p + 1)), ``[row, key, d_head]``.
+        s: s(N) for every N of the grid (clamped to the keys), ``[row, n, d_head]``.
+        s_norm: ||s(N)||, ``[row, n]``.
+        missing: N exceeds the visible keys (no top-N set), ``[row, n]``.
+        grid: the selection sizes N, ``[n]``.
+        ranking, distance: the config's ranking and distance.
+        buffers: the reused memory behind the large tensors (see `scratch`).
+    """
+
+    batch: Int[Tensor, " row"]
+    head: Int[Tensor, " row"]
+    query: Int[Tensor, " row"]
+    alpha: Float[Tensor, "row key"]
+    values: Float[Tensor, "row key d_head"]
+    visible: Bool[Tensor, "row key"]
+    n_visible: Int[Tensor, " row"]
+    sink: Int[Tensor, " row"]
+    last_key: Int[Tensor, " row"]
+    order: Int[Tensor, "row key"]
+    rank: Int[Tensor, "row key"]
+    y_sorted: Float[Tensor, "row key d_head"]
+    prefix: Float[Tensor, "row key d_head"]
+    s: Float[Tensor, "row n d_head"]
+    s_norm: Float[Tensor, "row n"]
+    missing: Bool[Tensor, "row n"]
+    grid: Int[Tensor, " n"]
+    ranking: str
+    distance: str
+    buffers: "_Buffers"
+
+    @property
+    def n_rows(self) -> int:
+        return self.alpha.shape[0]
+
+    @property
+    def has_sink(self) -> Bool[Tensor, " row"]:
+        return self.sink >= 0
+
+    def sink_rank(self) -> Int[Tensor, " row"]:
+        """The sink's rank in the order; the number of keys (never selected) where there is no sink."""
+        rows = torch.arange(self.n_rows, device=self.sink.device)
+        ranks = self.rank[rows, self.sink.clamp(min=0)]
+        return torch.where(self.has_sink, ranks, self.alpha.shape[-1])
+
+    def scratch(self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> Tensor:
+        """A reused, uninitialised ``[row, *shape]`` buffer (valid until the next chunk); working dtype by default."""
+        return self.buffers.scratch(name, self.n_rows, shape, dtype)
+
+
+def selection_order(
+    alpha: Float[Tensor, "row key"],
+    values: Float[Tensor, "row key d_head"],
+    visible: Bool[Tensor, "row key"],
+    ranking: Ranking,
+) -> Int[Tensor, "row key"]:
+    """Key indices sorted by decreasing score, ties by increasing key index; hidden keys sort last.
+
+    Score: the attention weight (``"attention"``) or the contribution
+    alpha_i ||v_i|| (``"contribution"``).
+
+    >>> selection_order(torch.tensor([[0.2, 0.5, 0.5]]), torch.ones(1, 3, 1), torch.tensor([[True] * 3]), "attention")
+    tensor([[1, 2, 0]])
+    """
+    score = alpha if ranking == "attention" else alpha * torch.linalg.vector_norm(values, dim=-1)
+    score = score.masked_fill(~visible, -math.inf)
+    # A stable descending sort keeps equal scores in increasing key order.
+    return torch.sort(score, dim=-1, descending=True, stable=True).indices
+
+
+class SelectionContext:
+    """One layer's analysed rows and their sorted top-N core, built once and shared.
+
+    Args:
+        pattern: the attention pattern the rows are read from, ``[batch, pattern_head, query_pos, key_pos]``
+            (the model's own tensor: rows are gathered chunk by chunk, never copied whole;
+            any values at hidden keys, they are zeroed here).
+        values: GQA-aligned value states, ``[batch, key, head_index, d_head]``.
+        visible: keys each query can see, ``[batch, query, key]`` (the same for every head).
+        sink: key index of each query's sink, -1 where it cannot see one, ``[batch, query]``.
+        query_valid: False where a sequence has no such query, ``[batch, query]``.
+        grid: selection sizes N, ``[n]``.
+        ranking, distance: as in `tl_geometry.GeometryConfig`.
+        memory_budget_mib: working memory of one chunk.
+        costs: the extra per-row memory of each active diagnostic.
+        query_index: position of each analysed query on the pattern's query axis, ``[batch, query]``
+            (default: its index on the query axis).
+        heads: the pattern head of each analysed head, ``[head_index]`` (default: every head).
+        label: names the source (e.g. the hook) in error messages.
+        real: real (not padding) positions, ``[batch, key]`` (default: all).
+        kv_heads: the KV head each analysed head reads (None: every head its own).
+    """
+
+    def __init__(
+        self,
+        pattern: Float[Tensor, "batch pattern_head query_pos key_pos"],
+        values: Float[Tensor, "batch key head_index d_head"],
+        visible: Bool[Tensor, "batch query key"],
+        sink: Int[Tensor, "batch query"],
+        query_valid: Bool[Tensor, "batch query"],
+        grid: Int[Tensor, " n"],
+        *,
+        ranking: Ranking = "attention",
+        distance: Distance = "euclidean",
+        memory_budget_mib: float = 128.0,
+        costs: Sequence[RowCost] = (),
+        query_index: Int[Tensor, "batch query"] | None = None,
+        real: Bool[Tensor, "batch key"] | None = None,
+        kv_heads: Int[Tensor, " head_index"] | None = None,
+        heads: Int[Tensor, " head_index"] | None = None,
+        label: str = "attention",
+    ) -> None:
+        device = pattern.device
+        self.dtype = working_dtype(pattern, values)
+        self.pattern = pattern
+        self.label = label
+        self.values = values
+        self.visible = visible
+        self.sink = sink
+        self.query_valid = query_valid
+        self.grid = grid.to(device)
+        self.ranking = ranking
+        self.distance = distance
+        self.memory_budget_mib = float(memory_budget_mib)
+        self.costs = tuple(costs)
+        n_batch, n_queries, n_keys = visible.shape
+        n_heads = values.shape[2]
+        self.n_keys = n_keys
+        self.heads = heads.to(device) if heads is not None else torch.arange(n_heads, device=device)
+        self.query_index = (
+            query_index if query_index is not None else torch.arange(n_queries, device=device).expand(n_batch, -1)
+        )
+        self.real = real if real is not None else torch.ones(n_batch, n_keys, dtype=torch.bool, device=device)
+        self.kv_heads = kv_heads
+        # Rows in (batch, head, query) order, valid queries only.
+        b, q = query_valid.nonzero(as_tuple=True)
+        heads = torch.arange(n_heads, device=device)
+        self.row_batch = b.repeat_interleave(n_heads)
+        self.row_head = heads.repeat(len(b))
+        self.row_query = q.repeat_interleave(n_heads)
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.row_batch)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """(batch, head_index, query, key)."""
+        return (self.visible.shape[0], len(self.heads), self.visible.shape[1], self.n_keys)
+
+    @property
+    def d_head(self) -> int:
+        return self.values.shape[-1]
+
+    def chunk_rows(self) -> int:
+        """Rows per chunk: cache-sized planes, within the memory budget for the core and every diagnostic."""
+        n_keys, n_grid, itemsize = self.n_keys, len(self.grid), torch.finfo(self.dtype).bits // 8
+        extra = max((cost.per_row(n_keys, n_grid, self.d_head) for cost in self.costs), default=0.0)
+        per_row = itemsize * (CORE_COST.per_row(n_keys, n_grid, self.d_head) + 2 * n_grid * self.d_head + extra)
+        within_budget = int(self.memory_budget_mib * 2**20 // max(per_row, 1))
+        cache_sized = CACHE_FRIENDLY_BYTES // (itemsize * n_grid * n_keys)
+        return max(1, min(within_budget, cache_sized))
+
+    def chunks(self) -> Iterator[SelectionChunk]:
+        """The rows in chunks, each sorted once; buffers are reused from one chunk to the next."""
+        size = self.chunk_rows()
+        buffers = _Buffers(min(size, self.n_rows), self.n_keys, self.d_head, len(self.grid), self.dtype, self.pattern.device)
+        for start in range(0, self.n_rows, size):
+            part = slice(start, start + size)
+            yield self._chunk(self.row_batch[part], self.row_head[part], self.row_query[part], buffers)
+
+    def last_query(
+        self,
+    ) -> tuple[Float[Tensor, "batch head_index key"], Bool[Tensor, "batch key"], Int[Tensor, " batch"], Int[Tensor, " batch"]]:
+        """Each sequence's last analysed valid query: its attention rows (hidden keys 0), visible keys, sink and position."""
+        n_queries = self.query_valid.shape[1]
+        positions = torch.arange(n_queries, device=self.query_valid.device)
+        last = (self.query_valid.long() * (positions + 1)).argmax(-1)  # [batch]
+        batch = torch.arange(self.visible.shape[0], device=self.pattern.device)
+        visible = self.visible[batch, last]
+        position = self.query_index[batch, last]
+        alpha = self.pattern[batch[:, None], self.heads[None, :], position[:, None], : self.n_keys]
+        alpha = self._checked(alpha.to(self.dtype), visible[:, None, :])
+        return alpha.masked_fill(~visible[:, None, :], 0.0), visible, self.sink[batch, last], position
+
+    def _checked(self, alpha: Tensor, visible: Tensor) -> Tensor:
+        """The rows, or GeometryError if the model gave NaN or Inf weights on keys a query can see."""
+        # amax/amin propagate NaN: a cheap test that allocates nothing of the input's size.
+        if not (torch.isfinite(alpha.amax()) and torch.isfinite(alpha.amin())):
+            if not bool(torch.isfinite(alpha[visible.expand_as(alpha)]).all()):
+                raise GeometryError(
+                    f"{self.label}: the model returned NaN or Inf attention weights on real query rows over visible "
+                    "keys. A raw TransformerBridge over Llama in float64 does this with left padding (fully masked "
+                    "pad rows turn NaN and spread); pass text or right-padded tokens, run in float32, or call "
+                    "model.enable_compatibility_mode()"
+                )
+        return alpha
+
+    def from_first_real(self, x: Float[Tensor, "batch head_index key *rest"]) -> Float[Tensor, "batch head_index key *rest"]:
+        """Per-position values shifted so that each sequence's first real token (the sink) sits at position 0.
+
+        Per-position outputs count positions from the sink, whatever the
+        padding; positions past a left-padded row's end become NaN.
+        """
+        first = self.real.int().argmax(-1)  # [batch]
+        if not bool(first.any()):
+            return x
+        n_keys = x.shape[2]
+        index = torch.arange(n_keys, device=x.device) + first[:, None]  # [batch, key]
+        inside = index < n_keys
+        index = index.clamp(max=n_keys - 1)[:, None, :].expand(x.shape[0], x.shape[1], n_keys)
+        index = index.reshape(*index.shape, *([1] * (x.ndim - 3))).expand_as(x)
+        shifted = x.gather(2, index)
+        return shifted.masked_fill(~inside.reshape(x.shape[0], 1, n_keys, *([1] * (x.ndim - 3))), math.nan)
+
+    def _chunk(
+        self, batch: Tensor, head: Tensor, query: Tensor, buffers: "_Buffers"
+    ) -> SelectionChunk:
+        n_rows, n_keys = len(batch), self.n_keys
+        visible = self.visible[batch, query]
+        alpha = self.pattern[batch, self.heads[head], self.query_index[batch, query], :n_keys].to(self.dtype)
+        alpha = self._checked(alpha, visible).masked_fill(~visible, 0.0)
+        values = self.values[batch, :, head].to(self.dtype)
+        order = selection_order(alpha, values, visible, self.ranking)  # type: ignore[arg-type]
+        keys = torch.arange(n_keys, device=order.device)
+        rank = torch.empty_like(order).scatter_(1, order, keys.expand_as(order))
+        y = torch.mul(alpha.unsqueeze(-1), values, out=buffers.y[:n_rows])
+        y_sorted = torch.gather(y, 1, order.unsqueeze(-1).expand_as(y), out=buffers.y_sorted[:n_rows])
+        prefix = torch.cumsum(y_sorted, dim=1, out=buffers.prefix[:n_rows])
+        # s(N) is the prefix sum up to rank N - 1; N beyond the keys is marked missing.
+        s = torch.index_select(prefix, 1, self.grid.clamp(max=n_keys) - 1, out=buffers.s[:n_rows])
+        n_visible = visible.sum(-1)
+        last_key = (visible.long() * (keys + 1)).argmax(-1)
+        return SelectionChunk(
+            batch=batch,
+            head=head,
+            query=query,
+            alpha=alpha,
+            values=values,
+            visible=visible,
+            n_visible=n_visible,
+            sink=self.sink[batch, query],
+            last_key=last_key,
+            order=order,
+            rank=rank,
+            y_sorted=y_sorted,
+            prefix=prefix,
+            s=s,
+            s_norm=torch.linalg.vector_norm(s, dim=-1),
+            missing=self.grid.unsqueeze(0) > n_visible.unsqueeze(-1),
+            grid=self.grid,
+            ranking=self.ranking,
+            distance=self.distance,
+            buffers=buffers,
+        )
+
+
+class _Buffers:
+    """The large per-chunk tensors, allocated once per context and reused by every chunk.
+
+    Allocating them afresh for each chunk costs page faults and fragments the C
+    heap, which then keeps hundreds of MiB no longer in use. Diagnostics get
+    their own reused planes through `SelectionChunk.scratch`.
+    """
+
+    def __init__(self, rows: int, n_keys: int, d_head: int, n: int, dtype: torch.dtype, device: torch.device):
+        self.rows, self.dtype, self.device = rows, dtype, device
+        self.y = torch.empty((rows, n_keys, d_head), dtype=dtype, device=device)
+        self.y_sorted = torch.empty_like(self.y)
+        self.prefix = torch.empty_like(self.y)
+        self.s = torch.empty((rows, n, d_head), dtype=dtype, device=device)
+        self.extra: dict[str, Tensor] = {}
+
+    def scratch(self, name: str, rows: int, shape: tuple[int, ...], dtype: torch.dtype | None) -> Tensor:
+        """An uninitialised ``[rows, *shape]`` buffer, the same memory for every chunk."""
+        dtype = dtype or self.dtype
+        buffer = self.extra.get(name)
+        if buffer is None or buffer.shape[1:] != shape or buffer.dtype != dtype:
+            buffer = self.extra[name] = torch.empty((self.rows, *shape), dtype=dtype, device=self.device)
+        return buffer[:rows]
+
+
+def rows_context(
+    alpha: Float[Tensor, "row key"],
+    values: Float[Tensor, "row key d_head"],
+    visible: Bool[Tensor, "row key"],
+    grid: Int[Tensor, " n"],
+    *,
+    ranking: Ranking,
+    distance: Distance,
+    memory_budget_mib: float,
+    costs: Sequence[RowCost] = (),
+    sink: Int[Tensor, " row"] | None = None,
+) -> SelectionContext:
+    """A context over independent rows (the engine's public functions): each row its own sequence.
+
+    The sink is ``sink`` (a key index per row, -1 for none); by default key 0
+    where it is visible, else none.
+    """
+    n_rows = alpha.shape[0]
+    if sink is None:
+        sink = torch.where(visible[:, 0], 0, -1)
+    return SelectionContext(
+        alpha[:, None, None, :],
+        values[:, :, None, :],
+        visible[:, None, :],
+        sink[:, None],
+        torch.ones(n_rows, 1, dtype=torch.bool, device=alpha.device),
+        grid,
+        ranking=ranking,
+        distance=distance,
+        memory_budget_mib=memory_budget_mib,
+        costs=costs,
+    )

@@ -1,0 +1,1 @@
+"""Report: figures that only draw, and the offline HTML page."""
