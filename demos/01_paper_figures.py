@@ -160,10 +160,11 @@ show(plots.metric_heatmap(result, "recall", small_n, taxonomy.label_names()))
 #
 # The correlation across heads between Recall(r_min, N) and rho_0 (the mean
 # cosine of the sink's value with the others), with a bootstrap interval over
-# windows. The paper finds it strongest at small N (peaking near N = 3).
+# windows (from the run's document-bootstrap replicates: `GeometryConfig.n_bootstrap`,
+# 200 by default). The paper finds it strongest at small N (peaking near N = 3).
 
 # %%
-correlation = tg.sink_recall_correlation(result, n_bootstrap=200 if SMALL else 1000)
+correlation = tg.sink_recall_correlation(result)
 show(plots.sink_recall(correlation))
 pearson = correlation.pearson
 peak = int(torch.nan_to_num(pearson, nan=-math.inf).argmax())

@@ -113,9 +113,12 @@ for label, heads in (("previous-token", prev_heads), ("induction", induction_hea
 # The labels come with their evidence: `taxonomy.scores` (each regime's score
 # in [0, 1]), `taxonomy.margin` (best minus second best; a small margin is a
 # borderline head), `taxonomy.criteria` (the nine sub-scores behind the
-# scores) and `taxonomy.confidence` (the share of sequences that agree; with
-# one prompt it is 0 or 1). Report the margin with the label: a head at margin
-# 0.02 is not "a Mixer" in any strong sense.
+# scores) and `taxonomy.confidence` (the share of document-bootstrap
+# replicates whose label agrees; it needs several documents and a run that
+# keeps replicates of the features, `bootstrap_fields=REGIME_INPUTS` from
+# `tl_geometry.analysis.taxonomy`, so with this one prompt it is NaN). Report
+# the margin with the label: a head at margin 0.02 is not "a Mixer" in any
+# strong sense.
 
 # %%
 show(plots.regimes_by_layer(taxonomy))

@@ -124,16 +124,24 @@ print("windows", tuple(windows.shape), "first token is BOS:", bool((windows[:, 0
 #
 # Strings of different lengths are tokenised, right-padded and run with an
 # `attention_mask`: padded keys are never visible, and each sequence's query is
-# its last real token. The batched result equals the one-at-a-time results.
-# Token tensors can also be left-padded if their `attention_mask` is passed.
+# its last real token. Token tensors can also be left-padded if their
+# `attention_mask` is passed.
+#
+# Each sequence is one *document*: a result keeps exact statistics over
+# documents (`result.per_head(name)` is the mean, `std`, `sem`, `count`, `ci`
+# the rest), so its size does not grow with the corpus. For circuit work on a
+# few prompts, `keep_queries=True` also keeps every analysed query's values,
+# `result.queries[name]` shaped `[document, layer, head, query, ...]`. Here they
+# show that the batched run equals the one-at-a-time runs, query by query.
 
 # %%
 texts = ["Short text.", "A somewhat longer text, which needs more tokens than the first one does."]
-batched = tg.run_with_geometry_hooks(model, texts, layers=[0, 1], n_grid=[1, 2, 4])
-print("real tokens per sequence:", batched.sequence_lengths.tolist())
+batched = tg.run_with_geometry_hooks(model, texts, layers=[0, 1], n_grid=[1, 2, 4], keep_queries=True)
+print(f"{batched.n_documents} documents, {batched.n_tokens} real tokens; "
+      f"analysed positions per document: {batched.query_positions.tolist()}")
 for i, text in enumerate(texts):
-    alone = tg.run_with_geometry_hooks(model, text, layers=[0, 1], n_grid=[1, 2, 4])
-    torch.testing.assert_close(batched.per_sequence["recall"][i], alone.per_sequence["recall"][0],
+    alone = tg.run_with_geometry_hooks(model, text, layers=[0, 1], n_grid=[1, 2, 4], keep_queries=True)
+    torch.testing.assert_close(batched.queries["recall"][i], alone.queries["recall"][0],
                                atol=1e-4, rtol=0, equal_nan=True)
 
 pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
@@ -141,8 +149,9 @@ short = model.to_tokens(texts[0])[0]
 long = model.to_tokens(texts[1])[0]
 left_padded = torch.stack([torch.cat([torch.full((len(long) - len(short),), pad), short]), long])
 mask = torch.stack([torch.cat([torch.zeros(len(long) - len(short)), torch.ones(len(short))]), torch.ones(len(long))]).long()
-left = tg.run_with_geometry_hooks(model, left_padded, attention_mask=mask, layers=[0, 1], n_grid=[1, 2, 4])
-torch.testing.assert_close(left.per_sequence["recall"], batched.per_sequence["recall"], atol=1e-4, rtol=0, equal_nan=True)
+left = tg.run_with_geometry_hooks(model, left_padded, attention_mask=mask, layers=[0, 1], n_grid=[1, 2, 4],
+                                 keep_queries=True)
+torch.testing.assert_close(left.queries["recall"], batched.queries["recall"], atol=1e-4, rtol=0, equal_nan=True)
 print("right-padded, left-padded and one-at-a-time runs agree")
 
 # %% [markdown]
@@ -172,7 +181,8 @@ print("reloaded:", reloaded.model_name, tuple(reloaded.precision.shape), reloade
 #
 # | setting | effect |
 # |---|---|
-# | `query_positions="last"` (default) | one row per sequence and head; `"all"` or a list multiplies the work |
+# | `query_positions="last"` (default) | one row per sequence and head; `"all"` or a list multiplies the work (negative positions count from the end) |
+# | `keep_queries` (default off) | per-query rows grow with the documents; leave it off for a corpus |
 # | `memory_budget_mib` (default 128) | working memory of one chunk of metric rows; lower it to trade speed for memory |
 # | `n_grid` | the default grid has about 40 values; `"all"` is every N (work grows with it) |
 # | `layers`, `heads` | analyse a subset; the forward pass still runs every layer |

@@ -29,14 +29,18 @@ def _p_minus(xi: float) -> float:
     return _phi(xi) / (xi + 1 / xi) if xi > 0 else 0.0
 
 
-def reference_margins(alpha, values, mask, n):
-    """Margins of one row at one N, straight from eq. 7-11 (readings of tl_geometry.theory.bounds); None if N > L."""
+def reference_margins(alpha, values, mask, n, ranking="attention"):
+    """Margins of one row at one N, straight from eq. 7-11 (readings of tl_geometry.theory.bounds); None if N > L.
+
+    Keys are ranked by alpha_i (or alpha_i ||v_i|| with ``ranking="contribution"``), ties by key index; key 0 is the sink.
+    """
     alpha, values = alpha.double(), values.double()
     visible = [i for i in range(len(alpha)) if bool(mask[i])]
     length = len(visible)
     if n > length:
         return None
-    order = sorted(visible, key=lambda i: (-float(alpha[i]), i))
+    weight = {i: float(alpha[i]) * (float(values[i].norm()) if ranking == "contribution" else 1.0) for i in visible}
+    order = sorted(visible, key=lambda i: (-weight[i], i))
     inside, outside = order[:n], order[n:]
     a = {i: float(alpha[i]) * float(values[i].norm()) for i in visible}
 
@@ -260,8 +264,11 @@ def test_monte_carlo_means_below_upper_envelopes(s):
 def test_diagnostic_matches_pure_functions_on_a_tiny_model():
     model = tm.make_model("bridge-llama")
     tokens = tm.with_bos(tm.random_tokens(2, 12))
-    result = run_with_geometry_hooks(model, tokens, diagnostics=["bounds"], n_grid=[1, 2, 4, 8, 13])
-    assert result.per_sequence["bound_recall_lower"].shape == (2, model.cfg.n_layers, model.cfg.n_heads, 5)
+    result = run_with_geometry_hooks(model, tokens, diagnostics=["bounds"], n_grid=[1, 2, 4, 8, 13], keep_queries=True)
+    # The one analysed query (the last) of each sequence: [sequence, layer, head_index, n].
+    per_sequence = {name: rows[:, :, :, 0] for name, rows in result.queries.items()}
+    assert result.query_positions.tolist() == [[12], [12]]
+    assert per_sequence["bound_recall_lower"].shape == (2, model.cfg.n_layers, model.cfg.n_heads, 5)
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in (value_hook(1), pattern_hook(1)))
     pattern, v = cache[pattern_hook(1)][:, :, -1], cache[value_hook(1)]  # last query
     group = pattern.shape[1] // v.shape[2]
@@ -269,8 +276,11 @@ def test_diagnostic_matches_pure_functions_on_a_tiny_model():
     margins = selection_margins(pattern, values, [1, 2, 4, 8, 13])
     env = envelopes(margins, d_head=values.shape[-1])
     for name, t in env.as_dict().items():
-        torch.testing.assert_close(result.per_sequence[f"bound_{name}"][:, 1], t.cpu(), equal_nan=True, atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(result.per_sequence["margin_delta"][:, 1], margins.delta, equal_nan=True)
+        torch.testing.assert_close(per_sequence[f"bound_{name}"][:, 1], t.cpu(), equal_nan=True, atol=1e-5, rtol=1e-4)
+        # The mean over the two sequences, as the result keeps it.
+        torch.testing.assert_close(result.per_head(f"bound_{name}")[1], torch.nanmean(t.cpu(), 0).to(torch.float64),
+                                   equal_nan=True, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(per_sequence["margin_delta"][:, 1], margins.delta, equal_nan=True)
 
 
 @pytest.mark.slow
@@ -279,9 +289,10 @@ def test_real_model_bounds(smollm2):
     import tl_geometry
 
     window = tl_geometry.text_windows(smollm2, tl_geometry.default_text(), context=1024, n_windows=1)
-    result = run_with_geometry_hooks(smollm2, window, diagnostics=["bounds"])
+    result = run_with_geometry_hooks(smollm2, window, diagnostics=["bounds"], keep_queries=True)
     n = len(result.n_grid)
-    ps = result.per_sequence
+    # One window, its last query: every field as [sequence, layer, head_index, n].
+    ps = {name: rows[:, :, :, 0] for name, rows in result.queries.items()}
     assert ps["bound_precision_lower"].shape == (1, 30, 9, n)
     for metric in ("precision", "recall", "f_rmin", "f_rmax"):
         low, up = ps[f"bound_{metric}_lower"], ps[f"bound_{metric}_upper"]

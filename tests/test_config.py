@@ -11,6 +11,21 @@ def test_defaults():
     c = GeometryConfig()
     assert (c.n_grid, c.query_positions, c.layers, c.heads) == ("default", "last", None, None)
     assert (c.ranking, c.distance, c.prepend_bos, c.memory_budget_mib) == ("attention", "euclidean", True, 128.0)
+    assert (c.diagnostics, c.settings, c.n_bootstrap, c.bootstrap_fields, c.seed, c.keep_queries) == (
+        (), (), 200, None, 0, False)
+
+
+def test_negative_query_positions_count_from_the_end():
+    # Checked against the sequences when the config meets them (tl_geometry.capture.tokens.prepare_tokens).
+    assert GeometryConfig(query_positions=[-1, 0, -3]).query_positions == (-1, 0, -3)
+
+
+def test_settings_become_each_diagnostics_settings_and_round_trip_through_json():
+    c = GeometryConfig(diagnostics=["bounds"], settings={"bounds": {"kappa": 500.0}}, bootstrap_fields=["recall", "k_in"])
+    assert c.settings_for("bounds").kappa == 500.0
+    assert c.settings_for("assumptions") == type(c.settings_for("assumptions"))()  # unnamed: the defaults
+    assert c.bootstrap_fields == ("k_in", "recall")
+    assert GeometryConfig.from_json(c.to_json()) == c
 
 
 def test_sequences_become_tuples_and_round_trip_through_json():
@@ -29,7 +44,12 @@ def test_sequences_become_tuples_and_round_trip_through_json():
         ({"n_grid": []}, "n_grid: .*got an empty sequence"),
         ({"n_grid": [1.5]}, "n_grid: .*got the entry 1.5 of type float"),
         ({"query_positions": "first"}, r"query_positions: expected one of \('last', 'all'\)"),
-        ({"query_positions": [-1]}, "query_positions: positions count from the first token"),
+        ({"query_positions": [1.5]}, "query_positions: .*got the entry 1.5 of type float"),
+        ({"n_bootstrap": -1}, "n_bootstrap: expected an integer >= 0, got -1"),
+        ({"seed": -1}, "seed: expected an integer >= 0, got -1"),
+        ({"bootstrap_fields": "recall"}, "bootstrap_fields: expected a sequence of field names or None, got 'recall'"),
+        ({"settings": {"bounds": {"kapa": 1.0}}}, r"settings\['bounds'\]: unknown field\(s\) \['kapa'\]"),
+        ({"settings": {"nope": {}}}, r"diagnostics: unknown name 'nope'"),
         ({"layers": [0, 0]}, "layers: indices must be distinct"),
         ({"heads": [-2]}, "heads: indices must be >= 0, got -2"),
         ({"memory_budget_mib": 0}, "memory_budget_mib: expected a positive finite number of MiB, got 0"),

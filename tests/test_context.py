@@ -44,6 +44,12 @@ def _padded(rows, side):
     return tokens, mask
 
 
+# transformers' eager attention takes its softmax in float32 even in a float64 model, so padded and
+# unpadded passes differ at ~1e-7 relative; margins that are differences of squares of O(10) terms
+# (Delta, Delta_0, r_min^2 - r_max^2) carry that as ~1e-6 absolute.
+DIFFERENCES_OF_SQUARES = ("margin_delta", "margin_delta0", "margin_pair_gap")
+
+
 def assert_results_equal(a: GeometryResult, b: GeometryResult, rtol: float = 1e-6) -> None:
     """Every field: counts exactly equal, means (and spreads) to ``rtol``, NaN where the other has NaN."""
     assert set(a.fields) == set(b.fields)
@@ -53,7 +59,8 @@ def assert_results_equal(a: GeometryResult, b: GeometryResult, rtol: float = 1e-
         width = min(ca.shape[-1], cb.shape[-1]) if a.spec(name).growing else None
         cut = (lambda t: t[..., :width]) if width is not None else (lambda t: t)
         assert torch.equal(cut(ca), cut(cb)), name
-        torch.testing.assert_close(cut(a.per_head(name)), cut(b.per_head(name)), rtol=rtol, atol=1e-9, equal_nan=True, msg=name)
+        atol = 1e-5 if name in DIFFERENCES_OF_SQUARES and rtol else 1e-9
+        torch.testing.assert_close(cut(a.per_head(name)), cut(b.per_head(name)), rtol=rtol, atol=atol, equal_nan=True, msg=name)
         if a.spec(name).documents == "moments":
             torch.testing.assert_close(cut(a.std(name)), cut(b.std(name)), rtol=1e-4, atol=1e-7, equal_nan=True, msg=name)
 

@@ -19,12 +19,13 @@ def window(smollm2):
 
 @pytest.fixture(scope="module")
 def result(smollm2, window):
-    return run_with_geometry_hooks(smollm2, window)
+    return run_with_geometry_hooks(smollm2, window, keep_queries=True)
 
 
 def test_shapes_and_ranges_on_the_default_model(result):
     n = len(result.n_grid)
-    assert result.precision.shape == (30, 9, n) and result.per_sequence["recall"].shape == (1, 30, 9, n)
+    assert result.precision.shape == (30, 9, n) and result.queries["recall"].shape == (1, 30, 9, 1, n)
+    assert result.query_positions.tolist() == [[1023]] and (result.n_documents, result.n_tokens) == (1, 1024)
     assert result.n_grid[-1] == 1024  # the last N selects every key of the final query
     assert (result.precision > 0).all() and (result.precision <= 1).all()
     assert (result.recall >= 0).all() and (result.recall <= 1).all()
@@ -41,9 +42,11 @@ def test_hooks_equal_the_engine_on_run_with_cache(smollm2, window, result):
         values = cache[value_hook(layer)][0].index_select(1, torch.arange(9) // group)  # [key, head, d_head]
         expected = selection_metrics(alpha, values.transpose(0, 1), result.n_grid)
         for name in ("k_in", "k_out"):
-            assert torch.equal(result.per_sequence[name][0, layer], getattr(expected, name)), (layer, name)
+            assert torch.equal(result.queries[name][0, layer, :, 0], getattr(expected, name)), (layer, name)
         for name in ("r_max", "r_min", "s_norm", "precision", "recall"):
-            torch.testing.assert_close(result.per_sequence[name][0, layer], getattr(expected, name), msg=name)
+            torch.testing.assert_close(result.queries[name][0, layer, :, 0], getattr(expected, name), msg=name)
+            # One window, one query: the kept mean is that query's value.
+            assert torch.equal(result.per_head(name)[layer], result.queries[name][0, layer, :, 0].double()), name
 
 
 def test_result_round_trips_through_files(result, tmp_path):

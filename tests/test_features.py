@@ -8,9 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests import tiny_models as tm
-from tl_geometry.activations import LayerActivations
-from tl_geometry.diagnostics.taxonomy import CURVE_FEATURES, SCALAR_FEATURES, TAXONOMY_FEATURES, row_features, taxonomy_features
 from tl_geometry.capture.hooks import run_with_geometry_hooks
+from tl_geometry.diagnostics.taxonomy import CURVE_FEATURES, POSITION_FEATURES, SCALAR_FEATURES, TAXONOMY_FEATURES, row_features
+from tl_geometry.diagnostics.taxonomy import DIAGNOSTIC as TAXONOMY
+from tl_geometry.engine.context import SelectionContext
+from tl_geometry.engine.metrics import selection_metrics
+
+# ||s(N)|| (once the taxonomy's own curve, now the selection metric s_norm) and the taxonomy curves.
+REFERENCE_CURVES = ("s_norm", *CURVE_FEATURES)
 
 
 def reference_row(alpha, values, visible, grid) -> dict[str, list[float] | float]:
@@ -19,22 +24,22 @@ def reference_row(alpha, values, visible, grid) -> dict[str, list[float] | float
     keys = [i for i in range(len(alpha)) if visible[i]]
     sink, last = keys[0], keys[-1]
     if len(keys) < 2:
-        return {**{n: [math.nan] * len(grid) for n in CURVE_FEATURES}, **dict.fromkeys(SCALAR_FEATURES, math.nan)}
+        return {**{n: [math.nan] * len(grid) for n in REFERENCE_CURVES}, **dict.fromkeys(SCALAR_FEATURES, math.nan)}
     order = sorted(keys, key=lambda i: (-float(alpha[i]), i))
     y = {i: alpha[i] * values[i] for i in keys}
 
     def cos(a, b):
         return float(a @ b) / (float(a.norm()) * float(b.norm()) + 1e-12)
 
-    out = {name: [] for name in CURVE_FEATURES}
+    out = {name: [] for name in REFERENCE_CURVES}
     for n in grid:
         if n > len(keys):
-            for name in CURVE_FEATURES:
+            for name in REFERENCE_CURVES:
                 out[name].append(math.nan)
             continue
         top = order[:n]
         s = sum((y[i] for i in top), torch.zeros(values.shape[-1], dtype=torch.float64))
-        out["taxonomy_s_norm"].append(float(s.norm()))
+        out["s_norm"].append(float(s.norm()))
         out["s_norm_without_sink"].append(float(sum((y[i] for i in top if i != sink), torch.zeros_like(s)).norm()))
         out["s_norm_without_last"].append(float(sum((y[i] for i in top if i != last), torch.zeros_like(s)).norm()))
         out["cos_s_sink"].append(cos(s, values[sink]))
@@ -69,11 +74,16 @@ def test_row_features_match_reference(seed, ties):
     alpha, values, mask = random_rows(seed, ties=ties)
     grid = torch.tensor([1, 2, 3, 5, 9, 12])
     fast = row_features(alpha, values, mask, grid)
+    # ||s(N)|| is the selection metric s_norm (the regime rules read it there); the reference leaves
+    # single-key rows out (NaN) for every curve, the metric does not.
+    s_norm = selection_metrics(alpha, values, grid, key_mask=mask).s_norm
     for r in range(len(alpha)):
         want = reference_row(alpha[r], values[r], mask[r].tolist(), grid.tolist())
         for name in CURVE_FEATURES + SCALAR_FEATURES:
             got = fast[name][r].double()
             torch.testing.assert_close(got, torch.tensor(want[name], dtype=torch.float64), equal_nan=True, msg=name)
+        if int(mask[r].sum()) >= 2:
+            torch.testing.assert_close(s_norm[r], torch.tensor(want["s_norm"], dtype=torch.float64), equal_nan=True)
 
 
 def test_leave_one_out_norms_bound_s_norm_and_vanish_with_single_key_removed():
@@ -87,62 +97,93 @@ def test_leave_one_out_norms_bound_s_norm_and_vanish_with_single_key_removed():
     assert math.isnan(f["cos_s_last"][0, 3])  # N = 4 > 3 visible keys
 
 
-def activations(seed=0, batch=3, heads=2, queries=3, keys=7, d=4):
+def layer_context(seed=0, batch=3, heads=2, queries=3, keys=7, d=4):
+    """A selection context built by hand: sequences of 7, 5 and 3 real keys (right-padded), the last
+    three positions of each as queries (the shortest has only two valid ones), random rows.
+
+    Returns the context and the attention rows ``[batch, head, query, key]`` (hidden keys 0) it reads.
+    """
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.tensor([keys, keys - 2, 3])[:batch]
     real = torch.arange(keys) < lengths[:, None]
     query_index = torch.stack([lengths - 1 - k for k in range(queries - 1, -1, -1)], dim=-1).clamp(min=0)
     query_valid = torch.tensor([[True, True, True], [True, True, True], [False, True, True]])[:batch, :queries]
-    mask = (torch.arange(keys) <= query_index[..., None]) & real[:, None, :]
-    mask = mask[:, None].expand(batch, heads, queries, keys)
-    alpha = torch.rand(batch, heads, queries, keys, generator=gen, dtype=torch.float64) * mask
+    visible = (torch.arange(keys) <= query_index[..., None]) & real[:, None, :]  # [batch, query, key]
+    alpha = torch.rand(batch, heads, queries, keys, generator=gen, dtype=torch.float64) * visible[:, None]
     values = torch.randn(batch, keys, heads, d, generator=gen, dtype=torch.float64) * real[:, :, None, None]
-    grid = torch.tensor([1, 2, 4, 8])
-    return LayerActivations(0, values, alpha, mask, query_index, query_valid, real, grid)
+    # The model's pattern [batch, head, query_pos, key_pos], holding the rows at the queries' positions.
+    pattern = torch.zeros(batch, heads, keys, keys, dtype=torch.float64)
+    for b in range(batch):
+        for q in range(queries):
+            if query_valid[b, q]:
+                pattern[b, :, query_index[b, q]] = alpha[b, :, q]
+    sink = torch.where(visible[:, :, 0], 0, -1)  # the first real token (no left padding here)
+    context = SelectionContext(
+        pattern, values, visible, sink, query_valid, torch.tensor([1, 2, 4, 8]), query_index=query_index, real=real
+    )
+    return context, alpha
 
 
-def test_taxonomy_features_average_valid_queries_and_pad_positions():
-    seen = activations()
-    out = taxonomy_features(seen)
-    assert set(out) == set(TAXONOMY_FEATURES)
-    batch, heads, queries, keys = seen.alpha.shape
+def test_taxonomy_features_of_every_valid_query_row_and_the_last_query_by_position():
+    context, alpha = layer_context()
+    grid = context.grid.tolist()
+    batch, heads, queries, keys = alpha.shape
+    seen = set()
+    for chunk in context.chunks():
+        out = TAXONOMY.rows(chunk, TAXONOMY.Settings())
+        assert set(out) == set(CURVE_FEATURES + SCALAR_FEATURES)
+        for r, (b, h, q) in enumerate(zip(chunk.batch.tolist(), chunk.head.tolist(), chunk.query.tolist(), strict=True)):
+            assert context.query_valid[b, q], (b, q)  # only valid queries become rows
+            seen.add((b, h, q))
+            want = reference_row(alpha[b, h, q], context.values[b, :, h], context.visible[b, q].tolist(), grid)
+            for name in CURVE_FEATURES + SCALAR_FEATURES:
+                torch.testing.assert_close(out[name][r], torch.tensor(want[name], dtype=torch.float64), equal_nan=True, msg=name)
+            assert out["cos_s_last"][r].shape == (len(grid),) and out["contribution_sink"][r].shape == ()
+    valid = {(b, h, q) for b in range(batch) for h in range(heads) for q in range(queries) if context.query_valid[b, q]}
+    assert seen == valid  # every valid (sequence, head, query) once
+    positions = TAXONOMY.sequences(context, TAXONOMY.Settings())
+    assert set(positions) == set(POSITION_FEATURES)
     for b in range(batch):
         for h in range(heads):
-            rows = [
-                reference_row(seen.alpha[b, h, q], seen.values[b, :, h], seen.key_mask[b, h, q].tolist(), seen.grid.tolist())
-                for q in range(queries)
-                if seen.query_valid[b, q]
-            ]
-            for name in CURVE_FEATURES + SCALAR_FEATURES:
-                want = torch.nanmean(torch.tensor([r[name] for r in rows], dtype=torch.float64), dim=0)
-                torch.testing.assert_close(out[name][b, h], want, equal_nan=True, msg=name)
-            q = max(q for q in range(queries) if seen.query_valid[b, q])
-            vis = seen.key_mask[b, h, q]
+            q = max(q for q in range(queries) if context.query_valid[b, q])
+            vis = context.visible[b, q]
             last = int(vis.nonzero().max())
-            v = seen.values[b, :, h]
-            contribution = [float(seen.alpha[b, h, q, i] * v[i].norm()) if vis[i] else math.nan for i in range(keys)]
+            v = context.values[b, :, h]
+            contribution = [float(alpha[b, h, q, i] * v[i].norm()) if vis[i] else math.nan for i in range(keys)]
             cos = [
                 float(v[i] @ v[last]) / (float(v[i].norm() * v[last].norm()) + 1e-12) if vis[i] else math.nan
                 for i in range(keys)
             ]
-            torch.testing.assert_close(out["contribution_by_position"][b, h], torch.tensor(contribution, dtype=torch.float64), equal_nan=True)
-            torch.testing.assert_close(out["cos_last_by_position"][b, h], torch.tensor(cos, dtype=torch.float64), equal_nan=True)
-    assert out["cos_s_last"].shape == (batch, heads, len(seen.grid))
-    assert out["contribution_sink"].shape == (batch, heads)
-    assert out["contribution_by_position"].shape == (batch, heads, keys)
+            torch.testing.assert_close(positions["contribution_by_position"][b, h], torch.tensor(contribution, dtype=torch.float64), equal_nan=True)
+            torch.testing.assert_close(positions["cos_last_by_position"][b, h], torch.tensor(cos, dtype=torch.float64), equal_nan=True)
+    assert positions["contribution_by_position"].shape == (batch, heads, keys)
+    assert set(TAXONOMY_FEATURES) == {spec.name for spec in TAXONOMY.fields}
 
 
 @pytest.mark.model
 def test_features_through_the_hooks_do_not_depend_on_batching():
     model = tm.make_model("bridge-llama")
     texts = ["the cat sat on the mat and ran", "a dog", "one two three four five six seven"]
-    together = run_with_geometry_hooks(model, texts, diagnostics=["taxonomy"], n_grid=[1, 2, 4, 8])
-    for i, text in enumerate(texts):
-        alone = run_with_geometry_hooks(model, [text], diagnostics=["taxonomy"], n_grid=[1, 2, 4, 8])
+    config = dict(diagnostics=["taxonomy"], n_grid=[1, 2, 4, 8], keep_queries=True)
+    together = run_with_geometry_hooks(model, texts, **config)
+    alone = [run_with_geometry_hooks(model, [text], **config) for text in texts]
+    for i, one in enumerate(alone):
         for name in CURVE_FEATURES + SCALAR_FEATURES:
-            torch.testing.assert_close(together.per_sequence[name][i], alone.per_sequence[name][0], equal_nan=True, msg=name)
-        width = alone.per_sequence["contribution_by_position"].shape[-1]
-        for name in ("contribution_by_position", "cos_last_by_position"):
-            padded = together.per_sequence[name][i]
-            torch.testing.assert_close(padded[..., :width], alone.per_sequence[name][0], equal_nan=True, msg=name)
-            assert padded[..., width:].isnan().all()
+            torch.testing.assert_close(together.queries[name][i], one.queries[name][0], equal_nan=True, msg=name)
+    # The per-position features belong to each sequence's last query: one sequence per run gives its own
+    # values; together, position p averages the sequences that reach p, and padding is never counted.
+    width = max(one.per_head("contribution_by_position").shape[-1] for one in alone)
+    lengths = [one.n_tokens for one in alone]
+    for name in POSITION_FEATURES:
+        assert together.per_head(name).shape[-1] == width
+        rows = []
+        for one, length in zip(alone, lengths, strict=True):
+            t = one.per_head(name)
+            assert t.shape[-1] == length and torch.equal(one.count(name), (~t.isnan()).long()), name
+            rows.append(torch.nn.functional.pad(t, (0, width - length), value=math.nan))
+        stacked = torch.stack(rows)
+        reaching = torch.tensor([sum(length > p for length in lengths) for p in range(width)])
+        assert torch.equal(together.count(name), reaching.expand_as(together.count(name))), name
+        # documents="mean" fields keep their sums in float32 (results/stats.py), so the mean of several
+        # documents is good to float32 rounding, not float64.
+        torch.testing.assert_close(together.per_head(name).float(), torch.nanmean(stacked, 0).float(), equal_nan=True, msg=name)

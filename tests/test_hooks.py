@@ -5,6 +5,7 @@ import torch
 
 from tests import tiny_models as tm
 from tl_geometry.config import GeometryConfig
+from tl_geometry.results.result import GeometryResult
 from tl_geometry.errors import GeometryError
 from tl_geometry.capture.hook_names import pattern_hook, value_hook, z_hook
 from tl_geometry.capture.hooks import kv_head_of, run_with_geometry_hooks
@@ -65,10 +66,30 @@ def reference(model, rows: list[torch.Tensor], config: GeometryConfig, grid) -> 
     return {name: torch.stack(ts) for name, ts in out.items()}
 
 
-def assert_metrics_close(per_sequence, expected):
-    assert set(per_sequence) == set(expected)
+def per_sequence(result) -> dict[str, torch.Tensor]:
+    """Each sequence's nanmean over its analysed queries, ``[sequence, layer, head_index, n]``, from the kept rows.
+
+    The rows are ``result.queries`` (a run with ``keep_queries=True``), NaN where a sequence has no such query.
+    """
+    return {name: torch.nanmean(rows, dim=3) for name, rows in result.queries.items()}
+
+
+def assert_metrics_close(per_seq, expected):
+    assert set(per_seq) == set(expected)
     for name, want in expected.items():
-        torch.testing.assert_close(per_sequence[name], want.to(per_sequence[name].dtype), equal_nan=True, msg=name)
+        torch.testing.assert_close(per_seq[name], want.to(per_seq[name].dtype), equal_nan=True, msg=name)
+
+
+def expected_query_positions(lengths: list[int], config: GeometryConfig) -> list[list[int]]:
+    """The analysed positions of each sequence (counted from its first token), padded with -1."""
+    if config.query_positions == "last":
+        rows = [[n - 1] for n in lengths]
+    elif config.query_positions == "all":
+        rows = [list(range(n)) for n in lengths]
+    else:
+        rows = [list(config.query_positions) for _ in lengths]
+    width = max(len(r) for r in rows)
+    return [r + [-1] * (width - len(r)) for r in rows]
 
 
 def token_rows(model, texts, prepend_bos=True):
@@ -85,13 +106,18 @@ def token_rows(model, texts, prepend_bos=True):
     ],
 )
 def test_padded_batch_matches_run_with_cache_one_at_a_time(model, overrides):
-    result = run_with_geometry_hooks(model, TEXTS, **overrides)
+    result = run_with_geometry_hooks(model, TEXTS, keep_queries=True, **overrides)
     config = GeometryConfig(**overrides)
-    expected = reference(model, token_rows(model, TEXTS), config, result.n_grid)
-    assert_metrics_close(result.per_sequence, expected)
-    assert result.sequence_lengths.tolist() == [len(r) for r in token_rows(model, TEXTS)]
-    for name, t in expected.items():  # the per-layer-head values are the nanmeans over sequences
-        torch.testing.assert_close(getattr(result, name), torch.nanmean(t, 0).to(t.dtype), equal_nan=True)
+    rows = token_rows(model, TEXTS)
+    expected = reference(model, rows, config, result.n_grid)
+    assert_metrics_close(per_sequence(result), expected)
+    lengths = [len(r) for r in rows]
+    assert result.query_positions.tolist() == expected_query_positions(lengths, config)
+    assert (result.n_documents, result.n_tokens) == (len(TEXTS), sum(lengths))
+    for name, t in expected.items():  # the per-layer-head values are the nanmeans over sequences (documents)
+        mean = torch.nanmean(t, 0)
+        torch.testing.assert_close(getattr(result, name), mean.to(getattr(result, name).dtype), equal_nan=True, msg=name)
+        assert torch.equal(result.count(name), (~t.isnan()).sum(0)), name
 
 
 def test_default_grid_reaches_the_visible_keys(model):
@@ -119,35 +145,43 @@ def test_left_padding_with_mask_equals_unpadded(kind):
     model = tm.make_model(kind, dtype=torch.float32)
     rows = token_rows(model, TEXTS)
     tokens, mask = left_padded(rows)
-    config = GeometryConfig(query_positions="all", n_grid=[1, 2, 3, 4])
+    config = GeometryConfig(query_positions="all", n_grid=[1, 2, 3, 4], keep_queries=True)
     result = run_with_geometry_hooks(model, tokens, attention_mask=mask, config=config)
-    assert_metrics_close(result.per_sequence, reference(model, rows, config, result.n_grid))
+    assert_metrics_close(per_sequence(result), reference(model, rows, config, result.n_grid))
+    # Positions count from each sequence's first real token, whatever the padding.
+    assert result.query_positions.tolist() == expected_query_positions([len(r) for r in rows], config)
 
 
 def test_left_padding_nan_is_reported():
     model = tm.make_model("bridge-llama", dtype=torch.float64)
     rows = token_rows(model, TEXTS)
     tokens, mask = left_padded(rows)
-    config = GeometryConfig(n_grid=[1, 2, 3])
+    config = GeometryConfig(n_grid=[1, 2, 3], keep_queries=True)
     try:
         result = run_with_geometry_hooks(model, tokens, attention_mask=mask, config=config)
     except GeometryError as err:  # what transformer-lens 3.9 and 4.3 do: reported, never analysed wrongly
         assert "blocks.1.attn.hook_pattern: the model returned NaN or Inf attention weights" in str(err)
     else:  # a transformer-lens that handles it must give the unpadded results
-        assert_metrics_close(result.per_sequence, reference(model, rows, config, result.n_grid))
+        assert_metrics_close(per_sequence(result), reference(model, rows, config, result.n_grid))
 
 
 def test_batch_composition_does_not_change_results(model):
-    together = run_with_geometry_hooks(model, TEXTS, n_grid=[1, 2, 3])
-    alone = [run_with_geometry_hooks(model, text, n_grid=[1, 2, 3]) for text in TEXTS]
-    for name, t in together.per_sequence.items():
-        torch.testing.assert_close(t, torch.cat([a.per_sequence[name] for a in alone]), equal_nan=True)
+    together = run_with_geometry_hooks(model, TEXTS, n_grid=[1, 2, 3], keep_queries=True)
+    alone = [run_with_geometry_hooks(model, text, n_grid=[1, 2, 3], keep_queries=True) for text in TEXTS]
+    assert set(together.queries) == set(alone[0].queries)
+    for name, t in together.queries.items():
+        torch.testing.assert_close(t, torch.cat([a.queries[name] for a in alone]), equal_nan=True, msg=name)
+    merged = GeometryResult.merge(alone)
+    for name in together.fields:
+        assert torch.equal(together.count(name), merged.count(name)), name
+        torch.testing.assert_close(together.per_head(name), merged.per_head(name), equal_nan=True, msg=name)
 
 
 def test_prepend_bos_controls_the_sink(model):
     with_bos = run_with_geometry_hooks(model, TEXTS[0])
     without = run_with_geometry_hooks(model, TEXTS[0], prepend_bos=False)
-    assert with_bos.sequence_lengths.item() == without.sequence_lengths.item() + 1
+    assert with_bos.n_documents == without.n_documents == 1
+    assert with_bos.n_tokens == without.n_tokens + 1
     assert with_bos.config.prepend_bos and not without.config.prepend_bos
 
 
@@ -190,7 +224,8 @@ def test_hooks_removed_when_a_hook_raises(model, monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("engine failed mid-pass")
 
-    monkeypatch.setattr("tl_geometry.capture.hooks.selection_metrics", boom)
+    # The selection metrics run inside the pattern hook, through the always-on selection diagnostic.
+    monkeypatch.setattr("tl_geometry.diagnostics.selection.chunk_metrics", boom)
     with pytest.raises(RuntimeError, match="engine failed mid-pass"):
         run_with_geometry_hooks(model, TEXTS)
     assert tm.hook_counts(model) == hooks_before
@@ -219,7 +254,8 @@ def test_hooks_removed_when_the_model_raises(model):
         ("the cat", {"layers": [0, 7]}, r"layers: \[7\] out of range; the model has 2 layers"),
         ("the cat", {"heads": [4]}, r"heads: \[4\] out of range; the model has 4 heads .*0..3"),
         ("the cat", {"n_grid": [0, 1]}, "n_grid: every N must be >= 1"),
-        ("the cat", {"query_positions": [5]}, "query_positions: position 5 is beyond the shortest sequence"),
+        ("the cat", {"query_positions": [5]}, r"query_positions: \[5\] reach beyond the shortest sequence \(3 tokens\)"),
+        ("the cat", {"query_positions": [-4]}, r"query_positions: \[-4\] reach beyond the shortest sequence"),
         ("the cat", {"colour": "red"}, r"unknown config field\(s\) \['colour'\]; valid names are"),
     ],
 )

@@ -89,7 +89,7 @@ def full():
     """Every diagnostic, on a tiny model, with several sequences for the correlations."""
     model = tm.make_model("bridge-llama")
     return run_with_geometry_hooks(model, tm.with_bos(tm.random_tokens(4, 40)), n_grid=[1, 2, 4, 8, 41],
-                                   diagnostics="all")
+                                   diagnostics="all", n_bootstrap=50)
 
 
 def test_toy_selection_draws_points_s_and_both_balls():
@@ -127,14 +127,14 @@ def test_cosine_decay_shows_the_fit_of_the_chosen_head(full):
 def test_attention_profile_is_on_a_log_axis_with_its_fit(full):
     fig = plots.attention_profile(full, layer=0, head=0)
     weights, fit = fig.data[0], fig.data[1]
-    profile = full.per_sequence["attention_profile"][0, 0, 0]
+    profile = full.per_head("attention_profile")[0, 0]  # the final query's row, mean over the sequences
     assert list(weights.y) == profile[~torch.isnan(profile)].tolist()
     assert len(fit.y) == len(weights.y) and all(y > 0 for y in fit.y)
     assert fig.layout.yaxis.type == "log"
 
 
 def test_sink_recall_draws_pearson_spearman_and_interval(full):
-    correlation = sink_recall_correlation(full, n_bootstrap=50)
+    correlation = sink_recall_correlation(full, n_bootstrap=50)  # the run's 50 document-bootstrap replicates
     fig = plots.sink_recall(correlation)
     pearson = next(t for t in fig.data if t.name == "Pearson")
     torch.testing.assert_close(torch.tensor(pearson.y, dtype=torch.float64), correlation.pearson.double(),

@@ -23,9 +23,8 @@ def result():
 
 
 def test_without_diagnostics_their_figures_are_left_out(result):
-    plain = dataclasses.replace(
-        result, per_sequence={k: v for k, v in result.per_sequence.items() if k in REQUIRED_FIELDS}
-    )
+    plain = dataclasses.replace(result, stats={k: v for k, v in result.stats.items() if k in REQUIRED_FIELDS})
+    assert set(plain.fields) == set(REQUIRED_FIELDS)
     page = report.render_html(plain)
     for figure in report.FIGURES:
         assert (f'id="{figure.key}"' in page) == (figure.needs is None)

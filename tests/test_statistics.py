@@ -13,13 +13,15 @@ from tests import tiny_models as tm
 from tl_geometry import GeometryError, run_with_geometry_hooks
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.diagnostics.assumptions import (
+    DIAGNOSTIC,
     MAX_LAG_FIT,
-    assumption_diagnostics,
+    _kv_groups,
     cosine_by_lag,
     fit_exponential_decay,
     sink_similarity,
     value_norm_statistics,
 )
+from tl_geometry.engine.context import SelectionContext
 
 # ---- float64 references, one row (one head of one sequence) at a time ----
 
@@ -203,46 +205,52 @@ def token_rows(model, texts):
     return [model.to_tokens(t)[0] for t in texts]
 
 
-def check_against_pure_functions(result, cached, width):
+def check_against_pure_functions(result, layers):
+    """A result of ONE sequence (so its per-head means are that sequence's values) against the pure functions."""
     names = ("value_norm_by_position", "value_norm_cv", "sink_norm_ratio", "rho0", "decay_beta", "decay_mae")
-    for s, layers in enumerate(cached):
-        for layer, (v, alpha) in layers.items():
-            real = torch.ones(v.shape[:2], dtype=torch.bool)
-            norms, cv, ratio = value_norm_statistics(v, real)
-            lag = cosine_by_lag(v, real)
-            beta, mae = fit_exponential_decay(lag)
-            expected = dict(zip(names, (norms, cv, ratio, sink_similarity(v, real), beta, mae)))
-            n = v.shape[1]
-            for name, t in expected.items():
-                got = result.per_sequence[name][s, layer]
-                torch.testing.assert_close(got[..., :n] if got.ndim == 2 else got, t.float(), equal_nan=True, msg=name)
-            torch.testing.assert_close(result.per_sequence["cosine_by_lag"][s, layer, :, :n], lag, equal_nan=True)
-            torch.testing.assert_close(result.per_sequence["attention_profile"][s, layer, :, :n], alpha.float())
-            for name in ("value_norm_by_position", "cosine_by_lag", "attention_profile"):
-                assert result.per_sequence[name][s, layer, :, n:].isnan().all(), name
-            assert result.per_sequence[name].shape[-1] == width
+    assert result.n_documents == 1
+    for layer, (v, alpha) in layers.items():
+        real = torch.ones(v.shape[:2], dtype=torch.bool)
+        norms, cv, ratio = value_norm_statistics(v, real)
+        lag = cosine_by_lag(v, real)
+        beta, mae = fit_exponential_decay(lag)
+        expected = dict(zip(names, (norms, cv, ratio, sink_similarity(v, real), beta, mae)))
+        n = v.shape[1]
+        for name, t in expected.items():
+            got = result.per_head(name)[layer].float()
+            torch.testing.assert_close(got, t.float(), equal_nan=True, msg=name)
+        torch.testing.assert_close(result.per_head("cosine_by_lag")[layer].float(), lag, equal_nan=True)
+        torch.testing.assert_close(result.per_head("attention_profile")[layer].float(), alpha.float())
+        for name in ("value_norm_by_position", "cosine_by_lag", "attention_profile"):
+            assert result.per_head(name).shape[-1] == n, name  # as wide as the sequence, no wider
+
+
+def _context(values, alpha, kv_heads=None):
+    """One layer's selection context over sequences of real keys, each with its last position as the query."""
+    batch, heads, _, keys = alpha.shape
+    return SelectionContext(
+        alpha, values, torch.ones(batch, 1, keys, dtype=torch.bool), torch.zeros(batch, 1, dtype=torch.long),
+        torch.ones(batch, 1, dtype=torch.bool), torch.tensor([1, 4]), query_index=torch.zeros(batch, 1, dtype=torch.long),
+        kv_heads=kv_heads,
+    )  # fmt: skip
 
 
 @given(kv_heads=st.lists(st.integers(0, 3), min_size=1, max_size=6), seed=st.integers(0, 1000))
 @settings(max_examples=15, deadline=None)
 def test_value_statistics_once_per_kv_head_equal_those_of_every_head(kv_heads, seed):
     """Heads of one GQA group share their value states: computing once per group changes nothing."""
-    from tl_geometry.activations import LayerActivations
-
     gen = torch.Generator().manual_seed(seed)
     heads, keys = len(kv_heads), 12
     kv = torch.tensor(kv_heads)
     per_kv = torch.randn(2, keys, 4, 8, generator=gen) + 0.5
-    alpha = torch.softmax(torch.randn(2, heads, 1, keys, generator=gen), -1)
-    mask = torch.ones(2, heads, 1, keys, dtype=torch.bool)
-    fields = dict(layer=0, values=per_kv[:, :, kv], alpha=alpha, key_mask=mask,
-                  query_index=torch.full((2, 1), keys - 1), query_valid=torch.ones(2, 1, dtype=torch.bool),
-                  real=torch.ones(2, keys, dtype=torch.bool), grid=torch.tensor([1, 4]))
-    first, inverse = LayerActivations(**fields, kv_heads=kv).value_heads()
+    alpha = torch.softmax(torch.randn(2, heads, 1, keys, generator=gen), -1)  # [batch, head, query_pos, key]
+    grouped_context = _context(per_kv[:, :, kv], alpha, kv_heads=kv)
+    first, inverse = _kv_groups(grouped_context)
     assert torch.equal(kv[first][inverse], kv) and len(first) == len(set(kv_heads))
-    grouped = assumption_diagnostics(LayerActivations(**fields, kv_heads=kv))
-    every = assumption_diagnostics(LayerActivations(**fields))
-    assert grouped.keys() == every.keys()
+    settings_ = DIAGNOSTIC.Settings()
+    grouped = DIAGNOSTIC.sequences(grouped_context, settings_)
+    every = DIAGNOSTIC.sequences(_context(per_kv[:, :, kv], alpha), settings_)
+    assert grouped.keys() == every.keys() == {spec.name for spec in DIAGNOSTIC.fields}
     for name, t in every.items():
         torch.testing.assert_close(grouped[name], t, equal_nan=True, msg=name)
 
@@ -250,11 +258,34 @@ def test_value_statistics_once_per_kv_head_equal_those_of_every_head(kv_heads, s
 @pytest.mark.model
 def test_diagnostic_in_the_hooked_pass_equals_the_pure_functions(model):
     rows = token_rows(model, TEXTS)
+    cached = cached_rows(model, rows)
+    # Per-sequence values: one sequence per run (the result keeps statistics over documents).
+    alone = [run_with_geometry_hooks(model, text, diagnostics=["assumptions"], n_grid=[1, 2]) for text in TEXTS]
+    for one, layers in zip(alone, cached, strict=True):
+        check_against_pure_functions(one, layers)
+    # Together, right-padded: position p averages the sequences that reach it, padding is never counted.
     result = run_with_geometry_hooks(model, TEXTS, diagnostics=["assumptions"], n_grid=[1, 2])
     width = max(len(r) for r in rows)
     assert result.value_norm_by_position.shape == (2, 4, width)
     assert result.profile_fit.p_base.shape == (2, 4)
-    check_against_pure_functions(result, cached_rows(model, rows), width)
+    for name in ("value_norm_by_position", "attention_profile"):
+        reaching = torch.tensor([sum(len(r) > p for r in rows) for p in range(width)])
+        assert torch.equal(result.count(name), reaching.expand(2, 4, width)), name
+    for name in ("value_norm_by_position", "cosine_by_lag", "attention_profile", "value_norm_cv", "rho0", "decay_beta"):
+        each = [torch.nn.functional.pad(one.per_head(name), (0, width - len(r)) if one.spec(name).axes else (), value=math.nan)
+                for one, r in zip(alone, rows, strict=True)]
+        # float32 statistics (and float32 sums for the per-position fields): float32 tolerances.
+        torch.testing.assert_close(result.per_head(name).float(), torch.nanmean(torch.stack(each), 0).float(),
+                                   equal_nan=True, msg=name)
+
+
+def _left_padded(rows, width):
+    tokens = torch.full((len(rows), width), tm.PAD_ID)
+    mask = torch.zeros_like(tokens)
+    for i, r in enumerate(rows):
+        tokens[i, width - len(r) :] = r
+        mask[i, width - len(r) :] = 1
+    return tokens, mask
 
 
 @pytest.mark.model
@@ -262,24 +293,41 @@ def test_left_padding_is_shifted_to_the_sink(model):
     model32 = tm.make_model("bridge-llama", dtype=torch.float32)
     rows = token_rows(model32, TEXTS)
     width = max(len(r) for r in rows)
-    tokens = torch.full((len(rows), width), tm.PAD_ID)
-    mask = torch.zeros_like(tokens)
-    for i, r in enumerate(rows):
-        tokens[i, width - len(r) :] = r
-        mask[i, width - len(r) :] = 1
+    names = ("value_norm_by_position", "value_norm_cv", "rho0", "cosine_by_lag", "attention_profile")
+    # Each sequence alone (so the result holds its own values), left-padded to the batch width vs unpadded.
+    for row, text in zip(rows, TEXTS, strict=True):
+        tokens, mask = _left_padded([row], width + 2)
+        left = run_with_geometry_hooks(model32, tokens, attention_mask=mask, diagnostics=["assumptions"], n_grid=[1])
+        right = run_with_geometry_hooks(model32, text, diagnostics=["assumptions"], n_grid=[1])
+        for name in names:
+            got, want = left.per_head(name), right.per_head(name)
+            if left.spec(name).axes:  # the padded run's axes are as wide as its padded row: NaN, uncounted, past the text
+                n = want.shape[-1]
+                assert got[..., n:].isnan().all() and not left.count(name)[..., n:].any(), name
+                got = got[..., :n]
+            torch.testing.assert_close(got, want, equal_nan=True, atol=1e-5, rtol=1e-4, msg=name)
+    # And the whole batch, left- vs right-padded: every statistic over the sequences.
+    tokens, mask = _left_padded(rows, width)
     left = run_with_geometry_hooks(model32, tokens, attention_mask=mask, diagnostics=["assumptions"], n_grid=[1])
     right = run_with_geometry_hooks(model32, TEXTS, diagnostics=["assumptions"], n_grid=[1])
-    for name in ("value_norm_by_position", "value_norm_cv", "rho0", "cosine_by_lag", "attention_profile"):
-        torch.testing.assert_close(left.per_sequence[name], right.per_sequence[name], equal_nan=True, atol=1e-5, rtol=1e-4)
+    for name in names:
+        assert torch.equal(left.count(name), right.count(name)), name
+        torch.testing.assert_close(left.per_head(name), right.per_head(name), equal_nan=True, atol=1e-5, rtol=1e-4, msg=name)
+        if left.spec(name).documents == "moments":
+            for stat in (left.min, left.max):
+                torch.testing.assert_close(stat(name), getattr(right, stat.__name__)(name), equal_nan=True, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.model
-def test_diagnostic_output_shapes_are_batch_by_head(model):
-    result = run_with_geometry_hooks(model, TEXTS[:2], diagnostics=["assumptions"], n_grid=[1])
-    width = int(result.sequence_lengths.max())
-    assert result.per_sequence["cosine_by_lag"].shape == (2, 2, 4, width)
-    assert result.per_sequence["profile_error"].shape == (2, 2, 4)
-    assert callable(assumption_diagnostics)
+def test_diagnostic_output_shapes_are_layer_by_head(model):
+    result = run_with_geometry_hooks(model, TEXTS[:2], diagnostics=["assumptions"], n_grid=[1], keep_queries=True)
+    width = max(len(r) for r in token_rows(model, TEXTS[:2]))
+    assert result.per_head("cosine_by_lag").shape == result.count("cosine_by_lag").shape == (2, 4, width)
+    assert result.per_head("profile_error").shape == (2, 4)
+    assert result.n_documents == 2
+    # Values of a sequence (not of a query) are reduced per sequence: none of them has per-query rows.
+    assert not {spec.name for spec in DIAGNOSTIC.fields} & set(result.queries)
+    assert all(spec.queries in ("sequence", "last") for spec in DIAGNOSTIC.fields)
 
 
 # ---- the real default model: one 1024-token window ----
@@ -300,9 +348,10 @@ def test_assumptions_on_the_default_model(smollm2):
         assert t.shape == (layers, heads) and torch.isfinite(t).all(), name
     assert (result.value_norm_cv >= 0).all() and (result.sink_norm_ratio > 0).all()
     assert (result.rho0.abs() <= 1).all()
-    torch.testing.assert_close(result.cosine_by_lag[..., 0], torch.ones(layers, heads))
+    # Per-position fields keep float32 sums (documents="mean"): compared in float32, as the values are.
+    torch.testing.assert_close(result.cosine_by_lag[..., 0].float(), torch.ones(layers, heads))
     assert torch.isfinite(result.cosine_by_lag[..., :1022]).all() and result.cosine_by_lag[..., 1023].isnan().all()
-    torch.testing.assert_close(result.attention_profile.sum(-1), torch.ones(layers, heads))
+    torch.testing.assert_close(result.attention_profile.sum(-1).float(), torch.ones(layers, heads))
     fit = result.profile_fit
     assert torch.isfinite(fit.error).all() and (fit.t1 <= fit.t2).all() and (fit.t2 <= 1023).all()
     corr = result.sink_recall_corr
@@ -320,5 +369,5 @@ def test_assumptions_on_the_default_model(smollm2):
         expected = {"value_norm_by_position": norms, "value_norm_cv": cv, "sink_norm_ratio": ratio,
                     "rho0": sink_similarity(v, real), "cosine_by_lag": lag, "decay_beta": beta, "decay_mae": mae,
                     "attention_profile": cache[pattern_hook(layer)][0, :, -1]}
-        for name, t in expected.items():
-            torch.testing.assert_close(result.per_sequence[name][0, layer], t.float(), equal_nan=True, msg=name)
+        for name, t in expected.items():  # one window: the per-head means are its values
+            torch.testing.assert_close(result.per_head(name)[layer].float(), t.float(), equal_nan=True, msg=name)

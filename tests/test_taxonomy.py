@@ -9,11 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests import tiny_models as tm
+from tl_geometry.config import GeometryConfig
 from tl_geometry.errors import GeometryError
 from tl_geometry.diagnostics.taxonomy import row_features
 from tl_geometry.capture.hooks import run_with_geometry_hooks
+from tl_geometry.engine.metrics import selection_metrics
+from tl_geometry.results.result import GeometryResult
 from tl_geometry.analysis.taxonomy import (
     CRITERIA,
+    REGIME_INPUTS,
     REGIMES,
     TaxonomyConfig,
     classify_heads,
@@ -52,8 +56,13 @@ def constructed_head(regime: str, seed: int) -> tuple[torch.Tensor, torch.Tensor
     return alpha, v
 
 
+def features_of(alpha, values, mask, grid):
+    """The inputs of the regime rules for independent rows: the taxonomy features and ||s(N)|| (a selection metric)."""
+    return {**row_features(alpha, values, mask, grid), "s_norm": selection_metrics(alpha, values, grid, key_mask=mask).s_norm}
+
+
 def label_of(alpha, values, config=TaxonomyConfig()):
-    f = row_features(alpha[None], values[None], torch.ones(1, alpha.shape[-1], dtype=torch.bool), GRID)
+    f = features_of(alpha[None], values[None], torch.ones(1, alpha.shape[-1], dtype=torch.bool), GRID)
     scores = regime_scores(regime_criteria(f, GRID, config), config)
     return REGIMES[int(labels_from_scores(scores)[0])], scores[0]
 
@@ -98,7 +107,7 @@ def reference_criteria(f: dict, grid: list[int], cfg: TaxonomyConfig) -> dict[st
         return min(1.0, max(0.0, x))
 
     c0, cl, cr = f["contribution_sink"], f["contribution_last"], f["contribution_rest"]
-    s, s0, sl = f["taxonomy_s_norm"], f["s_norm_without_sink"], f["s_norm_without_last"]
+    s, s0, sl = f["s_norm"], f["s_norm_without_sink"], f["s_norm_without_last"]
     cos_l, cos_0 = f["cos_s_last"], f["cos_s_sink"]
     eps = 1e-12
     drop_l = mean([clip((s[i] - sl[i]) / (s[i] + eps)) for i in valid])
@@ -126,7 +135,7 @@ def test_criteria_match_reference(seed, keys, n_small, late):
     values = torch.randn(4, keys, 5, generator=gen, dtype=torch.float64)
     grid = torch.tensor([1, 2, 3, 5, 8, 13, 21, 34])
     cfg = TaxonomyConfig(n_small=n_small, late_fraction=late)
-    features = row_features(alpha, values, torch.ones(4, keys, dtype=torch.bool), grid)
+    features = features_of(alpha, values, torch.ones(4, keys, dtype=torch.bool), grid)
     fast = regime_criteria(features, grid, cfg)
     for r in range(4):
         want = reference_criteria({k: v[r].tolist() for k, v in features.items()}, grid.tolist(), cfg)
@@ -169,21 +178,56 @@ def tiny():
     return tm.make_model("bridge-llama")
 
 
+def reference_label(f: dict, grid: list[int], cfg: TaxonomyConfig) -> int | None:
+    """The label of one head from its features (mean of each regime's criteria, ties to the first regime,
+    NaN scores lose); None where no N is defined (nothing to label)."""
+    if all(math.isnan(c) for c in f["cos_s_last"]):
+        return None
+    criteria = reference_criteria(f, grid, cfg)
+    scores = [sum(criteria[c] for c in CRITERIA[regime]) / 3 for regime in REGIMES]
+    best = max((x for x in scores if not math.isnan(x)), default=None)
+    return None if best is None else scores.index(best)
+
+
 @pytest.mark.model
 def test_classify_heads_deterministic_and_independent_of_batching(tiny):
-    first = classify_heads(tiny, TEXTS, taxonomy=TaxonomyConfig())
-    again = classify_heads(tiny, TEXTS)
+    config = GeometryConfig(diagnostics=["taxonomy"], n_grid=[1, 2, 4, 8])  # one grid for every run below
+    first = classify_heads(tiny, TEXTS, config, taxonomy=TaxonomyConfig())
+    again = classify_heads(tiny, TEXTS, config)
     assert torch.equal(first.labels, again.labels) and torch.equal(first.scores, again.scores)
     assert first.labels.shape == (tm.N_LAYERS, tm.N_HEADS) and first.scores.shape == (tm.N_LAYERS, tm.N_HEADS, 3)
-    for i, text in enumerate(TEXTS):
-        alone = classify_heads(tiny, [text])
-        # Padding and batch size change nothing: each sequence's own label is that of the run alone.
-        assert torch.equal(first.sequence_labels[i], alone.labels)
-        torch.testing.assert_close(first.sequence_labels[i], alone.sequence_labels[0])
+    # Padding and batch size change nothing: the texts one run each, merged, give the same labels. (Labels per
+    # sequence no longer exist: a result keeps statistics over documents, not each document's features.)
+    merged = GeometryResult.merge([run_with_geometry_hooks(tiny, text, config=config) for text in TEXTS])
+    alone = classify_heads(merged)
+    assert torch.equal(first.labels, alone.labels)
+    torch.testing.assert_close(first.scores, alone.scores)
     counts = first.counts_by_layer()
     assert counts.shape == (tm.N_LAYERS, 3) and (counts.sum(-1) == tm.N_HEADS).all()
-    agree = (first.sequence_labels == first.labels).double().mean(0)
-    torch.testing.assert_close(first.confidence.double(), agree)
+    assert first.confidence.isnan().all()  # the default run keeps no replicates of the features
+
+
+@pytest.mark.model
+def test_confidence_is_the_share_of_bootstrap_replicates_that_agree(tiny):
+    """Each replicate's label, from its own feature means by the reference rules, against the label."""
+    result = run_with_geometry_hooks(
+        tiny, TEXTS, diagnostics=["taxonomy"], n_grid=[1, 2, 4, 8], bootstrap_fields=REGIME_INPUTS, n_bootstrap=40
+    )
+    found = classify_heads(result)
+    cfg, grid = TaxonomyConfig(), result.n_grid.tolist()
+    replicates = {name: result.replicates(name) for name in REGIME_INPUTS}
+    n_replicates = replicates["s_norm"].shape[0]
+    assert n_replicates == 40
+    for layer in range(tm.N_LAYERS):
+        for head in range(tm.N_HEADS):
+            labels = [
+                reference_label({k: v[b, layer, head].tolist() for k, v in replicates.items()}, grid, cfg)
+                for b in range(n_replicates)
+            ]
+            labelled = [label for label in labels if label is not None]  # a replicate of no document has no label
+            assert labelled, (layer, head)
+            want = sum(label == int(found.labels[layer, head]) for label in labelled) / len(labelled)
+            assert float(found.confidence[layer, head]) == pytest.approx(want, abs=1e-6), (layer, head, labels)
 
 
 @pytest.mark.model
@@ -207,7 +251,7 @@ def test_summaries(tiny):
             layer, head = where
             assert found.labels[layer, head] == i
             assert found.scores[layer, head, i] == found.scores[..., i][found.labels == i].max()
-            assert found.contributions_by_regime()[regime].shape == (result.per_sequence["contribution_by_position"].shape[-1],)
+            assert found.contributions_by_regime()[regime].shape == (result.per_head("contribution_by_position").shape[-1],)
     assert found.label_names()[0][0] in REGIMES
 
 

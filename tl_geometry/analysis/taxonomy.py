@@ -182,8 +182,9 @@ class HeadTaxonomy:
         scores: each regime's score in [0, 1], ``[layer, head_index, 3]``.
         confidence: fraction of the document-bootstrap replicates whose label
             (from their own feature means) agrees with ``labels``,
-            ``[layer, head_index]``; NaN where the result keeps no replicates
-            of the features (run with ``bootstrap_fields`` including
+            ``[layer, head_index]``; replicates that draw no document are
+            left out. NaN where the result keeps no replicates of the
+            features (run with ``bootstrap_fields`` including
             ``REGIME_INPUTS``, see `classify_heads`).
         margin: best score minus second best, ``[layer, head_index]``.
         criteria: the nine sub-scores, name -> ``[layer, head_index]``.
@@ -271,8 +272,12 @@ def taxonomy_from_result(result: GeometryResult, config: TaxonomyConfig | None =
     confidence = torch.full(labels.shape, math.nan, dtype=torch.float64)
     if all(result.has_replicates(name) for name in REGIME_INPUTS):
         replicates = {name: result.replicates(name) for name in REGIME_INPUTS}  # [replicate, layer, head, ...]
-        replicate_labels = labels_from_scores(regime_scores(regime_criteria(replicates, result.n_grid, config), config))
-        confidence = (replicate_labels == labels).double().mean(0)
+        replicate_scores = regime_scores(regime_criteria(replicates, result.n_grid, config), config)
+        # A replicate whose weights leave no document has NaN features and no label: it is left out,
+        # not counted as a vote for the first regime (labels_from_scores gives an all-NaN row label 0).
+        labelled = ~replicate_scores.isnan().all(-1)
+        agree = (labels_from_scores(replicate_scores) == labels) & labelled
+        confidence = agree.sum(0).double() / labelled.sum(0).double()  # NaN where no replicate has a label
     top2 = torch.nan_to_num(scores, nan=-1.0).topk(2, dim=-1).values
     return HeadTaxonomy(
         labels=labels,

@@ -47,7 +47,7 @@ class RowCost:
     """Working memory a diagnostic needs per row of a chunk, in elements of the working dtype.
 
     ``per_row(n_keys, n_grid, d_head)`` is the number of floats; the context
-    takes the largest over the active diagnostics.
+    adds them up over the active diagnostics.
     """
 
     key_d: int = 0  # multiples of key x d_head
@@ -235,7 +235,8 @@ class SelectionContext:
     def chunk_rows(self) -> int:
         """Rows per chunk: cache-sized planes, within the memory budget for the core and every diagnostic."""
         n_keys, n_grid, itemsize = self.n_keys, len(self.grid), torch.finfo(self.dtype).bits // 8
-        extra = max((cost.per_row(n_keys, n_grid, self.d_head) for cost in self.costs), default=0.0)
+        # Summed, not the largest: reused scratch planes of one diagnostic stay allocated while the next runs.
+        extra = sum(cost.per_row(n_keys, n_grid, self.d_head) for cost in self.costs)
         per_row = itemsize * (CORE_COST.per_row(n_keys, n_grid, self.d_head) + 2 * n_grid * self.d_head + extra)
         within_budget = int(self.memory_budget_mib * 2**20 // max(per_row, 1))
         cache_sized = CACHE_FRIENDLY_BYTES // (itemsize * n_grid * n_keys)

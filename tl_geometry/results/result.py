@@ -214,7 +214,7 @@ class GeometryResult:
     def replicates(self, name: str) -> Float[Tensor, "replicate layer head_index *rest"]:
         """The Poisson-bootstrap replicate means of field ``name``, ``[replicate, layer, head_index, ...]``.
 
-        Replicate b's mean is sum_d w[d, b] x_d / sum_d w[d, b] [x_d defined]
+        Replicate b's mean is ``sum_d w[d, b] x_d / sum_d w[d, b] 1{x_d defined}``
         (NaN where its weights leave no document).
         """
         s = self._stats(name)
@@ -257,8 +257,10 @@ class GeometryResult:
         Args:
             name: a field; None for a dict of every field that has ``stat``
                 (``std``, ``sem``, ``min`` and ``max`` need ``documents="moments"``).
-            layer, head, n: a number drops that axis, a list keeps it, None
-                keeps all; fields without an N axis ignore ``n``.
+            layer: a layer number (drops the axis), a list of them (keeps it), or None (all).
+            head: a head number, a list of them, or None, likewise.
+            n: an N value of the grid, a list of them, or None, likewise;
+                fields without an N axis ignore it.
             stat: one of `STATS`.
 
         Returns:
