@@ -11,8 +11,12 @@ with one eta for both the oscillation and the growth, as the paper writes it,
 and ``0 <= T1 <= T2 <= L`` (``T1 = T2``: no oscillation; ``T1 = 0``: no
 plateau; ``T2 = L``: no recency).
 
-How it is fitted, robustly and for all rows at once (no iterative optimiser
-that could silently stop short; the fit error is always reported):
+How it is fitted, robustly and vectorised over rows (no iterative optimiser
+that could silently stop short; the fit error is always reported). A row's
+fit depends on its own values 0..L alone: the rows of each length L are fitted
+together on exactly their L + 1 positions, so the same row alone, padded with
+NaN, or in any batch gets the same fit (the knots, periodogram, grids and sums
+below all use the row's own L).
 
 1. ``p_sink = alpha_0`` (the sink phase is one point; least squares gives it).
 2. In log space (weights floored at ``LOG_FLOOR``), for every candidate
@@ -23,17 +27,27 @@ that could silently stop short; the fit error is always reported):
    frequency, direct sums where each frequency has one pair of breakpoints.
 3. Candidates: every integer ``T1 = T2`` (no oscillation); for the oscillation,
    a coarse grid of breakpoints (17 evenly spaced plus ``L - 2^k``, k < 9) and of
-   frequencies (periods log-spaced from 2 to 2048 tokens), plus every integer
-   T1 before the recency start found without oscillation; then
-   ``_REFINE_ROUNDS`` rounds of refinement: omega on a fine grid around the
-   best one (narrower each round), every integer T1 given T2, every integer
-   T2 given T1.
-   Ties go to the longest plateau: a flat row is all plateau, and recency from
-   position 1 (T2 = 0) is reported as T1 = T2 = 1 with ``p_base = alpha_1``
-   (the same curve: the two are indistinguishable).
+   frequencies (periods log-spaced from 2 to 2048 tokens), plus, with T2 the
+   recency start found without oscillation, each coarse T1 before it with the
+   peak frequency of the periodogram of (T1, T2] (zero-padded to
+   ``4 (L + 1)`` points); then ``_REFINE_ROUNDS`` rounds of refinement: omega
+   on a fine grid around the best one (narrower each round), every integer T1
+   given T2, every integer T2 given T1.
+   Errors within rounding noise of the least (``1e-9`` relative plus
+   ``1e-12 (L + sum y^2)``, y the centred log weights) are ties, and each
+   pick among tied candidates is fixed rather than left to the noise: the
+   last one, i.e. the longest plateau (a flat row is all plateau, and recency
+   from position 1, T2 = 0, is reported as T1 = T2 = 1 with
+   ``p_base = alpha_1``: the same curve), the latest T2, the highest
+   frequency; a periodogram candidate replaces the coarse one only if
+   strictly better. So multiplying a row by a constant c (which moves every
+   log weight above ``LOG_FLOOR`` by log c) multiplies ``p_sink`` and
+   ``p_base`` by c and leaves the rest unchanged up to rounding; without the
+   tolerance, ties such as T1 vs T1 + 1 at omega = pi / 2 (cos(omega i) = 0
+   at odd i) were decided by the last bits of log alpha.
 4. The oscillation is kept only if it lowers the squared log error of the best
-   fit without it by more than ``OSC_MIN_GAIN`` (relative); otherwise
-   ``T1 = T2``, ``omega`` NaN, ``has_oscillation`` 0.
+   fit without it by more than ``OSC_MIN_GAIN`` (relative) plus the tie
+   tolerance; otherwise ``T1 = T2``, ``omega`` NaN, ``has_oscillation`` 0.
 5. ``(log p_base, eta)`` is polished on the exact model by a few Gauss-Newton
    steps, each kept only if it lowers the error.
 
@@ -56,7 +70,7 @@ MIN_POSITIONS = 4  # rows with fewer non-sink positions are not fitted (NaN)
 _PERIODS = torch.logspace(math.log10(2.0), math.log10(2048.0), 32, dtype=torch.float64)
 _FINE_OMEGAS = 21
 _REFINE_ROUNDS = 5
-_PERIODOGRAM_PAD = 4  # zero padding of the periodogram: frequency step 2 pi / (4 L), refined afterwards
+_PERIODOGRAM_PAD = 4  # zero padding of the periodogram: frequency step 2 pi / (4 (L + 1)), refined afterwards
 _EVEN_KNOTS, _END_KNOTS = 17, 9  # coarse breakpoints: evenly spaced, and L - 2^k near the query
 _GAUSS_NEWTON_STEPS = 8
 
@@ -99,7 +113,7 @@ class ProfileFit:
                 )
 
     def as_fields(self, prefix: str = "") -> dict[str, Tensor]:
-        """Every parameter by name (with ``prefix``), e.g. for a result's ``per_sequence``."""
+        """Every parameter by name (with ``prefix``), e.g. as a diagnostic's fields."""
         return {prefix + f.name: getattr(self, f.name) for f in fields(self)}
 
     def evaluate(self, n_pos: int) -> Float[Tensor, "... pos"]:
@@ -245,9 +259,40 @@ def _knot_prefix_sums(
     return torch.stack([shared[0].permute(1, 0, 2), shared[1].permute(1, 0, 2), yc.transpose(1, 2)], dim=2)
 
 
-def _best(sse: Float[Tensor, "row w c"]) -> tuple[Int[Tensor, " row"], Int[Tensor, " row"]]:
-    flat = sse.flatten(1).argmin(-1)
-    return flat // sse.shape[2], flat % sse.shape[2]
+def _tolerance(s: _Series) -> Float[Tensor, " row"]:
+    """Squared log errors closer than this (plus ``1e-9`` relative) are ties: rounding noise, not a better fit.
+
+    Scale free: y is centred, so ``n + sum y^2`` does not change when the row
+    is multiplied by a constant (which moves every log weight by the same amount).
+    """
+    n, _, syy = s.total.unbind(-1)
+    return 1e-12 * (n + syy)
+
+
+def _tie_bound(least: Float[Tensor, " row"], tol: Float[Tensor, " row"]) -> Float[Tensor, " row"]:
+    """Errors up to this are tied with ``least``."""
+    return least * (1 + 1e-9) + tol
+
+
+def _last_at_most(x: Float[Tensor, "row n"], bound: Float[Tensor, " row"]) -> Int[Tensor, " row"]:
+    """Index of the last entry of each row that is ``<= bound`` (argmax returns the first maximum: flip)."""
+    return x.shape[1] - 1 - (x <= bound.unsqueeze(-1)).flip(-1).to(torch.uint8).argmax(-1)
+
+
+def _best(sse: Float[Tensor, "row w c"], tol: Float[Tensor, " row"]) -> tuple[Int[Tensor, " row"], Int[Tensor, " row"]]:
+    """The last (largest ``(w, c)``) of the candidates tied for the least error: ``(w, c)`` indices.
+
+    A plain argmin would let rounding noise pick among ties (e.g. at omega =
+    pi / 2, where cos(omega i) = 0 at odd i, T1 and T1 + 1 fit equally), and
+    the noise differs between a row and the same row times a constant. Two
+    stages (the last w with a tie, then the last c in it) read the whole grid
+    once, for its minima.
+    """
+    by_w = sse.amin(2)
+    bound = _tie_bound(by_w.amin(1), tol)
+    w = _last_at_most(by_w, bound)
+    c = _last_at_most(sse[torch.arange(sse.shape[0], device=sse.device), w], bound)
+    return w, c
 
 
 @dataclass(frozen=True)
@@ -305,15 +350,21 @@ def _gauss_newton(s: _Series, b: Tensor, eta: Tensor, omega: Tensor, t1: Tensor,
     return b, eta, sse
 
 
-def _fit_rows(alpha: Float[Tensor, "row pos"], length: Int[Tensor, " row"]) -> dict[str, Tensor]:
-    """The fit of rows whose weights are defined on positions 0..length (float64)."""
+def _fit_rows(alpha: Float[Tensor, "row pos"]) -> dict[str, Tensor]:
+    """The fit of rows all defined on positions 0..L, ``L = pos - 1``, no padding (float64).
+
+    Everything that depends on the length (knots, periodogram, grids, sums) is
+    built from this L, so a row's fit does not depend on the other rows.
+    """
     rows, n_pos = alpha.shape
     device = alpha.device
+    length = torch.full((rows,), n_pos - 1, device=device)
     logs = torch.log(torch.nan_to_num(alpha, nan=1.0).clamp(min=LOG_FLOOR))
     positions = torch.arange(n_pos, device=device)
     inside = (positions >= 1) & (positions <= length.unsqueeze(-1))
     mean = (logs * inside).sum(-1) / inside.sum(-1).clamp(min=1)
     s = _series(logs - mean.unsqueeze(-1), length)
+    tol = _tolerance(s)
     grid = positions.expand(rows, n_pos)
     lmax = length.unsqueeze(-1)
 
@@ -323,8 +374,7 @@ def _fit_rows(alpha: Float[Tensor, "row pos"], length: Int[Tensor, " row"]) -> d
     b0, eta0, sse0 = _linear_fit(s, zero_omega, t_all, t_all)
     sse0 = sse0.masked_fill(grid.unsqueeze(1) > lmax.unsqueeze(1), math.inf)
     # Ties (a flat row fits every T with eta = 0): the longest plateau, i.e. the last near-minimal T.
-    tolerance = sse0.amin(-1, keepdim=True) * (1 + 1e-9) + 1e-12 * length[:, None, None]
-    pick = torch.where(sse0[:, 0] <= tolerance[:, 0], grid, -1).argmax(-1)
+    pick = _best(sse0, tol)[1]
     none_t = t_all[:, 0].gather(1, pick[:, None]).squeeze(1)
     none_sse = sse0[:, 0].gather(1, pick[:, None]).squeeze(1)
 
@@ -343,8 +393,8 @@ def _fit_rows(alpha: Float[Tensor, "row pos"], length: Int[Tensor, " row"]) -> d
     _, _, sse = _closed_form(s, osc_sums, _recency_sums(s, t2c.unsqueeze(1)), t2c.unsqueeze(1))
     sse = sse.masked_fill((t1c >= t2c).unsqueeze(1), math.inf)
     omegas = omegas.expand(rows, -1)
-    wi, ci = _best(sse)
-    best_sse = sse.flatten(1).amin(-1)
+    wi, ci = _best(sse, tol)
+    best_sse = sse[torch.arange(rows, device=device), wi, ci]
     omega = omegas.gather(1, wi[:, None]).squeeze(1)
     t1, t2 = t1c.gather(1, ci[:, None]).squeeze(1), t2c.gather(1, ci[:, None]).squeeze(1)
     # Also: the recency start found without oscillation (usually the right T2), each coarse T1 before it,
@@ -353,13 +403,14 @@ def _fit_rows(alpha: Float[Tensor, "row pos"], length: Int[Tensor, " row"]) -> d
     region = (grid.unsqueeze(1) > k1.unsqueeze(-1)) & (grid.unsqueeze(1) <= none_t[:, None, None])  # [row, k, pos]
     z = s.y.unsqueeze(1) * region
     z = (z - z.sum(-1, keepdim=True) / region.sum(-1, keepdim=True).clamp(min=1)) * region
-    spectrum = torch.fft.rfft(z.float(), n=_PERIODOGRAM_PAD * n_pos, dim=-1).real.abs()  # float32: only an argmax
+    spectrum = torch.fft.rfft(z.float(), n=_PERIODOGRAM_PAD * n_pos, dim=-1).real.abs()  # n_pos = L + 1; float32: an argmax
     spectrum[..., 0] = -1.0  # omega = 0 is the plateau, not an oscillation
     omega_k = 2 * math.pi * spectrum.argmax(-1).double() / (_PERIODOGRAM_PAD * n_pos)
     _, _, sse_k = _region_fit(s, omega_k, k1, none_t)
     sse_k = sse_k[..., 0].masked_fill(k1 >= none_t.unsqueeze(-1), math.inf)  # [row, k]
-    pick_k = sse_k.argmin(-1, keepdim=True)
-    better = sse_k.gather(1, pick_k).squeeze(1) < best_sse
+    pick_k = _best(sse_k.unsqueeze(1), tol)[1].unsqueeze(-1)
+    sse_kp = sse_k.gather(1, pick_k).squeeze(1)
+    better = best_sse > _tie_bound(sse_kp, tol)  # a tie keeps the coarse candidate
     omega = torch.where(better, omega_k.gather(1, pick_k).squeeze(1), omega)
     t1 = torch.where(better, k1.gather(1, pick_k).squeeze(1), t1)
     t2 = torch.where(better, none_t, t2)
@@ -369,16 +420,16 @@ def _fit_rows(alpha: Float[Tensor, "row pos"], length: Int[Tensor, " row"]) -> d
         fine = fine.clamp(max=math.pi)
         span = span ** (4 / (_FINE_OMEGAS - 1))  # the next round covers two steps either side
         _, _, sse = _region_fit(s, fine, t1.unsqueeze(-1).expand_as(fine), t2)
-        omega = fine.gather(1, _best(sse)[0][:, None]).squeeze(1)
+        omega = fine.gather(1, _best(sse, tol)[0][:, None]).squeeze(1)
         osc = s.osc(omega.unsqueeze(-1))
         _, _, sse = _linear_fit(s, osc, grid.unsqueeze(1), t2[:, None, None])  # recency sums: once per row
-        t1 = _best(sse.masked_fill((grid >= t2.unsqueeze(-1)).unsqueeze(1), math.inf))[1]
+        t1 = _best(sse.masked_fill((grid >= t2.unsqueeze(-1)).unsqueeze(1), math.inf), tol)[1]
         _, _, sse = _linear_fit(s, osc, t1[:, None, None].expand(-1, 1, n_pos), grid.unsqueeze(1))
-        t2 = _best(sse.masked_fill(((grid <= t1.unsqueeze(-1)) | (grid > lmax)).unsqueeze(1), math.inf))[1]
+        t2 = _best(sse.masked_fill(((grid <= t1.unsqueeze(-1)) | (grid > lmax)).unsqueeze(1), math.inf), tol)[1]
     osc = s.osc(omega.unsqueeze(-1))
     b1, eta1, osc_sse = (x[:, 0, 0] for x in _linear_fit(s, osc, t1[:, None, None], t2[:, None, None]))
 
-    use_osc = (none_sse - osc_sse) > OSC_MIN_GAIN * none_sse + 1e-12 * length
+    use_osc = (none_sse - osc_sse) > OSC_MIN_GAIN * none_sse + tol
     b0, eta0 = (x[:, 0].gather(1, pick[:, None]).squeeze(1) for x in (b0, eta0))
     t1 = torch.where(use_osc, t1, none_t)
     t2 = torch.where(use_osc, t2, none_t)
@@ -400,7 +451,10 @@ def _fit_rows(alpha: Float[Tensor, "row pos"], length: Int[Tensor, " row"]) -> d
 
 
 def fit_attention_profile(alpha: Tensor) -> ProfileFit:
-    """Fit Assumption 3's four-phase profile to attention rows, all rows at once.
+    """Fit Assumption 3's four-phase profile to attention rows, each on its own positions 0..L.
+
+    The rows of each length are fitted at once (vectorised); a row's fit does
+    not depend on the padding or on the other rows.
 
     Args:
         alpha: attention weights ``[..., pos]``, position 0 the sink, each row
@@ -429,7 +483,14 @@ def fit_attention_profile(alpha: Tensor) -> ProfileFit:
         raise GeometryError("alpha: NaN inside a row; each row must be defined on positions 0..L and NaN only after L")
     if bool((rows[defined] < 0).any()):
         raise GeometryError("alpha: negative attention weights; pass softmax probabilities")
-    fitted = _fit_rows(rows, length.clamp(min=0))
-    short = length < MIN_POSITIONS
-    shape = alpha.shape[:-1]
-    return ProfileFit(**{k: v.masked_fill(short, math.nan).float().reshape(shape) for k, v in fitted.items()})
+    # Each row is fitted on its own positions 0..L only, so neither the padding nor the other rows can change
+    # its fit: the rows of each length L are fitted together, on exactly L + 1 positions.
+    out = {f.name: torch.full(length.shape, math.nan, dtype=torch.float64, device=rows.device) for f in fields(ProfileFit)}
+    for n in length.unique().tolist():
+        if n < MIN_POSITIONS:
+            continue  # too short: NaN throughout
+        which = (length == n).nonzero().squeeze(-1)
+        group = rows[:, : n + 1].contiguous() if len(which) == len(rows) else rows[which, : n + 1]
+        for name, value in _fit_rows(group).items():
+            out[name][which] = value
+    return ProfileFit(**{k: v.float().reshape(alpha.shape[:-1]) for k, v in out.items()})
