@@ -60,6 +60,7 @@ test-tl3: $(VENV_TL3)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(VENV)/bin/python benchmarks/bench_selection.py
 	$(VENV)/bin/python benchmarks/bench_hooks.py
+	$(VENV)/bin/python benchmarks/bench_corpus.py
 
 docs: $(VENV)/.installed-dev
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site

@@ -24,16 +24,10 @@ import time
 from pathlib import Path
 
 
-def _high_water_mark() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise OSError("no VmHWM in /proc/self/status")
-
-
 def run_size(n_windows: int, context: int, batch_size: int) -> dict:
     import torch
+
+    from bench_hooks import PeakRSS  # the kernel's high-water mark (this script's folder is on sys.path)
 
     from tl_geometry import analyze_corpus, default_text, load_model, text_windows
 
@@ -46,11 +40,11 @@ def run_size(n_windows: int, context: int, batch_size: int) -> dict:
     windows = torch.cat([from_text, random])
     with open("/proc/self/clear_refs", "w") as clear:
         clear.write("5")  # reset the high-water mark: the model is loaded, the analysis starts
-    before = _high_water_mark()
+    before = PeakRSS._high_water_mark()
     start = time.perf_counter()
     result = analyze_corpus(model, windows, batch_size=batch_size, progress=False, diagnostics="all")
     seconds = time.perf_counter() - start
-    peak = _high_water_mark()
+    peak = PeakRSS._high_water_mark()
     with tempfile.TemporaryDirectory() as tmp:
         npz, meta = result.save(Path(tmp) / "result")
         size = npz.stat().st_size + meta.stat().st_size
