@@ -5,7 +5,6 @@ and flattens them to ``[row, key]`` in the working dtype; the selection
 context (`tl_geometry.engine.context`) takes it from there.
 """
 
-import math
 from collections.abc import Sequence
 from typing import NamedTuple, get_args
 

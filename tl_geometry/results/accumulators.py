@@ -18,7 +18,6 @@ exactly, sums up to float64 rounding, whatever the batching or order.
 
 from collections.abc import Collection, Mapping, Sequence
 
-import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 

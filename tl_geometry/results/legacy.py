@@ -21,7 +21,6 @@ keep replicates.
 
 from collections.abc import Mapping
 
-import torch
 from jaxtyping import Int
 from torch import Tensor
 
