@@ -100,7 +100,18 @@ def reference(hf_bundle, tokens):
 @pytest.fixture(scope="module")
 def package(tokens):
     model = models.load_model("gemma3-270m", progress=False)
-    return run_with_geometry_hooks(model, tokens, layers=list(LAYERS), n_grid=list(N_GRID))
+    # Every diagnostic on: the whole pipeline must run on windowed layers, not only the metrics.
+    return run_with_geometry_hooks(model, tokens, layers=list(LAYERS), n_grid=list(N_GRID), diagnostics="all")
+
+
+def test_the_last_query_of_a_local_layer_has_no_sink(package):
+    """700 tokens, window 512: the last query of a local layer cannot see BOS, so its sink quantities and
+    the profile fit (whose position 0 is the sink) are NaN; on a global layer they are defined."""
+    for index, layer in enumerate(LAYERS):
+        local = layer in LOCAL_LAYERS
+        for name in ("contribution_sink", "taxonomy_attention_sink", "profile_error"):
+            assert bool(package.per_head(name)[index].isnan().all()) == local, (layer, name)
+        assert not package.per_head("contribution_last")[index].isnan().any(), layer
 
 
 @pytest.mark.parametrize("layer", LOCAL_LAYERS)

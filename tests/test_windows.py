@@ -337,3 +337,29 @@ def test_gemma_pattern_is_zero_exactly_off_the_visible_keys(gemma, padding):
         assert torch.equal(masked[rows], ~visible[rows]), layer
         sums = (pattern * visible).sum(-1)[real[:, None, :].expand_as(pattern[..., 0])]
         torch.testing.assert_close(sums, torch.ones_like(sums))
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("kind", TINY_WINDOW_KINDS)
+def test_the_hooks_drop_the_sink_where_the_window_has_passed_it(kind):
+    """End to end: on a windowed layer, queries that cannot see BOS have no sink (sink quantities NaN),
+    queries that can see it have one, and N = the window selects every visible key (P = R = 1)."""
+    from tl_geometry import run_with_geometry_hooks
+
+    model = make_window_model(kind)
+    windows = attention_windows(model)
+    tokens = tm.with_bos(tm.random_tokens(1, 11))  # 12 positions
+    grid = [1, 2, 3]
+    result = run_with_geometry_hooks(
+        model, tokens, query_positions="all", diagnostics=["taxonomy", "assumptions"], keep_queries=True, n_grid=grid
+    )
+    for layer, window in enumerate(windows):
+        sink_term = result.queries["contribution_sink"][0, layer]  # [head, query]
+        for q in range(1, 12):  # query 0 sees one key: nothing to tell apart
+            sees_bos = window is None or q < window
+            assert bool(sink_term[:, q].isnan().all()) != sees_bos, (layer, window, q)
+            if window is not None and q >= window - 1:
+                n_at_window = grid.index(min(window, 3))
+                assert (result.queries["precision"][0, layer, :, q, n_at_window] == 1).all() or window > 3
+        profile_defined = not bool(result.per_head("profile_error")[layer].isnan().all())
+        assert profile_defined == (window is None), (layer, window)  # its position 0 is the sink

@@ -293,10 +293,11 @@ class AssumptionDiagnostic(Diagnostic):
         alpha, visible, sink, _ = context.last_query()
         profile = context.from_first_real(alpha.float().masked_fill(~visible[:, None, :], math.nan))
         out["attention_profile"] = profile[..., :n_keys]
-        fits = fit_attention_profile(profile).as_fields("profile_")
-        # The profile's position 0 is the sink: where the last query cannot see it, there is nothing to fit.
-        no_sink = (sink < 0)[:, None]
-        out.update({name: t.masked_fill(no_sink, math.nan) for name, t in fits.items()})
+        # The profile's position 0 is the sink: where the last query cannot see it (a window has moved
+        # past it) there is nothing to fit, and the row, defined only inside the window, is not fitted.
+        no_sink = (sink < 0)[:, None, None]
+        fits = fit_attention_profile(profile.masked_fill(no_sink, math.nan)).as_fields("profile_")
+        out.update(fits)
         return out
 
 
