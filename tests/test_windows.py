@@ -349,7 +349,7 @@ def test_the_hooks_drop_the_sink_where_the_window_has_passed_it(kind):
     model = make_window_model(kind)
     windows = attention_windows(model)
     tokens = tm.with_bos(tm.random_tokens(1, 11))  # 12 positions
-    grid = [1, 2, 3]
+    grid = [1, 2, 3, 4]  # reaches every window (3 or 4)
     result = run_with_geometry_hooks(
         model, tokens, query_positions="all", diagnostics=["taxonomy", "assumptions"], keep_queries=True, n_grid=grid
     )
@@ -358,8 +358,8 @@ def test_the_hooks_drop_the_sink_where_the_window_has_passed_it(kind):
         for q in range(1, 12):  # query 0 sees one key: nothing to tell apart
             sees_bos = window is None or q < window
             assert bool(sink_term[:, q].isnan().all()) != sees_bos, (layer, window, q)
-            if window is not None and q >= window - 1:
-                n_at_window = grid.index(min(window, 3))
-                assert (result.queries["precision"][0, layer, :, q, n_at_window] == 1).all() or window > 3
+            if window is not None and q >= window - 1:  # the query sees exactly `window` keys
+                for name in ("precision", "recall"):
+                    assert (result.queries[name][0, layer, :, q, grid.index(window)] == 1).all(), (layer, q, name)
         profile_defined = not bool(result.per_head("profile_error")[layer].isnan().all())
         assert profile_defined == (window is None), (layer, window)  # its position 0 is the sink

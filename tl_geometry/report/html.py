@@ -36,10 +36,6 @@ class Figure:
     draw: Callable[[GeometryResult, HeadTaxonomy | None], go.Figure]
     needs: str | None = None  # the diagnostic whose fields the figure draws
 
-    @property
-    def needs_taxonomy(self) -> bool:
-        return self.needs == "taxonomy"
-
 
 def available(result: GeometryResult) -> set[str]:
     """The diagnostics whose declared fields the result carries (the registry says which fields each has)."""
