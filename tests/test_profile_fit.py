@@ -8,7 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tl_geometry import GeometryError
-from tl_geometry.diagnostics.profile_fit import ProfileFit, fit_attention_profile, four_phase_profile
+from tl_geometry.diagnostics.profile_fit import ProfileFit, _region_cosine_sums, fit_attention_profile, four_phase_profile
 from tl_geometry.theory.synthetic import AttentionProfile, attention_profile
 
 
@@ -188,6 +188,26 @@ def test_a_batch_of_rows_of_different_lengths_fits_each_row_as_alone():
         assert_same_fit(ProfileFit(**{name: value.reshape(4)[k : k + 1] for name, value in together.as_fields().items()}), alone)
     assert (together.t2.reshape(4)[:3] - torch.tensor([900.0, 500.0, 250.0])).abs().max() <= 3
     assert together.has_oscillation.reshape(4)[:3].tolist() == [1.0, 0.0, 1.0]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.integers(5, 300), st.integers(1, 4), st.booleans())
+def test_blocked_cosine_sums_equal_the_direct_sums(seed, n_pos, n_freq, shared_region):
+    """The fit's sums of c, c^2 and y*c over (lo, hi], c = cos(omega i), one position at a time in float64."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randn(2, n_pos, generator=g, dtype=torch.float64)
+    omega = torch.rand(2, n_freq, generator=g, dtype=torch.float64) * math.pi
+    hi = torch.randint(0, n_pos, (2,), generator=g)
+    lo = (torch.rand(2, 1 if shared_region else n_freq, generator=g) * (hi.unsqueeze(-1) + 1)).long()
+    c, cc, yc = _region_cosine_sums(y, omega, lo, hi)
+    for r in range(2):
+        for w in range(n_freq):
+            start = int(lo[r, 0 if shared_region else w])
+            cos = [math.cos(float(omega[r, w]) * i) for i in range(start + 1, int(hi[r]) + 1)]
+            ys = y[r, start + 1 : int(hi[r]) + 1].tolist()
+            assert float(c[r, w]) == pytest.approx(sum(cos), abs=1e-9)
+            assert float(cc[r, w]) == pytest.approx(sum(x * x for x in cos), abs=1e-9)
+            assert float(yc[r, w]) == pytest.approx(sum(a * b for a, b in zip(ys, cos)), abs=1e-9)
 
 
 def test_bad_input_is_refused():

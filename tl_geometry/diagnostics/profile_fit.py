@@ -29,8 +29,9 @@ below all use the row's own L).
    a coarse grid of breakpoints (17 evenly spaced plus ``L - 2^k``, k < 9) and of
    frequencies (periods log-spaced from 2 to 2048 tokens), plus, with T2 the
    recency start found without oscillation, each coarse T1 before it with the
-   peak frequency of the periodogram of (T1, T2] (zero-padded to
-   ``4 (L + 1)`` points); then ``_REFINE_ROUNDS`` rounds of refinement: omega
+   peak frequency of the periodogram of (T1, T2] (zero-padded to at least
+   ``4 (L + 1)`` points, rounded up to a length of factors 2, 3 and 5, which
+   FFTs take several times faster than e.g. 4100 = 4 * 1025); then ``_REFINE_ROUNDS`` rounds of refinement: omega
    on a fine grid around the best one (narrower each round), every integer T1
    given T2, every integer T2 given T1.
    Errors within rounding noise of the least (``1e-9`` relative plus
@@ -58,6 +59,7 @@ The fit error is the root-mean-square error of ``log alpha_i`` over i = 1..L
 import math
 from dataclasses import dataclass, fields
 
+import einops
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
@@ -70,7 +72,7 @@ MIN_POSITIONS = 4  # rows with fewer non-sink positions are not fitted (NaN)
 _PERIODS = torch.logspace(math.log10(2.0), math.log10(2048.0), 32, dtype=torch.float64)
 _FINE_OMEGAS = 21
 _REFINE_ROUNDS = 5
-_PERIODOGRAM_PAD = 4  # zero padding of the periodogram: frequency step 2 pi / (4 (L + 1)), refined afterwards
+_PERIODOGRAM_PAD = 4  # zero padding of the periodogram: frequency step <= 2 pi / (4 (L + 1)), refined afterwards
 _EVEN_KNOTS, _END_KNOTS = 17, 9  # coarse breakpoints: evenly spaced, and L - 2^k near the query
 _GAUSS_NEWTON_STEPS = 8
 
@@ -137,6 +139,26 @@ def four_phase_profile(
     rec = p_base * torch.exp(eta * (i - t2))
     out = torch.where(i <= t1, p_base, torch.where(i <= t2, osc, rec))
     return torch.where(i == 0, p_sink, out)
+
+
+def _fft_length(n: int) -> int:
+    """The least length >= n with no prime factor above 5 (FFTs of such lengths are fastest).
+
+    >>> _fft_length(4100), _fft_length(4096), _fft_length(7)
+    (4320, 4096, 8)
+    """
+    best = 1 << max(0, (n - 1).bit_length())
+    power5 = 1
+    while power5 < best:
+        power35 = power5
+        while power35 < best:
+            m = power35
+            while m < n:
+                m *= 2
+            best = min(best, m)
+            power35 *= 3
+        power5 *= 5
+    return best
 
 
 def _cum(x: Float[Tensor, "*b pos"]) -> Float[Tensor, "*b pos"]:
@@ -229,14 +251,52 @@ def _linear_fit(
     return _closed_form(s, o.reshape(rows, w, 3, c).unbind(2), rec_sums, t2)
 
 
+_TRIG_BLOCK = 32  # positions i = a * _TRIG_BLOCK + b in `_region_cosine_sums`
+
+
+def _region_cosine_sums(
+    y: Float[Tensor, "row pos"], omega: Float[Tensor, "row w"], lo: Int[Tensor, "row #w"], hi: Int[Tensor, " row"]
+) -> tuple[Float[Tensor, "row w"], Float[Tensor, "row w"], Float[Tensor, "row w"]]:
+    """Sums of c, c^2 and y*c over positions (lo, hi], c = cos(omega * i), for each candidate frequency.
+
+    ``lo`` is one per candidate, or ``[row, 1]``: one region for all of a
+    row's frequencies. Written as ``i = a B + b`` (``B = _TRIG_BLOCK``),
+    ``cos(omega i) = cos(omega a B) cos(omega b) - sin(omega a B) sin(omega b)``:
+    the sum over b is a matrix product and only ``2 (pos / B + B)`` sines and
+    cosines per candidate are evaluated instead of ``pos`` (float64 cosines
+    dominated the fit); ``c^2 = (1 + cos(2 omega i)) / 2``. The rounding is that
+    of the direct sums (about 1e-13), far below the fit's tie tolerance.
+    """
+    n_pos = y.shape[1]
+    n_blocks = -(-n_pos // _TRIG_BLOCK)
+    width = n_blocks * _TRIG_BLOCK
+    i = torch.arange(width, dtype=torch.float64, device=y.device)
+    region = ((i > lo.unsqueeze(-1)) & (i <= hi[:, None, None])).double()  # [row, 1 or w, width]; 0 past the row
+    y = torch.nn.functional.pad(y, (0, width - n_pos))
+    series = torch.stack([region * y.unsqueeze(1), region], dim=2)  # sums against cosines: of y*c and of c
+    series = series.view(*series.shape[:3], n_blocks, _TRIG_BLOCK)
+    b = torch.arange(_TRIG_BLOCK, dtype=torch.float64, device=y.device)
+    inner = torch.cat([omega.unsqueeze(-1) * b, 2 * omega.unsqueeze(-1) * b], dim=-1).view(*omega.shape, 2, -1)
+    inner = torch.cat([inner.cos(), inner.sin()], dim=-2).transpose(-1, -2)  # [row, w, B, (cos w, cos 2w, sin w, sin 2w)]
+    if lo.shape[1] == 1:  # one region per row: one matrix product per row
+        blocks = einops.einsum(series[:, 0], inner, "row s a b, row w b t -> row w s a t")
+    else:
+        blocks = einops.einsum(series, inner, "row w s a b, row w b t -> row w s a t")
+    outer = omega.unsqueeze(-1) * torch.arange(n_blocks, dtype=torch.float64, device=y.device) * _TRIG_BLOCK
+    outer_cos, outer_sin = outer.cos(), outer.sin()
+    twice = 2 * outer
+    yc = (blocks[:, :, 0, :, 0] * outer_cos - blocks[:, :, 0, :, 2] * outer_sin).sum(-1)
+    c = (blocks[:, :, 1, :, 0] * outer_cos - blocks[:, :, 1, :, 2] * outer_sin).sum(-1)
+    c2 = (blocks[:, :, 1, :, 1] * twice.cos() - blocks[:, :, 1, :, 3] * twice.sin()).sum(-1)
+    return c, (region.sum(-1) + c2) / 2, yc
+
+
 def _region_fit(
-    s: _Series, omega: Float[Tensor, "row w"], t1: Int[Tensor, "row w"], t2: Int[Tensor, " row"]
+    s: _Series, omega: Float[Tensor, "row w"], t1: Int[Tensor, "row #w"], t2: Int[Tensor, " row"]
 ) -> tuple[Float[Tensor, "row w 1"], Float[Tensor, "row w 1"], Float[Tensor, "row w 1"]]:
-    """`_linear_fit` for one (T1, T2) per frequency: the sums over (T1, T2] taken directly, no prefix sums."""
-    i = torch.arange(s.y.shape[1], dtype=torch.float64, device=s.y.device)
-    region = (i > t1.unsqueeze(-1)) & (i <= t2[:, None, None])  # inside 1..L, since 0 <= T1 and T2 <= L
-    c = torch.cos(omega.unsqueeze(-1) * i) * region
-    osc_sums = tuple(x.unsqueeze(-1) for x in (c.sum(-1), (c * c).sum(-1), (c * s.y.unsqueeze(1)).sum(-1)))
+    """`_linear_fit` for one (T1, T2) per frequency (or one T1 for all): the sums over (T1, T2] taken directly."""
+    # T1 >= 0 and T2 <= L, so the region lies inside 1..L.
+    osc_sums = tuple(x.unsqueeze(-1) for x in _region_cosine_sums(s.y, omega, t1, t2))
     t2 = t2[:, None, None]
     return _closed_form(s, osc_sums, _recency_sums(s, t2), t2)
 
@@ -401,11 +461,14 @@ def _fit_rows(alpha: Float[Tensor, "row pos"]) -> dict[str, Tensor]:
     # and for each the frequency from the periodogram of the oscillation region (fine enough for long regions).
     k1 = torch.minimum(knots, (none_t - 1).clamp(min=0).unsqueeze(-1))  # [row, k]
     region = (grid.unsqueeze(1) > k1.unsqueeze(-1)) & (grid.unsqueeze(1) <= none_t[:, None, None])  # [row, k, pos]
-    z = s.y.unsqueeze(1) * region
+    # float32 throughout: only the argmax is used, and the refinement below works in float64.
+    region = region.float()
+    z = s.y.float().unsqueeze(1) * region
     z = (z - z.sum(-1, keepdim=True) / region.sum(-1, keepdim=True).clamp(min=1)) * region
-    spectrum = torch.fft.rfft(z.float(), n=_PERIODOGRAM_PAD * n_pos, dim=-1).real.abs()  # n_pos = L + 1; float32: an argmax
+    n_fft = _fft_length(_PERIODOGRAM_PAD * n_pos)  # n_pos = L + 1
+    spectrum = torch.fft.rfft(z, n=n_fft, dim=-1).real.abs()
     spectrum[..., 0] = -1.0  # omega = 0 is the plateau, not an oscillation
-    omega_k = 2 * math.pi * spectrum.argmax(-1).double() / (_PERIODOGRAM_PAD * n_pos)
+    omega_k = 2 * math.pi * spectrum.argmax(-1).double() / n_fft
     _, _, sse_k = _region_fit(s, omega_k, k1, none_t)
     sse_k = sse_k[..., 0].masked_fill(k1 >= none_t.unsqueeze(-1), math.inf)  # [row, k]
     pick_k = _best(sse_k.unsqueeze(1), tol)[1].unsqueeze(-1)
@@ -419,7 +482,7 @@ def _fit_rows(alpha: Float[Tensor, "row pos"]) -> dict[str, Tensor]:
         fine = omega.unsqueeze(-1) * torch.logspace(-1, 1, _FINE_OMEGAS, base=span, dtype=torch.float64, device=device)
         fine = fine.clamp(max=math.pi)
         span = span ** (4 / (_FINE_OMEGAS - 1))  # the next round covers two steps either side
-        _, _, sse = _region_fit(s, fine, t1.unsqueeze(-1).expand_as(fine), t2)
+        _, _, sse = _region_fit(s, fine, t1.unsqueeze(-1), t2)
         omega = fine.gather(1, _best(sse, tol)[0][:, None]).squeeze(1)
         osc = s.osc(omega.unsqueeze(-1))
         _, _, sse = _linear_fit(s, osc, grid.unsqueeze(1), t2[:, None, None])  # recency sums: once per row
