@@ -245,6 +245,7 @@ def _load_bundled_hf(
     cache_root = model_cache_dir(cache_dir)
     gguf_path = _bundled_gguf_path(name, cache_root)
     export_dir = cache_root / "models" / name
+    remove_stale_exports(export_dir)
     if not _is_valid_export(export_dir, gguf_path):
         _export_gguf(gguf_path, export_dir, progress=progress)
     return _load_export(export_dir)
@@ -277,16 +278,43 @@ def _is_valid_export(export_dir: Path, gguf_path: Path) -> bool:
     return True
 
 
+def _staging_prefix(export_dir: Path) -> str:
+    return f".{export_dir.name}-building-"
+
+
+def remove_stale_exports(export_dir: Path) -> list[Path]:
+    """Remove half-built exports of ``export_dir`` left by processes that no longer run; the ones removed.
+
+    A staging folder is named ``.<name>-building-<pid>-<random>``; a kill -9 (or
+    a SIGTERM outside the command, whose handler cleans up itself) leaves one of
+    about 300 MB behind.
+    """
+    from tl_geometry.results.files import pid_alive
+
+    removed = []
+    prefix = _staging_prefix(export_dir)
+    if not export_dir.parent.is_dir():
+        return removed
+    for path in export_dir.parent.iterdir():
+        pid = path.name.removeprefix(prefix).split("-")[0]
+        if path.name.startswith(prefix) and pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 def _export_gguf(gguf_path: Path, export_dir: Path, *, progress: bool) -> None:
     """Dequantise a GGUF file to float32 and save it as a Hugging Face model directory.
 
-    Written into a temporary sibling directory and renamed into place at the end, so
-    an interrupted export never leaves a directory that looks complete.
+    Written into a temporary sibling directory (named after this process) and renamed
+    into place at the end, so an interrupted export never leaves a directory that looks
+    complete; one left by a killed process is removed by the next load
+    (`remove_stale_exports`).
     """
     from tqdm.auto import tqdm
 
     export_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{export_dir.name}-", dir=export_dir.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f"{_staging_prefix(export_dir)}{os.getpid()}-", dir=export_dir.parent))
     steps = tqdm(
         total=3,
         desc=f"tl_geometry: one-time float32 export of {gguf_path.name}",
