@@ -155,7 +155,8 @@ def load_model(
         A ``TransformerBridge`` or ``HookedTransformer`` (both ``torch.nn.Module``).
 
     Raises:
-        GeometryError: unknown ``kind``; ``kind="hooked"`` on transformer-lens 4.x; the
+        GeometryError: unknown ``kind``; a ``device`` this machine does not have;
+            ``kind="hooked"`` on transformer-lens 4.x; the
             package of a bundled model is missing; TransformerLens cannot load ``name``.
 
     >>> model = load_model()  # doctest: +SKIP
@@ -163,6 +164,7 @@ def load_model(
     (30, 9)
     """
     _check_kind(kind)
+    check_device(device)
     if name in _BUNDLED_MODELS:
         hf_model, tokenizer = _load_bundled_hf(name, cache_dir=cache_dir, progress=progress)
         hf_model = hf_model.to(device)
@@ -202,6 +204,22 @@ def transformer_lens_major_version() -> int:
         The leading integer of ``transformer-lens``'s version string.
     """
     return int(importlib.metadata.version("transformer-lens").split(".")[0])
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """The device, or GeometryError if this machine does not have it (checked before anything loads)."""
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise GeometryError(f"device: {device!r} is not a torch device ({error}); use cpu, cuda, cuda:1 or mps") from None
+    if resolved.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (resolved.index or 0) >= count:
+            have = f"{count} CUDA device(s)" if count else "no CUDA device (or a torch built without CUDA)"
+            raise GeometryError(f"device: {device!r} asked for, but this machine has {have}; use device='cpu'")
+    if resolved.type == "mps" and not torch.backends.mps.is_available():
+        raise GeometryError(f"device: {device!r} asked for, but MPS is not available here; use device='cpu'")
+    return resolved
 
 
 def _check_kind(kind: str) -> None:
