@@ -181,27 +181,47 @@ def _fields(
     n_grid = torch.from_numpy(arrays["n_grid"].copy())
     if n_grid.ndim != 1 or n_grid.is_floating_point():
         raise GeometryError(f"load: {npz_path}: 'n_grid' is {n_grid.dtype} {list(n_grid.shape)}; expected 1-d integers")
-    layers, heads = tuple(int(i) for i in meta["layers"]), tuple(int(i) for i in meta["heads"])
-    config = GeometryConfig.from_json(meta["config"])
+    layers = tuple(_count(i, "layers[...]") for i in _typed(meta["layers"], list, "layers"))
+    heads = tuple(_count(i, "heads[...]") for i in _typed(meta["heads"], list, "heads"))
+    config = GeometryConfig.from_json(_typed(meta["config"], dict, "config"))
+    versions = _typed(meta["versions"], dict, "versions")
+    if not all(isinstance(v, str) for v in versions.values()):
+        raise GeometryError(f"'versions' is {versions!r}, expected package names -> version strings")
     out = {"n_grid": n_grid, "layers": layers, "heads": heads, "config": config,
-           "model_name": str(meta["model_name"]), "versions": dict(meta["versions"])}
+           "model_name": _typed(meta["model_name"], str, "model_name"), "versions": versions}
     if meta["format_version"] == 1:
         return {**out, **_format_1(arrays, npz_path, n_grid, layers, heads, config, specs)}
     stats = {}
     for entry in meta["fields"]:
-        spec = FieldSpec(name=entry["name"], doc=entry["doc"], axes=tuple(entry["axes"]), queries=entry["queries"],
-                         documents=entry["documents"], bootstrap=bool(entry["bootstrap"]))
+        entry = _typed(entry, dict, "fields[...]")
+        axes = _typed(entry["axes"], list, "fields[...].axes")
+        if not all(isinstance(a, str) for a in axes) or not isinstance(entry["bootstrap"], bool):
+            raise GeometryError(f"field {entry.get('name')!r}: axes {axes!r} or bootstrap {entry['bootstrap']!r} "
+                                "is not a list of names or a bool")
+        spec = FieldSpec(name=_typed(entry["name"], str, "fields[...].name"), doc=_typed(entry["doc"], str, "doc"),
+                         axes=tuple(axes), queries=entry["queries"], documents=entry["documents"],
+                         bootstrap=entry["bootstrap"])
         shape = (len(layers), len(heads), *(int(i) for i in entry["trailing"]))
         stats[spec.name] = stats_from_arrays(spec, arrays, shape, int(entry["replicates"]), npz_path)
     rows, positions = None, None
     if meta["queries"] is not None:
+        names = _typed(meta["queries"], list, "queries")
+        if not all(isinstance(n, str) for n in names):
+            raise GeometryError(f"'queries' is {names!r}, expected field names")
         missing = [k for k in ["query_positions", *(f"queries/{n}" for n in meta["queries"])] if k not in arrays]
         if missing:
             raise GeometryError(f"load: {npz_path} has no array(s) {missing}; save the result again")
         rows = {name: torch.from_numpy(arrays[f"queries/{name}"].copy()) for name in meta["queries"]}
         positions = torch.from_numpy(arrays["query_positions"].copy())
-    return {**out, "stats": stats, "n_documents": int(meta["n_documents"]), "n_tokens": int(meta["n_tokens"]),
-            "queries": rows, "query_positions": positions}
+    return {**out, "stats": stats, "n_documents": _count(meta["n_documents"], "n_documents"),
+            "n_tokens": _count(meta["n_tokens"], "n_tokens"), "queries": rows, "query_positions": positions}
+
+
+def _typed(value: Any, kind: type, what: str) -> Any:
+    """``value`` if it is a ``kind`` (the JSON type a result writes there), else GeometryError."""
+    if not isinstance(value, kind):
+        raise GeometryError(f"{what!r} is {value!r}, expected a JSON {kind.__name__}")
+    return value
 
 
 def _format_1(

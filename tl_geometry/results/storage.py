@@ -24,9 +24,9 @@ from tl_geometry.errors import GeometryError
 from tl_geometry.results.stats import FieldStats, storage_dtype
 
 _REPLICATE_STATS = ("replicate_total", "replicate_count")
-# Most bytes the arrays of one result may hold in memory: the default report run saves ~32 MB, a
-# long per-query run a few GB; a file announcing more was altered.
-MAX_RESULT_BYTES = 16 << 30
+# Most bytes the arrays of one result may hold in memory once broadcast back: the default report run
+# holds ~32 MB (its file is the same size); a file announcing more than this was altered.
+MAX_RESULT_BYTES = 4 << 30
 _NPY_HEADER = 4096  # an .npy header is at most this long
 
 
