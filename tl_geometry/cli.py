@@ -209,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     previous = _install_signal_handlers()
+    created = not args.out.exists()
     try:
         check_arguments(args)
         with folder_lock(args.out):
@@ -225,6 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        if created and args.out.is_dir() and not any(args.out.iterdir()):
+            args.out.rmdir()  # a run that wrote nothing leaves no empty folder behind
 
 
 if __name__ == "__main__":
