@@ -6,7 +6,7 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -142,8 +142,11 @@ def test_half_built_exports_of_dead_processes_are_removed(tmp_path):
     stale = export_dir.parent / f".smollm2-135m-building-{dead.pid}-abc123"
     live = export_dir.parent / f".smollm2-135m-building-{os.getpid()}-def456"
     other = export_dir.parent / f".gemma3-270m-building-{dead.pid}-abc123"
-    for folder in (stale, live, other):
+    old_style, recent_old_style = (export_dir.parent / f".smollm2-135m-{s}" for s in ("k2j_9x0a", "p0q1r2s3"))
+    for folder in (stale, live, other, old_style, recent_old_style):
         folder.mkdir()
         (folder / "model.safetensors").write_bytes(b"0" * 100)
-    assert models.remove_stale_exports(export_dir) == [stale]
-    assert sorted(p.name for p in export_dir.parent.iterdir()) == sorted([live.name, other.name])
+    two_days_ago = time.time() - 2 * 24 * 3600
+    os.utime(old_style, (two_days_ago, two_days_ago))
+    assert sorted(models.remove_stale_exports(export_dir)) == sorted([stale, old_style])
+    assert sorted(p.name for p in export_dir.parent.iterdir()) == sorted([live.name, other.name, recent_old_style.name])

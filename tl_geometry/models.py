@@ -19,8 +19,10 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +42,7 @@ _MARKER_FILE = "tl_geometry_export.json"
 # HookedTransformer (3.x) allocates an n_ctx x n_ctx causal mask per layer: at the
 # model's 8192 positions that is 2 GB, so the hooked kind is built for 2048 positions.
 _HOOKED_N_CTX = 2048
+_STALE_SECONDS = 24 * 3600  # a half-built export of an old version older than this is abandoned
 
 
 @dataclass(frozen=True)
@@ -313,9 +316,13 @@ def remove_stale_exports(export_dir: Path) -> list[Path]:
     prefix = _staging_prefix(export_dir)
     if not export_dir.parent.is_dir():
         return removed
+    # tl_geometry <= 0.2 named them ``.<name>-<8 random characters>``, without the pid: removed once a day old.
+    unnamed = re.compile(rf"\.{re.escape(export_dir.name)}-[a-z0-9_]{{8}}")
     for path in export_dir.parent.iterdir():
         pid = path.name.removeprefix(prefix).split("-")[0]
-        if path.name.startswith(prefix) and pid.isdigit() and not pid_alive(int(pid)):
+        dead = path.name.startswith(prefix) and pid.isdigit() and not pid_alive(int(pid))
+        old = unnamed.fullmatch(path.name) is not None and time.time() - path.stat().st_mtime > _STALE_SECONDS
+        if path.is_dir() and (dead or old):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
