@@ -452,8 +452,13 @@ def test_crafted_files_cannot_unpack_to_gigabytes(tmp_path):
     (tmp_path / "b.json").write_text(json.dumps(huge))
     with pytest.raises(GeometryError, match=r"b.json: announces \d+ bytes of statistics \(1000000 layers x 3 heads\)"):
         GeometryResult.load(tmp_path / "b")
-    # An array not announced by the JSON.
+    # An array whose header announces more than the JSON allows (small enough to pass the zip's own sizes).
     (tmp_path / "b.json").write_text(json.dumps(meta))
+    rewrite_npz(tmp_path / "b", {**good, "recall/total": np.zeros((2, 3, 80))})
+    with pytest.raises(GeometryError, match=r"array 'recall/total' is float64 \[2, 3, 80\] \(3840 bytes\), more than "
+                                            r"the 192 its metadata allows"):
+        GeometryResult.load(tmp_path / "b")
+    # An array not announced by the JSON.
     rewrite_npz(tmp_path / "b", {**good, "extra": np.zeros(3)})
     with pytest.raises(GeometryError, match=r"array 'extra' is not announced by the result's JSON"):
         GeometryResult.load(tmp_path / "b")
