@@ -11,7 +11,8 @@ the journal through `committed_path`), so a reader never sees the new arrays
 beside the old metadata, nor a new result beside an old report. SIGINT and
 SIGTERM are held back during the renames.
 
-The lock is an ``flock`` on ``<folder>/.tl-geometry.lock``: the kernel drops
+The lock is an ``flock`` on ``<folder>/.tl-geometry.lock`` (``msvcrt.locking`` on
+Windows): the kernel drops
 it when its process dies, so a lock left by a killed run is simply taken over;
 a second live writer gets a GeometryError naming the holder. Temporary files
 carry their writer's pid (``.<name>.<pid>.<random>.tmp``) so that those left
@@ -19,7 +20,6 @@ by a killed process are removed on the next commit in that folder.
 """
 
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -34,6 +34,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from tl_geometry.errors import GeometryError
+
+try:
+    import fcntl
+except ImportError:  # Windows: msvcrt's byte-range lock is also dropped when its process dies
+    fcntl = None  # type: ignore[assignment]
+    import msvcrt
 
 LOCK_NAME = ".tl-geometry.lock"
 JOURNAL_NAME = ".tl-geometry-commit.json"
@@ -81,6 +87,18 @@ def _fsync_folder(folder: Path) -> None:
             os.close(fd)
 
 
+def _try_lock(fd: int) -> bool:
+    """Take an exclusive lock on an open file without waiting; False if another process holds it."""
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        else:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+    except (BlockingIOError, PermissionError):
+        return False
+    return True
+
+
 def _holder(lock: Path) -> str:
     try:
         info = json.loads(lock.read_text())
@@ -115,9 +133,7 @@ def folder_lock(folder: str | os.PathLike) -> Iterator[Path]:
     lock = folder / LOCK_NAME
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _try_lock(fd):
             os.close(fd)
             raise GeometryError(
                 f"{folder} is being written by another tl-geometry run ({_holder(lock)}); wait for it to finish "
@@ -132,6 +148,7 @@ def folder_lock(folder: str | os.PathLike) -> Iterator[Path]:
         os.close(fd)
     info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
     os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
     os.write(fd, json.dumps(info).encode())
     with _held_guard:
         _held[key] = 1
@@ -185,7 +202,7 @@ def committed_path(target: Path) -> Path:
 @contextmanager
 def _signals_held() -> Iterator[None]:
     """SIGINT and SIGTERM wait until the block ends (main thread only: elsewhere they never arrive)."""
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
         yield
         return
     held = {signal.SIGINT, signal.SIGTERM}
