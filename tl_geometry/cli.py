@@ -9,6 +9,7 @@ RESULT`` writes the report of saved results without a model.
 """
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -212,7 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     created = not args.out.exists()
     try:
         check_arguments(args)
-        with folder_lock(args.out):
+        # Under torchrun / accelerate only rank 0 writes the result, so only it holds --out.
+        with folder_lock(args.out) if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext():
             return run_command(args)
     except (GeometryError, OSError) as error:
         print(f"tl-geometry: error: {error}", file=sys.stderr)
@@ -227,7 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         if created and args.out.is_dir() and not any(args.out.iterdir()):
-            args.out.rmdir()  # a run that wrote nothing leaves no empty folder behind
+            with contextlib.suppress(OSError):  # another run may have just started writing there
+                args.out.rmdir()  # a run that wrote nothing leaves no empty folder behind
 
 
 if __name__ == "__main__":
