@@ -141,12 +141,14 @@ def test_leftovers_of_a_killed_writer_are_removed(tmp_path, results):
     old.save(tmp_path / "r")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    stale = tmp_path / f".r.npz.{dead.pid}.0a1b2c3d.tmp"
+    stale = tmp_path / f".r.npz.tlg{dead.pid}.0a1b2c3d.tmp"
     stale.write_bytes(b"half an npz")
-    mine = tmp_path / f".r.json.{os.getpid()}.0a1b2c3d.tmp"  # a live writer's: kept
+    mine = tmp_path / f".r.json.tlg{os.getpid()}.0a1b2c3d.tmp"  # a live writer's: kept
+    foreign = tmp_path / f".notes.txt.{dead.pid}.0a1b2c3d.tmp"  # not ours: kept
+    foreign.write_bytes(b"someone else's")
     mine.write_bytes(b"{")
     new.save(tmp_path / "r")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["r.json", "r.npz", mine.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["r.json", "r.npz", mine.name, foreign.name])
 
 
 def test_two_processes_saving_to_one_folder(tmp_path):

@@ -15,7 +15,7 @@ The lock is an ``flock`` on ``<folder>/.tl-geometry.lock`` (``msvcrt.locking`` o
 Windows): the kernel drops
 it when its process dies, so a lock left by a killed run is simply taken over;
 a second live writer gets a GeometryError naming the holder. Temporary files
-carry their writer's pid (``.<name>.<pid>.<random>.tmp``) so that those left
+carry their writer's pid (``.<name>.tlg<pid>.<random>.tmp``) so that those left
 by a killed process are removed on the next commit in that folder.
 """
 
@@ -43,7 +43,7 @@ except ImportError:  # Windows: msvcrt's byte-range lock is also dropped when it
 
 LOCK_NAME = ".tl-geometry.lock"
 JOURNAL_NAME = ".tl-geometry-commit.json"
-_TEMP = re.compile(r"^\..+\.(\d+)\.[0-9a-f]+\.tmp$")
+_TEMP = re.compile(r"^\..+\.tlg(\d+)\.[0-9a-f]{8}\.tmp$")  # ours only: never another tool's
 _held: dict[Path, int] = {}  # folders this process holds the lock of -> nesting depth
 _held_guard = threading.Lock()
 
@@ -70,7 +70,7 @@ def pid_alive(pid: int) -> bool:
 
 def temp_path(target: Path) -> Path:
     """A fresh temporary name beside ``target`` that names this process."""
-    return target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    return target.with_name(f".{target.name}.tlg{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
 
 def _open_for_writing(path: Path) -> Any:
