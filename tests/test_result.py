@@ -428,3 +428,37 @@ def test_small_result_file_size_is_flat(tmp_path):
                                                  model_name="tiny").save(tmp_path / str(docs))
         small[docs] = npz.stat().st_size
     assert small[16] == small[256]
+
+
+def test_crafted_files_cannot_unpack_to_gigabytes(tmp_path):
+    """A small npz whose arrays (or whose JSON's shapes) announce gigabytes is refused before anything is read."""
+    make_result().save(tmp_path / "b")
+    good = dict(np.load(tmp_path / "b.npz"))
+    meta = json.loads((tmp_path / "b.json").read_text())
+    # 2.4 GB of zeros compress to a couple of MB: refused from the zip directory, in well under a second.
+    bomb = tmp_path / "bomb"
+    np.savez_compressed(f"{bomb}.npz", **{**good, "recall/total": np.zeros((2, 3, 4 * 10**7 * 1))})
+    meta["npz_sha256"] = hashlib.sha256(open(f"{bomb}.npz", "rb").read()).hexdigest()
+    (tmp_path / "bomb.json").write_text(json.dumps(meta))
+    assert (tmp_path / "bomb.npz").stat().st_size < 5 * 10**6
+    start = time.perf_counter()
+    with pytest.raises(GeometryError, match=r"bomb.npz: array 'recall/total' unpacks to 1920000\d+ bytes .*altered"):
+        GeometryResult.load(bomb)
+    assert time.perf_counter() - start < 1
+    # Squeezed arrays broadcast to the shapes the JSON announces: a million layers would expand to terabytes.
+    rewrite_npz(tmp_path / "b", good)
+    meta = json.loads((tmp_path / "b.json").read_text())
+    huge = {**meta, "layers": list(range(10**6))}
+    (tmp_path / "b.json").write_text(json.dumps(huge))
+    with pytest.raises(GeometryError, match=r"b.json: announces \d+ bytes of statistics \(1000000 layers x 3 heads\)"):
+        GeometryResult.load(tmp_path / "b")
+    # An array whose header announces more than the JSON allows (small enough to pass the zip's own sizes).
+    (tmp_path / "b.json").write_text(json.dumps(meta))
+    rewrite_npz(tmp_path / "b", {**good, "recall/total": np.zeros((2, 3, 80))})
+    with pytest.raises(GeometryError, match=r"array 'recall/total' is float64 \[2, 3, 80\] \(3840 bytes\), more than "
+                                            r"the 192 its metadata allows"):
+        GeometryResult.load(tmp_path / "b")
+    # An array not announced by the JSON.
+    rewrite_npz(tmp_path / "b", {**good, "extra": np.zeros(3)})
+    with pytest.raises(GeometryError, match=r"array 'extra' is not announced by the result's JSON"):
+        GeometryResult.load(tmp_path / "b")

@@ -139,3 +139,30 @@ def test_context_longer_than_the_model(smollm2):
     n_ctx = smollm2.cfg.n_ctx
     with pytest.raises(GeometryError, match=rf"longer than the model's n_ctx={n_ctx}"):
         text_windows(smollm2, "x", context=n_ctx + 1)
+
+
+def test_n_windows_tokenises_only_a_prefix_with_the_same_ids():
+    """A real BPE tokenizer (SmolLM2's, from the model cache): n_windows=2 of the default text tokenises a few
+    kB, not the whole text, and gives the windows the whole text's tokenisation gives."""
+    from transformers import AutoTokenizer
+
+    from tl_geometry.models import model_cache_dir
+
+    export = model_cache_dir() / "models" / "smollm2-135m"
+    if not export.is_dir():
+        pytest.skip("the SmolLM2 export is not cached yet")
+    tokenizer = AutoTokenizer.from_pretrained(export)
+    seen = []
+
+    def recording(text, **kwargs):
+        seen.append(len(text))
+        return tokenizer(text, **kwargs)
+
+    recording.bos_token_id = tokenizer.bos_token_id
+    text = default_text()
+    for context, n in ((64, 1), (128, 2), (512, 3)):
+        seen.clear()
+        windows = text_windows(recording, text, context=context, n_windows=n)
+        assert max(seen) < 64 * context * n < len(text)
+        everything = text_windows(tokenizer, text, context=context)
+        assert torch.equal(windows, everything[:n])

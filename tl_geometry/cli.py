@@ -9,6 +9,9 @@ RESULT`` writes the report of saved results without a model.
 """
 
 import argparse
+import contextlib
+import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -35,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tl-geometry",
         description="Geometric analysis of token selection in multi-head attention (TransformerLens plugin). "
-        "Exit codes: 0 done, 1 bad input (one-line message), 2 bad command line, 130 interrupted.",
+        "Exit codes: 0 done, 1 bad input (one-line message), 2 bad command line, 130 interrupted (SIGINT), "
+        "143 terminated (SIGTERM).",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = argparse.ArgumentParser(add_help=False)
@@ -102,9 +106,6 @@ def _analyse(args: argparse.Namespace):
     from tl_geometry.models import load_model
     from tl_geometry.text import default_text, read_text_files, text_windows
 
-    for name in ("windows", "context", "batch_size"):
-        if getattr(args, name) < 1:
-            raise GeometryError(f"--{name.replace('_', '-')}: expected a positive number, got {getattr(args, name)}")
     text = read_text_files(args.text) if args.text else default_text()
     # A one-step bar: the cached load takes seconds, the first export of a bundled model longer
     # (load_model then shows its own steps).
@@ -141,17 +142,95 @@ def run_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM, raised in the main thread so that every ``finally`` and ``except`` cleans up."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def _install_signal_handlers() -> dict[int, object]:
+    """SIGINT and SIGTERM raise `Interrupted` (SIGTERM would otherwise kill before any cleanup); the old ones."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}  # signals reach the main thread only
+    return {signum: signal.signal(signum, _raise_interrupted) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _writable_folder(out: Path) -> None:
+    """Raise unless ``out`` is (or can be created as) a folder this process can write in."""
+    if out.exists() and not out.is_dir():
+        raise GeometryError(f"--out: {out} is a file, not a folder; pass a folder for the result (it is created)")
+    existing = out
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise GeometryError(f"--out: {existing} is a file, so {out} cannot be created; pass another folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise GeometryError(f"--out: cannot write in {existing} (permission denied); pass a folder you can write to")
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Everything the command line says that can be checked before a model loads (GeometryError otherwise)."""
+    _writable_folder(args.out)
+    if args.command == "plot":
+        from tl_geometry.results.result import GeometryResult
+
+        npz_path, json_path = GeometryResult.paths(args.result)
+        missing = [str(p) for p in (npz_path, json_path) if not p.is_file()]
+        if missing:
+            raise GeometryError(f"plot: {' and '.join(missing)} not found; pass the result written by analyze or report")
+        return
+    for name in ("windows", "context", "batch_size"):
+        if getattr(args, name) < 1:
+            raise GeometryError(f"--{name.replace('_', '-')}: expected a positive number, got {getattr(args, name)}")
+    if isinstance(args.n_grid, list) and (not args.n_grid or min(args.n_grid) < 1):
+        raise GeometryError(f"--n-grid: expected N >= 1 such as 1,2,4,8, got {args.n_grid}")
+    for path in args.text or []:
+        if not path.is_file() or not os.access(path, os.R_OK):
+            why = "is a folder" if path.is_dir() else "cannot be read" if path.exists() else "does not exist"
+            raise GeometryError(f"--text: {path} {why}; pass readable text files")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``tl-geometry`` console script; returns the exit code."""
+    """Entry point of the ``tl-geometry`` console script; returns the exit code.
+
+    Every argument is checked before the model loads, and the output folder is
+    locked for the whole run (a second run on it is refused at once). SIGINT
+    and SIGTERM end the run with 130 and 143 and a one-line message; the
+    previous result in the folder is kept and no temporary file is left.
+    """
+    from tl_geometry.results.files import folder_lock
+
     args = build_parser().parse_args(argv)
+    previous = _install_signal_handlers()
+    created = not args.out.exists()
     try:
-        return run_command(args)
+        check_arguments(args)
+        # Under torchrun / accelerate only rank 0 writes the result, so only it holds --out.
+        with folder_lock(args.out) if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext():
+            return run_command(args)
     except (GeometryError, OSError) as error:
         print(f"tl-geometry: error: {error}", file=sys.stderr)
         return EXIT_INPUT
-    except KeyboardInterrupt:
-        print("tl-geometry: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as error:
+        signum = error.signum if isinstance(error, Interrupted) else signal.SIGINT
+        what = "interrupted" if signum == signal.SIGINT else "terminated"
+        print(f"tl-geometry: {what} ({signal.Signals(signum).name}); no partial files were left in {args.out}",
+              file=sys.stderr)
+        return 128 + signum
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if created and args.out.is_dir() and not any(args.out.iterdir()):
+            with contextlib.suppress(OSError):  # another run may have just started writing there
+                args.out.rmdir()  # a run that wrote nothing leaves no empty folder behind
 
 
 if __name__ == "__main__":

@@ -19,8 +19,10 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +42,7 @@ _MARKER_FILE = "tl_geometry_export.json"
 # HookedTransformer (3.x) allocates an n_ctx x n_ctx causal mask per layer: at the
 # model's 8192 positions that is 2 GB, so the hooked kind is built for 2048 positions.
 _HOOKED_N_CTX = 2048
+_STALE_SECONDS = 24 * 3600  # a half-built export of an old version older than this is abandoned
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,8 @@ def load_model(
         A ``TransformerBridge`` or ``HookedTransformer`` (both ``torch.nn.Module``).
 
     Raises:
-        GeometryError: unknown ``kind``; ``kind="hooked"`` on transformer-lens 4.x; the
+        GeometryError: unknown ``kind``; a ``device`` this machine does not have;
+            ``kind="hooked"`` on transformer-lens 4.x; the
             package of a bundled model is missing; TransformerLens cannot load ``name``.
 
     >>> model = load_model()  # doctest: +SKIP
@@ -163,6 +167,7 @@ def load_model(
     (30, 9)
     """
     _check_kind(kind)
+    check_device(device)
     if name in _BUNDLED_MODELS:
         hf_model, tokenizer = _load_bundled_hf(name, cache_dir=cache_dir, progress=progress)
         hf_model = hf_model.to(device)
@@ -202,6 +207,22 @@ def transformer_lens_major_version() -> int:
         The leading integer of ``transformer-lens``'s version string.
     """
     return int(importlib.metadata.version("transformer-lens").split(".")[0])
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """The device, or GeometryError if this machine does not have it (checked before anything loads)."""
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise GeometryError(f"device: {device!r} is not a torch device ({error}); use cpu, cuda, cuda:1 or mps") from None
+    if resolved.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (resolved.index or 0) >= count:
+            have = f"{count} CUDA device(s)" if count else "no CUDA device (or a torch built without CUDA)"
+            raise GeometryError(f"device: {device!r} asked for, but this machine has {have}; use device='cpu'")
+    if resolved.type == "mps" and not torch.backends.mps.is_available():
+        raise GeometryError(f"device: {device!r} asked for, but MPS is not available here; use device='cpu'")
+    return resolved
 
 
 def _check_kind(kind: str) -> None:
@@ -245,6 +266,7 @@ def _load_bundled_hf(
     cache_root = model_cache_dir(cache_dir)
     gguf_path = _bundled_gguf_path(name, cache_root)
     export_dir = cache_root / "models" / name
+    remove_stale_exports(export_dir)
     if not _is_valid_export(export_dir, gguf_path):
         _export_gguf(gguf_path, export_dir, progress=progress)
     return _load_export(export_dir)
@@ -277,16 +299,47 @@ def _is_valid_export(export_dir: Path, gguf_path: Path) -> bool:
     return True
 
 
+def _staging_prefix(export_dir: Path) -> str:
+    return f".{export_dir.name}-building-"
+
+
+def remove_stale_exports(export_dir: Path) -> list[Path]:
+    """Remove half-built exports of ``export_dir`` left by processes that no longer run; the ones removed.
+
+    A staging folder is named ``.<name>-building-<pid>-<random>``; a kill -9 (or
+    a SIGTERM outside the command, whose handler cleans up itself) leaves one of
+    about 300 MB behind.
+    """
+    from tl_geometry.results.files import pid_alive
+
+    removed = []
+    prefix = _staging_prefix(export_dir)
+    if not export_dir.parent.is_dir():
+        return removed
+    # tl_geometry <= 0.2 named them ``.<name>-<8 random characters>``, without the pid: removed once a day old.
+    unnamed = re.compile(rf"\.{re.escape(export_dir.name)}-[a-z0-9_]{{8}}")
+    for path in export_dir.parent.iterdir():
+        pid = path.name.removeprefix(prefix).split("-")[0]
+        dead = path.name.startswith(prefix) and pid.isdigit() and not pid_alive(int(pid))
+        old = unnamed.fullmatch(path.name) is not None and time.time() - path.stat().st_mtime > _STALE_SECONDS
+        if path.is_dir() and (dead or old):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 def _export_gguf(gguf_path: Path, export_dir: Path, *, progress: bool) -> None:
     """Dequantise a GGUF file to float32 and save it as a Hugging Face model directory.
 
-    Written into a temporary sibling directory and renamed into place at the end, so
-    an interrupted export never leaves a directory that looks complete.
+    Written into a temporary sibling directory (named after this process) and renamed
+    into place at the end, so an interrupted export never leaves a directory that looks
+    complete; one left by a killed process is removed by the next load
+    (`remove_stale_exports`).
     """
     from tqdm.auto import tqdm
 
     export_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{export_dir.name}-", dir=export_dir.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f"{_staging_prefix(export_dir)}{os.getpid()}-", dir=export_dir.parent))
     steps = tqdm(
         total=3,
         desc=f"tl_geometry: one-time float32 export of {gguf_path.name}",

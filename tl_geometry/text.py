@@ -84,7 +84,7 @@ def text_windows(
     n_windows: int | None = None,
     prepend_bos: bool = True,
 ) -> Int[Tensor, "window pos"]:
-    """Tokenize ``text`` once and cut it into consecutive, non-overlapping windows.
+    """Tokenize ``text`` (only as much of it as ``n_windows`` needs) and cut it into consecutive windows.
 
     With ``prepend_bos`` each window is the BOS token followed by ``context - 1`` text
     tokens, so every window is exactly ``context`` tokens long, as the model sees it
@@ -117,8 +117,9 @@ def text_windows(
     if n_windows is not None and n_windows < 1:
         raise GeometryError(f"text_windows: n_windows={n_windows} must be at least 1 (or None for all).")
     bos = _bos_token_id(tokenizer) if prepend_bos else None
-    ids = torch.tensor(_encode(tokenizer, text), dtype=torch.long)
     body = context - 1 if prepend_bos else context
+    needed = None if n_windows is None else n_windows * body
+    ids = torch.tensor(_encode_prefix(tokenizer, text, needed), dtype=torch.long)
     available = ids.numel() // body
     wanted = available if n_windows is None else n_windows
     if available == 0 or wanted > available:
@@ -182,3 +183,28 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     """Token ids of ``text`` with no special tokens (BOS is added per window instead)."""
     # verbose=False: the text is longer than the model's context on purpose.
     return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+
+# Tokens compared past the cut of a prefix: the last few tokens of a prefix can differ from the
+# whole text's (a word or a run of spaces cut in two), far fewer than this.
+_PREFIX_MARGIN = 64
+
+
+def _encode_prefix(tokenizer: Any, text: str, needed: int | None) -> list[int]:
+    """The first ``needed`` token ids of ``text`` (all if None or the text has fewer), tokenising a prefix.
+
+    The prefix grows (doubling, cut at a line break or space) until it gives
+    ``needed`` tokens plus a margin, so that ``n_windows=1`` of a 16 MB text
+    tokenises a few kB; the ids equal those of the whole text's tokenisation.
+    """
+    if needed is None:
+        return _encode(tokenizer, text)
+    chars = 8 * (needed + _PREFIX_MARGIN)
+    while chars < len(text):
+        cut = max(text.rfind("\n", 0, chars), text.rfind(" ", 0, chars))
+        if cut > 0:
+            ids = _encode(tokenizer, text[:cut])
+            if len(ids) >= needed + _PREFIX_MARGIN:
+                return ids[:needed]
+        chars *= 2
+    return _encode(tokenizer, text)

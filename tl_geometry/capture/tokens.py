@@ -90,8 +90,39 @@ class PreparedTokens:
         return [row[mask] for row, mask in zip(self.tokens, self.real, strict=True)]
 
 
+def check_model(model: Any) -> None:
+    """Raise GeometryError unless ``model`` is a TransformerLens model with the hooks this package reads."""
+    if isinstance(model, HookableModel) and all(hasattr(model.cfg, a) for a in ("n_layers", "n_heads")):
+        return
+    kind = "None" if model is None else type(model).__name__
+    hint = "load one with tl_geometry.load_model(name) or transformer_lens"
+    if hasattr(model, "config") and hasattr(model, "generate"):  # a Hugging Face model
+        hint = ("wrap it: TransformerBridge.boot_transformers(name, hf_model=model, tokenizer=tokenizer) "
+                "(transformer_lens.model_bridge)")
+    raise GeometryError(
+        f"model: expected a TransformerLens model (HookedTransformer or TransformerBridge, with cfg, hook_dict "
+        f"and hooks()), got {kind}; {hint}"
+    )
+
+
+def _check_length(model: HookableModel, length: int, what: str) -> None:
+    """Refuse sequences longer than the model's context (TransformerLens would cut or fail silently)."""
+    n_ctx = getattr(model.cfg, "n_ctx", None)
+    if isinstance(n_ctx, int) and length > n_ctx:
+        raise GeometryError(
+            f"tokens: {what} {length} tokens long, more than the model's context n_ctx={n_ctx}; cut it into "
+            f"windows with tl_geometry.text_windows(model, text, context={n_ctx}) or pass tokens[:, :{n_ctx}]"
+        )
+
+
 def _tokenize(model: HookableModel, texts: Sequence[str], prepend_bos: bool) -> tuple[Tensor, Tensor]:
-    """Tokenise each text alone and right-pad: ``(tokens, real)``."""
+    """Tokenise each text alone and right-pad: ``(tokens, real)``; empty texts are refused."""
+    empty = [i for i, text in enumerate(texts) if not text]
+    if empty:
+        raise GeometryError(
+            f"tokens: text(s) {empty[:10]} of {len(texts)} are empty strings (they would be analysed as a lone "
+            "BOS token); drop them first, e.g. [t for t in texts if t.strip()]"
+        )
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
         raise GeometryError(
@@ -100,9 +131,14 @@ def _tokenize(model: HookableModel, texts: Sequence[str], prepend_bos: bool) -> 
         )
     if len(texts) == 0:
         raise GeometryError("tokens: got an empty list of texts; pass at least one string")
-    rows = [model.to_tokens(text, prepend_bos=prepend_bos)[0].cpu() for text in texts]
-    if any(len(row) == 0 for row in rows):
-        raise GeometryError("tokens: a text tokenised to no tokens; drop empty strings or use prepend_bos=True")
+    rows = [model.to_tokens(text, prepend_bos=prepend_bos, truncate=False)[0].cpu() for text in texts]
+    no_text = [i for i, row in enumerate(rows) if len(row) <= int(prepend_bos)]
+    if no_text:
+        raise GeometryError(
+            f"tokens: text(s) {no_text[:10]} tokenised to no tokens of their own; drop them from the list"
+        )
+    for i, row in enumerate(rows):
+        _check_length(model, len(row), f"text {i} is")
     width = max(len(row) for row in rows)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -113,18 +149,33 @@ def _tokenize(model: HookableModel, texts: Sequence[str], prepend_bos: bool) -> 
     return tokens, real
 
 
-def _check_token_tensor(tokens: Tensor, attention_mask: Tensor | None) -> Tensor:
-    """Validate a token tensor and return its ``real`` mask."""
+def _check_token_tensor(model: HookableModel, tokens: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """Validate a token tensor (dtype, shape, ids in the vocabulary, length) and return its ``real`` mask."""
     if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
         raise GeometryError(
             f"tokens: expected integer token ids, got dtype {tokens.dtype}; "
             "pass model.to_tokens(text) or a LongTensor (embeddings are not supported)"
+        )
+    if tokens.dtype not in (torch.int64, torch.int32):
+        raise GeometryError(
+            f"tokens: expected int64 (or int32) token ids, got dtype {tokens.dtype}, too narrow for a vocabulary "
+            "(ids may have wrapped around); pass tokens.long() of the original ids"
         )
     if tokens.ndim != 2 or tokens.shape[1] == 0 or tokens.shape[0] == 0:
         raise GeometryError(
             f"tokens: expected shape [batch, pos] with batch, pos >= 1, got {list(tokens.shape)}; "
             "for one sequence use tokens.unsqueeze(0)"
         )
+    vocab = getattr(model.cfg, "d_vocab", None)
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or (isinstance(vocab, int) and vocab > 0 and high >= vocab):
+        bad = low if low < 0 else high
+        raise GeometryError(
+            f"tokens: id {bad} is outside the model's vocabulary 0..{vocab - 1 if isinstance(vocab, int) else '?'} "
+            "(cfg.d_vocab); the ids come from another tokenizer, or padding used -1: pass model.to_tokens(text), "
+            "and mark padding with attention_mask instead"
+        )
+    _check_length(model, tokens.shape[1], "the sequences are")
     if attention_mask is None:
         return torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device)
     if attention_mask.shape != tokens.shape:
@@ -149,11 +200,12 @@ def _check_token_tensor(tokens: Tensor, attention_mask: Tensor | None) -> Tensor
 def prepare_tokens(
     model: HookableModel, tokens: TokensLike, config: GeometryConfig, attention_mask: Tensor | None = None
 ) -> PreparedTokens:
-    """Tokenise if needed, find the real tokens and the query positions of every sequence."""
+    """Check the model, tokenise if needed, find the real tokens and the query positions of every sequence."""
+    check_model(model)
     if isinstance(tokens, str):
         tokens = [tokens]
     if isinstance(tokens, Tensor):
-        real = _check_token_tensor(tokens, attention_mask)
+        real = _check_token_tensor(model, tokens, attention_mask)
     elif isinstance(tokens, Sequence) and all(isinstance(t, str) for t in tokens):
         if attention_mask is not None:
             raise GeometryError("attention_mask: only for token tensors; text is padded here")

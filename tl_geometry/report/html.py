@@ -1,8 +1,9 @@
 """The self-contained HTML report: a summary table, then every figure with a sentence on how to read it.
 
-plotly.js is embedded once, so the page opens offline. Files are written
-atomically (a temporary file in the same folder, then a rename), so an
-interrupted run never leaves a half-written report or damages an earlier one.
+plotly.js is embedded once, so the page opens offline. The page, the result
+files and the PNGs are committed as one unit (`tl_geometry.results.files`), so
+an interrupted run or a full disk never leaves a new result beside an old page
+or damages the earlier report.
 """
 
 import html
@@ -18,7 +19,8 @@ import plotly.graph_objects as go
 from tl_geometry.report import plots
 from tl_geometry.errors import GeometryError
 from tl_geometry.diagnostics.registry import REGISTRY
-from tl_geometry.results.files import atomic_path
+from tl_geometry.results import fileformat
+from tl_geometry.results.files import Unit, commit_unit
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.analysis.sink import sink_recall_correlation
 from tl_geometry.theory.synthetic import toy_2d
@@ -239,12 +241,6 @@ th {{ font-weight: 600; }} p.how {{ color: #444; max-width: 70em; }}
 """
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
-
-
 def _browser_for_png() -> str:
     """The Chromium or Chrome that kaleido will drive, or GeometryError saying how to get one."""
     try:
@@ -264,16 +260,15 @@ def _browser_for_png() -> str:
     return found
 
 
-def write_png(figures: list[tuple[Figure, go.Figure]], out_dir: Path) -> list[Path]:
-    """One PNG per figure, ``out_dir/<figure key>.png``, each written atomically."""
+def write_png(figures: list[tuple[Figure, go.Figure]], out_dir: Path, unit: Unit) -> list[Path]:
+    """Stage one PNG per figure, ``out_dir/<figure key>.png``, in the report's commit."""
     browser = _browser_for_png()
     os.environ.setdefault("BROWSER_PATH", browser)  # where kaleido's choreographer looks first
     paths = []
     for figure, drawn in figures:
         path = out_dir / f"{figure.key}.png"
         try:
-            with atomic_path(path) as tmp:
-                drawn.write_image(tmp, format="png", width=1100, height=drawn.layout.height or 500)
+            drawn.write_image(unit.stage(path), format="png", width=1100, height=drawn.layout.height or 500)
         except Exception as error:
             raise GeometryError(f"--png: could not render {figure.key} with {browser}: {error}") from None
         paths.append(path)
@@ -299,17 +294,19 @@ def write_report(
         The path of ``index.html``.
 
     Raises:
-        GeometryError: ``png`` without kaleido or a browser to render with.
+        GeometryError: ``png`` without kaleido or a browser to render with;
+            another run writing to ``out_dir``.
     """
     out = Path(out_dir)
     if png:
         _browser_for_png()  # fail before writing anything
-    out.mkdir(parents=True, exist_ok=True)
     rendered = render_figures(result)
     page = render_html(result, details, rendered)  # everything is drawn before anything is written
-    result.save(out / "result")
     index = out / "index.html"
-    write_atomically(index, page)
-    if png:
-        write_png(rendered.figures, out)
+    # One commit: a reader sees the old page with the old result or the new page with the new one.
+    with commit_unit(out) as unit:
+        fileformat.stage(unit, result, out / "result")
+        unit.write(index, lambda f: f.write(page.encode("utf-8")))
+        if png:
+            write_png(rendered.figures, out, unit)
     return index

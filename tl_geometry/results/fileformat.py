@@ -5,7 +5,9 @@
 and ``query_positions``; no pickle. ``<stem>.json``: format version, model
 name, layers, heads, config, versions, documents, tokens, each field's
 declaration, trailing shape and replicates, the names of the per-query rows,
-and the SHA-256 of the ``.npz``. Both are written atomically.
+and the SHA-256 of the ``.npz``. Both are committed as one unit
+(`tl_geometry.results.files`), and read with every array checked against the
+size its JSON announces before it is read.
 """
 
 import json
@@ -21,9 +23,14 @@ from tl_geometry.config import GeometryConfig
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.errors import GeometryError
 from tl_geometry.results import legacy
-from tl_geometry.results.storage import atomic_write, read_npz, sha256, stats_arrays, stats_from_arrays
+from tl_geometry.results.files import Unit, commit_unit, committed_path
+from tl_geometry.results.storage import (
+    MAX_RESULT_BYTES, announced_bytes, read_npz, sha256, stats_arrays, stats_from_arrays,
+)
 
 FORMAT_VERSION = 2
+MAX_JSON_BYTES = 64 << 20  # metadata is a few kB; per-query runs add a name per field
+MAX_GRID = 1 << 20  # N values when no field has an N axis to announce their number
 
 
 def paths(path: str | os.PathLike) -> tuple[Path, Path]:
@@ -35,7 +42,14 @@ def paths(path: str | os.PathLike) -> tuple[Path, Path]:
 
 
 def write(result: Any, path: str | os.PathLike) -> tuple[Path, Path]:
-    """Write a GeometryResult's two files atomically; returns their paths."""
+    """Write a GeometryResult's two files as one unit (see `tl_geometry.results.files`); returns their paths."""
+    npz_path, _ = paths(path)
+    with commit_unit(npz_path.parent) as unit:
+        return stage(unit, result, path)
+
+
+def stage(unit: Unit, result: Any, path: str | os.PathLike) -> tuple[Path, Path]:
+    """Stage a GeometryResult's two files in a commit (with other files, e.g. its report)."""
     npz_path, json_path = paths(path)
     arrays: dict[str, np.ndarray] = {"n_grid": result.n_grid.cpu().numpy()}
     for s in result.stats.values():
@@ -43,7 +57,7 @@ def write(result: Any, path: str | os.PathLike) -> tuple[Path, Path]:
     if result.queries is not None:
         arrays.update({f"queries/{name}": t.contiguous().numpy() for name, t in result.queries.items()})
         arrays["query_positions"] = result.query_positions.contiguous().numpy()
-    atomic_write(npz_path, lambda f: np.savez(f, **arrays))
+    unit.write(npz_path, lambda f: np.savez(f, **arrays))
     meta = {
         "format_version": FORMAT_VERSION,
         "model_name": result.model_name,
@@ -60,43 +74,102 @@ def write(result: Any, path: str | os.PathLike) -> tuple[Path, Path]:
             for s in result.stats.values()
         ],
         "queries": None if result.queries is None else list(result.queries),
-        "npz_sha256": sha256(npz_path),
+        "npz_sha256": sha256(unit.staged[npz_path]),
     }
     text = json.dumps(meta, indent=2, sort_keys=True)
-    atomic_write(json_path, lambda f: f.write(text.encode()))
+    unit.write(json_path, lambda f: f.write(text.encode()))
     return npz_path, json_path
 
 
 def read(path: str | os.PathLike, specs: Mapping[str, FieldSpec] | None) -> dict[str, Any]:
     """The GeometryResult fields a pair of files holds, checked; GeometryError naming the file otherwise."""
     npz_path, json_path = paths(path)
-    for p in (npz_path, json_path):
-        if not p.exists():
-            raise GeometryError(f"load: {p} does not exist; save writes both {npz_path.name} and {json_path.name}")
-    try:
-        meta = json.loads(json_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise GeometryError(f"load: {json_path} is not valid JSON ({error}); save the result again") from None
-    if not isinstance(meta, dict):
-        raise GeometryError(f"load: {json_path} holds a JSON {type(meta).__name__}, expected an object")
+    # A commit cut short between its renames is read as it will be completed.
+    npz_file, json_file = committed_path(npz_path), committed_path(json_path)
+    for p, shown in ((npz_file, npz_path), (json_file, json_path)):
+        if not p.is_file():
+            raise GeometryError(f"load: {shown} does not exist; save writes both {npz_path.name} and {json_path.name}")
+    meta = _metadata(json_file, json_path)
     version = meta.get("format_version")
     if version not in (1, FORMAT_VERSION):
         raise GeometryError(
             f"load: {json_path} has format_version {version!r}; this tl_geometry reads 1 and {FORMAT_VERSION}"
         )
-    if meta.get("npz_sha256") != sha256(npz_path):
+    if meta.get("npz_sha256") != sha256(npz_file):
         raise GeometryError(f"load: {npz_path} does not match {json_path} (checksum differs); save again")
-    arrays = read_npz(npz_path)
     try:
+        limits = None if version == 1 else array_limits(meta)
+        arrays = read_npz(npz_file, limits)
         return _fields(meta, arrays, npz_path, specs)
     except GeometryError as error:
-        if str(error).startswith("load: "):
+        if str(error).startswith(("load: ", "cannot read")):
             raise
         raise GeometryError(f"load: {json_path}: {error}") from error
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as error:
         raise GeometryError(
             f"load: {json_path} or {npz_path} is malformed ({type(error).__name__}: {error}); save the result again"
         ) from error
+
+
+def _metadata(json_file: Path, json_path: Path) -> dict[str, Any]:
+    """The JSON object of a result, or GeometryError naming the file."""
+    size = json_file.stat().st_size
+    if size > MAX_JSON_BYTES:
+        raise GeometryError(f"load: {json_path} is {size} bytes, more than a result's metadata ever is; not a result")
+    try:
+        meta = json.loads(json_file.read_bytes().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
+        raise GeometryError(f"load: {json_path} is not valid JSON ({error}); save the result again") from None
+    if not isinstance(meta, dict):
+        raise GeometryError(f"load: {json_path} holds a JSON {type(meta).__name__}, expected an object")
+    return meta
+
+
+def _count(value: Any, what: str) -> int:
+    """A non-negative integer from the JSON (not a bool, not a float)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise GeometryError(f"{what} is {value!r}, expected a non-negative integer")
+    return value
+
+
+def array_limits(meta: Mapping[str, Any]) -> dict[str, int]:
+    """The bytes each array of a format-2 file may hold, from the shapes its JSON announces.
+
+    Checked before any array is read, together with their sum as the arrays are
+    broadcast back (at most `MAX_RESULT_BYTES`), so that a small altered file
+    cannot unpack to gigabytes.
+    """
+    layers = len(meta["layers"])
+    heads = len(meta["heads"])
+    if not isinstance(meta["fields"], list):
+        raise GeometryError(f"'fields' is {type(meta['fields']).__name__}, expected a list")
+    limits: dict[str, int] = {}
+    grid, total = None, 0
+    trailing_of = {}
+    for entry in meta["fields"]:
+        name = str(entry["name"])
+        trailing = tuple(_count(i, f"fields[{name!r}].trailing") for i in entry["trailing"])
+        replicates = _count(entry["replicates"], f"fields[{name!r}].replicates")
+        trailing_of[name] = trailing
+        if "n" in entry["axes"]:
+            grid = trailing[list(entry["axes"]).index("n")]
+        cells = announced_bytes((layers, heads, *trailing))
+        stats = ["count", "total", "total_sq", "minimum", "maximum"]
+        limits.update({f"{name}/{s}": cells for s in stats})
+        limits.update({f"{name}/{s}": replicates * cells for s in ("replicate_total", "replicate_count")})
+        total += 5 * cells + 2 * replicates * cells
+    limits["n_grid"] = announced_bytes((grid if grid is not None else MAX_GRID,))
+    if meta.get("queries") is not None:
+        documents, tokens = _count(meta["n_documents"], "n_documents"), _count(meta["n_tokens"], "n_tokens")
+        for name in meta["queries"]:  # at most every token of every document is a query
+            limits[f"queries/{name}"] = announced_bytes((documents, layers, heads, tokens, *trailing_of[str(name)]))
+        limits["query_positions"] = announced_bytes((documents, tokens))
+    if total > MAX_RESULT_BYTES:
+        raise GeometryError(
+            f"announces {total} bytes of statistics ({layers} layers x {heads} heads), more than the "
+            f"{MAX_RESULT_BYTES} a result may hold; the file was altered"
+        )
+    return limits
 
 
 def _fields(
@@ -108,27 +181,47 @@ def _fields(
     n_grid = torch.from_numpy(arrays["n_grid"].copy())
     if n_grid.ndim != 1 or n_grid.is_floating_point():
         raise GeometryError(f"load: {npz_path}: 'n_grid' is {n_grid.dtype} {list(n_grid.shape)}; expected 1-d integers")
-    layers, heads = tuple(int(i) for i in meta["layers"]), tuple(int(i) for i in meta["heads"])
-    config = GeometryConfig.from_json(meta["config"])
+    layers = tuple(_count(i, "layers[...]") for i in _typed(meta["layers"], list, "layers"))
+    heads = tuple(_count(i, "heads[...]") for i in _typed(meta["heads"], list, "heads"))
+    config = GeometryConfig.from_json(_typed(meta["config"], dict, "config"))
+    versions = _typed(meta["versions"], dict, "versions")
+    if not all(isinstance(v, str) for v in versions.values()):
+        raise GeometryError(f"'versions' is {versions!r}, expected package names -> version strings")
     out = {"n_grid": n_grid, "layers": layers, "heads": heads, "config": config,
-           "model_name": str(meta["model_name"]), "versions": dict(meta["versions"])}
+           "model_name": _typed(meta["model_name"], str, "model_name"), "versions": versions}
     if meta["format_version"] == 1:
         return {**out, **_format_1(arrays, npz_path, n_grid, layers, heads, config, specs)}
     stats = {}
     for entry in meta["fields"]:
-        spec = FieldSpec(name=entry["name"], doc=entry["doc"], axes=tuple(entry["axes"]), queries=entry["queries"],
-                         documents=entry["documents"], bootstrap=bool(entry["bootstrap"]))
+        entry = _typed(entry, dict, "fields[...]")
+        axes = _typed(entry["axes"], list, "fields[...].axes")
+        if not all(isinstance(a, str) for a in axes) or not isinstance(entry["bootstrap"], bool):
+            raise GeometryError(f"field {entry.get('name')!r}: axes {axes!r} or bootstrap {entry['bootstrap']!r} "
+                                "is not a list of names or a bool")
+        spec = FieldSpec(name=_typed(entry["name"], str, "fields[...].name"), doc=_typed(entry["doc"], str, "doc"),
+                         axes=tuple(axes), queries=entry["queries"], documents=entry["documents"],
+                         bootstrap=entry["bootstrap"])
         shape = (len(layers), len(heads), *(int(i) for i in entry["trailing"]))
         stats[spec.name] = stats_from_arrays(spec, arrays, shape, int(entry["replicates"]), npz_path)
     rows, positions = None, None
     if meta["queries"] is not None:
+        names = _typed(meta["queries"], list, "queries")
+        if not all(isinstance(n, str) for n in names):
+            raise GeometryError(f"'queries' is {names!r}, expected field names")
         missing = [k for k in ["query_positions", *(f"queries/{n}" for n in meta["queries"])] if k not in arrays]
         if missing:
             raise GeometryError(f"load: {npz_path} has no array(s) {missing}; save the result again")
         rows = {name: torch.from_numpy(arrays[f"queries/{name}"].copy()) for name in meta["queries"]}
         positions = torch.from_numpy(arrays["query_positions"].copy())
-    return {**out, "stats": stats, "n_documents": int(meta["n_documents"]), "n_tokens": int(meta["n_tokens"]),
-            "queries": rows, "query_positions": positions}
+    return {**out, "stats": stats, "n_documents": _count(meta["n_documents"], "n_documents"),
+            "n_tokens": _count(meta["n_tokens"], "n_tokens"), "queries": rows, "query_positions": positions}
+
+
+def _typed(value: Any, kind: type, what: str) -> Any:
+    """``value`` if it is a ``kind`` (the JSON type a result writes there), else GeometryError."""
+    if not isinstance(value, kind):
+        raise GeometryError(f"{what!r} is {value!r}, expected a JSON {kind.__name__}")
+    return value
 
 
 def _format_1(

@@ -411,10 +411,18 @@ class GeometryResult:
     paths = staticmethod(fileformat.paths)
 
     def save(self, path: str | os.PathLike) -> tuple[Path, Path]:
-        """Write ``<path>.npz`` and ``<path>.json`` atomically (temp file, then os.replace).
+        """Write ``<path>.npz`` and ``<path>.json`` as one unit.
+
+        Both files are staged beside their targets and renamed into place
+        together under the folder's lock, so an interrupt or a full disk
+        leaves the previous result loadable and a concurrent writer to the
+        same folder is refused (see `tl_geometry.results.files`).
 
         Returns:
             The two paths written.
+
+        Raises:
+            GeometryError: another run is writing to the same folder.
         """
         return fileformat.write(self, path)
 
@@ -429,8 +437,9 @@ class GeometryResult:
                 `tl_geometry.results.legacy.default_spec`).
 
         Raises:
-            GeometryError: a file is missing, damaged or does not match the
-                other (the message names the file and the problem).
+            GeometryError: a file is missing, damaged, larger than its JSON
+                announces or does not match the other (the message names the
+                file and the problem).
         """
         return cls(**fileformat.read(path, specs))
 

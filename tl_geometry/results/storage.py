@@ -8,8 +8,9 @@ the round trip is exact.
 """
 
 import hashlib
-import os
+import math
 import zipfile
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,13 @@ from torch import Tensor
 
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.errors import GeometryError
-from tl_geometry.results.files import atomic_path
 from tl_geometry.results.stats import FieldStats, storage_dtype
 
 _REPLICATE_STATS = ("replicate_total", "replicate_count")
+# Most bytes the arrays of one result may hold in memory once broadcast back: the default report run
+# holds ~32 MB (its file is the same size); a file announcing more than this was altered.
+MAX_RESULT_BYTES = 4 << 30
+_NPY_HEADER = 4096  # an .npy header is at most this long
 
 
 def _layer_head_axes(statistic: str) -> tuple[int, int]:
@@ -82,22 +86,83 @@ def stats_from_arrays(
     return FieldStats(spec=spec, **out)
 
 
-def read_npz(path: Path) -> dict[str, np.ndarray]:
-    """Every array of an ``.npz`` (no pickle), or GeometryError naming the file."""
+def announced_bytes(shape: tuple[int, ...], itemsize: int = 8) -> int:
+    """Bytes of an array of ``shape`` (a file's JSON announces shapes; arrays are checked against them)."""
+    return math.prod(shape) * itemsize
+
+
+def _header(member: Any) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype from an ``.npy`` header, without reading the data."""
+    version = np.lib.format.read_magic(member)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read(member)
+    return tuple(shape), dtype
+
+
+def read_npz(path: Path, limits: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` (no pickle), each checked against its size limit before it is read.
+
+    Args:
+        path: the file.
+        limits: array name -> most bytes it may hold; only these arrays are read (None: every array,
+            together at most `MAX_RESULT_BYTES`).
+
+    Raises:
+        GeometryError: naming the file and the problem (not a zip, truncated, damaged, an array larger
+            than announced or holding Python objects).
+    """
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as error:
-        raise GeometryError(f"load: cannot read {path} as an .npz without pickle ({error}); save the result again")
+        with zipfile.ZipFile(path) as archive:
+            out, total = {}, 0
+            for info in archive.infolist():
+                name = info.filename.removesuffix(".npy")
+                with archive.open(info) as member:
+                    shape, dtype = _header(member)
+                if dtype.hasobject:
+                    raise GeometryError(
+                        f"cannot read {path} as an .npz without pickle (array {name!r} holds Python objects); "
+                        "tl_geometry never writes those: the file was not written by it"
+                    )
+                if limits is not None and name not in limits:
+                    raise GeometryError(
+                        f"load: {path}: array {name!r} is not announced by the result's JSON; the file was altered"
+                    )
+                limit = MAX_RESULT_BYTES if limits is None else limits[name]
+                if info.file_size > limit + _NPY_HEADER or info.file_size > 64 * info.compress_size + _NPY_HEADER:
+                    raise GeometryError(
+                        f"load: {path}: array {name!r} unpacks to {info.file_size} bytes from "
+                        f"{info.compress_size}, more than its {limit} announced; the file was altered"
+                    )
+                size = announced_bytes(shape, dtype.itemsize)
+                total += size
+                if size > info.file_size:
+                    raise GeometryError(
+                        f"load: {path}: array {name!r} announces {dtype} {list(shape)} ({size} bytes) but holds "
+                        f"{info.file_size}; the file is truncated or was altered"
+                    )
+                if size > limit or total > MAX_RESULT_BYTES:
+                    raise GeometryError(
+                        f"load: {path}: array {name!r} is {dtype} {list(shape)} ({size} bytes), more than the "
+                        f"{min(limit, MAX_RESULT_BYTES)} its metadata allows; the file was altered"
+                    )
+                with archive.open(info) as member:
+                    out[name] = np.lib.format.read_array(member, allow_pickle=False)
+            return out
+    except GeometryError as error:
+        if str(error).startswith(("load: ", "cannot read")):
+            raise
+        raise GeometryError(f"load: {path}: {error}") from None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error,
+            NotImplementedError, RuntimeError, KeyError, OverflowError, TypeError) as error:
+        raise GeometryError(
+            f"load: cannot read {path} as an .npz without pickle ({type(error).__name__}: {error}); "
+            "the file is truncated or damaged: save the result again"
+        ) from None
 
 
 def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def atomic_write(path: Path, write: Any) -> None:
-    """Write through a temporary file in the same directory, then rename it into place."""
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
