@@ -34,6 +34,7 @@ import torch
 from transformer_lens.head_detector import detect_head
 
 import tl_geometry as tg
+from tl_geometry.analysis.taxonomy import NAMED, REASONS, REGIMES
 from tl_geometry.report import plots
 
 SMALL = os.environ.get("TL_GEOMETRY_DEMO_SMALL") == "1"
@@ -100,30 +101,31 @@ names = taxonomy.label_names()
 grid = result.n_grid.tolist()
 at = {n: grid.index(n) for n in (2, 4)}  # at N = 1, P = R = 1 for every head
 
-print(f"{'head':>8} {'found as':>15} {'regime':>10} {'score':>6} {'margin':>7} {'P(N=2)':>7} {'R(N=2)':>7} {'R(N=4)':>7}")
+reasons = [[REASONS[i] for i in row] for row in taxonomy.reason.tolist()]
+print(f"{'head':>8} {'found as':>15} {'regime':>12} {'reason':>13} {'margin':>7} {'P(N=2)':>7} {'R(N=2)':>7} {'R(N=4)':>7}")
 for label, heads in (("previous-token", prev_heads), ("induction", induction_heads)):
     for layer, head in heads:
-        index = taxonomy.labels[layer, head]
-        print(f"{f'L{layer}H{head}':>8} {label:>15} {names[layer][head]:>10} "
-              f"{taxonomy.scores[layer, head, index]:6.2f} {taxonomy.margin[layer, head]:7.2f} "
+        print(f"{f'L{layer}H{head}':>8} {label:>15} {names[layer][head]:>12} {reasons[layer][head]:>13} "
+              f"{taxonomy.margin[layer, head]:7.2f} "
               f"{taxonomy.precision[layer, head, at[2]]:7.2f} {taxonomy.recall[layer, head, at[2]]:7.2f} "
               f"{taxonomy.recall[layer, head, at[4]]:7.2f}")
 
 # %% [markdown]
-# The labels come with their evidence: `taxonomy.scores` (each regime's score
-# in [0, 1]), `taxonomy.margin` (best minus second best; a small margin is a
-# borderline head), `taxonomy.criteria` (the nine sub-scores behind the
-# scores) and `taxonomy.confidence` (the share of document-bootstrap
-# replicates whose label agrees; it needs several documents and a run that
-# keeps replicates of the features, `bootstrap_fields=REGIME_INPUTS` from
-# `tl_geometry.analysis.taxonomy`, so with this one prompt it is NaN). Report
-# the margin with the label: a head at margin 0.02 is not "a Mixer" in any
-# strong sense.
+# The labels come with their evidence: `taxonomy.scores` (each rule's margin:
+# its weakest condition's slack, positive where the rule holds),
+# `taxonomy.reason` (why an `"unclassified"` head is one: undefined, weak or
+# contradictory evidence), `taxonomy.conditions` (the slack of every
+# condition) and `taxonomy.confidence` (the share of document-bootstrap
+# replicates whose label agrees; with this single prompt there is one
+# document, so every replicate agrees or draws nothing: the confidence means
+# something over many documents). Report the margin with the label: a head at
+# margin 0.02 is not "a Mixer" in any strong sense. The docs page "What a
+# regime means for a circuit" says what the labels do and do not claim.
 
 # %%
 show(plots.regimes_by_layer(taxonomy))
 show(plots.metric_heatmap(result, "recall", 2, names))
-for name, values in taxonomy.criteria.items():
+for name, values in taxonomy.conditions.items():
     layer, head = prev_heads[0]
     print(f"L{layer}H{head} {name:>16}: {values[layer, head]:.2f}")
 
@@ -160,8 +162,8 @@ def spearman(x: torch.Tensor, y: torch.Tensor) -> float:
     return torch.corrcoef(torch.stack([rx, ry]))[0, 1].item()
 
 
-for regime in tg.REGIMES:
-    score = taxonomy.scores[..., tg.REGIMES.index(regime)]
+for index, regime in enumerate(NAMED):
+    score = torch.nan_to_num(taxonomy.scores[..., index], nan=-2.0)  # an undefined rule ranks lowest
     print(f"rank corr with {regime:>9} score: previous-token {spearman(previous_token, score):+.2f}, "
           f"induction {spearman(induction, score):+.2f}")
 
@@ -169,8 +171,8 @@ for regime in tg.REGIMES:
 # ## `detect_regime`: a drop-in for `detect_head`
 #
 # For code written around `detect_head`, `detect_regime(model, seq, regime,
-# heads)` returns a `[n_layers, n_heads]` score map with the same conventions
-# (-1 for heads not asked for). Here it scores only the previous-token heads,
+# heads)` returns a `[n_layers, n_heads]` map of the rule's margin (NaN for
+# heads not asked for, and where the rule cannot be evaluated). Here it scores only the previous-token heads,
 # which runs only their layers. It analyses the default query (the last
 # position), not the second copy as above, so its scores can differ from the
 # table's: a head's regime depends on the queries it is measured at.
@@ -180,3 +182,18 @@ retriever = tg.detect_regime(model, prompt, "retriever", heads=prev_heads)
 assert retriever.shape == previous_token.shape
 for layer, head in prev_heads:
     print(f"L{layer}H{head}: previous-token {previous_token[layer, head]:.2f}, retriever {retriever[layer, head]:.2f}")
+
+# %% [markdown]
+# ## Labels per query position
+#
+# In IOI-style studies the interesting position differs from prompt to
+# prompt. `classify_queries` labels every head at every kept query of every
+# prompt, each query on its own (`keep_queries=True`). One row has no
+# bootstrap: these labels describe one forward pass, not a head's role.
+
+# %%
+per_query = tg.run_with_geometry_hooks(model, tokens, query_positions=second_copy, diagnostics=["taxonomy"], keep_queries=True)
+queries = tg.classify_queries(per_query)
+layer, head = induction_heads[0] if induction_heads else prev_heads[0]
+print(f"L{layer}H{head} at each query of the second copy:",
+      [REGIMES[i] for i in queries.labels[0, layer, head, : len(second_copy)].tolist()])

@@ -44,6 +44,9 @@ def reference_row(alpha, values, visible, grid) -> dict[str, list[float] | float
         out["s_norm_without_last"].append(float(sum((y[i] for i in top if i != last), torch.zeros_like(s)).norm()))
         out["cos_s_sink"].append(cos(s, values[sink]))
         out["cos_s_last"].append(cos(s, values[last]))
+        # Section 4.2's "cos(s, v_0) decreases with N" says nothing where s(N) is the sink's own y_0.
+        out["cos_s_sink_mixed"].append(math.nan if top == [sink] else cos(s, values[sink]))
+        out["cos_s_last_mixed"].append(math.nan if top == [sink] else cos(s, values[last]))
     rest = sum((y[i] for i in keys if i not in (sink, last)), torch.zeros(values.shape[-1], dtype=torch.float64))
     out.update(
         contribution_sink=float(y[sink].norm()),

@@ -25,6 +25,7 @@ from tl_geometry.diagnostics.profile_fit import ProfileFit, fit_attention_profil
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.analysis.sink import SinkRecallCorrelation, sink_recall_correlation
 from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy, Regime, TaxonomyConfig, classify_heads, detect_regime
+from tl_geometry.analysis.taxonomy import classify_queries, threshold_sensitivity
 from tl_geometry.text import default_text, read_text_files, text_windows
 
 __version__ = "0.1.0"
@@ -47,6 +48,7 @@ __all__ = [
     "analyze_corpus",
     "attention_windows",
     "classify_heads",
+    "classify_queries",
     "default_n_grid",
     "default_text",
     "detect_regime",
@@ -59,5 +61,6 @@ __all__ = [
     "selection_metrics",
     "sink_recall_correlation",
     "text_windows",
+    "threshold_sensitivity",
     "__version__",
 ]

@@ -10,6 +10,12 @@ ranking, ties by increasing key index). Per row:
   the top-N set, else s(N)), ||s(N) without the last token||,
   cos(s(N), v_sink) and cos(s(N), v_L); NaN where N exceeds the visible
   keys. ||s(N)|| itself is the selection metric ``s_norm``;
+- cos(s(N), v_sink) and cos(s(N), v_L) again, NaN where the top-N set is
+  the sink alone (N = 1 with the sink ranked first): there s(N) =
+  alpha_sink v_sink, cos(s, v_0) is 1 and cos(s, v_L) is cos(v_0, v_L) by
+  construction, so a shift from v_0 towards v_L measured from there would
+  hold for nearly every sink-first head (``cos_s_sink_mixed`` and
+  ``cos_s_last_mixed``, read by the Mixer rule);
 - for Figure 10, ||y_i|| and cos(v_i, v_L) by key position (counted from the
   sink) for the last analysed query of each sequence, NaN at keys it does not see.
 
@@ -30,7 +36,7 @@ from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.registry import Diagnostic
 from tl_geometry.engine.context import COSINE_EPS, SelectionChunk, SelectionContext, rows_context
 
-CURVE_FEATURES = ("s_norm_without_sink", "s_norm_without_last", "cos_s_sink", "cos_s_last")
+CURVE_FEATURES = ("s_norm_without_sink", "s_norm_without_last", "cos_s_sink", "cos_s_last", "cos_s_sink_mixed", "cos_s_last_mixed")
 SCALAR_FEATURES = (
     "contribution_sink",
     "contribution_last",
@@ -73,9 +79,12 @@ def chunk_features(chunk: SelectionChunk) -> dict[str, Tensor]:
     }
     single = chunk.n_visible < 2
     beyond = chunk.missing | single.unsqueeze(-1)
+    sink_alone = (chunk.sink_rank() == 0).unsqueeze(-1) & (grid == 1)  # s(N) = y_sink: cos(s, v_sink) = 1 by construction
+    curves["cos_s_sink_mixed"] = curves["cos_s_sink"].masked_fill(sink_alone, math.nan)
+    curves["cos_s_last_mixed"] = curves["cos_s_last"].masked_fill(sink_alone, math.nan)
     out = {name: t.masked_fill(beyond, math.nan) for name, t in curves.items()}
     no_sink = (~has_sink).unsqueeze(-1)
-    for name in ("s_norm_without_sink", "cos_s_sink"):
+    for name in ("s_norm_without_sink", "cos_s_sink", "cos_s_sink_mixed"):
         out[name] = out[name].masked_fill(no_sink, math.nan)
     scalars = {
         "contribution_sink": torch.linalg.vector_norm(y_sink, dim=-1).masked_fill(~has_sink, math.nan),
@@ -139,10 +148,13 @@ class TaxonomyDiagnostic(Diagnostic):
         FieldSpec("s_norm_without_sink", "||s(N)|| with the sink left out of the top-N set", ("n",)),
         FieldSpec("s_norm_without_last", "||s(N)|| with the query's own token left out of the top-N set", ("n",)),
         FieldSpec("cos_s_sink", "cos(s(N), v_sink)", ("n",)),
-        FieldSpec("cos_s_last", "cos(s(N), v_L), L the query's own position", ("n",)),
-        FieldSpec("contribution_sink", "||alpha_sink v_sink||"),
-        FieldSpec("contribution_last", "||alpha_L v_L||"),
-        FieldSpec("contribution_rest", "||sum of alpha_i v_i over the other visible keys||"),
+        # The fields the regime rules read keep bootstrap replicates by default: a label's confidence needs them.
+        FieldSpec("cos_s_last", "cos(s(N), v_L), L the query's own position", ("n",), bootstrap=True),
+        FieldSpec("cos_s_sink_mixed", "cos(s(N), v_sink), NaN where the top-N set is the sink alone", ("n",), bootstrap=True),
+        FieldSpec("cos_s_last_mixed", "cos(s(N), v_L), NaN where the top-N set is the sink alone", ("n",), bootstrap=True),
+        FieldSpec("contribution_sink", "||alpha_sink v_sink||", bootstrap=True),
+        FieldSpec("contribution_last", "||alpha_L v_L||", bootstrap=True),
+        FieldSpec("contribution_rest", "||sum of alpha_i v_i over the other visible keys||", bootstrap=True),
         FieldSpec("taxonomy_attention_sink", "attention weight on the sink"),
         FieldSpec("taxonomy_attention_last", "attention weight on the query's own token"),
         FieldSpec("contribution_by_position", "||alpha_i v_i|| by key position (last analysed query)", ("position",), queries="last", documents="mean"),

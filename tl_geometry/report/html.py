@@ -132,7 +132,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         "figure-8",
         "Figure 8: regimes by depth",
-        "How many heads of each layer fall into each regime, by the rules of tl_geometry.analysis.taxonomy. The paper "
+        "How many heads of each layer fall into each regime, by the rules of tl_geometry.analysis.taxonomy; grey "
+        "heads are unclassified (evidence undefined, too weak, or meeting two rules). The paper "
         "(Llama-2-7B) finds Retrievers in the first two layers, Reset heads early and Mixers from the "
         "lower-middle layers on.",
         lambda result, taxonomy: plots.regimes_by_layer(taxonomy),

@@ -33,7 +33,7 @@ BLUE, ORANGE, GREEN, VERMILLION, SKY, PURPLE, GREY = (
     "#CC79A7",
     "#7F7F7F",
 )
-REGIME_COLOURS = {"retriever": BLUE, "mixer": ORANGE, "reset": PURPLE}
+REGIME_COLOURS = {"retriever": BLUE, "mixer": ORANGE, "reset": PURPLE, "unclassified": GREY}
 TEMPLATE = "plotly_white"
 
 
@@ -121,8 +121,8 @@ def regime_diagnostics(taxonomy: HeadTaxonomy) -> go.Figure:
     """Figure 7: for one example head per regime, ||s(N)|| and its leave-one-out norms (top)
     and the alignment of s(N) with the sink v_0 and the last token v_L (bottom), against N."""
     examples = taxonomy.example_heads()
-    fig = make_subplots(rows=2, cols=3, shared_xaxes=True, vertical_spacing=0.12,
-                        subplot_titles=[_example_head_label(examples[r], r) for r in REGIMES] + ["", "", ""])
+    fig = make_subplots(rows=2, cols=len(REGIMES), shared_xaxes=True, vertical_spacing=0.12,
+                        subplot_titles=[_example_head_label(examples[r], r) for r in REGIMES] + [""] * len(REGIMES))
     grid = taxonomy.n_grid.tolist()
     lines = (
         (1, "s_norm", "||s(N)||", "solid"),
@@ -167,7 +167,7 @@ def regimes_by_layer(taxonomy: HeadTaxonomy) -> go.Figure:
 def contributions_by_regime(taxonomy: HeadTaxonomy) -> go.Figure:
     """Figure 10: ||alpha_i v_i|| by key position for an example head of each regime, coloured by cos(v_i, v_L)."""
     examples = taxonomy.example_heads()
-    fig = make_subplots(rows=1, cols=3, subplot_titles=[_example_head_label(examples[r], r) for r in REGIMES])
+    fig = make_subplots(rows=1, cols=len(REGIMES), subplot_titles=[_example_head_label(examples[r], r) for r in REGIMES])
     for col, regime in enumerate(REGIMES, start=1):
         where = examples[regime]
         if where is None:
@@ -178,8 +178,8 @@ def contributions_by_regime(taxonomy: HeadTaxonomy) -> go.Figure:
         fig.add_trace(
             go.Scatter(x=list(range(len(size))), y=size.tolist(), mode="markers", name=regime, showlegend=False,
                        marker={"color": cosine.tolist(), "colorscale": "RdBu", "cmin": -1, "cmax": 1, "size": 5,
-                               "colorbar": {"title": "cos(v_i, v_L)"} if col == 3 else None,
-                               "showscale": col == 3},
+                               "colorbar": {"title": "cos(v_i, v_L)"} if col == len(REGIMES) else None,
+                               "showscale": col == len(REGIMES)},
                        hovertemplate="position %{x}<br>||alpha_i v_i|| = %{y:.3g}<extra></extra>"),
             row=1, col=col,
         )
