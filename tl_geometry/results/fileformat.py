@@ -5,6 +5,7 @@
 and ``query_positions``; no pickle. ``<stem>.json``: format version, model
 name, layers, heads, config, versions, documents, tokens, each field's
 declaration, trailing shape and replicates, the names of the per-query rows,
+the provenance (model, versions, corpus; see `tl_geometry.results.provenance`),
 and the SHA-256 of the ``.npz``. Both are written atomically.
 """
 
@@ -60,6 +61,7 @@ def write(result: Any, path: str | os.PathLike) -> tuple[Path, Path]:
             for s in result.stats.values()
         ],
         "queries": None if result.queries is None else list(result.queries),
+        "provenance": None if result.provenance is None else dict(result.provenance),
         "npz_sha256": sha256(npz_path),
     }
     text = json.dumps(meta, indent=2, sort_keys=True)
@@ -112,6 +114,8 @@ def _fields(
     config = GeometryConfig.from_json(meta["config"])
     out = {"n_grid": n_grid, "layers": layers, "heads": heads, "config": config,
            "model_name": str(meta["model_name"]), "versions": dict(meta["versions"])}
+    if isinstance(meta.get("provenance"), dict):  # files before 0.2 record none
+        out["provenance"] = meta["provenance"]
     if meta["format_version"] == 1:
         return {**out, **_format_1(arrays, npz_path, n_grid, layers, heads, config, specs)}
     stats = {}
