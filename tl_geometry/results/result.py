@@ -335,6 +335,38 @@ class GeometryResult:
             raise AttributeError(name)
         return self.per_head(name)
 
+    # ---- tables (see `tl_geometry.results.dataframe`) ----
+
+    def to_dataframe(self, fields: Sequence[str] | str | None = None, level: float = 0.95) -> Any:
+        """A pandas long table: field, layer, head, n, position, lag, mean, std, count, ci_low, ci_high.
+
+        Axes a field does not have are NaN (``n`` holds N values, not grid
+        indices); ``std`` is NaN for fields that keep only count and sum,
+        ``ci_low`` / ``ci_high`` for fields without bootstrap replicates.
+
+        >>> df = result.to_dataframe()  # doctest: +SKIP
+        >>> df[(df.field == "recall") & (df.n == 4)].pivot(index="layer", columns="head", values="mean")  # doctest: +SKIP
+        """
+        from tl_geometry.results.dataframe import to_dataframe
+
+        return to_dataframe(self, fields, level)
+
+    def to_parquet(self, path: str | os.PathLike, fields: Sequence[str] | str | None = None,
+                   level: float = 0.95) -> Path:
+        """Write `to_dataframe` as a Parquet file (atomically); returns its path."""
+        from tl_geometry.results.files import atomic_path
+
+        table = self.to_dataframe(fields, level)
+        with atomic_path(path) as tmp:
+            table.to_parquet(tmp, index=False)
+        return Path(path)
+
+    def queries_dataframe(self, fields: Sequence[str] | str | None = None) -> Any:
+        """The per-query rows of a ``keep_queries=True`` run as a long table (document, query_position, ..., value)."""
+        from tl_geometry.results.dataframe import queries_dataframe
+
+        return queries_dataframe(self, fields)
+
     # ---- building and merging ----
 
     @classmethod
