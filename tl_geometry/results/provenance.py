@@ -16,8 +16,9 @@ import torch
 
 _FINGERPRINT_BYTES = 4096
 _PACKAGES = ("tl_geometry", "torch", "transformer-lens", "transformers", "numpy", "datasets", "pyarrow", "pandas")
-# What two results must share to merge (the rest: device, attention kernel, may differ between machines).
-IDENTITY_KEYS = ("name", "checkpoint", "revision", "bundled_package", "weights_sha256", "dtype")
+# What two results must share to merge; the rest (device, attention kernel, the checkpoint's local path) may
+# differ between machines.
+IDENTITY_KEYS = ("name", "revision", "bundled_package", "weights_sha256", "dtype")
 
 
 def package_versions() -> dict[str, str]:
