@@ -290,13 +290,14 @@ def _piecewise(tokenizer: Any, pieces: Iterable[str], min_chars: int) -> Iterato
         encoded = tokenizer(carry, add_special_tokens=False, verbose=False, return_offsets_mapping=True)
         ids, offsets = list(encoded["input_ids"]), list(encoded["offset_mapping"])
         keep = len(ids) - CARRY_TOKENS
-        # Cut only where one token ends exactly where the next starts (byte tokens of one character share offsets).
-        while keep > 0 and offsets[keep - 1][1] != offsets[keep][0]:
+        # Never cut inside a character (the byte tokens of one character share its offsets); the text after
+        # the last kept token (whitespace included) goes with the carry.
+        while keep > 0 and offsets[keep - 1][1] > offsets[keep][0]:
             keep -= 1
         if keep <= 0:
             continue
         yield ids[:keep]
-        carry = carry[offsets[keep][0] :]
+        carry = carry[offsets[keep - 1][1] :]
     if carry:
         yield encode(tokenizer, carry)
 
