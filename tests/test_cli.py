@@ -194,6 +194,15 @@ def test_python_dash_m(tmp_path):
     assert done.returncode == 0 and "OUT" in done.stdout and "INPUT" in done.stdout
 
 
+def run_module(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m tl_geometry`` with this checkout's package first on the path."""
+    import os
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+    return subprocess.run([sys.executable, "-m", "tl_geometry", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=900, env=env)
+
+
 @pytest.mark.slow
 @pytest.mark.model
 def test_data_prompts_and_parquet_end_to_end(tmp_path):
@@ -207,7 +216,7 @@ def test_data_prompts_and_parquet_end_to_end(tmp_path):
     ) + "\n" + json.dumps({"body": ""}) + "\n")
     options = ("--layers", "0,29", "--heads", "0,8", "--n-grid", "1,2,4", "--bootstrap", "5", "--diagnostics",
                "none", "--quiet")
-    done = run("analyze", "--data", "data", "--text-column", "body", "--context", "64", "--windows", "all",
+    done = run_module("analyze", "--data", "data", "--text-column", "body", "--context", "64", "--windows", "all",
                "--batch-size", "4", "--parquet", "--out", "w", *options, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "skipped 1 empty documents" in done.stdout
@@ -220,6 +229,6 @@ def test_data_prompts_and_parquet_end_to_end(tmp_path):
     assert set(table.layer) == {0, 29} and set(table.field) == set(result.fields)
 
     (tmp_path / "p.txt").write_text("The cat sat on the mat.\nAttention heads select tokens.\n")
-    done = run("analyze", "--prompts", "p.txt", "--out", "p", *options, cwd=tmp_path)
+    done = run_module("analyze", "--prompts", "p.txt", "--out", "p", *options, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert GeometryResult.load(tmp_path / "p" / "result").n_documents == 2
