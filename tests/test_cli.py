@@ -142,12 +142,15 @@ def test_bad_options_are_usage_errors(args, message, capsys):
         (("--bootstrap", "-1"), "n_bootstrap: expected an integer >= 0, got -1"),
         (("--layers", "1,1"), "layers: indices must be distinct"),
         (("--prompts", "p.txt", "--data", "d.txt"), "pass one of them"),
+        (("--data", "missing.jsonl"), "--data: 'missing.jsonl' does not exist"),
+        (("--prompts", "missing.txt"), "--prompts: cannot read 'missing.txt'"),
     ],
 )
-def test_bad_config_values_fail_before_the_model_loads(args, message, capsys, monkeypatch):
+def test_bad_config_values_fail_before_the_model_loads(args, message, capsys, monkeypatch, tmp_path):
     import tl_geometry.models
     from tl_geometry.cli import main
 
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(tl_geometry.models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     assert main(["analyze", "--quiet", *args]) == 1
     err = capsys.readouterr().err

@@ -208,13 +208,12 @@ def _read_prompts(path: Path) -> list[str]:
     return prompts
 
 
-def _corpus(args: argparse.Namespace, model: Any) -> tuple[Any, dict[str, str]]:
+def _corpus(args: argparse.Namespace, model: Any, prompts: list[str] | None) -> tuple[Any, dict[str, str]]:
     """What to analyse (prompts, or a lazy window stream) and how the report names it."""
     from tl_geometry.capture.sources import read_corpus, window_documents
     from tl_geometry.text import default_text
 
-    if args.prompts is not None:
-        prompts = _read_prompts(args.prompts)
+    if prompts is not None:
         return prompts, {"text": f"{args.prompts} (one prompt per line)", "prompts": str(len(prompts))}
     options = {"context": args.context, "n_windows": args.windows, "min_context": args.min_context}
     if args.data:
@@ -242,12 +241,16 @@ def _analyse(args: argparse.Namespace):
     if args.prompts is not None and args.data:
         raise GeometryError("--prompts and --data: pass one of them (prompts are analysed whole, data in windows)")
     config = config_from_args(args)  # a bad option fails here, before the model loads
+    prompts = _read_prompts(args.prompts) if args.prompts is not None else None
+    for path in args.data or []:
+        if not path.exists():
+            raise GeometryError(f"--data: {str(path)!r} does not exist; check the path")
     # A one-step bar: the cached load takes seconds, the first export of a bundled model longer
     # (load_model then shows its own steps).
     with tqdm(total=1, desc=f"tl_geometry: loading {args.model}", disable=args.quiet, bar_format="{desc} {elapsed}") as bar:
         model = load_model(args.model, progress=not args.quiet)
         bar.update()
-    corpus, details = _corpus(args, model)
+    corpus, details = _corpus(args, model, prompts)
     result = analyze_corpus(model, corpus, config, batch_size=args.batch_size, progress=not args.quiet)
     if isinstance(corpus, WindowStream):
         details["windows"] = f"{result.n_documents} x {args.context} tokens (BOS first)"
