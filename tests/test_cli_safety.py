@@ -32,18 +32,20 @@ def no_model(monkeypatch):
     [
         (["analyze", "--out", "afile"], "--out: afile is a file, not a folder"),
         (["report", "--out", "afile/sub"], "--out: afile is a file, so afile/sub cannot be created"),
-        (["analyze", "--windows", "0"], "--windows: expected a positive number, got 0"),
+        (["analyze", "--windows", "0"], "--windows: expected a positive number or 'all', got 0"),
         (["analyze", "--context", "-3"], "--context: expected a positive number, got -3"),
         (["analyze", "--batch-size", "0"], "--batch-size: expected a positive number, got 0"),
         (["analyze", "--n-grid", "0,4"], "--n-grid: expected N >= 1"),
-        (["analyze", "--text", "missing.txt"], "--text: missing.txt does not exist"),
-        (["analyze", "--text", "."], "--text: . is a folder"),
+        (["analyze", "--text", "missing.txt"], "--data: 'missing.txt' does not exist"),
+        (["analyze", "--text", "empty"], "--data: the folder empty holds no text"),
         (["plot", "missing/result"], "plot: missing/result.npz and missing/result.json not found"),
     ],
 )
 def test_bad_arguments_are_refused_before_the_model_loads(tmp_path, monkeypatch, capsys, no_model, args, message):
     monkeypatch.chdir(tmp_path)
     Path("afile").write_text("not a folder")
+    (Path("empty") / "sub").mkdir(parents=True)
+    Path("empty/notes.pdf").write_bytes(b"%PDF")
     assert cli.main(args) == cli.EXIT_INPUT
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1

@@ -78,3 +78,60 @@ def test_progress_bar_is_shown(model, capsys):
 def test_bad_corpus(model, corpus, kwargs, message):
     with pytest.raises(GeometryError, match=message):
         analyze_corpus(model, corpus, progress=False, **kwargs)
+
+
+# ---- windows read lazily (tl_geometry.capture.sources) ----
+
+def _windows(model, n_docs=4, length=23, context=8, **kwargs):
+    from tl_geometry.capture.sources import window_documents
+
+    docs = [" ".join(tm.WORDS[(i * 7 + j) % len(tm.WORDS)] for j in range(length + i)) for i in range(n_docs)]
+    return window_documents(model, docs, context=context, **kwargs)
+
+
+def test_a_window_stream_equals_its_windows_as_one_tensor(model):
+    stream = _windows(model)
+    tokens = torch.stack([w.tokens for w in stream])
+    batched = analyze_corpus(model, stream, batch_size=3, progress=False, keep_queries=True, n_bootstrap=30)
+    at_once = run_with_geometry_hooks(model, tokens, keep_queries=True, n_bootstrap=30)
+    assert_same(batched, at_once)
+    corpus = batched.provenance["corpus"]
+    assert corpus["windows"] == len(tokens) == batched.n_documents and corpus["context"] == 8
+    assert corpus["documents"] == 4 and corpus["exhausted"] is True
+    assert batched.provenance["model"]["name"] == model.cfg.model_name
+    # Any iterable of windows works too (e.g. one rank's share); its grid comes from its first batch.
+    share = (w for w in stream if w.position % 2 == 0)
+    half = analyze_corpus(model, share, batch_size=2, progress=False, keep_queries=True, n_bootstrap=30)
+    assert_same(half, run_with_geometry_hooks(model, tokens[::2], keep_queries=True, n_bootstrap=30))
+
+
+def test_ragged_windows_are_padded(model):
+    stream = _windows(model, n_docs=3, length=10, context=8, min_context=4)
+    windows = list(stream)
+    assert sorted({len(w.tokens) for w in windows}) == [4, 5, 6, 8]
+    result = analyze_corpus(model, stream, batch_size=4, progress=False, keep_queries=True, n_grid=[1, 2, 3])
+    one_by_one = analyze_corpus(model, [w.tokens[None] for w in windows], progress=False, keep_queries=True,
+                                n_grid=[1, 2, 3])
+    assert_same(result, one_by_one)
+
+
+def test_the_progress_bar_counts_windows_and_tokens(model, capsys):
+    analyze_corpus(model, _windows(model, n_windows=4), batch_size=2, progress=True, n_grid=[1])
+    err = capsys.readouterr().err
+    assert "4/4" in err and "window" in err and "tok/s" in err
+
+
+def test_skips_are_reported_at_the_end(model, capsys):
+    from tl_geometry.capture.sources import window_documents
+
+    result = analyze_corpus(model, window_documents(model, ["the cat sat on the mat and ran", "a dog"], context=5),
+                            progress=True, n_grid=[1])
+    assert result.provenance["corpus"]["skipped"] == {"documents shorter than the minimum window": 1}
+    assert "skipped 1 documents shorter than the minimum window (e.g. document 1)" in capsys.readouterr().err
+
+
+def test_no_windows_is_a_one_line_error(model):
+    from tl_geometry.capture.sources import window_documents
+
+    with pytest.raises(GeometryError, match=r"no windows to analyse \(2 documents read, 0 windows used.*skipped 2 "):
+        analyze_corpus(model, window_documents(model, ["a dog", "a cat"], context=8), progress=False)

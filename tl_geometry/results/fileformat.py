@@ -5,6 +5,7 @@
 and ``query_positions``; no pickle. ``<stem>.json``: format version, model
 name, layers, heads, config, versions, documents, tokens, each field's
 declaration, trailing shape and replicates, the names of the per-query rows,
+the provenance (model, versions, corpus; see `tl_geometry.results.provenance`),
 and the SHA-256 of the ``.npz``. Both are committed as one unit
 (`tl_geometry.results.files`), and read with every array checked against the
 size its JSON announces before it is read.
@@ -74,6 +75,7 @@ def stage(unit: Unit, result: Any, path: str | os.PathLike) -> tuple[Path, Path]
             for s in result.stats.values()
         ],
         "queries": None if result.queries is None else list(result.queries),
+        "provenance": None if result.provenance is None else dict(result.provenance),
         "npz_sha256": sha256(unit.staged[npz_path]),
     }
     text = json.dumps(meta, indent=2, sort_keys=True)
@@ -189,6 +191,9 @@ def _fields(
         raise GeometryError(f"'versions' is {versions!r}, expected package names -> version strings")
     out = {"n_grid": n_grid, "layers": layers, "heads": heads, "config": config,
            "model_name": _typed(meta["model_name"], str, "model_name"), "versions": versions}
+    provenance = meta.get("provenance")
+    if provenance is not None:  # files before 0.2 record none
+        out["provenance"] = _typed(provenance, dict, "provenance")
     if meta["format_version"] == 1:
         return {**out, **_format_1(arrays, npz_path, n_grid, layers, heads, config, specs)}
     stats = {}

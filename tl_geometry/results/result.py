@@ -46,7 +46,7 @@ from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.profile_fit import ProfileFit
 from tl_geometry.engine.metrics import SelectionMetrics
 from tl_geometry.errors import GeometryError
-from tl_geometry.results import fileformat
+from tl_geometry.results import fileformat, provenance
 from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.results.fileformat import FORMAT_VERSION  # noqa: F401 (where 0.1 defined it)
 from tl_geometry.results.queries import check_rows, join_rows
@@ -87,6 +87,12 @@ class GeometryResult:
             *trailing]`` (None unless the run kept them).
         query_positions: the rows' positions, ``[doc, query]``, -1 where a
             document has fewer queries (None with ``queries``).
+        provenance: what reproduces the result, JSON-ready (None if not
+            recorded): ``model`` (name, checkpoint, revision or bundled
+            package, weights fingerprint, dtype, device kind, attention
+            implementation), ``versions`` of every package involved,
+            ``corpus`` (files and their SHA-256, windows used and skipped);
+            see `tl_geometry.results.provenance`.
 
     Per-layer-head means: ``result.per_head(name)`` or ``result.precision``
     (any field name works as an attribute), ``[layer, head_index, ...]``;
@@ -115,6 +121,7 @@ class GeometryResult:
     versions: Mapping[str, str]
     queries: Mapping[str, Tensor] | None = None
     query_positions: Int[Tensor, "doc query"] | None = None
+    provenance: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         shape = (len(self.layers), len(self.heads))
@@ -328,10 +335,44 @@ class GeometryResult:
             raise AttributeError(name)
         return self.per_head(name)
 
+    # ---- tables (see `tl_geometry.results.dataframe`) ----
+
+    def to_dataframe(self, fields: Sequence[str] | str | None = None, level: float = 0.95) -> Any:
+        """A pandas long table: field, layer, head, n, position, lag, mean, std, count, ci_low, ci_high.
+
+        Axes a field does not have are NaN (``n`` holds N values, not grid
+        indices); ``std`` is NaN for fields that keep only count and sum,
+        ``ci_low`` / ``ci_high`` for fields without bootstrap replicates.
+
+        >>> df = result.to_dataframe()  # doctest: +SKIP
+        >>> df[(df.field == "recall") & (df.n == 4)].pivot(index="layer", columns="head", values="mean")  # doctest: +SKIP
+        """
+        from tl_geometry.results.dataframe import to_dataframe
+
+        return to_dataframe(self, fields, level)
+
+    def to_parquet(self, path: str | os.PathLike, fields: Sequence[str] | str | None = None,
+                   level: float = 0.95) -> Path:
+        """Write `to_dataframe` as a Parquet file (atomically); returns its path."""
+        from tl_geometry.results.files import atomic_path
+
+        table = self.to_dataframe(fields, level)
+        with atomic_path(path) as tmp:
+            table.to_parquet(tmp, index=False)
+        return Path(path)
+
+    def queries_dataframe(self, fields: Sequence[str] | str | None = None) -> Any:
+        """The per-query rows of a ``keep_queries=True`` run as a long table (document, query_position, ..., value)."""
+        from tl_geometry.results.dataframe import queries_dataframe
+
+        return queries_dataframe(self, fields)
+
     # ---- building and merging ----
 
     @classmethod
-    def from_accumulator(cls, acc: Accumulator, *, config: GeometryConfig, model_name: str) -> "GeometryResult":
+    def from_accumulator(
+        cls, acc: Accumulator, *, config: GeometryConfig, model_name: str, provenance: Mapping[str, Any] | None = None
+    ) -> "GeometryResult":
         """The result of an accumulator's documents, stamped with the current package versions."""
         rows, positions = acc.queries if acc.queries is not None else (None, None)
         if acc.keep_queries and rows is None:
@@ -349,6 +390,7 @@ class GeometryResult:
             versions=package_versions(),
             queries=rows,
             query_positions=positions,
+            provenance=provenance,
         )
 
     def merge(self, *others: "GeometryResult | Sequence[GeometryResult]") -> "GeometryResult":
@@ -362,7 +404,8 @@ class GeometryResult:
 
         Raises:
             GeometryError: the results differ in model_name, config, layers,
-                heads, n_grid, fields or replicates (the message names which).
+                heads, n_grid, fields or replicates, or their provenance names
+                different weights, checkpoints or dtypes (the message names which).
         """
         parts = _flatten(self, others)
         first = parts[0]
@@ -378,6 +421,9 @@ class GeometryResult:
             }
             checks.update({f"declaration of {name!r}": (first.spec(name), other.spec(name))
                            for name in first.fields if name in other.stats})
+            differs = provenance.merge_check(first.provenance, other.provenance)
+            if differs is not None:
+                checks[differs[0]] = differs[1:]
             for what, (mine, theirs) in checks.items():
                 if mine != theirs:
                     raise GeometryError(
@@ -402,6 +448,7 @@ class GeometryResult:
             versions=versions,
             queries=rows,
             query_positions=positions,
+            provenance=provenance.merged([p.provenance for p in parts]),
         )
 
     concatenate = merge  # the 0.1 name (sequences are documents)
@@ -444,7 +491,10 @@ class GeometryResult:
         return cls(**fileformat.read(path, specs))
 
     def equals(self, other: "GeometryResult") -> bool:
-        """Exact equality: metadata, declarations, every statistic bit for bit (NaN equal to NaN), dtypes."""
+        """Exact equality: metadata, declarations, every statistic bit for bit (NaN equal to NaN), dtypes.
+
+        The provenance (where and on what machine it was computed) is not compared.
+        """
         if not isinstance(other, GeometryResult) or self.fields != other.fields:
             return False
         meta = ("layers", "heads", "config", "model_name", "n_documents", "n_tokens")

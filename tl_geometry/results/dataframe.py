@@ -1,0 +1,143 @@
+"""A result as pandas long tables: one row per (field, layer, head, trailing index), ready for seaborn or plotly.
+
+`to_dataframe` columns:
+
+- ``field`` (categorical), ``layer``, ``head``: which statistic;
+- ``n``, ``position``, ``lag``: the trailing index (float64: the N value of
+  the grid, the key position counted from the sink, the lag), NaN for axes
+  the field does not have;
+- ``mean``, ``std`` (sample, ddof 1; NaN for fields that keep only count
+  and sum, and with fewer than two documents), ``count`` (documents where the
+  field is defined), ``ci_low`` and ``ci_high`` (percentile bootstrap
+  interval at ``level``; NaN for fields without replicates).
+
+`queries_dataframe` gives the per-query rows of a ``keep_queries=True``
+run the same way, with ``document`` and ``query_position`` instead of the
+statistics and one ``value`` column.
+
+>>> df = result.to_dataframe(fields=["precision"])  # doctest: +SKIP
+>>> px.line(df[df.layer == 3], x="n", y="mean", color="head")  # doctest: +SKIP
+"""
+
+from collections.abc import Sequence
+from typing import Any, get_args
+
+import numpy as np
+import torch
+
+from tl_geometry.diagnostics.fields import Axis
+from tl_geometry.errors import GeometryError
+
+AXIS_COLUMNS: tuple[str, ...] = get_args(Axis)  # one column per trailing axis a field may have
+STAT_COLUMNS = ("mean", "std", "count", "ci_low", "ci_high")
+
+
+def _pandas() -> Any:
+    try:
+        import pandas
+    except ImportError:
+        raise GeometryError("to_dataframe needs pandas: pip install pandas") from None
+    return pandas
+
+
+def _chosen(result: Any, fields: Sequence[str] | str | None) -> list[str]:
+    if fields is None:
+        return list(result.fields)
+    names = [fields] if isinstance(fields, str) else list(fields)
+    unknown = [name for name in names if name not in result.stats]
+    if unknown:
+        raise GeometryError(f"fields: {unknown} are not fields of this result; it has {sorted(result.stats)}")
+    return names
+
+
+def _index_columns(result: Any, axes: tuple[str, ...], shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """layer, head and the axis columns for every element of a ``[layer, head_index, *trailing]`` array (C order)."""
+    grids = np.indices(shape).reshape(len(shape), -1)
+    out = {"layer": np.asarray(result.layers, dtype=np.int64)[grids[0]],
+           "head": np.asarray(result.heads, dtype=np.int64)[grids[1]]}
+    labels = {"n": result.n_grid.numpy().astype(np.float64)}
+    for column in AXIS_COLUMNS:
+        if column in axes:
+            index = grids[2 + axes.index(column)]
+            out[column] = labels[column][index] if column in labels else index.astype(np.float64)
+        else:
+            out[column] = np.full(grids.shape[1], np.nan)
+    return out
+
+
+def _flat(t: torch.Tensor, dtype: Any = np.float64) -> np.ndarray:
+    return t.detach().cpu().numpy().reshape(-1).astype(dtype)
+
+
+def to_dataframe(result: Any, fields: Sequence[str] | str | None = None, level: float = 0.95) -> Any:
+    """The long table of a result's statistics (see the module docs for the columns).
+
+    Args:
+        result: a GeometryResult.
+        fields: the fields to include (default: all).
+        level: coverage of the bootstrap interval.
+
+    Returns:
+        A ``pandas.DataFrame``.
+    """
+    pd = _pandas()
+    frames = []
+    for name in _chosen(result, fields):
+        spec = result.spec(name)
+        mean = result.per_head(name)
+        columns = _index_columns(result, spec.axes, tuple(mean.shape))
+        columns["mean"] = _flat(mean)
+        columns["std"] = _flat(result.std(name)) if spec.documents == "moments" else np.full(mean.numel(), np.nan)
+        columns["count"] = _flat(result.count(name), np.int64)
+        if result.has_replicates(name):
+            low, high = result.ci(name, level)
+            columns["ci_low"], columns["ci_high"] = _flat(low), _flat(high)
+        else:
+            columns["ci_low"] = columns["ci_high"] = np.full(mean.numel(), np.nan)
+        frames.append(pd.DataFrame({"field": name, **columns}))
+    return _joined(pd, frames, ["field", "layer", "head", *AXIS_COLUMNS, *STAT_COLUMNS])
+
+
+def queries_dataframe(result: Any, fields: Sequence[str] | str | None = None) -> Any:
+    """The per-query rows of a ``keep_queries=True`` run as a long table, one ``value`` per row.
+
+    Columns: ``field``, ``document``, ``query_position`` (counted from the
+    document's first real token), ``layer``, ``head``, ``n``, ``position``,
+    ``lag``, ``value``. Padding (queries a document does not have) is left out.
+
+    Raises:
+        GeometryError: the run kept no per-query rows.
+    """
+    pd = _pandas()
+    if result.queries is None:
+        raise GeometryError("queries_dataframe: this result kept no per-query rows; analyse with keep_queries=True")
+    names = [name for name in _chosen(result, fields) if name in result.queries]
+    positions = result.query_positions.numpy()
+    frames = []
+    for name in names:
+        rows = result.queries[name]  # [doc, layer, head_index, query, *trailing]
+        axes = result.spec(name).axes
+        # Put the document and query axes in front, then index like a [layer, head_index, *trailing] array.
+        moved = rows.movedim(3, 1)  # [doc, query, layer, head_index, *trailing]
+        doc, query = moved.shape[:2]
+        inner = tuple(moved.shape[2:])
+        columns = _index_columns(result, axes, inner)
+        per = int(np.prod(inner))
+        frame = {
+            "field": name,
+            "document": np.repeat(np.arange(doc, dtype=np.int64), query * per),
+            "query_position": np.repeat(positions.reshape(-1), per),
+            **{key: np.tile(value, doc * query) for key, value in columns.items()},
+            "value": _flat(moved),
+        }
+        frame_df = pd.DataFrame(frame)
+        frames.append(frame_df[frame_df["query_position"] >= 0])
+    return _joined(pd, frames, ["field", "document", "query_position", "layer", "head", *AXIS_COLUMNS, "value"])
+
+
+def _joined(pd: Any, frames: list[Any], order: list[str]) -> Any:
+    if not frames:
+        return pd.DataFrame({column: [] for column in order})
+    table = pd.concat(frames, ignore_index=True)[order]
+    table["field"] = table["field"].astype("category")
+    return table
