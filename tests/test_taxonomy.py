@@ -39,6 +39,7 @@ from tl_geometry.analysis.taxonomy import (
     rule_conditions,
     rule_margins,
     threshold_sensitivity,
+    with_regime_replicates,
 )
 
 K, D = 64, 16
@@ -281,7 +282,8 @@ def test_grids_and_queries_without_evidence_are_unclassified(tiny):
 @pytest.mark.model
 def test_confidence_is_the_share_of_bootstrap_replicates_that_agree(tiny):
     """Each replicate's label, from its own feature means by the reference rules, against the label."""
-    result = run_with_geometry_hooks(tiny, TEXTS, diagnostics=["taxonomy"], n_grid=[1, 2, 4, 8], n_bootstrap=40)
+    config = with_regime_replicates(GeometryConfig(diagnostics=["taxonomy"], n_grid=[1, 2, 4, 8], n_bootstrap=40))
+    result = run_with_geometry_hooks(tiny, TEXTS, config=config)
     cfg = TaxonomyConfig(min_confidence=0.9)
     found = classify_heads(result, taxonomy=cfg)
     grid = result.n_grid.tolist()
@@ -299,6 +301,9 @@ def test_confidence_is_the_share_of_bootstrap_replicates_that_agree(tiny):
             assert bool(found.low_confidence[layer, head]) == (want < 0.9)
     plain = classify_heads(run_with_geometry_hooks(tiny, TEXTS, diagnostics=["taxonomy"], n_bootstrap=0))
     assert plain.confidence.isnan().all() and not plain.low_confidence.any()
+    # A default run keeps no replicates of the rules' inputs (file size): no confidence, never a made-up one.
+    default = classify_heads(run_with_geometry_hooks(tiny, TEXTS, diagnostics=["taxonomy"], n_grid=[1, 2, 4, 8]))
+    assert default.confidence.isnan().all() and torch.equal(default.labels, found.labels)
 
 
 @pytest.mark.model

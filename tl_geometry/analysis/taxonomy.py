@@ -501,13 +501,30 @@ def classify_queries(result: GeometryResult, config: TaxonomyConfig | None = Non
 
 
 def _with_taxonomy(config: GeometryConfig | None) -> GeometryConfig:
+    """The run's config with the taxonomy diagnostic, keeping replicates of the rules' inputs (for confidence)."""
     if config is None:
-        return GeometryConfig(diagnostics=("taxonomy",))
+        config = GeometryConfig(diagnostics=("taxonomy",))
     if not isinstance(config, GeometryConfig):
         raise GeometryError(f"config: expected a GeometryConfig or None, got {type(config).__name__}")
-    if "taxonomy" in config.diagnostics:
-        return config
-    return config.with_overrides(diagnostics=(*config.diagnostics, "taxonomy"))
+    if "taxonomy" not in config.diagnostics:
+        config = config.with_overrides(diagnostics=(*config.diagnostics, "taxonomy"))
+    return with_regime_replicates(config)
+
+
+def with_regime_replicates(config: GeometryConfig) -> GeometryConfig:
+    """``config`` also keeping bootstrap replicates of ``REGIME_INPUTS``, so that labels get a confidence.
+
+    >>> from tl_geometry import GeometryConfig
+    >>> "cos_s_last" in with_regime_replicates(GeometryConfig(diagnostics=["taxonomy"])).bootstrap_fields
+    True
+    """
+    from tl_geometry.capture.hooks import active_diagnostics
+
+    if config.bootstrap_fields is None:
+        declared = [spec.name for d in active_diagnostics(config) for spec in d.fields if spec.bootstrap]
+    else:
+        declared = list(config.bootstrap_fields)
+    return config.with_overrides(bootstrap_fields=(*declared, *REGIME_INPUTS))
 
 
 def classify_heads(
@@ -525,8 +542,9 @@ def classify_heads(
 
     Returns:
         HeadTaxonomy with ``labels`` ``[layer, head_index]`` indexing ``REGIMES``
-        and the bootstrap ``confidence`` of each label (the features keep
-        replicates by default; ``n_bootstrap=0`` leaves it NaN).
+        and the bootstrap ``confidence`` of each label: a run on a model keeps
+        the replicates it needs; a result has them if it was computed with
+        ``with_regime_replicates(config)`` (else, or with ``n_bootstrap=0``, NaN).
 
     Raises:
         GeometryError: a result without the taxonomy features, a model without

@@ -148,13 +148,15 @@ class TaxonomyDiagnostic(Diagnostic):
         FieldSpec("s_norm_without_sink", "||s(N)|| with the sink left out of the top-N set", ("n",)),
         FieldSpec("s_norm_without_last", "||s(N)|| with the query's own token left out of the top-N set", ("n",)),
         FieldSpec("cos_s_sink", "cos(s(N), v_sink)", ("n",)),
-        # The fields the regime rules read keep bootstrap replicates by default: a label's confidence needs them.
-        FieldSpec("cos_s_last", "cos(s(N), v_L), L the query's own position", ("n",), bootstrap=True),
-        FieldSpec("cos_s_sink_mixed", "cos(s(N), v_sink), NaN where the top-N set is the sink alone", ("n",), bootstrap=True),
-        FieldSpec("cos_s_last_mixed", "cos(s(N), v_L), NaN where the top-N set is the sink alone", ("n",), bootstrap=True),
-        FieldSpec("contribution_sink", "||alpha_sink v_sink||", bootstrap=True),
-        FieldSpec("contribution_last", "||alpha_L v_L||", bootstrap=True),
-        FieldSpec("contribution_rest", "||sum of alpha_i v_i over the other visible keys||", bootstrap=True),
+        # The fields the regime rules read. A label's confidence needs their bootstrap replicates, which
+        # classify_heads(model, ...) keeps; other runs ask for them with bootstrap_fields (three N curves
+        # of replicates would triple the size of a default result file).
+        FieldSpec("cos_s_last", "cos(s(N), v_L), L the query's own position", ("n",)),
+        FieldSpec("cos_s_sink_mixed", "cos(s(N), v_sink), NaN where the top-N set is the sink alone", ("n",)),
+        FieldSpec("cos_s_last_mixed", "cos(s(N), v_L), NaN where the top-N set is the sink alone", ("n",)),
+        FieldSpec("contribution_sink", "||alpha_sink v_sink||"),
+        FieldSpec("contribution_last", "||alpha_L v_L||"),
+        FieldSpec("contribution_rest", "||sum of alpha_i v_i over the other visible keys||"),
         FieldSpec("taxonomy_attention_sink", "attention weight on the sink"),
         FieldSpec("taxonomy_attention_last", "attention weight on the query's own token"),
         FieldSpec("contribution_by_position", "||alpha_i v_i|| by key position (last analysed query)", ("position",), queries="last", documents="mean"),
