@@ -12,7 +12,7 @@ from tl_geometry.capture.checkpoint import DEFAULT_CHECKPOINT_EVERY, Checkpoint,
 from tl_geometry.capture.distributed import Ranks
 from tl_geometry.capture.hooks import analyse_prepared, model_name, most_visible_keys, new_accumulator
 from tl_geometry.capture.tokens import HookableModel, PreparedTokens, prepare_tokens
-from tl_geometry.config import make_config
+from tl_geometry.config import GeometryConfig, make_config
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
 
