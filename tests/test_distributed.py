@@ -40,6 +40,9 @@ def assert_equal_runs(a: GeometryResult, b: GeometryResult) -> None:
         torch.testing.assert_close(a.replicates(name), b.replicates(name), msg=name, **close)
         for mine, theirs in zip(a.ci(name), b.ci(name), strict=True):
             torch.testing.assert_close(mine, theirs, msg=f"ci {name}", **close)
+    if a.queries is None or b.queries is None:
+        assert a.queries is b.queries is None
+        return
     assert torch.equal(a.query_positions, b.query_positions)  # in corpus order, not rank order
     assert set(a.queries) == set(b.queries)
     for name, t in a.queries.items():

@@ -31,6 +31,19 @@ def _n_grid_argument(text: str) -> str | list[int]:
         raise argparse.ArgumentTypeError(f"expected 'default', 'all' or integers like 1,2,4,8, got {text!r}") from None
 
 
+def _add_scale_arguments(run: argparse.ArgumentParser) -> None:
+    """Device, dtype and checkpoints of a corpus run (one block, so that other flags merge around it)."""
+    run.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1 or mps; under torchrun, cuda is "
+                     "cuda:LOCAL_RANK")
+    run.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                     help="the model's weights (default float32); the analysis itself runs in float32 at least")
+    run.add_argument("--checkpoint-every", default="5m", metavar="N|DURATION",
+                     help="checkpoint after N windows or a duration such as 90s, 5m (default), 1h; a run started "
+                     "again with the same arguments resumes from its checkpoint")
+    run.add_argument("--checkpoint", type=Path, metavar="FILE",
+                     help="the checkpoint file (default: OUT/.tl_geometry-checkpoint.pt; deleted when the run ends)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tl-geometry",
@@ -51,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--batch-size", type=int, default=1, help="windows per forward pass (default: 1)")
     run.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_scale_arguments(run)
     report = commands.add_parser(
         "report",
         parents=[run],
@@ -98,22 +112,34 @@ def _analyse(args: argparse.Namespace):
     """Load the model and text, analyse the windows; the result and the summary-table details."""
     from tqdm.auto import tqdm
 
+    from tl_geometry.capture import distributed
+    from tl_geometry.capture.checkpoint import CheckpointEvery
     from tl_geometry.capture.corpus import analyze_corpus
-    from tl_geometry.models import load_model
+    from tl_geometry.models import check_device, load_model
     from tl_geometry.text import default_text, read_text_files, text_windows
 
     for name in ("windows", "context", "batch_size"):
         if getattr(args, name) < 1:
             raise GeometryError(f"--{name.replace('_', '-')}: expected a positive number, got {getattr(args, name)}")
+    every = CheckpointEvery.parse(args.checkpoint_every)
+    check_device(args.device)
+    ranks = distributed.init_from_env(args.device)
+    quiet = args.quiet or not ranks.is_main
     text = read_text_files(args.text) if args.text else default_text()
     # A one-step bar: the cached load takes seconds, the first export of a bundled model longer
     # (load_model then shows its own steps).
-    with tqdm(total=1, desc=f"tl_geometry: loading {args.model}", disable=args.quiet, bar_format="{desc} {elapsed}") as bar:
-        model = load_model(args.model, progress=not args.quiet)
+    with tqdm(total=1, desc=f"tl_geometry: loading {args.model}", disable=quiet, bar_format="{desc} {elapsed}") as bar:
+        if not ranks.is_main:
+            distributed.barrier()  # rank 0 first: it alone fills the model cache
+        model = load_model(args.model, device=distributed.rank_device(args.device, ranks), dtype=args.dtype,
+                           progress=not quiet)
+        if ranks.is_main:
+            distributed.barrier()
         bar.update()
     windows = text_windows(model, text, context=args.context, n_windows=args.windows)
     result = analyze_corpus(
-        model, windows, batch_size=args.batch_size, progress=not args.quiet, n_grid=args.n_grid, diagnostics=DIAGNOSTICS
+        model, windows, batch_size=args.batch_size, progress=not quiet, n_grid=args.n_grid, diagnostics=DIAGNOSTICS,
+        checkpoint=args.checkpoint or args.out / ".tl_geometry-checkpoint.pt", checkpoint_every=every,
     )
     source = ", ".join(str(path) for path in args.text) if args.text else "Python reference documentation (pydoc_data)"
     details = {"text": source, "windows": f"{len(windows)} x {args.context} tokens (BOS first)"}
@@ -131,6 +157,8 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"wrote {index}")
         return EXIT_OK
     result, details = _analyse(args)
+    if not _is_main_process():
+        return EXIT_OK  # every rank holds the result; rank 0 writes it
     print(_summary(result, time.perf_counter() - start))
     if args.command == "report":
         index = write_report(result, args.out, details, png=args.png)
@@ -139,6 +167,20 @@ def run_command(args: argparse.Namespace) -> int:
         npz_path, json_path = result.save(args.out / "result")
         print(f"wrote {npz_path} and {json_path}")
     return EXIT_OK
+
+
+def _is_main_process() -> bool:
+    from tl_geometry.capture.distributed import current_ranks
+
+    return current_ranks().is_main
+
+
+def _leave_process_group() -> None:
+    """Leave the torchrun process group, if this run joined one."""
+    import torch.distributed
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -152,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tl-geometry: interrupted", file=sys.stderr)
         return 130
+    finally:
+        _leave_process_group()
 
 
 if __name__ == "__main__":
