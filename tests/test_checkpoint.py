@@ -180,3 +180,12 @@ def test_bad_checkpoint_every(value):
 def test_checkpoint_due_by_windows_or_time():
     assert CheckpointEvery(windows=4).due(4, 0.0) and not CheckpointEvery(windows=4).due(3, 1e9)
     assert CheckpointEvery(seconds=60.0).due(1, 60.0) and not CheckpointEvery(seconds=60.0).due(10**6, 59.0)
+
+
+def test_checkpoints_of_another_number_of_processes_are_refused(tmp_path, model):
+    (tmp_path / "run.ckpt.rank0-of-2").write_bytes(b"")
+    (tmp_path / "run.ckpt.rank1-of-2").write_bytes(b"")
+    (tmp_path / "run.ckpt.old").write_bytes(b"")  # not a checkpoint name: ignored
+    with pytest.raises(GeometryError, match=r"checkpoint .*run.ckpt: not found, but \['run.ckpt.rank0-of-2', "
+                       r"'run.ckpt.rank1-of-2'\] .* another number of processes"):
+        analyze_corpus(model, corpus()[:2], progress=False, checkpoint=tmp_path / "run.ckpt")

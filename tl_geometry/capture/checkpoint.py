@@ -11,6 +11,7 @@ naming the difference, by a run with other arguments. Under ``torchrun`` each
 rank writes its own file (``PATH.rank1-of-4``).
 """
 
+import glob
 import hashlib
 import json
 import math
@@ -106,7 +107,8 @@ class Checkpoint:
 
     def __init__(self, path: str | Path, every: Any, identity: dict[str, Any], ranks: Ranks) -> None:
         base = Path(path)
-        self.path = base.with_name(base.name + ranks.checkpoint_suffix())
+        self.suffix = ranks.checkpoint_suffix()
+        self.path = base.with_name(base.name + self.suffix)
         self.every = CheckpointEvery.parse(every)
         self.identity = json.loads(json.dumps(identity))  # the plain-JSON form it is compared in
         self._windows_since = 0
@@ -116,6 +118,7 @@ class Checkpoint:
         """Load the checkpoint into ``accumulator`` if there is one: ``(batches, windows)`` already done."""
         self._last = time.monotonic()
         if not self.path.exists():
+            self._refuse_other_rank_counts()
             return 0, 0
         try:
             state = torch.load(self.path, weights_only=True, map_location="cpu")
@@ -136,6 +139,18 @@ class Checkpoint:
             )
         accumulator.load_state_dict(state["accumulator"])
         return int(state["batches_done"]), int(state["windows_done"])
+
+    def _refuse_other_rank_counts(self) -> None:
+        """A checkpoint of the same path from a run with another number of processes would be silently ignored."""
+        base = self.path.name.split(".rank")[0] if self.suffix else self.path.name
+        others = sorted(p.name for p in self.path.parent.glob(f"{glob.escape(base)}*")
+                        if p.name == base or re.fullmatch(re.escape(base) + r"\.rank\d+-of-\d+", p.name))
+        if others:
+            raise GeometryError(
+                f"checkpoint {self.path}: not found, but {others} in {self.path.parent} were written by a run with "
+                f"another number of processes; resume with the number of processes that wrote them, or delete them "
+                "to start over"
+            )
 
     def step(self, accumulator: Accumulator, batches_done: int, windows_done: int, new_windows: int) -> bool:
         """Save if due after ``new_windows`` more windows; True if it saved."""

@@ -144,7 +144,15 @@ def analyze_corpus(
             "n_grid": grid.tolist(),
         }
         run = Checkpoint(checkpoint, every, identity, ranks)
-        done_batches, done_windows = run.resume(accumulator)
+        refused = None
+        try:
+            done_batches, done_windows = run.resume(accumulator)
+        except GeometryError as error:
+            refused = str(error)
+        # A checkpoint refused on one rank stops every rank (the others would wait for it at the reduction).
+        refusals = [message for message in distributed.gather_objects(refused) if message]
+        if refusals:
+            raise GeometryError(refusals[0] if refused is None else refused)
     total = _n_windows(batches) * ranks.world_size  # the bar of rank 0 speaks for every rank
     with tqdm(
         total=total,
