@@ -196,7 +196,7 @@ def memory_section(args: argparse.Namespace) -> None:
 
 
 def parallel_section(args: argparse.Namespace) -> None:
-    worker = [__file__, "--parallel", "--context", str(args.parallel_context), "--batch-size", str(args.batch_size),
+    worker = [__file__, "--parallel", "--context", str(args.parallel_context), "--batch-size", str(args.parallel_batch_size),
               "--parallel-windows", str(args.parallel_windows)]
     threads = subprocess.run([sys.executable, *worker, "--threads", "2"], capture_output=True, text=True, check=True,
                              env={**ENV, "OMP_NUM_THREADS": "2"})
@@ -205,7 +205,7 @@ def parallel_section(args: argparse.Namespace) -> None:
                                env={**ENV, "OMP_NUM_THREADS": "1"})
     one, two = _last_json(threads.stdout), _last_json(processes.stdout)
     print(f"\ndata parallel: {args.parallel_windows} windows of {args.parallel_context} tokens, every diagnostic, "
-          f"batch size {args.batch_size} (after loading)")
+          f"batch size {args.parallel_batch_size} (after loading)", flush=True)
     print(f"{'':>24}{'seconds':>9}{'windows/s':>11}{'reduction s':>13}{'share':>8}")
     for label, r in (("1 process x 2 threads", one), ("2 processes x 1 thread", two)):
         share = r["reduction"] / r["seconds"]
@@ -213,7 +213,7 @@ def parallel_section(args: argparse.Namespace) -> None:
               f"{share:>8.2%}")
     share = two["reduction"] / two["seconds"]
     print(f"throughput 2 processes / 2 threads: x{one['seconds'] / two['seconds']:.2f} (about 1 expected on 2 cores); "
-          f"reduction {share:.3%} of the run: {'met' if share < 0.01 else 'MISSED'} (target < 1 %)")
+          f"reduction {share:.3%} of the run: {'met' if share < 0.01 else 'MISSED'} (target < 1 %)", flush=True)
 
 
 def resume_section(args: argparse.Namespace) -> None:
@@ -243,7 +243,7 @@ def resume_section(args: argparse.Namespace) -> None:
     print(f"checkpoint held {r['checkpoint_windows']} windows: {lost} windows of work lost: "
           f"{'met' if lost <= args.resume_every else 'MISSED'} (target <= one interval, {args.resume_every}); "
           f"resumed result {'identical to' if r['identical'] else 'DIFFERENT from'} an uninterrupted run; "
-          f"checkpoint {'LEFT BEHIND' if r['checkpoint_left'] else 'deleted'} after the run")
+          f"checkpoint {'LEFT BEHIND' if r['checkpoint_left'] else 'deleted'} after the run", flush=True)
 
 
 def main() -> None:
@@ -253,6 +253,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--parallel-windows", type=int, default=16)
     parser.add_argument("--parallel-context", type=int, default=512)
+    parser.add_argument("--parallel-batch-size", type=int, default=2)
     parser.add_argument("--resume-windows", type=int, default=24)
     parser.add_argument("--resume-every", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0, help="where the resume run is killed")

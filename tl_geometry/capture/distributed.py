@@ -153,6 +153,7 @@ def reduce_accumulator(accumulator: Accumulator) -> Accumulator:
     ranks = current_ranks()
     if ranks.world_size == 1:
         return accumulator
+    barrier()  # time the reduction itself, not the wait for the slowest rank's last batch
     start = time.perf_counter()
     reduced = accumulator.reduced(all_reduce, gather_objects)
     seconds = time.perf_counter() - start
