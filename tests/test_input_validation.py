@@ -87,7 +87,7 @@ def test_things_that_are_not_transformerlens_models():
 def test_a_device_the_machine_does_not_have():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    with pytest.raises(GeometryError, match=r"device: 'cuda' asked for, but this machine has no CUDA device"):
+    with pytest.raises(GeometryError, match=r"device: 'cuda' asked for, but torch sees no CUDA device"):
         load_model(device="cuda")  # refused before anything loads
     with pytest.raises(GeometryError, match=r"device: 'gpu' is not a torch device"):
         check_device("gpu")

@@ -30,6 +30,8 @@ from tl_geometry.config import DEFAULT_BOOTSTRAP, GeometryConfig
 from tl_geometry.errors import GeometryError
 
 EXIT_OK, EXIT_USAGE, EXIT_INPUT = 0, 2, 1
+# Where a run checkpoints by default: in its output folder, removed when the run ends.
+CHECKPOINT_NAME = ".tl_geometry-checkpoint.pt"
 
 
 def _n_grid_argument(text: str) -> str | list[int]:
@@ -126,6 +128,19 @@ def config_from_args(args: argparse.Namespace) -> GeometryConfig:
     return config
 
 
+def _add_scale_arguments(run: argparse.ArgumentParser) -> None:
+    """Device, dtype and checkpoints of a corpus run (one block, so that other flags merge around it)."""
+    run.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1 or mps; under torchrun, cuda is "
+                     "cuda:LOCAL_RANK")
+    run.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                     help="the model's weights (default float32); the analysis itself runs in float32 at least")
+    run.add_argument("--checkpoint-every", default="5m", metavar="N|DURATION",
+                     help="checkpoint after N windows or a duration such as 90s, 5m (default), 1h; a run started "
+                     "again with the same arguments resumes from its checkpoint")
+    run.add_argument("--checkpoint", type=Path, metavar="FILE",
+                     help=f"the checkpoint file (default: OUT/{CHECKPOINT_NAME}; deleted when the run ends)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tl-geometry",
@@ -146,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_analysis_options(run)
+    _add_scale_arguments(run)
     report = commands.add_parser(
         "report",
         parents=[run],
@@ -233,19 +249,32 @@ def _analyse(args: argparse.Namespace):
     """Load the model and text, analyse the windows; the result and the summary-table details."""
     from tqdm.auto import tqdm
 
+    from tl_geometry.capture import distributed
+    from tl_geometry.capture.checkpoint import CheckpointEvery
     from tl_geometry.capture.corpus import analyze_corpus
     from tl_geometry.capture.sources import WindowStream
     from tl_geometry.models import load_model
 
     config = config_from_args(args)
     prompts = _read_prompts(args.prompts) if args.prompts is not None else None
+    every = CheckpointEvery.parse(args.checkpoint_every)
+    ranks = distributed.init_from_env(args.device)
+    quiet = args.quiet or not ranks.is_main
     # A one-step bar: the cached load takes seconds, the first export of a bundled model longer
     # (load_model then shows its own steps).
-    with tqdm(total=1, desc=f"tl_geometry: loading {args.model}", disable=args.quiet, bar_format="{desc} {elapsed}") as bar:
-        model = load_model(args.model, progress=not args.quiet)
+    with tqdm(total=1, desc=f"tl_geometry: loading {args.model}", disable=quiet, bar_format="{desc} {elapsed}") as bar:
+        if not ranks.is_main:
+            distributed.barrier()  # rank 0 first: it alone fills the model cache
+        model = load_model(args.model, device=distributed.rank_device(args.device, ranks), dtype=args.dtype,
+                           progress=not quiet)
+        if ranks.is_main:
+            distributed.barrier()
         bar.update()
     corpus, details = _corpus(args, model, prompts)
-    result = analyze_corpus(model, corpus, config, batch_size=args.batch_size, progress=not args.quiet)
+    result = analyze_corpus(
+        model, corpus, config, batch_size=args.batch_size, progress=not quiet,
+        checkpoint=args.checkpoint or args.out / CHECKPOINT_NAME, checkpoint_every=every,
+    )
     if isinstance(corpus, WindowStream):
         details["windows"] = f"{result.n_documents} x {args.context} tokens (BOS first)"
         details["corpus"] = corpus.report.summary()
@@ -283,6 +312,8 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"wrote {index}")
         return EXIT_OK
     result, details = _analyse(args)
+    if not _is_main_process():
+        return EXIT_OK  # every rank holds the result; rank 0 writes it
     print(_summary(result, time.perf_counter() - start))
     for key in ("corpus", "note"):
         if key in details:
@@ -359,6 +390,12 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.prompts is not None and args.data:
         raise GeometryError("--prompts and --data: pass one of them (prompts are analysed whole, data in windows)")
     config_from_args(args)  # a bad option fails here, before the model loads
+    from tl_geometry.capture.checkpoint import CheckpointEvery
+    from tl_geometry.models import check_device, model_dtype
+
+    CheckpointEvery.parse(args.checkpoint_every)
+    check_device(args.device)
+    model_dtype(args.dtype)
     if args.prompts is not None:
         _read_prompts(args.prompts)
     for path in args.data or []:
@@ -374,6 +411,20 @@ def check_arguments(args: argparse.Namespace) -> None:
                     f"--data: the folder {path} holds no text, JSONL, CSV, Parquet or .npy files and is not a saved "
                     "dataset; pass a folder of documents"
                 )
+
+
+def _is_main_process() -> bool:
+    from tl_geometry.capture.distributed import current_ranks
+
+    return current_ranks().is_main
+
+
+def _leave_process_group() -> None:
+    """Leave the torchrun process group, if this run joined one."""
+    import torch.distributed
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -409,6 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if created and args.out.is_dir() and not any(args.out.iterdir()):
             with contextlib.suppress(OSError):  # another run may have just started writing there
                 args.out.rmdir()  # a run that wrote nothing leaves no empty folder behind
+        _leave_process_group()
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import torch
 from tl_geometry.errors import GeometryError
 
 ModelKind = Literal["bridge", "hooked"]
+ModelDtype = Literal["float32", "bfloat16", "float16"]
 DEFAULT_MODEL = "smollm2-135m"
 CACHE_ENV_VAR = "TL_GEOMETRY_CACHE"
 
@@ -129,11 +130,12 @@ def load_model(
     *,
     kind: str = "bridge",
     device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "float32",
     progress: bool = True,
     cache_dir: str | os.PathLike | None = None,
     compatibility_mode: bool = True,
 ) -> torch.nn.Module:
-    """Load a model ready for analysis: eval mode, float32, on ``device``, no gradients.
+    """Load a model ready for analysis: eval mode, ``dtype`` weights, on ``device``, no gradients.
 
     Args:
         name: ``"smollm2-135m"`` (default, offline), ``"gemma3-270m"`` (offline, optional
@@ -141,7 +143,12 @@ def load_model(
             or a populated Hugging Face cache).
         kind: ``"bridge"`` for a ``TransformerBridge`` (transformer-lens 3.9 and 4.x) or
             ``"hooked"`` for a ``HookedTransformer`` (transformer-lens 3.x only).
-        device: torch device for the weights.
+        device: torch device for the weights: ``"cpu"``, ``"cuda"``, ``"cuda:1"``,
+            ``"mps"``; one that is not there is refused before anything loads.
+        dtype: the weights' dtype, ``"float32"`` (default), ``"bfloat16"`` or
+            ``"float16"`` (or the torch dtype). The analysis itself runs in
+            float32 at least whatever the model's dtype. Bundled models are
+            exported and weight-processed in float32, then cast.
         progress: show progress bars during the slow first export of a bundled model.
         cache_dir: where the float32 exports of bundled models are kept; default
             ``$TL_GEOMETRY_CACHE`` or else the user cache directory (``platformdirs``).
@@ -158,16 +165,17 @@ def load_model(
         A ``TransformerBridge`` or ``HookedTransformer`` (both ``torch.nn.Module``).
 
     Raises:
-        GeometryError: unknown ``kind``; a ``device`` this machine does not have;
-            ``kind="hooked"`` on transformer-lens 4.x; the
-            package of a bundled model is missing; TransformerLens cannot load ``name``.
+        GeometryError: unknown ``kind``, ``dtype`` or ``device``; a device that is not
+            there; ``kind="hooked"`` on transformer-lens 4.x; the package of a bundled
+            model is missing; TransformerLens cannot load ``name``.
 
     >>> model = load_model()  # doctest: +SKIP
     >>> model.cfg.n_layers, model.cfg.n_heads  # doctest: +SKIP
     (30, 9)
     """
     _check_kind(kind)
-    check_device(device)
+    device = check_device(device)
+    weights = model_dtype(dtype)
     if name in _BUNDLED_MODELS:
         hf_model, tokenizer = _load_bundled_hf(name, cache_dir=cache_dir, progress=progress)
         hf_model = hf_model.to(device)
@@ -175,9 +183,65 @@ def load_model(
             model = _bridge_from_hf(name, hf_model, tokenizer, device, compatibility_mode)
         else:
             model = _hooked_from_hf(name, hf_model, tokenizer, device)
+        model = _cast(model, weights)
     else:
-        model = _load_by_name(name, kind=kind, device=device, compatibility_mode=compatibility_mode)
-    return _ready_for_analysis(model, name)
+        model = _load_by_name(name, kind=kind, device=device, compatibility_mode=compatibility_mode, dtype=weights)
+    return _ready_for_analysis(model, name, weights)
+
+
+def model_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """The torch dtype of ``"float32"``, ``"bfloat16"`` or ``"float16"`` (torch dtypes pass through).
+
+    >>> model_dtype("bfloat16")
+    torch.bfloat16
+    """
+    allowed = get_args(ModelDtype)
+    name = str(dtype).removeprefix("torch.") if isinstance(dtype, torch.dtype) else dtype
+    if name not in allowed:
+        raise GeometryError(f"dtype: expected one of {allowed}, got {dtype!r}")
+    return getattr(torch, name)
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """The device, if this machine has it; else a GeometryError that says what there is.
+
+    >>> check_device("cpu")
+    device(type='cpu')
+    """
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise GeometryError(
+            f"device: {device!r} is not a torch device; use cpu, cuda, cuda:1 or mps"
+        ) from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise GeometryError(
+                f"device: {device!r} asked for, but torch sees no CUDA device "
+                f"(torch {torch.__version__}, CUDA build {torch.version.cuda}); use --device cpu"
+            )
+        if parsed.index is not None and parsed.index >= count:
+            raise GeometryError(
+                f"device: {device!r} asked for, but torch sees {count} CUDA device(s), "
+                f"cuda:0..cuda:{count - 1}"
+            )
+    elif parsed.type == "mps":
+        if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+            raise GeometryError(f"device: {device!r} asked for, but MPS is not available here; use --device cpu")
+    elif parsed.type != "cpu":
+        raise GeometryError(f"device: {device!r} is not supported; use cpu, cuda, cuda:N or mps")
+    return parsed
+
+
+def _cast(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """The model with ``dtype`` weights, its config saying so (TransformerLens reads ``cfg.dtype``)."""
+    if dtype == torch.float32:
+        return model
+    model = model.to(dtype)
+    if hasattr(model.cfg, "dtype"):
+        model.cfg.dtype = dtype
+    return model
 
 
 def model_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -207,22 +271,6 @@ def transformer_lens_major_version() -> int:
         The leading integer of ``transformer-lens``'s version string.
     """
     return int(importlib.metadata.version("transformer-lens").split(".")[0])
-
-
-def check_device(device: str | torch.device) -> torch.device:
-    """The device, or GeometryError if this machine does not have it (checked before anything loads)."""
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError) as error:
-        raise GeometryError(f"device: {device!r} is not a torch device ({error}); use cpu, cuda, cuda:1 or mps") from None
-    if resolved.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0 or (resolved.index or 0) >= count:
-            have = f"{count} CUDA device(s)" if count else "no CUDA device (or a torch built without CUDA)"
-            raise GeometryError(f"device: {device!r} asked for, but this machine has {have}; use device='cpu'")
-    if resolved.type == "mps" and not torch.backends.mps.is_available():
-        raise GeometryError(f"device: {device!r} asked for, but MPS is not available here; use device='cpu'")
-    return resolved
 
 
 def _check_kind(kind: str) -> None:
@@ -544,7 +592,7 @@ def _hooked_config(name: str, hf_config: Any, device: str | torch.device) -> Any
 
 
 def _load_by_name(
-    name: str, *, kind: str, device: str | torch.device, compatibility_mode: bool
+    name: str, *, kind: str, device: str | torch.device, compatibility_mode: bool, dtype: torch.dtype
 ) -> torch.nn.Module:
     """Load ``name`` with TransformerLens's own loader, with a one-line error on failure."""
     try:
@@ -555,10 +603,10 @@ def _load_by_name(
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
-                return HookedTransformer.from_pretrained(name, device=device)
+                return HookedTransformer.from_pretrained(name, device=device, dtype=dtype)
         from transformer_lens.model_bridge import TransformerBridge
 
-        bridge = TransformerBridge.boot_transformers(name, device=device)
+        bridge = TransformerBridge.boot_transformers(name, device=device, dtype=dtype)
     except Exception as error:  # noqa: BLE001 - any loader failure gets one clear message
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
         raise GeometryError(
@@ -571,14 +619,14 @@ def _load_by_name(
     return bridge
 
 
-def _ready_for_analysis(model: torch.nn.Module, name: str) -> torch.nn.Module:
-    """Eval mode, no gradients, and a check that the weights really are float32."""
+def _ready_for_analysis(model: torch.nn.Module, name: str, dtype: torch.dtype) -> torch.nn.Module:
+    """Eval mode, no gradients, and a check that the weights really are in ``dtype``."""
     model.eval()
     model.requires_grad_(False)
     dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
-    if dtypes != {torch.float32}:
+    if dtypes != {dtype}:
         raise GeometryError(
-            f"load_model({name!r}): expected float32 weights, found {sorted(map(str, dtypes))}; "
+            f"load_model({name!r}): expected {dtype} weights, found {sorted(map(str, dtypes))}; "
             "this is a bug in tl_geometry.models, please report it."
         )
     return model

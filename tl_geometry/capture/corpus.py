@@ -3,37 +3,73 @@
 Two kinds of input: texts and token tensors (tokenised up front, as before),
 and streams of `Window` (from `tl_geometry.capture.sources`), drawn lazily a
 batch at a time so that neither the corpus nor its tokens are held whole.
+Under ``torchrun`` each rank analyses every K-th window and the exact
+statistics are reduced once at the end; with a checkpoint, an interrupted run
+started again resumes where it stopped and ends with the uninterrupted result.
 """
 
 import itertools
+import os
 import sys
-import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 from torch import Tensor
+from tqdm.auto import tqdm
 
+from tl_geometry.capture import distributed
+from tl_geometry.capture.checkpoint import DEFAULT_CHECKPOINT_EVERY, Checkpoint, CheckpointEvery, shard_fingerprint
+from tl_geometry.capture.distributed import Ranks
+from tl_geometry.capture.hooks import analyse_prepared, model_name, most_visible_keys, new_accumulator
+from tl_geometry.capture.sources import Window, WindowStream
+from tl_geometry.capture.tokens import HookableModel, PreparedTokens, check_model, prepare_tokens
 from tl_geometry.config import GeometryConfig, make_config
 from tl_geometry.errors import GeometryError
-from tl_geometry.capture.hooks import analyse_prepared, grid_for, model_name, new_accumulator
-from tl_geometry.capture.sources import Window, WindowStream
-from tl_geometry.capture.tokens import HookableModel, PreparedTokens, prepare_tokens
+from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.results.provenance import model_provenance, package_versions
 from tl_geometry.results.result import GeometryResult
 
 DEFAULT_BATCH_SIZE = 8
 
 
-def _batches(model: HookableModel, corpus: Any, config: GeometryConfig, batch_size: int) -> list[PreparedTokens]:
-    """Tokenised batches: texts and the rows of one token tensor are cut into ``batch_size`` rows;
-    an iterable of token tensors is taken batch by batch as given. Token ids are cheap to hold;
-    only activations are kept to one batch at a time."""
+@dataclass
+class _Plan:
+    """One rank's share of a corpus, ready to run.
+
+    Attributes:
+        batches: the rank's batches in corpus order (a list, or drawn lazily from a window stream).
+        n_keys: the most keys a query of the rank's windows sees (the ranks agree on the largest).
+        n_windows: the rank's windows, where known in advance.
+        identity: what a checkpoint of this run must match, besides the model and config.
+        corpus: the corpus part of the provenance, after the run.
+    """
+
+    batches: Iterator[PreparedTokens]
+    n_keys: int
+    n_windows: int | None
+    identity: dict[str, Any]
+    corpus: Callable[[Accumulator], dict[str, Any]]
+
+
+def _shard_batches(corpus: Any, ranks: Ranks, batch_size: int) -> list[list[str] | Tensor]:
+    """This rank's batches, untokenised: lists of texts or ``[batch, pos]`` token tensors.
+
+    Windows are dealt round-robin by their index in the corpus (rows of
+    pre-batched tensors counted one after another), so a shard does not depend
+    on the batching; with one process it is the whole corpus. Texts and the
+    rows of one token tensor are cut into ``batch_size`` rows; pre-batched
+    tensors keep their batches (less the rows of other ranks).
+    """
     if isinstance(corpus, str):
         corpus = [corpus]
     if isinstance(corpus, Tensor):
-        return [prepare_tokens(model, rows, config) for rows in corpus.split(batch_size)]
+        if corpus.ndim != 2:
+            raise GeometryError(
+                f"texts_or_token_batches: expected a [sequence, pos] token tensor, got shape {list(corpus.shape)}"
+            )
+        return list(corpus[ranks.rank :: ranks.world_size].split(batch_size))
     if not isinstance(corpus, Iterable):
         raise GeometryError(
             f"texts_or_token_batches: expected a list of strings, a [sequence, pos] token tensor or an "
@@ -43,73 +79,81 @@ def _batches(model: HookableModel, corpus: Any, config: GeometryConfig, batch_si
     if not items:
         raise GeometryError("texts_or_token_batches: the corpus is empty; pass at least one text or batch")
     if all(isinstance(item, str) for item in items):
-        return [prepare_tokens(model, items[i : i + batch_size], config) for i in range(0, len(items), batch_size)]
+        mine = [text for i, text in enumerate(items) if ranks.owns(i)]
+        return [mine[i : i + batch_size] for i in range(0, len(mine), batch_size)]
     if all(isinstance(item, Tensor) for item in items):
-        return [prepare_tokens(model, item, config) for item in items]
+        if ranks.world_size == 1:
+            return items
+        shard, seen = [], 0
+        for batch in items:
+            if batch.ndim != 2:
+                shard.append(batch)  # prepare_tokens names the problem
+                continue
+            rows = [i for i in range(len(batch)) if ranks.owns(seen + i)]
+            seen += len(batch)
+            if rows:
+                shard.append(batch[rows])
+        return shard
     kinds = sorted({type(item).__name__ for item in items})
     raise GeometryError(
         f"texts_or_token_batches: mixes or holds unsupported items {kinds}; pass only strings or only token tensors"
     )
 
 
-def analyze_corpus(
-    model: HookableModel,
-    texts_or_token_batches: Any,
-    config: GeometryConfig | None = None,
-    *,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    progress: bool = True,
-    **overrides: Any,
-) -> GeometryResult:
-    """Selection metrics over a corpus, batch after batch, equal to analysing it all at once.
+def _token_plan(model: HookableModel, corpus: Any, config: GeometryConfig, ranks: Ranks, batch_size: int) -> _Plan:
+    """Texts and token tensors: this rank's shard, tokenised up front (token ids are cheap to hold)."""
+    batches = [prepare_tokens(model, unit, config) for unit in _shard_batches(corpus, ranks, batch_size)]
+    n_windows = sum(len(batch.tokens) for batch in batches)
+    return _Plan(
+        batches=iter(batches),
+        n_keys=most_visible_keys(model, batches, config),
+        n_windows=n_windows,
+        identity={"windows": n_windows, "tokens_sha256": shard_fingerprint(batches)},
+        corpus=lambda accumulator: {"documents": accumulator.n_documents},
+    )
 
-    The N grid is fixed once for the whole corpus (from the longest query),
-    so every batch reports the same N. Each sequence is one document; the
-    result keeps exact statistics over documents (memory flat in their
-    number), so batching never changes it.
 
-    Args:
-        model: a TransformerLens model (see `tl_geometry.run_with_geometry_hooks`).
-        texts_or_token_batches: a list of strings (one sequence each), a
-            ``[sequence, pos]`` token tensor, an iterable of ``[batch, pos]``
-            token tensors (each run as one batch), or windows: a
-            `WindowStream` (`tl_geometry.read_corpus`,
-            `tl_geometry.window_documents`) or any iterable of `Window`,
-            read lazily ``batch_size`` windows at a time.
-        config: the GeometryConfig (default ``GeometryConfig()``).
-        batch_size: sequences per forward pass for texts and a single tensor.
-        progress: show a tqdm progress bar (windows, tokens per second and
-            time left for windows) and, at the end, what was skipped.
-        **overrides: config fields to replace.
+def _window_plan(
+    model: HookableModel, windows: Iterator[Window], stream: WindowStream | None, config: GeometryConfig,
+    ranks: Ranks, batch_size: int, progress: bool,
+) -> _Plan:
+    """Windows: this rank's (every K-th by position in the corpus), drawn ``batch_size`` at a time."""
+    mine = (window for i, window in enumerate(windows) if ranks.owns(i))
+    first = list(itertools.islice(mine, batch_size))
+    for item in first:
+        if not isinstance(item, Window):
+            raise GeometryError(f"corpus: expected only Window items, got a {type(item).__name__}")
+    if not first and ranks.world_size == 1:
+        found = f" ({stream.report.summary()})" if stream is not None else ""
+        raise GeometryError(f"corpus: no windows to analyse{found}; pass more or longer documents, or a smaller "
+                            "context")
+    # Every window is at most the stream's context long, so that length fixes the grid for all of them.
+    context = stream.context if stream is not None else max((len(w.tokens) for w in first), default=1)
+    probe = prepare_tokens(model, torch.zeros((1, context), dtype=torch.long), config)
 
-    Returns:
-        GeometryResult over every sequence, with its ``provenance`` (the
-        model, package versions and, for windows, the corpus report).
+    def batches() -> Iterator[PreparedTokens]:
+        batch = first
+        while batch:
+            if not all(isinstance(item, Window) for item in batch):
+                kinds = sorted({type(item).__name__ for item in batch})
+                raise GeometryError(f"corpus: expected only Window items, got {kinds}")
+            yield _window_batch(model, batch, config)
+            batch = list(itertools.islice(mine, batch_size))
 
-    The N grid of a window stream is fixed from its ``context`` (every
-    window's length at most), that of another iterable of windows from its
-    first batch.
-    """
-    config = make_config(config, overrides)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise GeometryError(f"batch_size: expected a positive integer, got {batch_size!r}")
-    corpus = texts_or_token_batches
-    if not isinstance(corpus, (str, Tensor, WindowStream)) and isinstance(corpus, Iterable):
-        items = iter(corpus)
-        head = list(itertools.islice(items, 1))
-        corpus = itertools.chain(head, items)
-        if head and isinstance(head[0], Window):
-            return _analyse_windows(model, corpus, None, config, batch_size, progress)
-    if isinstance(corpus, WindowStream):
-        return _analyse_windows(model, iter(corpus), corpus, config, batch_size, progress)
-    batches = _batches(model, corpus, config, batch_size)
-    accumulator = new_accumulator(model, config, grid_for(model, batches, config))
-    for batch in tqdm(batches, desc="tl_geometry: analysing", unit="batch", disable=not progress):
-        analyse_prepared(model, batch, config, accumulator)
-    provenance = {"model": model_provenance(model), "versions": package_versions(),
-                  "corpus": {"documents": accumulator.n_documents}}
-    return GeometryResult.from_accumulator(accumulator, config=config, model_name=model_name(model),
-                                           provenance=provenance)
+    def corpus(accumulator: Accumulator) -> dict[str, Any]:
+        if stream is None:
+            return {"windows": accumulator.n_documents}
+        if progress and ranks.is_main and (stream.report.skipped or stream.report.tail_tokens):
+            print(f"tl_geometry: {stream.report.summary()}", file=sys.stderr)
+        return {"context": stream.context, "n_windows": stream.n_windows, "min_context": stream.min_context,
+                "prepend_bos": stream.prepend_bos, **stream.report.to_json()}
+
+    total = stream.n_windows if stream is not None else None
+    shares = None if total is None else len(range(ranks.rank, total, ranks.world_size))
+    identity = {"windows": {"context": context, "n_windows": total,
+                            "min_context": None if stream is None else stream.min_context,
+                            "prepend_bos": None if stream is None else stream.prepend_bos}}
+    return _Plan(batches(), most_visible_keys(model, [probe], config), shares, identity, corpus)
 
 
 def _window_batch(model: HookableModel, windows: list[Window], config: GeometryConfig) -> PreparedTokens:
@@ -127,47 +171,126 @@ def _window_batch(model: HookableModel, windows: list[Window], config: GeometryC
     return prepare_tokens(model, tokens, config, attention_mask=mask)
 
 
-def _analyse_windows(
+def _plan(model: HookableModel, corpus: Any, config: GeometryConfig, ranks: Ranks, batch_size: int, progress: bool) -> _Plan:
+    if isinstance(corpus, WindowStream):
+        return _window_plan(model, iter(corpus), corpus, config, ranks, batch_size, progress)
+    if not isinstance(corpus, (str, Tensor)) and isinstance(corpus, Iterable):
+        items = iter(corpus)
+        head = list(itertools.islice(items, 1))
+        corpus = itertools.chain(head, items)
+        if head and isinstance(head[0], Window):
+            return _window_plan(model, corpus, None, config, ranks, batch_size, progress)
+    return _token_plan(model, corpus, config, ranks, batch_size)
+
+
+def analyze_corpus(
     model: HookableModel,
-    windows: Iterator[Window],
-    stream: WindowStream | None,
-    config: GeometryConfig,
-    batch_size: int,
-    progress: bool,
+    texts_or_token_batches: Any,
+    config: GeometryConfig | None = None,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: bool = True,
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: Any = DEFAULT_CHECKPOINT_EVERY,
+    **overrides: Any,
 ) -> GeometryResult:
-    """Draw ``batch_size`` windows at a time, analyse them, and let them go."""
-    first = list(itertools.islice(windows, batch_size))
-    if not first:
-        found = f" ({stream.report.summary()})" if stream is not None else ""
-        raise GeometryError(f"corpus: no windows to analyse{found}; pass more or longer documents, or a smaller "
-                            "context")
-    for item in first:
-        if not isinstance(item, Window):
-            raise GeometryError(f"corpus: expected only Window items, got a {type(item).__name__}")
-    # Every window is at most the stream's context long, so that length fixes the grid for all of them.
-    context = stream.context if stream is not None else max(len(w.tokens) for w in first)
-    probe = prepare_tokens(model, torch.zeros((1, context), dtype=torch.long), config)
-    accumulator = new_accumulator(model, config, grid_for(model, [probe], config))
-    total = stream.n_windows if stream is not None else None
-    bar = tqdm(total=total, desc="tl_geometry: analysing", unit="window", disable=not progress)
-    start, tokens = time.perf_counter(), 0
-    batch = first
-    with bar:
-        while batch:
-            if not all(isinstance(item, Window) for item in batch):
-                kinds = sorted({type(item).__name__ for item in batch})
-                raise GeometryError(f"corpus: expected only Window items, got {kinds}")
-            analyse_prepared(model, _window_batch(model, batch, config), config, accumulator)
-            tokens += sum(len(w.tokens) for w in batch)
-            bar.update(len(batch))
-            bar.set_postfix_str(f"{tokens / max(time.perf_counter() - start, 1e-9):,.0f} tok/s", refresh=False)
-            batch = list(itertools.islice(windows, batch_size))
-    corpus: dict[str, Any] = {"windows": accumulator.n_documents}
-    if stream is not None:
-        corpus = {"context": stream.context, "n_windows": stream.n_windows, "min_context": stream.min_context,
-                  "prepend_bos": stream.prepend_bos, **stream.report.to_json()}
-        if progress and (stream.report.skipped or stream.report.tail_tokens):
-            print(f"tl_geometry: {stream.report.summary()}", file=sys.stderr)
-    provenance = {"model": model_provenance(model), "versions": package_versions(), "corpus": corpus}
-    return GeometryResult.from_accumulator(accumulator, config=config, model_name=model_name(model),
-                                           provenance=provenance)
+    """Selection metrics over a corpus, batch after batch, equal to analysing it all at once.
+
+    The N grid is fixed once for the whole corpus (from the longest query;
+    for a window stream, from its ``context``), so every batch reports the
+    same N. Each sequence is one document; the result keeps exact statistics
+    over documents (memory flat in their number), so batching never changes it.
+
+    Under ``torchrun`` (an initialised ``torch.distributed`` process group;
+    the command joins it itself), each rank analyses the windows whose index
+    modulo the number of ranks is its rank, the ranks agree on the N grid
+    first, and the accumulators are reduced once at the end: every rank
+    returns the result of the whole corpus (equal to a one-process run up to
+    float64 rounding). Progress is shown on rank 0 only.
+
+    Args:
+        model: a TransformerLens model (see `tl_geometry.run_with_geometry_hooks`).
+        texts_or_token_batches: a list of strings (one sequence each), a
+            ``[sequence, pos]`` token tensor, an iterable of ``[batch, pos]``
+            token tensors (each run as one batch), or windows: a
+            `WindowStream` (`tl_geometry.read_corpus`,
+            `tl_geometry.window_documents`) or any iterable of `Window`,
+            read lazily ``batch_size`` windows at a time.
+        config: the GeometryConfig (default ``GeometryConfig()``).
+        batch_size: sequences per forward pass for texts, a single tensor and windows.
+        progress: show a tqdm progress bar (windows, tokens per second, time
+            left where the number of windows is known) and, at the end, what
+            a window stream skipped.
+        checkpoint: a file to checkpoint the run in. If it exists (from a run
+            with the same arguments that was interrupted), the run resumes
+            from it and ends with exactly the uninterrupted result; a
+            checkpoint of other arguments is refused. Deleted when the run
+            finishes. Under torchrun each rank uses ``PATH.rankR-of-K``.
+        checkpoint_every: when to write it: a number of windows (``500``) or
+            a duration (``"90s"``, ``"5m"``, a ``timedelta``); default every
+            five minutes of work.
+        **overrides: config fields to replace.
+
+    Returns:
+        GeometryResult over every sequence (of every rank), with its
+        ``provenance`` (the model, package versions and the corpus report).
+
+    Raises:
+        GeometryError: a bad corpus, batch size, config or checkpoint; ranks
+            started with different arguments.
+    """
+    check_model(model)
+    config = make_config(config, overrides)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise GeometryError(f"batch_size: expected a positive integer, got {batch_size!r}")
+    every = CheckpointEvery.parse(checkpoint_every)
+    ranks = distributed.current_ranks()
+    name = model_name(model)
+    distributed.agree("model and config", (name, config.to_json(), batch_size))
+    plan = _plan(model, texts_or_token_batches, config, ranks, batch_size, progress)
+    # Every rank must use the same N grid: agree on the most keys any query of any shard sees.
+    grid = config.resolve_n_grid(distributed.agree_on_max(plan.n_keys))
+    accumulator = new_accumulator(model, config, grid)
+    run = None
+    done_batches = done_windows = 0
+    if checkpoint is not None:
+        identity = {"model": name, "config": config.to_json(), "batch_size": batch_size,
+                    "ranks": f"{ranks.rank} of {ranks.world_size}", "n_grid": grid.tolist(), **plan.identity}
+        run = Checkpoint(checkpoint, every, identity, ranks)
+        refused = None
+        try:
+            done_batches, done_windows = run.resume(accumulator)
+        except GeometryError as error:
+            refused = str(error)
+        # A checkpoint refused on one rank stops every rank (the others would wait for it at the reduction).
+        refusals = [message for message in distributed.gather_objects(refused) if message]
+        if refusals:
+            raise GeometryError(refusals[0] if refused is None else refused)
+    total = None if plan.n_windows is None else plan.n_windows * ranks.world_size  # rank 0 speaks for all
+    with tqdm(
+        total=total,
+        initial=done_windows * ranks.world_size,
+        desc="tl_geometry: analysing",
+        unit="window",
+        disable=not (progress and ranks.is_main),
+    ) as bar:
+        tokens = 0
+        # The batches a checkpoint holds are drawn again (to keep the stream's place) but not analysed.
+        for i, batch in enumerate(plan.batches, start=1):
+            if i <= done_batches:
+                continue
+            analyse_prepared(model, batch, config, accumulator)
+            done_windows += len(batch.tokens)
+            tokens += int(batch.real.sum())
+            bar.set_postfix_str(f"{tokens * ranks.world_size / max(bar.format_dict['elapsed'], 1e-3):,.0f} tok/s",
+                                refresh=False)
+            bar.update(len(batch.tokens) * ranks.world_size)
+            if run is not None:
+                run.step(accumulator, i, done_windows, len(batch.tokens))
+    accumulator = distributed.reduce_accumulator(accumulator)
+    provenance = {"model": model_provenance(model), "versions": package_versions(), "corpus": plan.corpus(accumulator)}
+    result = GeometryResult.from_accumulator(accumulator, config=config, model_name=name, provenance=provenance)
+    if run is not None:
+        distributed.barrier()  # every rank has its share of the result before any checkpoint goes
+        run.remove()
+    return result

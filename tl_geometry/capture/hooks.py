@@ -288,12 +288,17 @@ def _query_positions(prepared: PreparedTokens) -> Int[Tensor, "batch query"]:
     return (prepared.query_index - first).masked_fill(~prepared.query_valid, -1).cpu()
 
 
-def grid_for(model: HookableModel, prepared: Sequence[PreparedTokens], config: GeometryConfig) -> Int[Tensor, " n"]:
-    """The N grid of a run: the config's, with the default's last N the most keys any analysed query sees."""
+def most_visible_keys(model: HookableModel, prepared: Sequence[PreparedTokens], config: GeometryConfig) -> int:
+    """The most keys any analysed query of these batches sees in an analysed layer (0 without batches)."""
     windows = attention_windows(model)
     layers, _, _, _ = _model_shape(model, config)
     used = [windows[layer] for layer in layers]
-    return config.resolve_n_grid(max(batch.max_visible(used) for batch in prepared))
+    return max((batch.max_visible(used) for batch in prepared), default=0)
+
+
+def grid_for(model: HookableModel, prepared: Sequence[PreparedTokens], config: GeometryConfig) -> Int[Tensor, " n"]:
+    """The N grid of a run: the config's, with the default's last N the most keys any analysed query sees."""
+    return config.resolve_n_grid(most_visible_keys(model, prepared, config))
 
 
 def run_with_geometry_hooks(

@@ -16,8 +16,11 @@ exactly, sums up to float64 rounding, whatever the batching or order.
 (1, [[[1, 1], [1, 0]]])
 """
 
-from collections.abc import Collection, Mapping, Sequence
+import math
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 
+import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
@@ -25,6 +28,9 @@ from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.queries import QueryRows, check_rows, join_rows
 from tl_geometry.results.stats import FieldStats, batch_stats, merge_stats
+
+# Version of `Accumulator.state_dict`; a checkpoint of another version is refused.
+STATE_VERSION = 1
 
 
 class Accumulator:
@@ -189,3 +195,148 @@ class Accumulator:
     def stored_stats(self) -> dict[str, FieldStats]:
         """The statistics in the dtypes a result keeps."""
         return {name: s.stored() for name, s in self.stats.items()}
+
+    # ---- state: checkpoints and cross-process reduction ----
+
+    def layout(self) -> dict[str, Any]:
+        """What two accumulators must share to be merged or restored into one another (plain values)."""
+        return {
+            "fields": [[spec.name, spec.documents, list(spec.axes)] for spec in self.specs.values()],
+            "layers": list(self.layers),
+            "heads": list(self.heads),
+            "n_grid": self.n_grid.tolist(),
+            "n_bootstrap": self.n_bootstrap,
+            "replicate_fields": sorted(self.replicate_fields),
+            "keep_queries": self.keep_queries,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the accumulator holds, as plain values and CPU tensors (loadable with ``weights_only=True``).
+
+        >>> from tl_geometry.diagnostics.fields import FieldSpec
+        >>> acc = Accumulator([FieldSpec("recall", "R", axes=("n",))], layers=(0,), heads=(0,), n_grid=torch.tensor([1]))
+        >>> acc.add({"recall": torch.tensor([[[[0.5]]]])}, torch.zeros(1, 0), n_tokens=3)
+        >>> copy = Accumulator([FieldSpec("recall", "R", axes=("n",))], layers=(0,), heads=(0,), n_grid=torch.tensor([1]))
+        >>> copy.load_state_dict(acc.state_dict())
+        >>> copy.n_documents, copy.stats["recall"].total.tolist()
+        (1, [[[0.5]]])
+        """
+        queries = None
+        if self.queries is not None:
+            values, positions = self.queries
+            queries = {"values": {name: t.clone() for name, t in values.items()}, "positions": positions.clone()}
+        return {
+            "version": STATE_VERSION,
+            "layout": self.layout(),
+            "n_documents": self.n_documents,
+            "n_tokens": self.n_tokens,
+            "stats": {name: {k: t.clone() for k, t in s.arrays().items()} for name, s in self.stats.items()},
+            "queries": queries,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Replace the statistics by those of `state_dict` of an accumulator with the same layout.
+
+        Raises:
+            GeometryError: another state version, or a layout that differs (the message names what).
+        """
+        if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
+            found = state.get("version") if isinstance(state, Mapping) else type(state).__name__
+            raise GeometryError(
+                f"accumulator state: expected version {STATE_VERSION}, got {found!r}; it was written by another "
+                "tl_geometry version, start the run again"
+            )
+        mine, theirs = self.layout(), state["layout"]
+        for key, value in mine.items():
+            if theirs.get(key) != value:
+                raise GeometryError(
+                    f"accumulator state: differs in {key} ({theirs.get(key)!r} saved vs {value!r} now); it belongs "
+                    "to a run with another config or model"
+                )
+        self.stats = {name: FieldStats(spec=spec, **state["stats"][name]) for name, spec in self.specs.items()}
+        self.n_documents, self.n_tokens = int(state["n_documents"]), int(state["n_tokens"])
+        queries = state["queries"]
+        self.queries = None if queries is None else (dict(queries["values"]), queries["positions"])
+
+    def reduced(
+        self,
+        all_reduce: Callable[[Tensor, str], Tensor],
+        gather_queries: Callable[[Any], list[Any]] | None = None,
+    ) -> "Accumulator":
+        """The accumulator of the documents of every process, from collective operations (this one unchanged).
+
+        Growing axes are first widened to the widest any process saw; then
+        counts, sums and replicate sums are added, minima and maxima combined
+        (a statistic with no document anywhere stays NaN), and per-query rows
+        gathered. The collectives are injected so that this stays free of
+        ``torch.distributed`` (see `tl_geometry.capture.distributed`).
+
+        Args:
+            all_reduce: ``all_reduce(tensor, op)`` with op ``"sum"``, ``"min"`` or
+                ``"max"``: the elementwise reduction over processes, a new tensor.
+            gather_queries: ``gather(obj)``: the list of every process's object,
+                in rank order (needed only with per-query rows).
+        """
+        names = list(self.specs)
+        widths = torch.tensor([n for name in names for n in self.stats[name].trailing] or [0], dtype=torch.int64)
+        widths = all_reduce(widths, "max").tolist()
+        stats, at = {}, 0
+        for name in names:
+            size = len(self.stats[name].trailing)
+            stats[name] = self.stats[name].widened(tuple(int(n) for n in widths[at : at + size]))
+            at += size
+        # One collective per kind of reduction: pack every statistic of every field into one flat tensor.
+        kinds = {"count": "sum", "minimum": "min", "maximum": "max"}
+        packed: dict[str, list[tuple[str, str, Tensor]]] = {"sum": [], "min": [], "max": []}
+        for name in names:
+            for statistic, t in stats[name].arrays().items():
+                packed[kinds.get(statistic, "sum")].append((name, statistic, t))
+        counts = torch.cat([t.flatten() for _, s, t in packed["sum"] if s == "count"]
+                           + [torch.tensor([self.n_documents, self.n_tokens], dtype=torch.int64)])
+        sums = [(n, s, t) for n, s, t in packed["sum"] if s != "count"]
+        out: dict[str, dict[str, Tensor]] = {name: {} for name in names}
+
+        def unpack(flat: Tensor, entries: list[tuple[str, str, Tensor]]) -> None:
+            at = 0
+            for name, statistic, t in entries:
+                out[name][statistic] = flat[at : at + t.numel()].reshape(t.shape).to(t.dtype)
+                at += t.numel()
+
+        reduced_counts = all_reduce(counts, "sum")
+        unpack(reduced_counts, [e for e in packed["sum"] if e[1] == "count"])
+        if sums:
+            unpack(all_reduce(torch.cat([t.double().flatten() for _, _, t in sums]), "sum"), sums)
+        for op, fill in (("min", math.inf), ("max", -math.inf)):
+            if packed[op]:  # NaN (nothing counted here) must lose, so it travels as the neutral element
+                flat = torch.cat([t.double().flatten().nan_to_num(nan=fill, posinf=math.inf, neginf=-math.inf)
+                                  for _, _, t in packed[op]])
+                unpack(all_reduce(flat, op), packed[op])
+        for name in names:
+            for statistic in ("minimum", "maximum"):
+                if statistic in out[name]:
+                    out[name][statistic] = out[name][statistic].masked_fill(out[name]["count"] == 0, math.nan)
+        result = object.__new__(Accumulator)
+        result.__dict__.update(self.__dict__)
+        result.stats = {name: FieldStats(spec=self.specs[name], **out[name]) for name in names}
+        result.n_documents, result.n_tokens = (int(x) for x in reduced_counts[-2:].tolist())
+        result.queries = self.queries
+        if self.keep_queries:
+            if gather_queries is None:
+                raise GeometryError("reduced: keep_queries=True needs gather_queries to collect the per-query rows")
+            parts = [p for p in gather_queries(self.queries) if p is not None]
+            result.queries = interleave_rows(parts) if parts else None
+        return result
+
+
+def interleave_rows(parts: Sequence[QueryRows]) -> QueryRows:
+    """Per-query rows of round-robin shards back in corpus order.
+
+    Part r holds documents r, r + K, r + 2K, ... of the corpus (K processes;
+    processes left without documents come last and send nothing), so document
+    j of part r comes before document j of part r + 1 and after every
+    document j - 1.
+    """
+    rows, positions = join_rows(parts)
+    keys = [(j, rank) for rank, (_, p) in enumerate(parts) for j in range(p.shape[0])]
+    index = torch.tensor(sorted(range(len(keys)), key=keys.__getitem__), dtype=torch.long)
+    return {name: t[index] for name, t in rows.items()}, positions[index]

@@ -167,9 +167,12 @@ class FieldStats:
             raise GeometryError(f"field {self.spec.name!r}: documents='mean' keeps no sum of squares, so no std")
         n = self.count.double()
         total = self.total.double()
-        variance = (self.total_sq - total * total / n) / (n - 1)
-        # Rounding can take a zero variance slightly below 0.
-        return variance.clamp_min(0.0).sqrt().masked_fill(n < 2, math.nan)
+        spread = self.total_sq - total * total / n
+        # sum x^2 - (sum x)^2 / n cancels: its rounding error is a few ulps of sum x^2, so a spread
+        # below that is zero (otherwise a constant field got a std of ~1e-8 that depended on the batching).
+        noise = 64 * torch.finfo(torch.float64).eps * self.total_sq.abs()
+        spread = torch.where(spread.abs() <= noise, 0.0, spread)
+        return (spread / (n - 1)).clamp_min(0.0).sqrt().masked_fill(n < 2, math.nan)
 
     def replicate_means(self) -> Float[Tensor, "replicate layer head_index *trailing"]:
         """Weighted mean of every bootstrap replicate; NaN where a replicate gave no document weight."""

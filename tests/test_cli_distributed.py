@@ -1,0 +1,55 @@
+"""The command at scale: torchrun with two processes writes the one-process result; devices checked first."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_distributed import _free_port, assert_equal_runs
+from tl_geometry import GeometryResult
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def cli(*args: str, launcher: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    command = [*launcher, "-m", "tl_geometry.cli", *args] if launcher else [sys.executable, "-m", "tl_geometry.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=900)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_missing_device_is_refused_before_the_model_loads(tmp_path):
+    start = time.perf_counter()
+    done = cli("analyze", "--device", "cuda", "--quiet", "--out", str(tmp_path / "out"))
+    assert done.returncode == 1
+    assert "tl-geometry: error: device: 'cuda' asked for, but torch sees no CUDA device" in done.stderr
+    assert "loading" not in done.stderr and not (tmp_path / "out").exists()
+    assert time.perf_counter() - start < 60  # no model was loaded (that alone takes longer under load)
+
+
+def test_bad_checkpoint_every_is_one_line(tmp_path):
+    done = cli("analyze", "--checkpoint-every", "5 minutes", "--quiet", "--out", str(tmp_path / "out"))
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "tl-geometry: error: checkpoint_every: expected a number of windows (such as 500) or a duration (such as "
+        "90s, 5m, 1h), got '5 minutes'"
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_torchrun_two_processes_write_the_one_process_result(tmp_path):
+    common = ("analyze", "--windows", "3", "--context", "48", "--n-grid", "1,2,4,8", "--batch-size", "1", "--quiet")
+    single = cli(*common, "--out", str(tmp_path / "one"))
+    assert single.returncode == 0, single.stderr
+    launcher = (sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                "--master-port", str(_free_port()))
+    both = cli(*common, "--out", str(tmp_path / "two"), launcher=launcher)
+    assert both.returncode == 0, both.stderr
+    assert both.stdout.count("wrote") == 1  # rank 0 alone writes and prints
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["result.json", "result.npz"]  # no checkpoint left
+    assert_equal_runs(GeometryResult.load(tmp_path / "two" / "result"), GeometryResult.load(tmp_path / "one" / "result"))

@@ -1,0 +1,134 @@
+"""Data parallel corpus runs: two gloo processes give the one-process result."""
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from tests import tiny_models as tm
+from tests.test_corpus import TEXTS
+from tl_geometry.capture.corpus import analyze_corpus
+from tl_geometry.capture.sources import window_documents
+from tl_geometry.capture.distributed import Ranks, init_from_env
+from tl_geometry.errors import GeometryError
+from tl_geometry.results.result import GeometryResult
+
+pytestmark = pytest.mark.model
+
+KIND = "bridge-llama"
+SETTINGS = {"query_positions": "all", "keep_queries": True, "diagnostics": "all", "n_bootstrap": 50}
+# Seven documents of different lengths: the ranks' shards pad to different widths.
+CORPUS = TEXTS + ["sky sea star bird tree house moon sun", "ten nine eight"]
+
+
+def assert_equal_runs(a: GeometryResult, b: GeometryResult) -> None:
+    """Counts exactly equal; means, spreads, ranges, replicates, intervals and per-query rows to 1e-6 relative."""
+    close = {"equal_nan": True, "rtol": 1e-6, "atol": 1e-12}
+    assert torch.equal(a.n_grid, b.n_grid) and a.fields == b.fields
+    assert (a.n_documents, a.n_tokens) == (b.n_documents, b.n_tokens)
+    for name in a.fields:
+        assert torch.equal(a.count(name), b.count(name)), name
+        torch.testing.assert_close(a.per_head(name), b.per_head(name), msg=name, **close)
+        if a.stats[name].spec.documents == "moments":
+            for what in ("min", "max"):
+                torch.testing.assert_close(getattr(a, what)(name), getattr(b, what)(name), msg=f"{what} {name}", **close)
+            # std from sums: sum x^2 - (sum x)^2 / n cancels, so a std below ~1e-7 of values ~1 keeps
+            # only a few digits whatever the order of the sums (float64 eps ~ 2e-16 of sum x^2).
+            torch.testing.assert_close(a.std(name), b.std(name), msg=f"std {name}", equal_nan=True, rtol=1e-6, atol=1e-9)
+    replicated = [name for name in a.fields if a.has_replicates(name)]
+    assert replicated and replicated == [name for name in b.fields if b.has_replicates(name)]
+    for name in replicated:
+        torch.testing.assert_close(a.replicates(name), b.replicates(name), msg=name, **close)
+        for mine, theirs in zip(a.ci(name), b.ci(name), strict=True):
+            torch.testing.assert_close(mine, theirs, msg=f"ci {name}", **close)
+    if a.queries is None or b.queries is None:
+        assert a.queries is b.queries is None
+        return
+    assert torch.equal(a.query_positions, b.query_positions)  # in corpus order, not rank order
+    assert set(a.queries) == set(b.queries)
+    for name, t in a.queries.items():
+        torch.testing.assert_close(t, b.queries[name], msg=name, **close)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, out: str, mode: str) -> None:
+    """One rank, started as torchrun would: the rendezvous in the environment, joined by init_from_env."""
+    os.environ.update(
+        {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+         "MASTER_PORT": str(port)}
+    )
+    torch.set_num_threads(1)
+    ranks = init_from_env("cpu")
+    assert ranks == Ranks(rank, world_size)
+    model = tm.make_model(KIND)
+    try:
+        if mode == "mismatch":  # rank 1 asks for another grid: every rank must refuse before analysing
+            settings = {**SETTINGS, "n_grid": [1, 2] if rank else [1, 3]}
+            with pytest.raises(GeometryError, match=r"rank 1 has model and config .* but rank 0 has"):
+                analyze_corpus(model, CORPUS, progress=False, **settings)
+            Path(out, f"refused{rank}").touch()
+            return
+        corpus = _windows(model) if mode == "windows" else CORPUS
+        result = analyze_corpus(model, corpus, batch_size=2, progress=False, **SETTINGS)
+        result.save(Path(out) / f"rank{rank}" / "result")  # one folder each: a folder has one writer at a time
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def one_process():
+    return analyze_corpus(tm.make_model(KIND), CORPUS, batch_size=3, progress=False, **SETTINGS)
+
+
+def test_two_gloo_processes_equal_one(tmp_path, one_process):
+    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path), "run"), nprocs=2, join=True)
+    for rank in range(2):  # every rank ends with the whole result (rank 0 writes it)
+        both = GeometryResult.load(tmp_path / f"rank{rank}" / "result")
+        assert both.n_documents == len(CORPUS)
+        assert_equal_runs(both, one_process)
+
+
+def _windows(model):
+    """A lazy window stream: each rank draws it whole and keeps every other window."""
+    return window_documents(model, lambda: [" ".join(CORPUS * 3)], context=12, n_windows=7)
+
+
+def test_two_gloo_processes_equal_one_on_a_window_stream(tmp_path):
+    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path), "windows"), nprocs=2, join=True)
+    model = tm.make_model(KIND)
+    alone = analyze_corpus(model, _windows(model), batch_size=3, progress=False, **SETTINGS)
+    assert alone.n_documents == 7
+    for rank in range(2):
+        assert_equal_runs(GeometryResult.load(tmp_path / f"rank{rank}" / "result"), alone)
+
+
+def test_ranks_that_disagree_refuse(tmp_path):
+    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path), "mismatch"), nprocs=2, join=True)
+    assert {p.name for p in tmp_path.iterdir()} == {"refused0", "refused1"}
+
+
+def test_shards_are_round_robin_by_window_whatever_the_batching():
+    from tl_geometry.capture.corpus import _shard_batches
+
+    rows = torch.arange(7)[:, None].repeat(1, 3)
+    for ranks in (Ranks(0, 2), Ranks(1, 2), Ranks(2, 3)):
+        expected = [i for i in range(7) if i % ranks.world_size == ranks.rank]
+        whole = torch.cat(_shard_batches(rows, ranks, batch_size=2))[:, 0].tolist()
+        batched = torch.cat(_shard_batches(list(rows.split(3)), ranks, batch_size=99))[:, 0].tolist()
+        texts = [t for batch in _shard_batches([str(i) for i in range(7)], ranks, 2) for t in batch]
+        assert whole == batched == [int(t) for t in texts] == expected
+
+
+def test_torchrun_without_rendezvous_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    with pytest.raises(GeometryError, match=r"WORLD_SIZE=2 asks for several processes but \[.*'MASTER_ADDR'"):
+        init_from_env("cpu")
