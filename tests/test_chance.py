@@ -140,3 +140,25 @@ def test_chance_fields_on_a_model_run_sit_on_the_metrics_rows():
     low, high = result.ci("excess_recall")
     assert low.shape == result.per_head("excess_recall").shape
     assert torch.isnan(result.per_head("chance_precision")[..., -1]).all()  # N = 14 > the keys of either query
+
+
+@pytest.mark.model
+def test_figures_draw_the_chance_band_and_excess_is_summarised():
+    from tl_geometry import classify_heads
+    from tl_geometry.analysis.chance import excess_over_chance
+    from tl_geometry.report import plots
+
+    model = tm.make_model("bridge-llama")
+    tokens = tm.with_bos(tm.random_tokens(4, 12))
+    result = run_with_geometry_hooks(model, tokens, diagnostics=["chance", "bounds", "taxonomy"], n_grid=[1, 2, 4, 8])
+    names = {trace.name for trace in plots.precision_recall_vs_n(result).data}
+    assert {"chance: random top-N sets (mean)", "floor N / L", "theoretical lower envelope"} <= names
+    names = {trace.name for trace in plots.head_curves(result, 1, 0).data}
+    assert {"measured", "chance: random top-N sets", "floor N / L", "theoretical upper envelope"} <= names
+    names = {trace.name for trace in plots.precision_recall_by_regime(classify_heads(result), result).data}
+    assert "chance band (random top-N sets)" in names
+    excess = excess_over_chance(result, "recall")
+    torch.testing.assert_close(excess.excess, excess.measured - excess.chance)
+    assert ((excess.low <= excess.excess + 1e-12) | excess.low.isnan()).all()
+    with pytest.raises(GeometryError, match="no chance baselines"):
+        excess_over_chance(run_with_geometry_hooks(model, tokens, n_grid=[1, 2]), "precision")
