@@ -51,7 +51,7 @@ class BoundSettings:
     """
 
     kappa: float = DEFAULT_KAPPA
-    variant: Variant = "sink_aware"
+    variant: str = "sink_aware"  # one of Variant (checked below, with a message naming the choices)
 
     def __post_init__(self) -> None:
         if isinstance(self.kappa, bool) or not isinstance(self.kappa, (int, float)) or not (
