@@ -13,11 +13,12 @@ Two baselines for every analysed row and N:
   scored by the same code, and ``excess_*`` is the difference, per row, so
   that it is accumulated (and bootstrapped) like every other field.
 
-The rankings are drawn from a counter-based hash of (seed, head, query
-position, control, key) mixed with the bits of the attention the query pays
-its own key, so they vary from document to document and layer to layer, and
-the same inputs give the same controls whatever the batching or chunking.
-All controls of a chunk are scored in one batched product.
+The rankings are drawn from a counter-based hash of (seed, head, the
+query's visible keys, control, and each key's lag behind the query), so the
+same rows give the same controls whatever the padding, batching or chunking.
+They do not depend on the row's values: a control is independent of the
+data it is scored on. All controls of a chunk are scored in one batched
+product.
 """
 
 import math
@@ -57,14 +58,12 @@ def control_orders(chunk: SelectionChunk, n_controls: int, seed: int) -> Int[Ten
     """
     n_rows, n_keys = chunk.alpha.shape
     device = chunk.order.device
-    rows = torch.arange(n_rows, device=device)
-    own = chunk.alpha[rows, chunk.last_key].to(torch.float32).view(torch.int32).to(torch.int64)
-    row_key = _hash32(
-        _hash32(_hash32(chunk.head.to(torch.int64) + _hash32(torch.full_like(own, seed))) + chunk.query) + own
-    )  # [row]
+    # Positions are counted back from the query's own key (padding and batching leave them alone).
+    row_key = _hash32(_hash32(chunk.head.to(torch.int64) + _hash32(torch.full_like(chunk.head, seed, dtype=torch.int64)))
+                      + chunk.n_visible.to(torch.int64))  # [row]
     control = torch.arange(n_controls, device=device, dtype=torch.int64)
-    key = chunk.order.to(torch.int64)  # by rank: the key at each rank
-    h = _hash32(_hash32(row_key[:, None] + _hash32(control)[None, :])[:, :, None] + key[:, None, :])
+    lag = (chunk.last_key.unsqueeze(-1) - chunk.order).to(torch.int64)  # by rank: the key at each rank, as a lag
+    h = _hash32(_hash32(row_key[:, None] + _hash32(control)[None, :])[:, :, None] + lag[:, None, :])
     score = h.to(torch.float64)
     hidden = torch.arange(n_keys, device=device) >= chunk.n_visible.unsqueeze(-1)
     score = score.masked_fill(hidden.unsqueeze(1), math.inf)
