@@ -198,19 +198,20 @@ def _cosine_extremes(
         if start < end:
             block = cosine_block(start, slice(start, end))  # rows start.., columns start..end
             hidden = ~candidate[:, start:end]
-            if bool(hidden.any()):  # the sink's column; in most rows only in the first segment
-                low = block.masked_fill(hidden.unsqueeze(1), math.inf)
-                high = block.masked_fill(hidden.unsqueeze(1), -math.inf)
-            else:
-                low = high = block
             width = end - start
             # Within the diagonal block only the columns before each row count (q < p).
             upper = torch.ones(width, width, dtype=torch.bool, device=device).triu()
-            diagonal = low[:, :width].masked_fill(upper, math.inf)
+            diagonal = block[:, :width].masked_fill(upper | hidden.unsqueeze(1), math.inf)
             torch.minimum(row_min[:, start:end], diagonal.amin(-1), out=row_min[:, start:end])
             if end < n_keys:
-                torch.minimum(row_min[:, end:], low[:, width:].amin(-1), out=row_min[:, end:])
-                torch.maximum(running[:, end:], high[:, width:].amax(-1), out=running[:, end:])
+                below = block[:, width:]
+                if bool(hidden.any()):  # the sink's column; in most rows only in the first segment
+                    low = below.masked_fill(hidden.unsqueeze(1), math.inf).amin(-1)
+                    high = below.masked_fill(hidden.unsqueeze(1), -math.inf).amax(-1)
+                else:
+                    low, high = torch.aminmax(below, dim=-1)  # one pass over the block for both
+                torch.minimum(row_min[:, end:], low, out=row_min[:, end:])
+                torch.maximum(running[:, end:], high, out=running[:, end:])
                 out_by_bound[:, t] = running[:, end:].masked_fill(~visible[:, end:], -math.inf).amax(-1)
             in_by_bound[:, t] = row_min[:, :end].masked_fill(~candidate[:, :end], math.inf).amin(-1)
         start = end
