@@ -205,11 +205,12 @@ def _cosine_extremes(
             torch.minimum(row_min[:, start:end], diagonal.amin(-1), out=row_min[:, start:end])
             if end < n_keys:
                 below = block[:, width:]
-                if bool(hidden.any()):  # the sink's column; in most rows only in the first segment
-                    low = below.masked_fill(hidden.unsqueeze(1), math.inf).amin(-1)
-                    high = below.masked_fill(hidden.unsqueeze(1), -math.inf).amax(-1)
-                else:
-                    low, high = torch.aminmax(below, dim=-1)  # one pass over the block for both
+                low, high = torch.aminmax(below, dim=-1)  # one pass over the block for both
+                with_sink = hidden.any(-1).nonzero().squeeze(-1)
+                if len(with_sink):  # rows whose sink column falls in this segment: again without it
+                    part, mask = below[with_sink], hidden[with_sink].unsqueeze(1)
+                    low[with_sink] = part.masked_fill(mask, math.inf).amin(-1)
+                    high[with_sink] = part.masked_fill(mask, -math.inf).amax(-1)
                 torch.minimum(row_min[:, end:], low, out=row_min[:, end:])
                 torch.maximum(running[:, end:], high, out=running[:, end:])
                 out_by_bound[:, t] = running[:, end:].masked_fill(~visible[:, end:], -math.inf).amax(-1)
