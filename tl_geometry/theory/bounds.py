@@ -193,14 +193,17 @@ def _cosine_extremes(
     row_min = torch.full((n_rows, n_keys), math.inf, dtype=dtype, device=device)  # row p: min over candidates q < p
     out_by_bound = torch.full((n_rows, len(bounds)), -math.inf, dtype=dtype, device=device)
     in_by_bound = torch.full((n_rows, len(bounds)), math.inf, dtype=dtype, device=device)
+    ends = bounds.tolist()
+    widest = max(b - a for a, b in zip([0, *ends[:-1]], ends))
+    upper_all = torch.ones(widest, widest, dtype=torch.bool, device=device).triu()  # q >= p, sliced per block
     start = 0
-    for t, end in enumerate(bounds.tolist()):
+    for t, end in enumerate(ends):
         if start < end:
             block = cosine_block(start, slice(start, end))  # rows start.., columns start..end
             hidden = ~candidate[:, start:end]
             width = end - start
             # Within the diagonal block only the columns before each row count (q < p).
-            upper = torch.ones(width, width, dtype=torch.bool, device=device).triu()
+            upper = upper_all[:width, :width]
             diagonal = block[:, :width].masked_fill(upper | hidden.unsqueeze(1), math.inf)
             torch.minimum(row_min[:, start:end], diagonal.amin(-1), out=row_min[:, start:end])
             if end < n_keys:
