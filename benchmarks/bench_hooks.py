@@ -10,7 +10,8 @@ peak RSS taken from the kernel's high-water mark (see `PeakRSS`).
 
 Run: ``PYTHONPATH=. python benchmarks/bench_hooks.py [--rounds 3] [--repeats 3] [--context 1024]``.
 Modes: bare forward; hooks (selection metrics); all (metrics plus every
-diagnostic: Assumptions 1-3, bounds, taxonomy features); cache (the by-hand way).
+diagnostic: Assumptions 1-3, bounds, taxonomy features, chance baselines); cache (the
+by-hand way); bounds and chance (the metrics plus that one diagnostic).
 Targets: hooks (one shared selection context per layer) add at most 5 % to
 the bare forward time, all diagnostics at most 20 %; both at most 5 % to its
 peak RSS.
@@ -24,7 +25,7 @@ import sys
 import threading
 import time
 
-MODES = ("bare", "hooks", "all", "cache")
+MODES = ("bare", "hooks", "all", "cache", "bounds", "chance")
 
 
 def build_model():
@@ -138,7 +139,11 @@ def run_mode(mode: str, repeats: int, context: int) -> dict:
                 alpha = c[pattern_hook(layer)][:, :, -1]  # [b, h, key]
                 selection_metrics(alpha, v.transpose(1, 2), grid)
 
-    fn = {"bare": bare, "hooks": hooks, "all": all_diagnostics, "cache": cache}[mode]
+    def one(name):  # the metrics plus one diagnostic: its own cost is the difference with "hooks"
+        return lambda t: run_with_geometry_hooks(model, t, diagnostics=[name])
+
+    fn = {"bare": bare, "hooks": hooks, "all": all_diagnostics, "cache": cache,
+          "bounds": one("bounds"), "chance": one("chance")}[mode]
     fn(tokens[:, :32])  # warm-up
     times = []
     with PeakRSS() as peak:
@@ -169,6 +174,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every mode, interleaved (machine noise)")
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--modes", nargs="*", choices=MODES, default=list(MODES), help="modes to run (default: all)")
     args = parser.parse_args()
     if args.mode:
         print(json.dumps(run_mode(args.mode, args.repeats, args.context)))
@@ -176,7 +182,7 @@ def main() -> None:
     # Modes take turns, round after round, so that a noisy spell of the machine hits all of them.
     rows: dict[str, dict] = {}
     for _ in range(args.rounds):
-        for mode in MODES:
+        for mode in args.modes:
             out = subprocess.run(
                 [sys.executable, __file__, "--mode", mode, "--repeats", str(args.repeats), "--context", str(args.context)],
                 capture_output=True, text=True, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
@@ -202,6 +208,8 @@ def main() -> None:
             f"{r['rss_peak_mib'] - r['rss_before_mib']:>10.0f}"
         )
     for mode, limit in (("hooks", 1.05), ("all", 1.2)):
+        if mode not in rows:
+            continue
         h = rows[mode]
         time_ok = h["seconds_median"] <= limit * bare["seconds_median"]
         mem_ok = h["rss_peak_mib"] <= 1.05 * bare["rss_peak_mib"]

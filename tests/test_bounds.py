@@ -1,6 +1,14 @@
-"""Margins and envelopes (tl_geometry.theory.bounds) against a slow float64 reference written from the paper."""
+"""Margins and envelopes (tl_geometry.theory.bounds) against a slow float64 reference written from the paper and the docs.
 
+The checks that can fail are written as ``check_*`` functions of the bounds
+module, so that the mutation tests at the end can run them on mutated copies
+of the module and require each mutant to be caught.
+"""
+
+import inspect
 import math
+import sys
+import types
 
 import pytest
 import torch
@@ -9,7 +17,8 @@ from hypothesis import strategies as st
 
 from tests import tiny_models as tm
 from tl_geometry import selection_metrics
-from tl_geometry.theory.bounds import DEFAULT_KAPPA, assumption_margins, envelopes, selection_margins
+from tl_geometry.theory import bounds as BOUNDS
+from tl_geometry.theory.bounds import DEFAULT_KAPPA, assumption_margins, envelopes, lower_envelopes, selection_margins
 from tl_geometry.errors import GeometryError
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.capture.hooks import run_with_geometry_hooks
@@ -30,9 +39,12 @@ def _p_minus(xi: float) -> float:
 
 
 def reference_margins(alpha, values, mask, n, ranking="attention"):
-    """Margins of one row at one N, straight from eq. 7-11 (readings of tl_geometry.theory.bounds); None if N > L.
+    """Margins of one row at one N, from eq. 7-11 and the derivation on the Concepts page; None if N > L.
 
     Keys are ranked by alpha_i (or alpha_i ||v_i|| with ``ranking="contribution"``), ties by key index; key 0 is the sink.
+    The sink-aware margins follow the docs' derivation term by term:
+    Delta' = a_min^2 - 2 a_out (S rho_out+ + z a_0 rho0_out+) + 2 a_max (S - a_min) rho_in- + 2 z a_0 a_max rho0_in-,
+    Delta_0' = a_0^2 - 2 a_out (S rho_out+ + a_0 rho0_out+) + 2 a_0 S rho0_in, B' = max a_I + a_out + sum a_I.
     """
     alpha, values = alpha.double(), values.double()
     visible = [i for i in range(len(alpha)) if bool(mask[i])]
@@ -58,38 +70,69 @@ def reference_margins(alpha, values, mask, n, ranking="attention"):
     delta0 = a[0] ** 2 - (s_in * rho) ** 2 if 0 in inside else math.nan
     scale = (max(a[i] for i in inside_ns) if inside_ns else 0.0) + (a_max_out if outside else 0.0) + s_in
 
+    # The sink-aware margins (Concepts: "A lower envelope that bounds").
+    sink_in = 0 in visible and 0 in inside
+    a0 = a[0] if sink_in else 0.0
+    in_pairs = [cos(i, k) for i in inside_ns for k in inside_ns if i < k]
+    rho_in = min(in_pairs) if in_pairs else math.nan
+    sink_seen = 0 in visible
+    rho0_in = min((cos(0, k) for k in inside_ns), default=math.nan) if sink_seen else math.nan
+    rho0_out = max((cos(0, j) for j in outside if j != 0), default=math.nan) if sink_seen else math.nan
+
+    def plus(x):
+        return 0.0 if math.isnan(x) else max(x, 0.0)
+
+    def minus(x):
+        return 0.0 if math.isnan(x) else min(x, 0.0)
+
+    a_out = a_max_out if outside else 0.0
+    pull = 2 * a_out * (s_in * plus(rho_out) + a0 * plus(rho0_out))
+    if inside_ns:
+        a_min, a_max = min(a[i] for i in inside_ns), max(a[i] for i in inside_ns)
+        delta_sink = a_min**2 - pull + 2 * a_max * (s_in - a_min) * minus(rho_in) + 2 * a0 * a_max * minus(rho0_in)
+    else:
+        a_max, delta_sink = 0.0, math.nan
+    delta0_sink = a0**2 - pull + 2 * a0 * s_in * (0.0 if math.isnan(rho0_in) else rho0_in) if sink_in else math.nan
+    scale_sink = max(a_max, a0) + a_out + s_in + a0
+
     y = {i: alpha[i] * values[i] for i in visible}
     s = sum((y[k] for k in inside), torch.zeros(values.shape[-1], dtype=torch.float64))
     dist2 = {i: float((s - y[i]) @ (s - y[i])) for i in visible}
     mu = {(i, j): dist2[j] - dist2[i] for i in inside for j in outside}  # eq. 25: E X_ij = D_j^2 - D_i^2
     return {
         "delta": delta, "delta0": delta0, "scale": scale, "s_in": s_in, "rho_out": rho_out,
+        "delta_sink": delta_sink, "delta0_sink": delta0_sink, "scale_sink": scale_sink,
+        "rho_in": rho_in, "rho0_in": rho0_in, "rho0_out": rho0_out,
         "length": length, "inside": inside, "outside": outside, "mu": mu,
     }
 
 
-def reference_row(alpha, values, mask, n, d, kappa):
-    """Margins and envelopes of one row at one N, straight from eq. 7-17 (readings of tl_geometry.theory.bounds)."""
+def reference_row(alpha, values, mask, n, d, kappa, variant="sink_aware"):
+    """Margins and envelopes of one row at one N, from eq. 7-17 and the Concepts page's derivation."""
     m = reference_margins(alpha, values, mask, n)
     if m is None:
         return None
-    delta, delta0, scale, s_in, rho_out = (m[k] for k in ("delta", "delta0", "scale", "s_in", "rho_out"))
     length, inside, outside, mu = m["length"], m["inside"], m["outside"], m["mu"]
+    if variant == "paper":
+        margin, margin0, scale = m["delta"], m["delta0"], m["scale"]  # exponent (Delta / B)^2, as printed
+    else:
+        margin, margin0, scale = m["delta_sink"], m["delta0_sink"], m["scale_sink"] ** 2  # (Delta' / B'^2)^2
     sigma = scale / math.sqrt(2 * kappa * d)
 
-    def tail(margin):
-        if math.isnan(margin):
+    def tail(x):
+        if math.isnan(x):
             return 0.0
-        return math.exp(-kappa * d * (max(margin, 0.0) / scale) ** 2)
+        return math.exp(-kappa * d * (max(x, 0.0) / scale) ** 2)
 
-    union = (length - n) * tail(delta) + (length - n) / n * tail(delta0)
+    union = (length - n) * tail(margin) + (length - n) / n * tail(margin0)
     p_low, r_low = 1 / (1 + union), max(0.0, 1 - union)
     # Reading 5: max_j p_-ij is p_- at the closest pair (smallest xi).
     closest = min(mu.values(), default=math.inf)
     p_up = 1 - _p_minus(closest / sigma) / (n + 1)
     r_up = sum(1 - _p_minus(min((mu[i, j] for j in outside), default=math.inf) / sigma) for i in inside) / n
+    keep = ("delta", "delta0", "scale", "s_in", "rho_out", "delta_sink", "delta0_sink", "scale_sink", "rho_in", "rho0_in", "rho0_out")
     return {
-        "delta": delta, "delta0": delta0, "scale": scale, "s_in": s_in, "rho_out": rho_out,
+        **{k: m[k] for k in keep},
         "pair_gap": closest, "precision_lower": p_low, "recall_lower": r_low,
         "precision_upper": p_up, "recall_upper": r_up,
     }
@@ -104,18 +147,19 @@ def random_rows(seed, rows=3, keys=9, d=4, sharp=3.0):
     return alpha, values, mask
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("kappa", [0.5, 50.0])
-def test_fast_matches_reference(seed, kappa):
+def check_matches_reference(B, seed=0, kappa=50.0, variant="sink_aware"):
+    """Every margin and envelope of the fast path equals the reference, row by row and N by N."""
     alpha, values, mask = random_rows(seed)
     grid = [1, 2, 3, 5, 6, 8, 9]
-    margins = selection_margins(alpha, values, grid, key_mask=mask)
-    env = envelopes(margins, d_head=values.shape[-1], kappa=kappa)
+    margins = B.selection_margins(alpha, values, grid, key_mask=mask)
+    env = B.envelopes(margins, d_head=values.shape[-1], kappa=kappa, variant=variant)
+    margin_names = ("delta", "delta0", "scale", "s_in", "rho_out", "pair_gap", "delta_sink", "delta0_sink", "scale_sink",
+                    "rho_in", "rho0_in", "rho0_out")
     for r in range(alpha.shape[0]):
         for col, n in enumerate(grid):
-            ref = reference_row(alpha[r], values[r], mask[r], n, values.shape[-1], kappa)
+            ref = reference_row(alpha[r], values[r], mask[r], n, values.shape[-1], kappa, variant)
             fast = {
-                **{k: float(getattr(margins, k)[r, col]) for k in ("delta", "delta0", "scale", "s_in", "rho_out", "pair_gap")},
+                **{k: float(getattr(margins, k)[r, col]) for k in margin_names},
                 **{k: float(getattr(env, k)[r, col]) for k in ("precision_lower", "recall_lower", "precision_upper", "recall_upper")},
             }
             if ref is None:
@@ -127,6 +171,130 @@ def test_fast_matches_reference(seed, kappa):
                     r, n, name, got, want)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("kappa", [0.5, 50.0])
+@pytest.mark.parametrize("variant", ["sink_aware", "paper"])
+def test_fast_matches_reference(seed, kappa, variant):
+    check_matches_reference(BOUNDS, seed, kappa, variant)
+
+
+def sink_rows(seed, rows=64, keys=10, d=6):
+    """Rows whose sink takes most of the attention and whose values point anywhere (cosines of both signs)."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = 3 * torch.randn(rows, keys, generator=gen, dtype=torch.float64)
+    logits[:, 0] += 3.0
+    alpha = torch.softmax(logits, -1)
+    scale = torch.exp(torch.randn(rows, keys, 1, generator=gen, dtype=torch.float64))
+    values = torch.randn(rows, keys, d, generator=gen, dtype=torch.float64) * scale
+    return alpha, values
+
+
+def check_sink_aware_margins_bound_every_gap(B, seed=0):
+    """Delta' <= mu_ij for every selected non-sink i and non-selected j; Delta_0' <= mu_0j (the docs' derivation)."""
+    alpha, values = sink_rows(seed)
+    grid = list(range(1, alpha.shape[-1] + 1))
+    margins = B.selection_margins(alpha, values, grid)
+    checked = 0
+    for r in range(alpha.shape[0]):
+        for col, n in enumerate(grid):
+            ref = reference_margins(alpha[r], values[r], torch.ones(alpha.shape[-1], dtype=torch.bool), n)
+            if not ref["outside"]:
+                continue
+            gaps = [g for (i, j), g in ref["mu"].items() if i != 0]
+            sink_gaps = [g for (i, j), g in ref["mu"].items() if i == 0]
+            if gaps:
+                assert float(margins.delta_sink[r, col]) <= min(gaps) + 1e-12, (r, n)
+                checked += 1
+            if sink_gaps:
+                assert float(margins.delta0_sink[r, col]) <= min(sink_gaps) + 1e-12, (r, n)
+    assert checked > 100
+
+
+def test_sink_aware_margins_bound_every_gap():
+    check_sink_aware_margins_bound_every_gap(BOUNDS)
+
+
+def check_lower_envelopes_hold_on_every_row(B, kappa=1e9, seed=0):
+    """On measured rows the sink-aware lower envelopes are deterministic bounds, for every kappa (docs)."""
+    alpha, values = sink_rows(seed)
+    m = selection_metrics(alpha, values, None)
+    p_low, r_low = B.lower_envelopes(B.selection_margins(alpha, values, None), values.shape[-1], kappa=kappa)
+    assert (m.precision >= p_low - 1e-9).all(), (m.precision - p_low).min()
+    assert (m.recall >= r_low - 1e-9).all(), (m.recall - r_low).min()
+
+
+@pytest.mark.parametrize("kappa", [1.0, DEFAULT_KAPPA, 1e12])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_lower_envelopes_hold_on_every_row(kappa, seed):
+    check_lower_envelopes_hold_on_every_row(BOUNDS, kappa, seed)
+
+
+def test_the_paper_margins_fail_on_the_same_rows():
+    # Kept to show why the default changed: eq. 8's Delta leaves the sink's cross terms out.
+    alpha, values = sink_rows(0)
+    m = selection_metrics(alpha, values, None)
+    p_low, r_low = lower_envelopes(selection_margins(alpha, values, None), values.shape[-1], kappa=1e9, variant="paper")
+    assert ((m.precision < p_low - 1e-9) | (m.recall < r_low - 1e-9)).any()
+
+
+def check_a_sink_pointing_away(B):
+    """The issue's example in miniature: I_2 = {sink, key 1}, the sink's value pointing away from key 1.
+
+    Its cross term 2 a_0 a_1 cos < 0 pulls s(2) away from y_1 while eq. 8's Delta (sink left out) stays
+    positive: the paper's envelope claims R close to 1, the sink-aware one must not.
+    """
+    alpha = torch.tensor([0.55, 0.40, 0.05], dtype=torch.float64)
+    values = torch.tensor([[-1.0, 0.3], [1.0, 0.0], [0.0, 0.02]], dtype=torch.float64)
+    m = selection_metrics(alpha, values, [2])
+    margins = B.selection_margins(alpha, values, [2])
+    sink_aware = B.lower_envelopes(margins, 2, kappa=1e6)
+    assert float(margins.delta_sink[0]) < 0
+    assert float(m.recall[0]) >= float(sink_aware[1][0]) and float(m.precision[0]) >= float(sink_aware[0][0])
+
+
+def test_a_sink_pointing_away_breaks_the_paper_margin_not_the_sink_aware_one():
+    check_a_sink_pointing_away(BOUNDS)
+    alpha = torch.tensor([0.55, 0.40, 0.05], dtype=torch.float64)
+    values = torch.tensor([[-1.0, 0.3], [1.0, 0.0], [0.0, 0.02]], dtype=torch.float64)
+    margins = selection_margins(alpha, values, [2])
+    paper = lower_envelopes(margins, 2, kappa=1e6, variant="paper")
+    assert float(margins.delta[0]) > 0
+    assert float(selection_metrics(alpha, values, [2]).recall[0]) < float(paper[1][0])  # the paper's envelope fails
+
+
+def check_lower_envelopes_informative(B):
+    """A clean row (orthogonal values, weights falling fast) gets lower envelopes near 1 at N = 1..3, not 0."""
+    keys = 8
+    alpha = torch.tensor([2.0**-k for k in range(keys)], dtype=torch.float64)
+    alpha = alpha / alpha.sum()
+    values = torch.eye(keys, dtype=torch.float64) * 3.0
+    margins = B.selection_margins(alpha, values, [1, 2, 3])
+    env = B.envelopes(margins, d_head=keys, kappa=1e4)
+    assert (env.precision_lower > 0.9).all(), env.precision_lower
+    assert (env.recall_lower > 0.9).all(), env.recall_lower
+
+
+def test_lower_envelopes_informative():
+    check_lower_envelopes_informative(BOUNDS)
+
+
+def check_upper_envelope_values(B):
+    """The Precision upper envelope 1 - p_-(xi)/(N + 1) at the closest pair, from eq. 9 and 13 directly."""
+    alpha = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    values = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]], dtype=torch.float64)
+    kappa = 0.02
+    margins = B.selection_margins(alpha, values, [1, 2])
+    env = B.envelopes(margins, d_head=2, kappa=kappa)
+    for col, n in enumerate([1, 2]):
+        ref = reference_row(alpha, values, torch.ones(3, dtype=torch.bool), n, 2, kappa)
+        assert float(env.precision_upper[col]) == pytest.approx(ref["precision_upper"], rel=1e-12)
+        assert ref["precision_upper"] < 1.0  # the 1/(N + 1) term is exercised
+
+
+def test_upper_envelope_values():
+    check_upper_envelope_values(BOUNDS)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     seed=st.integers(0, 10_000),
@@ -135,7 +303,7 @@ def test_fast_matches_reference(seed, kappa):
     budget=st.sampled_from([1e-4, 128.0]),
     ties=st.booleans(),
 )
-def test_rho_out_and_margins_match_reference_on_any_grid(seed, keys, grid, budget, ties):
+def test_rho_and_margins_match_reference_on_any_grid(seed, keys, grid, budget, ties):
     """Unsorted and repeated grids, N beyond the keys, hidden keys, tied weights, one row per chunk or all."""
     gen = torch.Generator().manual_seed(seed)
     alpha = torch.softmax(3 * torch.randn(3, keys, generator=gen, dtype=torch.float64), -1)
@@ -145,10 +313,11 @@ def test_rho_out_and_margins_match_reference_on_any_grid(seed, keys, grid, budge
     mask = torch.rand(3, keys, generator=gen) < 0.8
     mask[:, 0] = True
     margins = selection_margins(alpha, values, grid, key_mask=mask, memory_budget_mib=budget)
+    names = ("rho_out", "rho_in", "rho0_in", "rho0_out", "delta", "delta0", "delta_sink", "delta0_sink", "s_in")
     for r in range(3):
         for col, n in enumerate(grid):
             ref = reference_margins(alpha[r], values[r], mask[r], n)
-            got = {k: float(getattr(margins, k)[r, col]) for k in ("rho_out", "delta", "delta0", "s_in")}
+            got = {k: float(getattr(margins, k)[r, col]) for k in names}
             if ref is None:
                 assert all(math.isnan(v) for v in got.values())
                 continue
@@ -166,9 +335,10 @@ def test_pair_gap_is_the_engine_radii_gap():
     torch.testing.assert_close(margins.pair_gap, metrics.r_min**2 - metrics.r_max**2, equal_nan=True)
 
 
-def test_everything_selected_gives_one_and_beyond_gives_nan():
+@pytest.mark.parametrize("variant", ["sink_aware", "paper"])
+def test_everything_selected_gives_one_and_beyond_gives_nan(variant):
     alpha, values, _ = random_rows(4, rows=2, keys=6)
-    env = envelopes(selection_margins(alpha, values, [6, 7]), d_head=4)
+    env = envelopes(selection_margins(alpha, values, [6, 7]), d_head=4, variant=variant)
     for t in env.as_dict().values():
         assert t[:, 0].tolist() == [1.0, 1.0]
         assert torch.isnan(t[:, 1]).all()
@@ -178,17 +348,19 @@ def test_sink_not_selected_drops_the_sink_term():
     alpha = torch.tensor([0.05, 0.6, 0.35])
     values = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
     m = selection_margins(alpha, values, [1, 2, 3])
-    assert math.isnan(m.delta0[0]) and math.isnan(m.delta0[1]) and not math.isnan(m.delta0[2])
+    for name in ("delta0", "delta0_sink"):
+        t = getattr(m, name)
+        assert math.isnan(t[0]) and math.isnan(t[1]) and not math.isnan(t[2]), name
     assert m.sink_selected.tolist() == [0.0, 0.0, 1.0]
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 10_000), kappa=st.floats(1e-3, 1e4), d=st.integers(1, 256))
-def test_envelope_invariants(seed, kappa, d):
+@given(seed=st.integers(0, 10_000), kappa=st.floats(1e-3, 1e4), d=st.integers(1, 256), variant=st.sampled_from(["sink_aware", "paper"]))
+def test_envelope_invariants(seed, kappa, d, variant):
     alpha, values, mask = random_rows(seed, rows=2, keys=7, d=3)
     m = selection_margins(alpha, values, None, key_mask=mask)
-    env = envelopes(m, d_head=d, kappa=kappa)
-    more = envelopes(m, d_head=d, kappa=kappa * 10)
+    env = envelopes(m, d_head=d, kappa=kappa, variant=variant)
+    more = envelopes(m, d_head=d, kappa=kappa * 10, variant=variant)
     valid = ~torch.isnan(m.scale)
     for t in env.as_dict().values():
         assert ((t[valid] >= 0) & (t[valid] <= 1)).all()
@@ -201,14 +373,20 @@ def test_envelope_invariants(seed, kappa, d):
     torch.testing.assert_close(env.f_rmax_upper, 2 * env.precision_upper / (1 + env.precision_upper), equal_nan=True)
 
 
-def test_envelopes_reject_bad_kappa_and_d():
+def test_envelopes_reject_bad_kappa_d_and_variant():
     m = selection_margins(torch.tensor([0.5, 0.5]), torch.eye(2), [1])
     with pytest.raises(GeometryError, match=r"kappa: expected a positive finite number, got -1.0"):
         envelopes(m, 2, kappa=-1.0)
     with pytest.raises(GeometryError, match=r"d_head: expected a positive integer .* got 0"):
         envelopes(m, 0)
+    with pytest.raises(GeometryError, match=r"variant: expected one of \('sink_aware', 'paper'\), got 'sink'"):
+        envelopes(m, 2, variant="sink")
     with pytest.raises(GeometryError, match=r"values: expected shape \[\*batch, key, d_head\]"):
         selection_margins(torch.ones(3), torch.ones(2, 2))
+    from tl_geometry.diagnostics.bounds import BoundSettings
+
+    with pytest.raises(GeometryError, match=r"settings\['bounds'\].variant: expected one of"):
+        BoundSettings(variant="Paper")
 
 
 def test_assumption_margins_match_the_measured_path_on_exact_vectors():
@@ -227,90 +405,172 @@ def test_assumption_margins_match_the_measured_path_on_exact_vectors():
     grid = [1, 2, 3, 5, 9, 10]
     measured = selection_margins(alpha, vectors, grid)
     fitted = assumption_margins(c, lam, beta, rho0, prof, length, grid)
-    for name in ("delta", "delta0", "scale", "s_in", "rho_out", "a_max_out", "pair_gap"):
+    for name in ("delta", "delta0", "scale", "s_in", "rho_out", "a_max_out", "pair_gap", "delta_sink", "delta0_sink",
+                 "scale_sink", "rho_in", "rho0_in", "rho0_out"):
         torch.testing.assert_close(getattr(fitted, name), getattr(measured, name), equal_nan=True)
 
 
+# --- Monte Carlo over every simulator setting -------------------------------------------------------------------
+# The lower envelopes (from the settings' parameters) are checked row by row: they must hold on at least 99% of
+# simulated (row, N) cells, the rule kappa was chosen by. The upper envelopes are statements about the expectation
+# over value states, so they are compared with the Monte Carlo means. A setting where a bound fails is kept as an
+# expected failure with the violation measured by benchmarks/bench_theory.py (kappa = DEFAULT_KAPPA, 200 rows).
+
 MC_SETTINGS, MC_GRID = VALIDATION_SETTINGS, VALIDATION_GRID
+UPPER_FAILS = {  # setting index -> measured max(mean - upper) over N, of P and R (bench_theory, seed 0)
+    4: "upper envelopes below the Monte Carlo means by up to 0.024 (wavy profile, d = 64, beta = 0.5)",
+    5: "upper envelopes below the Monte Carlo means by up to 0.031 (wavy profile, d = 32, rho0 = 0.5)",
+}
 
 
-def _monte_carlo(s: SimulationSettings, kappa: float):
+def _setting_id(s):
+    return f"d{s.d_head}-L{s.n_keys}-b{s.beta}-r{s.rho0}"
+
+
+def _monte_carlo(B, s: SimulationSettings, kappa: float):
     grid = [n for n in MC_GRID if n <= s.n_keys]
-    rows = simulate(s, 200, seed=1)
+    rows = simulate(s, 200, seed=0)  # the rows benchmarks/bench_theory.py measures
     m = selection_metrics(rows.alpha, rows.values, grid)
-    env = envelopes(assumption_margins(s.c, s.lam, s.beta, s.rho0, s.profile, s.n_keys, grid), s.d_head, kappa=kappa)
-    return m.precision.mean(0), m.recall.mean(0), env
+    env = B.envelopes(B.assumption_margins(s.c, s.lam, s.beta, s.rho0, s.profile, s.n_keys, grid), s.d_head, kappa=kappa)
+    return m, env
 
 
-@pytest.mark.parametrize("s", MC_SETTINGS, ids=lambda s: f"d{s.d_head}-L{s.n_keys}-b{s.beta}-r{s.rho0}")
-def test_monte_carlo_means_above_lower_envelopes(s):
-    p, r, env = _monte_carlo(s, DEFAULT_KAPPA)
-    assert (p >= env.precision_lower - 1e-12).all(), (p, env.precision_lower)
-    assert (r >= env.recall_lower - 1e-12).all(), (r, env.recall_lower)
-    # Not vacuous: at N = 1 the sink-only bound is non-trivial with the default kappa.
+def check_monte_carlo_lower(B, s):
+    m, env = _monte_carlo(B, s, DEFAULT_KAPPA)
+    held = (m.precision >= env.precision_lower - 1e-12) & (m.recall >= env.recall_lower - 1e-12)
+    assert held.double().mean() >= 0.99, 1 - held.double().mean()
+    assert (m.precision.mean(0) >= env.precision_lower - 1e-12).all()
+    assert (m.recall.mean(0) >= env.recall_lower - 1e-12).all()
+    # Not vacuous: at N = 1 (the sink alone) the envelope is near 1.
     assert env.precision_lower[0] > 0.5
 
 
-@pytest.mark.parametrize("s", MC_SETTINGS[:4], ids=lambda s: f"d{s.d_head}-L{s.n_keys}-b{s.beta}-r{s.rho0}")
+@pytest.mark.parametrize("s", MC_SETTINGS, ids=_setting_id)
+def test_monte_carlo_rows_above_lower_envelopes(s):
+    check_monte_carlo_lower(BOUNDS, s)
+
+
+def check_monte_carlo_upper(B, s):
+    m, env = _monte_carlo(B, s, DEFAULT_KAPPA)
+    assert (m.precision.mean(0) <= env.precision_upper + 1e-12).all(), (m.precision.mean(0) - env.precision_upper).max()
+    assert (m.recall.mean(0) <= env.recall_upper + 1e-12).all(), (m.recall.mean(0) - env.recall_upper).max()
+
+
+@pytest.mark.parametrize(
+    "s",
+    [
+        pytest.param(s, marks=pytest.mark.xfail(reason=UPPER_FAILS[i], strict=True)) if i in UPPER_FAILS else s
+        for i, s in enumerate(MC_SETTINGS)
+    ],
+    ids=_setting_id,
+)
 def test_monte_carlo_means_below_upper_envelopes(s):
-    # Holds with the default kappa for the recency-dominated profile; for the strongly oscillating
-    # profile (MC_SETTINGS[4:]) the upper envelopes are exceeded by up to 0.03 at small N (see the report).
-    p, r, env = _monte_carlo(s, DEFAULT_KAPPA)
-    assert (p <= env.precision_upper + 1e-12).all(), (p, env.precision_upper)
-    assert (r <= env.recall_upper + 1e-12).all(), (r, env.recall_upper)
+    check_monte_carlo_upper(BOUNDS, s)
+
+
+# --- The envelopes read exactly the rows of the metrics -----------------------------------------------------------
 
 
 @pytest.mark.model
-def test_diagnostic_matches_pure_functions_on_a_tiny_model():
-    model = tm.make_model("bridge-llama")
+@pytest.mark.parametrize("ranking", ["attention", "contribution"])
+def test_diagnostic_envelopes_on_the_metrics_rows_match_the_reference(ranking):
+    """Per analysed row of a run: the envelopes equal the reference on the rows run_with_cache sees, under the
+    run's ranking, and the margins' pair gap is r_min^2 - r_max^2 of the metrics of the same row."""
+    model = tm.make_model("bridge-llama", dtype=torch.float64)
     tokens = tm.with_bos(tm.random_tokens(2, 12))
-    result = run_with_geometry_hooks(model, tokens, diagnostics=["bounds"], n_grid=[1, 2, 4, 8, 13], keep_queries=True)
-    # The one analysed query (the last) of each sequence: [sequence, layer, head_index, n].
-    per_sequence = {name: rows[:, :, :, 0] for name, rows in result.queries.items()}
-    assert result.query_positions.tolist() == [[12], [12]]
-    assert per_sequence["bound_recall_lower"].shape == (2, model.cfg.n_layers, model.cfg.n_heads, 5)
+    grid = [1, 2, 4, 8, 13]
+    result = run_with_geometry_hooks(
+        model, tokens, diagnostics=["bounds"], n_grid=grid, keep_queries=True, ranking=ranking,
+        query_positions=[5, 12], settings={"bounds": {"kappa": 50.0}},
+    )  # fmt: skip
+    q = result.queries
+    torch.testing.assert_close(q["margin_pair_gap"], q["r_min"] ** 2 - q["r_max"] ** 2, equal_nan=True)
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in (value_hook(1), pattern_hook(1)))
-    pattern, v = cache[pattern_hook(1)][:, :, -1], cache[value_hook(1)]  # last query
+    pattern, v = cache[pattern_hook(1)].double(), cache[value_hook(1)].double()
     group = pattern.shape[1] // v.shape[2]
-    values = v[:, :, torch.arange(pattern.shape[1]) // group].transpose(1, 2)  # [batch, head, key, d]
-    margins = selection_margins(pattern, values, [1, 2, 4, 8, 13])
-    env = envelopes(margins, d_head=values.shape[-1])
-    for name, t in env.as_dict().items():
-        torch.testing.assert_close(per_sequence[f"bound_{name}"][:, 1], t.cpu(), equal_nan=True, atol=1e-5, rtol=1e-4)
-        # The mean over the two sequences, as the result keeps it.
-        torch.testing.assert_close(result.per_head(f"bound_{name}")[1], torch.nanmean(t.cpu(), 0).to(torch.float64),
-                                   equal_nan=True, atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(per_sequence["margin_delta"][:, 1], margins.delta, equal_nan=True)
+    checked = 0
+    for b in range(2):
+        for head in range(pattern.shape[1]):
+            for qi, pos in enumerate([5, 12]):
+                alpha, values = pattern[b, head, pos, : pos + 1], v[b, : pos + 1, head // group]
+                for col, n in enumerate(grid):
+                    if ranking == "contribution":
+                        ref = reference_margins(alpha, values, torch.ones(pos + 1, dtype=torch.bool), n, ranking=ranking)
+                        got = float(q["margin_delta_sink"][b, 1, head, qi, col])
+                        want = math.nan if ref is None else ref["delta_sink"]
+                    else:
+                        ref = reference_row(alpha, values, torch.ones(pos + 1, dtype=torch.bool), n, values.shape[-1], 50.0)
+                        got = float(q["bound_recall_lower"][b, 1, head, qi, col])
+                        want = math.nan if ref is None else ref["recall_lower"]
+                    assert (math.isnan(want) and math.isnan(got)) or got == pytest.approx(want, rel=1e-6, abs=1e-9), (
+                        b, head, pos, n, got, want)
+                    checked += 1
+    assert checked == 2 * pattern.shape[1] * 2 * len(grid)
 
 
 @pytest.mark.slow
 @pytest.mark.model
-def test_real_model_bounds(smollm2):
+def test_real_model_sink_aware_envelopes_hold_on_every_row(smollm2):
     import tl_geometry
 
     window = tl_geometry.text_windows(smollm2, tl_geometry.default_text(), context=1024, n_windows=1)
     result = run_with_geometry_hooks(smollm2, window, diagnostics=["bounds"], keep_queries=True)
-    n = len(result.n_grid)
-    # One window, its last query: every field as [sequence, layer, head_index, n].
     ps = {name: rows[:, :, :, 0] for name, rows in result.queries.items()}
-    assert ps["bound_precision_lower"].shape == (1, 30, 9, n)
+    assert ps["bound_precision_lower"].shape == (1, 30, 9, len(result.n_grid))
     for metric in ("precision", "recall", "f_rmin", "f_rmax"):
         low, up = ps[f"bound_{metric}_lower"], ps[f"bound_{metric}_upper"]
         assert ((low >= 0) & (low <= 1) & (up >= 0) & (up <= 1)).all()
-    assert (ps["margin_scale"] > 0).all()
-    # The diagnostic equals the pure functions on run_with_cache tensors, for one layer.
-    layer = 7
-    tokens = window if isinstance(window, torch.Tensor) else smollm2.to_tokens(window)
-    _, cache = smollm2.run_with_cache(tokens, names_filter=lambda name: name in (value_hook(layer), pattern_hook(layer)))
-    pattern, v = cache[pattern_hook(layer)][:, :, -1].float(), cache[value_hook(layer)].float()
-    values = v[:, :, torch.arange(9) // 3].transpose(1, 2)
-    margins = selection_margins(pattern, values, result.n_grid)
-    env = envelopes(margins, d_head=64)
-    for name, t in env.as_dict().items():
-        torch.testing.assert_close(ps[f"bound_{name}"][:, layer], t.cpu(), equal_nan=True, atol=1e-4, rtol=1e-3)
-    # How often the measured metrics lie within the envelopes (reported, loosely checked).
-    p, r = ps["precision"], ps["recall"]
-    inside = ((p >= ps["bound_precision_lower"]) & (p <= ps["bound_precision_upper"])).float().mean()
-    inside_r = ((r >= ps["bound_recall_lower"]) & (r <= ps["bound_recall_upper"])).float().mean()
-    print(f"within envelopes: precision {inside:.3f}, recall {inside_r:.3f}")
-    assert inside > 0.5 and inside_r > 0.5
+    # float32 rows: a margin within rounding of 0 may decide either way; the tolerance covers it.
+    assert (ps["precision"] >= ps["bound_precision_lower"] - 1e-4).all()
+    assert (ps["recall"] >= ps["bound_recall_lower"] - 1e-4).all()
+
+
+# --- Mutation tests: each mutant of the bounds module must be caught by the checks named for it -------------------
+
+
+def mutant_module(old: str, new: str) -> types.ModuleType:
+    """A copy of tl_geometry.theory.bounds with ``old`` (which must occur exactly once) replaced by ``new``."""
+    source = inspect.getsource(BOUNDS)
+    assert source.count(old) == 1, f"the mutation site {old!r} is gone from the bounds module; update the mutant"
+    name = "tl_geometry.theory._bounds_mutant"
+    module = types.ModuleType(name)
+    module.__file__ = BOUNDS.__file__
+    sys.modules[name] = module
+    try:
+        exec(compile(source.replace(old, new), f"<mutant of {BOUNDS.__file__}>", "exec"), module.__dict__)
+    finally:
+        del sys.modules[name]
+    return module
+
+
+MUTANTS = {
+    "zero lower envelopes for N >= 2": (
+        "precision_lower = (1 / (1 + union)).masked_fill(missing, math.nan)",
+        "precision_lower = torch.where(n >= 2, 0.0, 1 / (1 + union)).masked_fill(missing, math.nan)",
+        ("check_lower_envelopes_informative", "check_matches_reference"),
+    ),
+    "drop the sink cross term": (
+        " + 2 * a0_in * a_in_max * neg(rho0_in)",
+        "",
+        ("check_sink_aware_margins_bound_every_gap", "check_a_sink_pointing_away", "check_matches_reference"),
+    ),
+    "rho_in for rho_out": (
+        "pull_out = 2 * a_out * (s_in * pos(rho_out) + a0_in * pos(rho0_out))",
+        "pull_out = 2 * a_out * (s_in * pos(rho_in) + a0_in * pos(rho0_out))",
+        ("check_sink_aware_margins_bound_every_gap", "check_lower_envelopes_hold_on_every_row", "check_matches_reference"),
+    ),
+    "drop the 1/(N+1) factor": (
+        "precision_upper = 1 - _p_minus(xi_pair) / (n + 1)",
+        "precision_upper = 1 - _p_minus(xi_pair)",
+        ("check_upper_envelope_values", "check_matches_reference"),
+    ),
+}
+
+
+@pytest.mark.parametrize("mutant", list(MUTANTS), ids=lambda name: name.replace(" ", "-"))
+def test_mutants_are_caught(mutant):
+    old, new, catchers = MUTANTS[mutant]
+    module = mutant_module(old, new)
+    for name in catchers:
+        with pytest.raises(AssertionError):
+            globals()[name](module)

@@ -89,7 +89,7 @@ def test_resolve_n_grid_modes():
         ((), ()),
         ("taxonomy", ("taxonomy",)),
         (["taxonomy", "assumptions"], ("assumptions", "taxonomy")),
-        ("all", ("assumptions", "bounds", "taxonomy")),
+        ("all", ("assumptions", "bounds", "taxonomy", "chance")),
     ],
 )
 def test_diagnostics_are_normalised_to_canonical_order(given, expected):
@@ -99,7 +99,7 @@ def test_diagnostics_are_normalised_to_canonical_order(given, expected):
 @pytest.mark.parametrize(
     ("given", "message"),
     [
-        ("nope", "diagnostics: unknown name(s) ['nope']; choose from ('assumptions', 'bounds', 'taxonomy') or 'all'"),
+        ("nope", "diagnostics: unknown name(s) ['nope']; choose from ('assumptions', 'bounds', 'taxonomy', 'chance') or 'all'"),
         ([3], "diagnostics: unknown name(s) [3]"),
     ],
 )

@@ -71,12 +71,15 @@ class GeometryConfig:
             registered diagnostics (``tl_geometry.diagnostics.registry.REGISTRY``):
             ``"assumptions"`` (the paper's Assumptions 1-3: value norms,
             cosine decay, attention profile), ``"bounds"`` (the margins and
-            envelopes of Theorems 1-2) and ``"taxonomy"`` (the features behind
-            the Retriever / Mixer / Reset labels); ``"all"`` for every one.
+            envelopes of Theorems 1-2), ``"taxonomy"`` (the features behind
+            the Retriever / Mixer / Reset labels) and ``"chance"`` (what random
+            top-N sets score, and the excess of P and R over it); ``"all"``
+            for every one.
             The bounds grow with the square of the keys, the rest about
             linearly; `benchmarks/bench_hooks.py` measures their cost.
         settings: each diagnostic's settings, by diagnostic name: a mapping
-            of field values (``{"bounds": {"kappa": 500.0}}``) or an instance
+            of field values (``{"bounds": {"kappa": 500.0, "variant": "paper"}}``,
+            ``{"chance": {"n_controls": 16, "seed": 0}}``) or an instance
             of the diagnostic's ``Settings`` dataclass. Unnamed diagnostics
             use their defaults.
         n_bootstrap: B, the Poisson-bootstrap replicates kept per document

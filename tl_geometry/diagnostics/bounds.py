@@ -8,7 +8,7 @@ per sequence they are the nanmean over its analysed queries, like the metrics.
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 from torch import Tensor
 
@@ -16,19 +16,25 @@ from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.registry import Diagnostic
 from tl_geometry.engine.context import SelectionChunk
 from tl_geometry.errors import GeometryError
-from tl_geometry.theory.bounds import DEFAULT_KAPPA, MARGINS_COST, SelectionMargins, chunk_margins, envelopes
+from tl_geometry.theory.bounds import DEFAULT_KAPPA, MARGINS_COST, SelectionMargins, Variant, chunk_margins, envelopes
 
 _ENVELOPES = ("precision", "recall", "f_rmin", "f_rmax")
 _MARGINS = {
-    "delta": "Delta = a_min_in^2 - 2 a_max_out S_in rho_out (eq. 8; NaN when I_N holds only the sink)",
-    "delta0": "Delta_0 = a_0^2 - (S_in rho_out)^2 (eq. 29; NaN when the sink is not selected)",
-    "scale": "B = a_max_in + a_max_out + S_in",
+    "delta": "the paper's Delta = a_min_in^2 - 2 a_max_out S_in rho_out (eq. 8; NaN when I_N holds only the sink)",
+    "delta0": "the paper's Delta_0 = a_0^2 - (S_in rho_out)^2 (eq. 29; NaN when the sink is not selected)",
+    "scale": "the paper's B = a_max_in + a_max_out + S_in",
+    "delta_sink": "sink-aware Delta: a lower bound of every non-sink pair's gap, sink cross terms kept",
+    "delta0_sink": "sink-aware Delta_0: a lower bound of every gap of the selected sink",
+    "scale_sink": "B' = max a over I_N + a_max_out + sum of a over I_N, sink included (exponent uses Delta / B'^2)",
     "s_in": "S_in: sum of a_k = alpha_k ||v_k|| over the selected non-sink keys",
     "a_min_in": "smallest a_i over the selected non-sink keys",
     "a_max_in": "largest a_i over the selected non-sink keys",
     "a_max_out": "largest a_j over the visible non-selected keys",
     "a0": "the sink's a_0 (NaN where the query cannot see the sink)",
     "rho_out": "largest cosine between a non-selected key and a selected non-sink key",
+    "rho_in": "smallest cosine between two selected non-sink keys",
+    "rho0_in": "smallest cosine between the sink and a selected non-sink key",
+    "rho0_out": "largest cosine between the sink and a non-selected key",
     "sink_selected": "1 where the sink is in the top-N set, else 0",
     "pair_gap": "r_min^2 - r_max^2: the smallest mean gap mu_ij over (selected i, non-selected j)",
 }
@@ -40,15 +46,22 @@ class BoundSettings:
 
     Attributes:
         kappa: the universal constant of the concentration bounds (> 0).
+        variant: ``"sink_aware"`` (margins that bound every pair's gap, scale-free
+            exponent; the default) or ``"paper"`` (eq. 8 and Delta/B as printed).
     """
 
     kappa: float = DEFAULT_KAPPA
+    variant: str = "sink_aware"  # one of Variant (checked below, with a message naming the choices)
 
     def __post_init__(self) -> None:
         if isinstance(self.kappa, bool) or not isinstance(self.kappa, (int, float)) or not (
             self.kappa > 0 and math.isfinite(self.kappa)
         ):
             raise GeometryError(f"settings['bounds'].kappa: expected a positive finite number, got {self.kappa!r}")
+        if self.variant not in get_args(Variant):
+            raise GeometryError(
+                f"settings['bounds'].variant: expected one of {get_args(Variant)}, got {self.variant!r}"
+            )
 
 
 class BoundDiagnostic(Diagnostic):
@@ -57,7 +70,11 @@ class BoundDiagnostic(Diagnostic):
     cost = MARGINS_COST
     fields = (
         *(
-            FieldSpec(f"bound_{metric}_{side}", f"{side} envelope of E[{metric}] (Theorems 1-2, Corollary 1)", ("n",))
+            FieldSpec(
+                f"bound_{metric}_{side}",
+                f"{side} envelope of E[{metric}] (Theorems 1-2, Corollary 1; settings['bounds'].variant)",
+                ("n",),
+            )
             for metric in _ENVELOPES
             for side in ("lower", "upper")
         ),
@@ -77,7 +94,7 @@ class BoundDiagnostic(Diagnostic):
     def rows(self, chunk: SelectionChunk, settings: BoundSettings) -> dict[str, Tensor]:
         raw = chunk_margins(chunk)
         margins = SelectionMargins(n_grid=chunk.grid, n_visible=chunk.n_visible, **raw)
-        bounds = envelopes(margins, d_head=chunk.values.shape[-1], kappa=float(settings.kappa))
+        bounds = envelopes(margins, d_head=chunk.values.shape[-1], kappa=float(settings.kappa), variant=settings.variant)
         out = {f"bound_{name}": t for name, t in bounds.as_dict().items()}
         out.update({f"margin_{name}": raw[name] for name in _MARGINS})
         out["margin_n_keys"] = chunk.n_visible.to(chunk.alpha.dtype)

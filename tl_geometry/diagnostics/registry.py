@@ -64,6 +64,7 @@ _BUILT_IN = (
     "tl_geometry.diagnostics.assumptions",
     "tl_geometry.diagnostics.bounds",
     "tl_geometry.diagnostics.taxonomy",
+    "tl_geometry.diagnostics.chance",
 )
 
 

@@ -151,7 +151,7 @@ FIGURES: tuple[Figure, ...] = (
         "figure-11",
         "Figure 11: Precision and Recall by regime",
         "Mean Precision(r_max) and Recall(r_min) against N over the heads of each regime.",
-        lambda result, taxonomy: plots.precision_recall_by_regime(taxonomy),
+        lambda result, taxonomy: plots.precision_recall_by_regime(taxonomy, result),
         needs="taxonomy",
     ),
 )

@@ -22,6 +22,7 @@ from tl_geometry.analysis.sink import SinkRecallCorrelation
 from tl_geometry.theory.synthetic import Toy2D
 from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy
 from tl_geometry.analysis.summaries import at_n, mean_over_heads, spread_over_heads
+from tl_geometry.analysis.chance import chance_by_regime
 
 # Okabe & Ito (2008), safe for the common colour-vision deficiencies.
 BLUE, ORANGE, GREEN, VERMILLION, SKY, PURPLE, GREY = (
@@ -82,7 +83,9 @@ def precision_recall_vs_n(result: GeometryResult) -> go.Figure:
     The band is the interquartile range across layers and heads. The
     theoretical envelopes of Theorems 1-2 are drawn when the result was run
     with the ``"bounds"`` diagnostic (upper dotted, lower dashed and capped at
-    0, as in the paper).
+    0, as in the paper), and the chance band when it was run with ``"chance"``
+    (grey: random top-N sets, interquartile range and mean over heads; for
+    Precision also the floor N / L).
     """
     grid = result.n_grid.tolist()
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Precision P(r_max, N)", "Recall R(r_min, N)"))
@@ -100,6 +103,7 @@ def precision_recall_vs_n(result: GeometryResult) -> go.Figure:
                        line={"color": BLUE}, name="measured mean", showlegend=col == 1),
             row=1, col=col,
         )
+        _add_chance(fig, result, metric, grid, col, col == 1)
         if f"{bound}_upper" in result.fields:
             for side, dash, colour in (("upper", "dot", ORANGE), ("lower", "dash", GREEN)):
                 fig.add_trace(
@@ -111,6 +115,66 @@ def precision_recall_vs_n(result: GeometryResult) -> go.Figure:
         fig.update_xaxes(type="log", title="N (selected keys)", row=1, col=col)
         fig.update_yaxes(range=[0, 1.05], title=metric, row=1, col=col)
     return _style(fig, "Separability of top-N selection vs N (mean over layers and heads)")
+
+
+def _add_chance(fig: go.Figure, result: GeometryResult, metric: str, grid: list[int], col: int, legend: bool) -> None:
+    """The chance band of ``metric`` (random top-N sets over heads) and, for Precision, the floor N / L."""
+    if f"chance_{metric}" not in result.fields:
+        return
+    low, high = spread_over_heads(result, f"chance_{metric}")
+    fig.add_trace(go.Scatter(x=grid, y=high.tolist(), line={"width": 0}, showlegend=False, hoverinfo="skip"),
+                  row=1, col=col)
+    fig.add_trace(
+        go.Scatter(x=grid, y=low.tolist(), fill="tonexty", fillcolor="rgba(127,127,127,0.2)", line={"width": 0},
+                   name="chance: random top-N sets (interquartile range)", showlegend=legend, hoverinfo="skip"),
+        row=1, col=col,
+    )
+    fig.add_trace(
+        go.Scatter(x=grid, y=mean_over_heads(result, f"chance_{metric}").tolist(), mode="lines",
+                   line={"color": GREY}, name="chance: random top-N sets (mean)", showlegend=legend),
+        row=1, col=col,
+    )
+    if metric == "precision":
+        fig.add_trace(
+            go.Scatter(x=grid, y=mean_over_heads(result, "chance_precision_floor").tolist(), mode="lines",
+                       line={"color": GREY, "dash": "dot"}, name="floor N / L", showlegend=legend),
+            row=1, col=col,
+        )
+
+
+def head_curves(result: GeometryResult, layer: int | None = None, head: int | None = None) -> go.Figure:
+    """One head's Precision and Recall against N (mean over documents, bootstrap interval where kept),
+    with its envelopes (``"bounds"``) and its chance level (``"chance"``: random top-N sets, and N / L)."""
+    li, hi = _example(result, layer, head)
+    grid = result.n_grid.tolist()
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("Precision P(r_max, N)", "Recall R(r_min, N)"))
+    for col, metric in enumerate(("precision", "recall"), start=1):
+        legend = col == 1
+        if result.has_replicates(metric):
+            low, high = (t[li, hi] for t in result.ci(metric))
+            fig.add_trace(go.Scatter(x=grid, y=high.tolist(), line={"width": 0}, showlegend=False, hoverinfo="skip"),
+                          row=1, col=col)
+            fig.add_trace(go.Scatter(x=grid, y=low.tolist(), fill="tonexty", fillcolor="rgba(0,114,178,0.15)",
+                                     line={"width": 0}, name="95 % bootstrap interval", showlegend=legend,
+                                     hoverinfo="skip"), row=1, col=col)
+        fig.add_trace(go.Scatter(x=grid, y=result.per_head(metric)[li, hi].tolist(), mode="lines+markers",
+                                 line={"color": BLUE}, name="measured", showlegend=legend), row=1, col=col)
+        if f"chance_{metric}" in result.fields:
+            fig.add_trace(go.Scatter(x=grid, y=result.per_head(f"chance_{metric}")[li, hi].tolist(), mode="lines",
+                                     line={"color": GREY}, name="chance: random top-N sets", showlegend=legend),
+                          row=1, col=col)
+            if metric == "precision":
+                fig.add_trace(go.Scatter(x=grid, y=result.per_head("chance_precision_floor")[li, hi].tolist(),
+                                         mode="lines", line={"color": GREY, "dash": "dot"}, name="floor N / L",
+                                         showlegend=legend), row=1, col=col)
+        if f"bound_{metric}_lower" in result.fields:
+            for side, dash, colour in (("upper", "dot", ORANGE), ("lower", "dash", GREEN)):
+                fig.add_trace(go.Scatter(x=grid, y=result.per_head(f"bound_{metric}_{side}")[li, hi].tolist(),
+                                         mode="lines", line={"color": colour, "dash": dash},
+                                         name=f"theoretical {side} envelope", showlegend=legend), row=1, col=col)
+        fig.update_xaxes(type="log", title="N (selected keys)", row=1, col=col)
+        fig.update_yaxes(range=[0, 1.05], title=metric, row=1, col=col)
+    return _style(fig, f"Layer {result.layers[li]}, head {result.heads[hi]}: Precision and Recall against N")
 
 
 def _example_head_label(where: tuple[int, int] | None, regime: str) -> str:
@@ -189,12 +253,29 @@ def contributions_by_regime(taxonomy: HeadTaxonomy) -> go.Figure:
     return _style(fig, "Contributions of each key to the head output, by regime")
 
 
-def precision_recall_by_regime(taxonomy: HeadTaxonomy) -> go.Figure:
-    """Figure 11: mean Precision(r_max) and Recall(r_min) against N for the heads of each regime."""
+def precision_recall_by_regime(taxonomy: HeadTaxonomy, result: GeometryResult | None = None) -> go.Figure:
+    """Figure 11: mean Precision(r_max) and Recall(r_min) against N for the heads of each regime.
+
+    With a ``result`` run with the ``"chance"`` diagnostic, each regime's
+    chance level (random top-N sets, mean over its heads) is drawn dotted in
+    its colour, and the range between the regimes' chance levels shaded grey.
+    """
     grid = taxonomy.n_grid.tolist()
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Precision P(r_max, N)", "Recall R(r_min, N)"))
     for col, metric in enumerate(("precision", "recall"), start=1):
         curves = taxonomy.curves_by_regime(metric)
+        if result is not None and f"chance_{metric}" in result.fields:
+            chance = chance_by_regime(result, taxonomy, metric)
+            top, bottom = torch.nan_to_num(chance, nan=-math.inf).amax(0), torch.nan_to_num(chance, nan=math.inf).amin(0)
+            fig.add_trace(go.Scatter(x=grid, y=top.tolist(), line={"width": 0}, showlegend=False, hoverinfo="skip"),
+                          row=1, col=col)
+            fig.add_trace(go.Scatter(x=grid, y=bottom.tolist(), fill="tonexty", fillcolor="rgba(127,127,127,0.2)",
+                                     line={"width": 0}, name="chance band (random top-N sets)",
+                                     showlegend=col == 1, hoverinfo="skip"), row=1, col=col)
+            for i, regime in enumerate(REGIMES):
+                fig.add_trace(go.Scatter(x=grid, y=chance[i].tolist(), mode="lines", name=f"{regime}: chance",
+                                         line={"color": REGIME_COLOURS[regime], "dash": "dot", "width": 1},
+                                         showlegend=col == 1), row=1, col=col)
         for i, regime in enumerate(REGIMES):
             fig.add_trace(
                 go.Scatter(x=grid, y=curves[i].tolist(), mode="lines+markers", name=regime,

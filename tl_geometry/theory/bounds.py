@@ -1,31 +1,42 @@
 """Margins and the theoretical envelopes of Theorems 1-2 and Corollary 1 (paper section 3.4, appendix A.1).
 
 For one query row and a selection size N, with effective weights
-a_i = alpha_i ||v_i|| and cosines rho_jk = cos(v_j, v_k), keys sorted by
-attention (ties by increasing key index, as the engine does), I_N the top N
-and key 0 the sink:
+a_i = alpha_i ||v_i|| and cosines rho_jk = cos(v_j, v_k), keys sorted as the
+selection context sorts them, I_N the top N, I' = I_N minus the sink (key 0)
+and z = 1 when the sink is selected:
 
-- S_in = sum of a_k over I_N minus the sink, a_min_in / a_max_in = min / max
-  of a_i over I_N minus the sink, a_max_out = max of a_j over the visible
-  keys outside I_N, rho_out = max of rho_jk over j outside I_N and k in I_N
-  minus the sink;
-- Delta = a_min_in^2 - 2 a_max_out S_in rho_out (eq. 8, 28),
-  Delta_0 = a_0^2 - (S_in rho_out)^2 (eq. 29), B = a_max_in + a_max_out + S_in;
+- S_in = sum of a_k over I', a_min_in / a_max_in = min / max of a_i over I',
+  a_max_out = max of a_j over the visible keys outside I_N;
+- rho_out = max cos between a key outside I_N and one in I'; rho_in = min cos
+  between two keys of I'; rho0_in = min cos(v_0, v_k) over I'; rho0_out =
+  max cos(v_0, v_j) over the keys outside I_N;
+- the paper's margins (eq. 8, 27-29): Delta = a_min_in^2 - 2 a_max_out S_in rho_out,
+  Delta_0 = a_0^2 - (S_in rho_out)^2, B = a_max_in + a_max_out + S_in;
+- the sink-aware margins (derived on the docs' Concepts page, "A lower
+  envelope that bounds"; x+ = max(x, 0), x- = min(x, 0)):
+  Delta' = a_min_in^2 - 2 a_max_out (S_in rho_out+ + z a_0 rho0_out+)
+           + 2 a_max_in (S_in - a_min_in) rho_in- + 2 z a_0 a_max_in rho0_in-,
+  Delta_0' = a_0^2 - 2 a_max_out (S_in rho_out+ + a_0 rho0_out+) + 2 a_0 S_in rho0_in,
+  B' = max of a over I_N + a_max_out + sum of a over I_N. Delta' and Delta_0'
+  bound every pair's gap D_j^2 - D_i^2 from below; the paper's need not;
 - lower envelopes (eq. 12, 14; capped at 0 as in Figure 5):
   P >= 1 / (1 + T), R >= max(0, 1 - T) with
-  T = (L - N) e^{-kappa d (Delta/B)^2} + (L - N)/N e^{-kappa d (Delta_0/B)^2};
+  T = (L - N) e^{-kappa d (Delta/S)^2} + (L - N)/N e^{-kappa d (Delta_0/S)^2},
+  S = B'^2 with the sink-aware margins (default; unchanged when the value
+  vectors are rescaled) and S = B with ``variant="paper"`` (as printed);
 - upper envelopes (eq. 13, 15): P <= 1 - max_{i,j} p_-ij / (N + 1),
-  R <= (1/N) sum_{i in I_N} (1 - max_j p_-ij), p_-ij from eq. 9-10;
+  R <= (1/N) sum_{i in I_N} (1 - max_j p_-ij), p_-ij from eq. 9-10 with
+  sigma = S / sqrt(2 kappa d): statements about the expectation over value
+  states, to be compared with means over rows, not with single rows;
 - F(r_min) and F(r_max) envelopes: 2x / (1 + x) of the R and P envelopes
   (Corollary 1; the map is increasing, so it carries the bounds over).
 
 Readings chosen where the paper is ambiguous (listed on the docs page too):
 
-1. Delta_0 uses rho_out (appendix eq. 29), not the undefined rho_in of
-   section 3.4: rho_out is the only cross-token cosine the paper defines,
-   and the proof's sink margin is the one stated with it.
-2. a_max_in (used in B, never defined) is the max of a_i over I_N minus the
-   sink, the mirror of a_min_in's definition; 0 when that set is empty.
+1. Delta_0 of ``variant="paper"`` uses rho_out (appendix eq. 29), not the
+   undefined rho_in of section 3.4.
+2. a_max_in (used in B, never defined) is the max of a_i over I', the mirror
+   of a_min_in's definition; 0 when that set is empty.
 3. phi in p_-ij (eq. 9) is the standard normal density: phi(xi) / (xi + 1/xi)
    = phi(xi) xi / (1 + xi^2) is the Mills-ratio lower bound of the Gaussian
    tail P{X_ij <= 0} = 1 - Phi(xi), and 1/2 for xi < 0 is that tail's
@@ -40,25 +51,24 @@ Readings chosen where the paper is ambiguous (listed on the docs page too):
    the literal maximum; the upper envelope is then larger, never tighter.
 6. L is the number of visible keys, the sink included, so that L - N is
    the number of non-selected keys the union bound of the proof sums over.
-   (With the paper's indexing 0..L the factor would be one short and the
-   bound would claim P = 1 at N = L with one key left out.)
 7. A margin <= 0 gives no concentration: the tail factor is 1 there (the
    theorem assumes Delta > 0, and squaring a negative margin would turn a
    violated assumption into a strong guarantee).
-8. The Delta term is present only when I_N minus the sink is non-empty, the
-   Delta_0 term only when the sink is in I_N (the pairs each bounds); Delta
-   and Delta_0 are NaN where their term is absent.
+8. The Delta term is present only when I' is non-empty, the Delta_0 term
+   only when the sink is in I_N (the pairs each bounds); the margins are NaN
+   where their term is absent.
 9. N = L (everything selected): no pair, every envelope is 1. N > L: the
    top-N set does not exist; every field is NaN.
 
-The formulas are used as printed: Delta has units of a^2 and B of a, so
-Delta/B scales with the overall size of a (alpha ||v||), and the largest
-kappa for which the lower envelopes hold depends on that scale.
+On measured rows the gaps are the row's own, so where Delta' > 0 no
+non-sink pair is reversed: the sink-aware lower envelopes hold row by row
+for every kappa, which only sets how informative they are.
 """
 
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Literal, get_args
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -69,10 +79,11 @@ from tl_geometry.engine.inputs import NGridLike, as_rows, resolve_n_grid
 from tl_geometry.errors import GeometryError
 from tl_geometry.theory.synthetic import AttentionProfile, attention_profile
 
-# The universal constant kappa of Theorems 1-2. Pinned from the simulator
-# (benchmarks/bench_theory.py): the largest kappa for which the Monte Carlo
-# means of P and R stay above the lower envelopes on every setting of the
-# test grid (about 2.6e3 with C = 1), rounded down to a power of ten.
+# The universal constant kappa of Theorems 1-2 (dimensionless with the sink-aware exponent).
+# Calibrated on the simulator (benchmarks/bench_theory.py): the largest kappa of the grid
+# 1, 10, ..., 1e6 for which the lower envelopes from the settings' parameters hold on at
+# least 99% of simulated (row, N) cells in every setting and seed, and under every Monte
+# Carlo mean.
 DEFAULT_KAPPA = 1000.0
 
 DEFAULT_MEMORY_BUDGET_MIB = 128
@@ -88,9 +99,15 @@ class SelectionMargins:
     Attributes:
         n_grid: the selection sizes N, ``[n]``.
         n_visible: visible keys of each row, the L of the envelopes, ``[*batch]``.
-        delta: Delta (NaN when I_N holds only the sink).
-        delta0: Delta_0 (NaN when the sink is not in I_N).
-        scale: B = a_max_in + a_max_out + S_in.
+        delta: the paper's Delta (NaN when I_N holds only the sink).
+        delta0: the paper's Delta_0 (NaN when the sink is not in I_N).
+        scale: the paper's B = a_max_in + a_max_out + S_in.
+        delta_sink: the sink-aware margin of the non-sink pairs (NaN when I_N
+            holds only the sink); a lower bound of every mu_ij, i != 0.
+        delta0_sink: the sink-aware margin of the sink's pairs (NaN when the
+            sink is not in I_N); a lower bound of every mu_0j.
+        scale_sink: B' = max a over I_N + a_max_out + sum of a over I_N (the
+            sink included); the exponent uses (margin / B'^2)^2.
         s_in: S_in.
         a_min_in: min of a_i over I_N minus the sink (NaN if empty).
         a_max_in: max of a_i over I_N minus the sink (NaN if empty).
@@ -98,6 +115,11 @@ class SelectionMargins:
         a0: the sink's a_0 (NaN if key 0 is hidden).
         rho_out: max cosine between outside keys and non-sink inside keys
             (NaN if there is no such pair).
+        rho_in: min cosine between two selected non-sink keys (NaN with fewer than two).
+        rho0_in: min cosine between the sink and a selected non-sink key
+            (NaN without a sink or such a key).
+        rho0_out: max cosine between the sink and a non-selected non-sink key
+            (NaN without a sink or such a key).
         sink_selected: whether the sink is in I_N (1.0 / 0.0).
         pair_gap: r_min^2 - r_max^2 = min over pairs (i in I_N, j outside)
             of mu_ij = D_j^2 - D_i^2 (+inf when nothing is outside).
@@ -110,12 +132,18 @@ class SelectionMargins:
     delta: Float[Tensor, "*batch n"]
     delta0: Float[Tensor, "*batch n"]
     scale: Float[Tensor, "*batch n"]
+    delta_sink: Float[Tensor, "*batch n"]
+    delta0_sink: Float[Tensor, "*batch n"]
+    scale_sink: Float[Tensor, "*batch n"]
     s_in: Float[Tensor, "*batch n"]
     a_min_in: Float[Tensor, "*batch n"]
     a_max_in: Float[Tensor, "*batch n"]
     a_max_out: Float[Tensor, "*batch n"]
     a0: Float[Tensor, "*batch n"]
     rho_out: Float[Tensor, "*batch n"]
+    rho_in: Float[Tensor, "*batch n"]
+    rho0_in: Float[Tensor, "*batch n"]
+    rho0_out: Float[Tensor, "*batch n"]
     sink_selected: Float[Tensor, "*batch n"]
     pair_gap: Float[Tensor, "*batch n"]
     gap_in: Float[Tensor, "*batch n key"]
@@ -139,37 +167,59 @@ class Envelopes:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def _rho_out(
+def _cosine_extremes(
     cosine_block: Callable[[int, slice], Float[Tensor, "row p q"]],
     candidate: Bool[Tensor, "row key"],
     visible: Bool[Tensor, "row key"],
     grid: Int[Tensor, " n"],
     dtype: torch.dtype,
-) -> Float[Tensor, "row n"]:
-    """max of cos[p, q] over visible ranks p >= N and candidate ranks q < N, for every N of the grid.
+) -> tuple[Float[Tensor, "row n"], Float[Tensor, "row n"]]:
+    """rho_out and rho_in for every N of the grid, from one pass over the cosines below the grid's staircase.
 
-    Only the blocks below the grid's staircase are formed: the columns
-    [g_{t-1}, g_t) between consecutive grid values against the rows p >= g_t,
-    each reduced to its row maxima and folded into a running max per row.
-    That is about half the key x key cosines, one block at a time, never the
-    whole matrix. ``cosine_block(p0, cols)`` returns ``cos[:, p0:, cols]``.
-    -inf where there is no such pair.
+    rho_out(N) = max of cos[p, q] over visible ranks p >= N and candidate
+    ranks q < N; rho_in(N) = min of cos[p, q] over candidate ranks q < p < N.
+    Both read the blocks ``cos[:, g_{t-1}:, g_{t-1}:g_t]`` (the columns between
+    consecutive grid values against every later row, the diagonal block
+    included): rows p >= g_t feed a running max per row (rho_out), every row
+    a running min over its earlier columns (rho_in). That is about half the
+    key x key cosines, one block at a time, never the whole matrix.
+    ``cosine_block(p0, cols)`` returns ``cos[:, p0:, cols]``. -inf (rho_out)
+    and +inf (rho_in) where there is no such pair.
     """
     n_rows, n_keys = candidate.shape
     bounds, position = torch.unique(grid.clamp(max=n_keys), sorted=True, return_inverse=True)
-    running = torch.full((n_rows, n_keys), -math.inf, dtype=dtype, device=candidate.device)  # row p: max over candidates q < end
-    by_bound = torch.full((n_rows, len(bounds)), -math.inf, dtype=dtype, device=candidate.device)
+    device = candidate.device
+    running = torch.full((n_rows, n_keys), -math.inf, dtype=dtype, device=device)  # row p: max over candidates q < end
+    row_min = torch.full((n_rows, n_keys), math.inf, dtype=dtype, device=device)  # row p: min over candidates q < p
+    out_by_bound = torch.full((n_rows, len(bounds)), -math.inf, dtype=dtype, device=device)
+    in_by_bound = torch.full((n_rows, len(bounds)), math.inf, dtype=dtype, device=device)
+    ends = bounds.tolist()
+    widest = max(b - a for a, b in zip([0, *ends[:-1]], ends))
+    upper_all = torch.ones(widest, widest, dtype=torch.bool, device=device).triu()  # q >= p, sliced per block
     start = 0
-    for t, end in enumerate(bounds.tolist()):
-        if start < end < n_keys:
-            block = cosine_block(end, slice(start, end))
+    for t, end in enumerate(ends):
+        if start < end:
+            block = cosine_block(start, slice(start, end))  # rows start.., columns start..end
             hidden = ~candidate[:, start:end]
-            if bool(hidden.any()):  # the sink's column; in most rows only in the first segment
-                block = block.masked_fill(hidden.unsqueeze(1), -math.inf)
-            torch.maximum(running[:, end:], block.amax(-1), out=running[:, end:])
-            by_bound[:, t] = running[:, end:].masked_fill(~visible[:, end:], -math.inf).amax(-1)
+            width = end - start
+            # Within the diagonal block only the columns before each row count (q < p).
+            upper = upper_all[:width, :width]
+            diagonal = block[:, :width].masked_fill(upper | hidden.unsqueeze(1), math.inf)
+            torch.minimum(row_min[:, start:end], diagonal.amin(-1), out=row_min[:, start:end])
+            if end < n_keys:
+                below = block[:, width:]
+                low, high = torch.aminmax(below, dim=-1)  # one pass over the block for both
+                with_sink = hidden.any(-1).nonzero().squeeze(-1)
+                if len(with_sink):  # rows whose sink column falls in this segment: again without it
+                    part, mask = below[with_sink], hidden[with_sink].unsqueeze(1)
+                    low[with_sink] = part.masked_fill(mask, math.inf).amin(-1)
+                    high[with_sink] = part.masked_fill(mask, -math.inf).amax(-1)
+                torch.minimum(row_min[:, end:], low, out=row_min[:, end:])
+                torch.maximum(running[:, end:], high, out=running[:, end:])
+                out_by_bound[:, t] = running[:, end:].masked_fill(~visible[:, end:], -math.inf).amax(-1)
+            in_by_bound[:, t] = row_min[:, :end].masked_fill(~candidate[:, :end], math.inf).amin(-1)
         start = end
-    return by_bound[:, position]
+    return out_by_bound[:, position], in_by_bound[:, position]
 
 
 def _margins_core(
@@ -210,17 +260,36 @@ def _margins_core(
     a0 = torch.where(sink, a, 0.0).sum(-1, keepdim=True).expand_as(s_in)
     a0 = torch.where(sink.any(-1, keepdim=True), a0, math.nan)
 
-    # rho_out: candidates k are visible non-sink ranks, j any visible outside rank.
+    # rho_out: candidates k are visible non-sink ranks, j any visible outside rank (the sink too, when it is
+    # outside); rho_in: pairs of selected non-sink ranks.
+    nonsink = visible & ~sink
     if unit is not None:
         def cosine_block(p0: int, cols: slice) -> Tensor:
             return torch.bmm(unit[:, p0:], unit[:, cols].transpose(1, 2))
     else:
         def cosine_block(p0: int, cols: slice) -> Tensor:
             return cos[:, p0:, cols]
-    rho_out = _rho_out(cosine_block, visible & ~sink, visible, grid, a.dtype)
+    rho_out, rho_in = _cosine_extremes(cosine_block, nonsink, visible, grid, a.dtype)
     has_pair = torch.isfinite(rho_out)
     rho_out = torch.where(has_pair, rho_out, math.nan)
+    rho_in = torch.where(torch.isfinite(rho_in), rho_in, math.nan)
     rho_used = torch.where(has_pair, rho_out, 0.0)
+
+    # The sink's cosines with every rank: the smallest over selected non-sink ranks (rho0_in), the
+    # largest over non-selected ranks (rho0_out, used only when the sink is selected).
+    sink_rank = sink.int().argmax(-1)
+    rows = torch.arange(a.shape[0], device=a.device)
+    if unit is not None:
+        sink_cos = torch.bmm(unit, unit[rows, sink_rank].unsqueeze(-1)).squeeze(-1)
+    else:
+        sink_cos = cos[rows, sink_rank]
+    last = grid.clamp(max=n_keys) - 1
+    rho0_in = torch.cummin(sink_cos.masked_fill(~nonsink, inf), -1).values[:, last]
+    tail_max = torch.flip(torch.cummax(torch.flip(sink_cos.masked_fill(~nonsink, -inf), [-1]), -1).values, [-1])
+    rho0_out = torch.cat([tail_max, tail_max.new_full((a.shape[0], 1), -inf)], -1)[:, grid.clamp(max=n_keys)]
+    has_sink = sink.any(-1, keepdim=True)
+    rho0_in = torch.where(has_sink & torch.isfinite(rho0_in), rho0_in, math.nan)
+    rho0_out = torch.where(has_sink & torch.isfinite(rho0_out), rho0_out, math.nan)
 
     # mu_ij = D_j^2 - D_i^2 with D^2 - ||s||^2 = a_i^2 - 2 a_i sum_{k in I_N} a_k rho_ki (eq. 25).
     # [row, n, key]: sum_k a_k rho_k,i over I_N. With the unit vectors at hand this is
@@ -236,19 +305,48 @@ def _margins_core(
     pair_gap = torch.where(has_out, near_out - far_in, inf)
     gap_in = torch.where(inside_rows, torch.where(has_out, near_out, inf).unsqueeze(-1) - proximity, math.nan)
 
+    # The paper's margins (eq. 8 with rho_out in Delta_0, eq. 27), as printed.
     delta = torch.where(has_in, a_min_in**2 - 2 * torch.where(has_pair, a_max_out * s_in * rho_used, 0.0), math.nan)
     delta0 = torch.where(sink_in, a0**2 - (s_in * rho_used) ** 2, math.nan)
     scale = torch.where(has_in, a_max_in, 0.0) + torch.where(has_out, a_max_out, 0.0) + s_in
+
+    # The sink-aware margins (docs: Concepts, "A lower envelope that bounds"): every cross term kept,
+    # each bounded by the extreme measured cosine of its kind; absent terms are 0.
+    def pos(x: Tensor) -> Tensor:
+        return torch.nan_to_num(x, nan=0.0).clamp(min=0)
+
+    def neg(x: Tensor) -> Tensor:
+        return torch.nan_to_num(x, nan=0.0).clamp(max=0)
+
+    z = sink_in.to(a.dtype)
+    a0_in = z * torch.nan_to_num(a0, nan=0.0)
+    a_out = torch.where(has_out, a_max_out, 0.0)
+    a_in_min = torch.where(has_in, a_min_in, 0.0)
+    a_in_max = torch.where(has_in, a_max_in, 0.0)
+    pull_out = 2 * a_out * (s_in * pos(rho_out) + a0_in * pos(rho0_out))  # the largest 2 a_j <s, u_j>
+    delta_sink = torch.where(
+        has_in,
+        a_in_min**2 - pull_out + 2 * a_in_max * (s_in - a_in_min) * neg(rho_in) + 2 * a0_in * a_in_max * neg(rho0_in),
+        math.nan,
+    )
+    delta0_sink = torch.where(sink_in, a0_in**2 - pull_out + 2 * a0_in * s_in * torch.nan_to_num(rho0_in, nan=0.0), math.nan)
+    scale_sink = torch.maximum(a_in_max, a0_in) + a_out + s_in + a0_in
     out = {
         "delta": delta,
         "delta0": delta0,
         "scale": scale,
+        "delta_sink": delta_sink,
+        "delta0_sink": delta0_sink,
+        "scale_sink": scale_sink,
         "s_in": s_in,
         "a_min_in": torch.where(has_in, a_min_in, math.nan),
         "a_max_in": torch.where(has_in, a_max_in, math.nan),
         "a_max_out": torch.where(has_out, a_max_out, math.nan),
         "a0": a0,
         "rho_out": rho_out,
+        "rho_in": rho_in,
+        "rho0_in": rho0_in,
+        "rho0_out": rho0_out,
         "sink_selected": sink_in.to(a.dtype),
         "pair_gap": pair_gap,
     }
@@ -351,10 +449,67 @@ def _p_minus(xi: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
     return torch.where(xi < 0, 0.5, mills)
 
 
-def _tail(margin: Float[Tensor, "*shape"], scale: Float[Tensor, "*shape"], kappa: float, d_head: int) -> Float[Tensor, "*shape"]:
-    """exp(-kappa d (margin+/B)^2); 1 for margin <= 0 (no guarantee), 0 where the term is absent (NaN)."""
+def _tail(
+    margin: Float[Tensor, "*shape"], scale: Float[Tensor, "*shape"], kappa: float, d_head: int
+) -> Float[Tensor, "*shape"]:
+    """exp(-kappa d (margin+/scale)^2); 1 for margin <= 0 (no guarantee), 0 where the term is absent (NaN)."""
     ratio = torch.where(scale > 0, margin.clamp(min=0) / torch.where(scale > 0, scale, 1.0), 0.0)
     return torch.where(torch.isnan(margin), 0.0, torch.exp(-kappa * d_head * ratio**2))
+
+
+Variant = Literal["sink_aware", "paper"]
+"""Which margins and scale the envelopes use: the sink-aware, scale-free ones (default) or the paper's as printed."""
+
+
+def _variant_terms(margins: SelectionMargins, variant: str) -> tuple[Tensor, Tensor, Tensor]:
+    """(Delta, Delta_0, the scale the margins are divided by) of a variant."""
+    if variant == "paper":
+        return margins.delta, margins.delta0, margins.scale
+    if variant == "sink_aware":
+        return margins.delta_sink, margins.delta0_sink, margins.scale_sink**2
+    raise GeometryError(f"variant: expected one of {get_args(Variant)}, got {variant!r}")
+
+
+def _check_envelope_args(d_head: int, n_keys: int | None, kappa: float) -> None:
+    if isinstance(kappa, bool) or not isinstance(kappa, (int, float)) or not (kappa > 0 and math.isfinite(kappa)):
+        raise GeometryError(f"kappa: expected a positive finite number, got {kappa!r}")
+    if isinstance(d_head, bool) or not isinstance(d_head, int) or d_head < 1:
+        raise GeometryError(f"d_head: expected a positive integer (the value dimension d), got {d_head!r}")
+    if n_keys is not None and (isinstance(n_keys, bool) or not isinstance(n_keys, int) or n_keys < 1):
+        raise GeometryError(f"n_keys: expected a positive integer L or None (visible keys), got {n_keys!r}")
+
+
+def lower_envelopes(
+    margins: SelectionMargins,
+    d_head: int,
+    n_keys: int | None = None,
+    *,
+    kappa: float = DEFAULT_KAPPA,
+    variant: str = "sink_aware",
+) -> tuple[Float[Tensor, "*batch n"], Float[Tensor, "*batch n"]]:
+    """The lower envelopes (P_low, R_low) of eq. 12 and 14 alone (see `envelopes`); cheap enough for kappa sweeps.
+
+    >>> alpha = torch.tensor([0.6, 0.3, 0.1])
+    >>> values = torch.tensor([[0.1, 0.0], [0.0, 1.0], [1.0, 0.0]])
+    >>> p, r = lower_envelopes(selection_margins(alpha, values, [1, 2, 3]), d_head=2)
+    >>> [round(x, 3) for x in p.tolist()]
+    [0.333, 0.667, 1.0]
+    """
+    _check_envelope_args(d_head, n_keys, kappa)
+    delta, delta0, scale = _variant_terms(margins, variant)
+    dtype = delta.dtype
+    n = margins.n_grid.to(device=delta.device, dtype=dtype)
+    length = (
+        margins.n_visible.to(dtype).unsqueeze(-1)
+        if n_keys is None
+        else torch.tensor(float(n_keys), dtype=dtype, device=delta.device)
+    )
+    n_out = (length - n).clamp(min=0)
+    union = n_out * _tail(delta, scale, kappa, d_head) + n_out / n * _tail(delta0, scale, kappa, d_head)
+    missing = torch.isnan(margins.scale)
+    precision_lower = (1 / (1 + union)).masked_fill(missing, math.nan)
+    recall_lower = (1 - union).clamp(min=0).masked_fill(missing, math.nan)
+    return precision_lower, recall_lower
 
 
 def _f(x: Tensor) -> Tensor:
@@ -379,49 +534,44 @@ def envelopes(
     n_keys: int | None = None,
     *,
     kappa: float = DEFAULT_KAPPA,
+    variant: str = "sink_aware",
 ) -> Envelopes:
     """Lower and upper envelopes of E[P], E[R] and the two F-scores (eq. 12-17).
+
+    Lower envelopes (eq. 12, 14): ``P >= 1 / (1 + T)``, ``R >= max(0, 1 - T)``
+    with ``T = (L - N) e^{-kappa d (Delta/S)^2} + (L - N)/N e^{-kappa d (Delta_0/S)^2}``.
+    With ``variant="sink_aware"`` (default) Delta and Delta_0 are the
+    sink-aware margins and S = B'^2: the margins bound every pair's mean gap
+    from below, and the exponent does not change when the value vectors are
+    rescaled. ``variant="paper"`` uses eq. 8 and S = B as printed. Upper
+    envelopes (eq. 13, 15) with sigma = S / sqrt(2 kappa d): statements about
+    the expectation over value states, to be compared with means over rows.
 
     Args:
         margins: from `selection_margins` or `assumption_margins`.
         d_head: the dimension d of the value vectors.
         n_keys: L, the keys of the union bound; None: each row's visible keys
             (``margins.n_visible``, the sink included; see the module docstring).
-        kappa: the universal constant of the concentration bounds (> 0). It
-            enters the lower envelopes through e^{-kappa d (Delta/B)^2} and the
-            upper ones through sigma = B / sqrt(2 kappa d).
+        kappa: the universal constant of the concentration bounds (> 0).
+        variant: ``"sink_aware"`` or ``"paper"``.
 
     Returns:
         Envelopes, every field ``[*batch, n]``; lower envelopes capped at 0;
         NaN where N exceeds the visible keys.
 
     Raises:
-        GeometryError: kappa <= 0, d_head < 1 or n_keys < 1.
+        GeometryError: kappa <= 0, d_head < 1, n_keys < 1 or an unknown variant.
 
     Example:
         >>> alpha = torch.tensor([0.6, 0.3, 0.1])
         >>> values = torch.tensor([[0.1, 0.0], [0.0, 1.0], [1.0, 0.0]])
         >>> e = envelopes(selection_margins(alpha, values, [1, 3]), d_head=2)
         >>> [round(x, 3) for x in e.recall_upper.tolist()], e.recall_lower.tolist()
-        ([0.886, 1.0], [0.0, 1.0])
+        ([0.854, 1.0], [0.0, 1.0])
     """
-    if isinstance(kappa, bool) or not isinstance(kappa, (int, float)) or not (kappa > 0 and math.isfinite(kappa)):
-        raise GeometryError(f"kappa: expected a positive finite number, got {kappa!r}")
-    if isinstance(d_head, bool) or not isinstance(d_head, int) or d_head < 1:
-        raise GeometryError(f"d_head: expected a positive integer (the value dimension d), got {d_head!r}")
-    if n_keys is not None and (isinstance(n_keys, bool) or not isinstance(n_keys, int) or n_keys < 1):
-        raise GeometryError(f"n_keys: expected a positive integer L or None (visible keys), got {n_keys!r}")
-    dtype = margins.delta.dtype
-    n = margins.n_grid.to(dtype)
-    length = margins.n_visible.to(dtype).unsqueeze(-1) if n_keys is None else torch.tensor(float(n_keys), dtype=dtype, device=margins.delta.device)
-    n_out = (length - n).clamp(min=0)
-    scale = margins.scale
-    union = n_out * _tail(margins.delta, scale, kappa, d_head) + n_out / n * _tail(
-        margins.delta0, scale, kappa, d_head
-    )
-    precision_lower = 1 / (1 + union)
-    recall_lower = (1 - union).clamp(min=0)
-
+    precision_lower, recall_lower = lower_envelopes(margins, d_head, n_keys, kappa=kappa, variant=variant)
+    _, _, scale = _variant_terms(margins, variant)
+    n = margins.n_grid.to(device=scale.device, dtype=scale.dtype)
     sigma = scale / math.sqrt(2 * kappa * d_head)
     positive = sigma > 0
     safe_sigma = torch.where(positive, sigma, 1.0)
@@ -436,8 +586,6 @@ def envelopes(
     missing = torch.isnan(margins.scale)
     precision_upper = precision_upper.masked_fill(missing, math.nan)
     recall_upper = recall_upper.masked_fill(missing, math.nan)
-    precision_lower = precision_lower.masked_fill(missing, math.nan)
-    recall_lower = recall_lower.masked_fill(missing, math.nan)
     return Envelopes(
         precision_lower=precision_lower,
         precision_upper=precision_upper,
