@@ -83,11 +83,13 @@ def topn_keep(
     >>> topn_keep(torch.tensor([[0.2, 0.5, 0.5, 0.9]]), torch.tensor([[True, True, True, False]]), 2).tolist()
     [[False, True, True, False]]
     """
-    # selection_order ranks alpha as is; scores already hold the ranking's values.
-    order = selection_order(scores, scores.new_ones((*scores.shape, 1)), visible, "attention")
-    keep = torch.zeros_like(visible)
-    keep.scatter_(-1, order[..., :n], True)
-    return keep & visible
+    # The package's one top-N order: scores already hold the ranking's values, so rank them "by attention".
+    rows, n_keys = scores.reshape(-1, scores.shape[-1]), scores.shape[-1]
+    seen = visible.reshape(-1, n_keys)
+    order = selection_order(rows, rows.new_ones((1, 1, 1)).expand(*rows.shape, 1), seen, "attention")
+    keep = torch.zeros_like(seen)
+    keep.scatter_(-1, order[:, :n], True)
+    return (keep & seen).reshape(visible.shape)
 
 
 def apply_topn(
@@ -95,7 +97,7 @@ def apply_topn(
     scores: Float[Tensor, "batch head_index query_pos key_pos"],
     visible: Bool[Tensor, "batch query_pos key_pos"],
     n: int,
-    mode: Mode,
+    mode: str,
     heads: Int[Tensor, " head"] | None = None,
 ) -> Float[Tensor, "batch head_index query_pos key_pos"]:
     """The pattern with each row of ``heads`` cut to its top-N visible keys (a new tensor).
@@ -129,8 +131,8 @@ class TopNPatternHook:
     def __init__(
         self,
         n: int,
-        mode: Mode,
-        ranking: InterventionRanking,
+        mode: str,
+        ranking: str,
         heads: Sequence[int] | None,
         *,
         window: int | None,
@@ -201,9 +203,10 @@ class TopNPatternHook:
 
 
 def topn_pattern_hook(
+    # mode and ranking are annotated as what callers may pass; they are checked against Mode / InterventionRanking.
     n: int,
-    mode: Mode = "renormalise",
-    ranking: InterventionRanking = "attention",
+    mode: str = "renormalise",
+    ranking: str = "attention",
     heads: Sequence[int] | None = None,
     *,
     window: int | None = None,
@@ -243,8 +246,8 @@ def topn_hooks(
     n: int,
     *,
     layers: Sequence[int] | None = None,
-    mode: Mode = "renormalise",
-    ranking: InterventionRanking = "attention",
+    mode: str = "renormalise",
+    ranking: str = "attention",
     heads: Sequence[int] | None = None,
     attention_mask: Tensor | None = None,
     control: int = 0,

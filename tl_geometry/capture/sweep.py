@@ -26,6 +26,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from tl_geometry.analysis.interventions import DEFAULT_TAUS, EffectiveSetSize, n_star_needs, n_star_of, stack_n_star
 from tl_geometry.capture.corpus import _batches
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.capture.hooks import _accepts_attention_mask, model_name
@@ -341,3 +342,69 @@ def intervention_sweep(
         for batch in batches:
             sweep_batch(model, batch, plan, accumulator, bar)
     return result_of(model, plan, accumulator)
+
+
+def effective_set_size(
+    model: HookableModel,
+    corpus: Any,
+    *,
+    taus: Sequence[float] = DEFAULT_TAUS,
+    mode: str = "renormalise",
+    scope: str = "model",
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    ranking: str = "attention",
+    max_n: int | None = None,
+    seed: int = 0,
+    n_bootstrap: int = DEFAULT_BOOTSTRAP,
+    batch_size: int = 8,
+    prepend_bos: bool = True,
+    reuse_residual: bool | None = None,
+    progress: bool = True,
+) -> EffectiveSetSize:
+    """N*_tau, the smallest N whose relative dNLL is at most tau, per model, layer or head, with bootstrap intervals.
+
+    The search of the follow-up protocol (powers of two, bisection, +-3; see
+    `tl_geometry.analysis.interventions.search_n_star`) runs unit by unit: each
+    unit's sweep measures the N its own search asks for, in rounds, on the whole corpus.
+
+    Args:
+        taus: relative-dNLL tolerances (default 1 %, 5 %, 10 %).
+        mode: the intervention mode.
+        scope: ``"model"``, ``"layer"`` or ``"head"`` (one search per unit).
+        max_n: the largest N searched (default: the longest window's tokens).
+        Others as `intervention_sweep` (no random controls).
+
+    Returns:
+        EffectiveSetSize (``n_star[tau, layer, head_index]``, ``low``, ``high``, the sweeps).
+    """
+    check_pattern_edits(model)
+    config = GeometryConfig(prepend_bos=prepend_bos)
+    batches = _batches(model, corpus, config, batch_size)
+    if max_n is None:
+        max_n = max(int(b.real.sum(-1).max()) for b in batches)
+    plan = make_plan(model, [1], modes=(mode,), scope=scope, layers=layers, heads=heads, ranking=ranking, controls=0,
+                     seed=seed, n_bootstrap=n_bootstrap, reuse_residual=reuse_residual)
+    powers = sorted({min(2**k, max_n) for k in range(max_n.bit_length() + 1)})
+    parts = []
+    units = [(layer, head) for layer in plan.unit_layers for head in plan.unit_heads]
+    for layer, head in tqdm(units, desc="tl_geometry: N*_tau search", unit="unit", disable=not progress or len(units) == 1):
+        unit_layers = plan.layers if layer == ALL else (layer,)
+        unit_heads = plan.heads if head == ALL else (head,)
+        unit_scope = "model" if layer == ALL else ("layer" if head == ALL else "head")
+        grid = powers
+        sweep = None
+        while grid:
+            unit_plan = make_plan(model, grid, modes=(mode,), scope=unit_scope, layers=unit_layers, heads=unit_heads,
+                                  ranking=ranking, controls=0, seed=seed, n_bootstrap=n_bootstrap,
+                                  reuse_residual=plan.reuse_residual)
+            accumulator = new_sweep_accumulator(unit_plan)
+            for batch in batches:
+                sweep_batch(model, batch, unit_plan, accumulator)
+            measured = result_of(model, unit_plan, accumulator)
+            sweep = measured if sweep is None else sweep.join_n(measured)
+            grid = sorted(n_star_needs(sweep, mode, taus, max_n))
+        parts.append(n_star_of(sweep, mode, taus, max_n))
+    if len(parts) == 1:
+        return parts[0]
+    return stack_n_star(parts, plan.unit_layers, plan.unit_heads)
