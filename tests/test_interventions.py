@@ -130,11 +130,20 @@ def test_random_controls_are_seeded_and_nested():
     kept = [topn_pattern_hook(n, "delete", "random", control=3, seed=1)(pattern) != 0 for n in range(1, 9)]
     for smaller, larger in zip(kept, kept[1:]):
         assert bool((smaller & ~larger).sum() == 0)  # top-N inside top-(N+1)
-    scores = random_scores(pattern.shape, seed=1, control=3, layer=0, device="cpu")
+    scores = random_scores(pattern.shape, seed=1, control=3, layer=0)
     assert torch.equal(kept[2], reference_keep(scores.flatten(0, 2), visible.flatten(0, 2), 3).reshape(pattern.shape)
                        | (~(visible.sum(-1, keepdim=True) > 3) & (pattern != 0)))
     other = topn_pattern_hook(3, "delete", "random", control=4, seed=1)(pattern) != 0
     assert not torch.equal(other, kept[2])  # controls differ
+
+
+def test_random_control_of_a_document_does_not_depend_on_its_batch():
+    """Mutant caught: scores drawn over the batch's shape (a padded or wider batch would reshuffle them)."""
+    alone = random_scores((1, 2, 5, 5), seed=0, control=1, layer=3, row_seeds=torch.tensor([7]))
+    padded = random_scores((2, 2, 8, 8), seed=0, control=1, layer=3, row_seeds=torch.tensor([9, 7]),
+                           first_real=torch.tensor([0, 3]))  # row 1: 3 pads on the left
+    assert torch.equal(padded[1, :, 3:, 3:], alone[0])
+    assert not torch.equal(padded[0, :, :5, :5], alone[0])
 
 
 def test_bad_arguments_raise():

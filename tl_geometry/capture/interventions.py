@@ -20,9 +20,8 @@ Rankings: ``"attention"`` (alpha_i), ``"contribution"`` (alpha_i ||v_i||, the
 values taken from ``hook_v``, which fires before ``hook_pattern``), and
 ``"random"``: the random controls, a seeded random order of the visible keys
 per row, the same for every N of one control (so the top-(N+1) set contains
-the top-N set). The random scores are drawn from a generator seeded by
-(seed, control, layer) over the shape of the pattern: they depend on the
-batch's shape, not on its tokens.
+the top-N set). Its scores are a hash of (seed, control, layer, row seed,
+head, query, key), so a document's control does not depend on its batch.
 
 Where a model computes attention inside a wrapped module and fires
 ``hook_pattern`` after the fact (some TransformerBridge adapters in
@@ -61,18 +60,50 @@ def _check_n(n: Any) -> int:
     return n
 
 
-def random_scores(shape: Sequence[int], *, seed: int, control: int, layer: int, device: Any) -> Float[Tensor, "..."]:
-    """Uniform scores of one random control, from a generator seeded by (seed, control, layer).
+_MASK32 = 0xFFFFFFFF
 
-    The same call gives the same scores, so that every N of a control ranks by the same order (nesting).
 
-    >>> a = random_scores((1, 1, 2, 3), seed=0, control=1, layer=0, device="cpu")
-    >>> torch.equal(a, random_scores((1, 1, 2, 3), seed=0, control=1, layer=0, device="cpu"))
+def _hash32(x: Tensor) -> Tensor:
+    """A 32-bit integer mixer on int64 tensors (values < 2**32; the products stay below 2**63)."""
+    x = x & _MASK32
+    x = (((x >> 16) ^ x) * 0x45D9F3B) & _MASK32
+    x = (((x >> 16) ^ x) * 0x45D9F3B) & _MASK32
+    return (x >> 16) ^ x
+
+
+def random_scores(
+    shape: Sequence[int], *, seed: int, control: int, layer: int, row_seeds: Tensor | None = None,
+    first_real: Tensor | None = None, device: Any = "cpu",
+) -> Float[Tensor, "batch head_index query_pos key_pos"]:
+    """Uniform scores in [0, 1) of one random control, a hash of (seed, control, layer, row seed, head, query, key).
+
+    Each score depends only on those numbers, positions counted from the row's
+    first real token, never on the batch's shape: the same document gets the
+    same control in any batch, padded or not, and every N of a control ranks
+    by the same order (nesting).
+
+    Args:
+        shape: ``[batch, head_index, query_pos, key_pos]``.
+        row_seeds: one integer per row, e.g. a hash of the document's tokens (default 0 for every row).
+        first_real: index of each row's first real token (default 0).
+
+    >>> a = random_scores((1, 1, 2, 3), seed=0, control=1, layer=0)
+    >>> torch.equal(a[..., :2], random_scores((1, 1, 2, 2), seed=0, control=1, layer=0))
     True
     """
-    digest = hashlib.sha256(f"tl_geometry.topn-control/1:{seed}:{control}:{layer}".encode()).digest()
-    generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
-    return torch.rand(tuple(shape), generator=generator, dtype=torch.float64).to(device)
+    batch, heads, queries, keys = (int(i) for i in shape)
+    rows = torch.zeros(batch, dtype=torch.long, device=device) if row_seeds is None else torch.as_tensor(row_seeds, device=device).long()
+    first = torch.zeros(batch, dtype=torch.long, device=device) if first_real is None else first_real.to(device).long()
+    h = _hash32(torch.full((batch,), int(seed) & _MASK32, dtype=torch.long, device=device))
+    for part in (int(control), int(layer)):
+        h = _hash32(h ^ part)
+    h = _hash32(h ^ rows)[:, None, None, None]
+    h = _hash32(h ^ torch.arange(heads, device=device)[None, :, None, None])
+    query = torch.arange(keys - queries, keys, device=device)[None, None, :, None] - first[:, None, None, None]
+    h = _hash32(h ^ (query & _MASK32))
+    key = torch.arange(keys, device=device)[None, None, None, :] - first[:, None, None, None]
+    h = _hash32(h ^ (key & _MASK32))
+    return h.double() / 2.0**32
 
 
 def topn_keep(
@@ -140,6 +171,7 @@ class TopNPatternHook:
         control: int,
         seed: int,
         layer: int,
+        row_seeds: Tensor | None = None,
     ) -> None:
         self.n = _check_n(n)
         _check_choice("mode", mode, Mode)
@@ -150,6 +182,7 @@ class TopNPatternHook:
             raise GeometryError(f"heads: expected a non-empty list of head indices >= 0 or None (all), got {heads!r}")
         self.window, self.attention_mask = window, attention_mask
         self.control, self.seed, self.layer = int(control), int(seed), int(layer)
+        self.row_seeds = row_seeds
         self._values: Tensor | None = None
 
     def value_hook(self, v: Float[Tensor, "batch pos kv_head d_head"], *, hook: Any = None) -> None:
@@ -174,8 +207,9 @@ class TopNPatternHook:
         if self.ranking == "attention":
             return pattern
         if self.ranking == "random":
+            first = None if self.attention_mask is None else self.attention_mask.to(pattern.device).int().argmax(-1)
             return random_scores(pattern.shape, seed=self.seed, control=self.control, layer=self.layer,
-                                 device=pattern.device).to(pattern.dtype)
+                                 row_seeds=self.row_seeds, first_real=first, device=pattern.device)
         values, self._values = self._values, None
         if values is None:
             raise GeometryError(
@@ -214,6 +248,7 @@ def topn_pattern_hook(
     control: int = 0,
     seed: int = 0,
     layer: int = 0,
+    row_seeds: Tensor | None = None,
 ) -> TopNPatternHook:
     """A ``hook_pattern`` function that keeps, in every row of ``heads``, the N highest-ranked visible keys.
 
@@ -227,6 +262,9 @@ def topn_pattern_hook(
         window: the layer's sliding window (None: global; see `tl_geometry.attention_windows`).
         attention_mask: 1 for real tokens when the batch is padded (padding keys are never kept).
         control, seed: which random control and its seed (``ranking="random"``).
+        row_seeds: one integer per batch row for the random control (e.g. a
+            hash of its document's tokens, as the sweep passes), so that a
+            document's control does not depend on its batch; default 0.
         layer: the layer the hook is attached to (seeds the random control, names errors).
 
     Returns:
@@ -238,7 +276,7 @@ def topn_pattern_hook(
         [[[[1.0, 0.0], [0.0, 0.75]]]]
     """
     return TopNPatternHook(n, mode, ranking, heads, window=window, attention_mask=attention_mask,
-                           control=control, seed=seed, layer=layer)
+                           control=control, seed=seed, layer=layer, row_seeds=row_seeds)
 
 
 def topn_hooks(

@@ -34,6 +34,7 @@ from tl_geometry.capture.interventions import Mode, check_pattern_edits, topn_pa
 from tl_geometry.capture.tokens import HookableModel, PreparedTokens
 from tl_geometry.capture.windows import attention_windows
 from tl_geometry.config import DEFAULT_BOOTSTRAP, GeometryConfig
+from tl_geometry.engine.context import working_dtype
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.results.bootstrap import document_weights
@@ -192,7 +193,8 @@ def document_nll(
     >>> round(document_nll(logits, torch.tensor([[0, 1, 2]]), torch.ones(1, 3, dtype=torch.bool)).item(), 6)
     1.386294
     """
-    pred = logits[:, :-1].float()
+    pred = logits[:, :-1]
+    pred = pred.to(working_dtype(pred))  # float32 at least, float64 when the model runs in it
     target = tokens[:, 1:].to(pred.device)
     nll = torch.logsumexp(pred, dim=-1) - pred.gather(-1, target[..., None]).squeeze(-1)
     counted = (real[:, 1:] & real[:, :-1]).to(pred.device)
@@ -201,12 +203,20 @@ def document_nll(
     return (nll.double() * counted).sum(-1) / counted.sum(-1)
 
 
+def document_seeds(documents: Sequence[Tensor]) -> Int[Tensor, " doc"]:
+    """A 31-bit seed per document from a SHA-256 of its token ids: its random controls follow it across batches."""
+    import hashlib
+
+    return torch.tensor([int.from_bytes(hashlib.sha256(d.cpu().to(torch.int64).numpy().astype("<i8").tobytes())
+                                        .digest()[:4], "little") & 0x7FFFFFFF for d in documents])
+
+
 def _hooks_for(plan: SweepPlan, cut_layers: Sequence[int], cut_heads: Sequence[int] | None, n: int, mode: str,
-               ranking: str, control: int, mask: Tensor | None) -> list[tuple[str, Any]]:
+               ranking: str, control: int, mask: Tensor | None, row_seeds: Tensor) -> list[tuple[str, Any]]:
     hooks: list[tuple[str, Any]] = []
     for layer in cut_layers:
         hook = topn_pattern_hook(n, mode, ranking, cut_heads, window=plan.windows[layer],  # type: ignore[arg-type]
-                                 attention_mask=mask, control=control, seed=plan.seed, layer=layer)
+                                 attention_mask=mask, control=control, seed=plan.seed, layer=layer, row_seeds=row_seeds)
         if ranking == "contribution":
             hooks.append((value_hook(layer), hook.value_hook))
         hooks.append((pattern_hook(layer), hook))
@@ -227,6 +237,8 @@ def sweep_batch(model: HookableModel, prepared: PreparedTokens, plan: SweepPlan,
         mask = prepared.real.long().to(tokens.device)
         kwargs["attention_mask"] = mask
     residuals: dict[int, Tensor] = {}
+    documents = prepared.documents()
+    row_seeds = document_seeds(documents).to(tokens.device)
 
     def keep_residual(x: Tensor, *, hook: Any, layer: int) -> None:
         residuals[layer] = x.clone()
@@ -247,7 +259,7 @@ def sweep_batch(model: HookableModel, prepared: PreparedTokens, plan: SweepPlan,
                 for k, n in enumerate(plan.n_grid):
                     for control in range(plan.n_controls + 1):
                         ranking = plan.ranking if control == 0 else "random"
-                        hooks = _hooks_for(plan, cut_layers, cut_heads, n, mode, ranking, control, mask)
+                        hooks = _hooks_for(plan, cut_layers, cut_heads, n, mode, ranking, control, mask, row_seeds)
                         with model.hooks(fwd_hooks=hooks):
                             nll = document_nll(model(source, **extra), tokens, prepared.real)
                         if control == 0:
@@ -262,7 +274,6 @@ def sweep_batch(model: HookableModel, prepared: PreparedTokens, plan: SweepPlan,
         if plan.n_controls:
             values[control_spec(mode).name] = ctrl[mode]
             values[control_mean_spec(mode).name] = ctrl[mode].mean(-1)
-    documents = prepared.documents()
     weights = document_weights([d.cpu() for d in documents], plan.n_bootstrap, plan.seed)
     accumulator.add(values, weights, n_tokens=sum(len(d) for d in documents))
 
