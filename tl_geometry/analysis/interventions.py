@@ -335,3 +335,44 @@ def n_star_vs_geometry(geometry, n_star: EffectiveSetSize, *, field: str = "f_sc
         tail = (1 - level) / 2
         low, high = float(nanquantile(reps, tail)), float(nanquantile(reps, 1 - tail))
     return rho, low, high
+
+
+@dataclass(frozen=True)
+class DnllCurve:
+    """dNLL against N for one unit and mode: the mean, its bootstrap interval, and the random controls' band.
+
+    Lists over ``n``; intervals None without replicates, control entries None without controls
+    (the band is the min..max over controls of their means).
+    """
+
+    n: list
+    mean: list
+    low: list | None
+    high: list | None
+    control_mean: list | None
+    control_low: list | None
+    control_high: list | None
+
+
+def dnll_curve(sweep: InterventionResult, mode: str, *, layer: int = ALL, head: int = ALL,
+               relative: bool = False, level: float = 0.95) -> DnllCurve:
+    """The curve of one unit (labels as on the sweep; -1 for the all-layer / all-head unit)."""
+    from tl_geometry.results.select import take
+
+    def pick(t: Tensor) -> list:
+        return take(take(t, 1, "head", sweep.heads, head), 0, "layer", sweep.layers, layer).tolist()
+
+    mean = pick(sweep.relative(mode) if relative else sweep.dnll(mode))
+    low = high = None
+    if sweep.n_bootstrap:
+        lo, hi = sweep.ci(mode, relative=relative, level=level)
+        low, high = pick(lo), pick(hi)
+    c_mean = c_low = c_high = None
+    if sweep.n_controls:
+        controls = sweep.controls(mode)
+        if relative:
+            controls = controls / sweep.stats["nll_clean"].mean()[..., None, None]
+        c_mean = pick(controls.mean(-1))
+        c_low, c_high = pick(controls.amin(-1)), pick(controls.amax(-1))
+    return DnllCurve(n=sweep.n_grid.tolist(), mean=mean, low=low, high=high, control_mean=c_mean,
+                     control_low=c_low, control_high=c_high)
