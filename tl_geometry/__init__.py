@@ -26,6 +26,11 @@ from tl_geometry.results.result import GeometryResult
 from tl_geometry.analysis.sink import SinkRecallCorrelation, sink_recall_correlation
 from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy, Regime, TaxonomyConfig, classify_heads, detect_regime
 from tl_geometry.text import default_text, read_text_files, text_windows
+# Top-N interventions
+from tl_geometry.capture.interventions import topn_hooks, topn_pattern_hook
+from tl_geometry.capture.sweep import effective_set_size, intervention_sweep
+from tl_geometry.results.interventions import InterventionResult
+from tl_geometry.analysis.interventions import EffectiveSetSize, geometry_vs_dnll
 
 __version__ = "0.1.0"
 
@@ -60,4 +65,12 @@ __all__ = [
     "sink_recall_correlation",
     "text_windows",
     "__version__",
+    # Top-N interventions
+    "EffectiveSetSize",
+    "InterventionResult",
+    "effective_set_size",
+    "geometry_vs_dnll",
+    "intervention_sweep",
+    "topn_hooks",
+    "topn_pattern_hook",
 ]

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.interventions import ALL, InterventionResult
+from tl_geometry.results.result import GeometryResult
 from tl_geometry.results.select import nanquantile
 
 DEFAULT_TAUS = (0.01, 0.05, 0.10)
@@ -266,7 +267,7 @@ def _unit_geometry(geometry: Tensor, geometry_layers: Sequence[int], geometry_he
     return torch.stack(rows, dim=-2), units
 
 
-def geometry_vs_dnll(geometry, sweep: InterventionResult, *, field: str = "f_score", mode: str = "renormalise",
+def geometry_vs_dnll(geometry: GeometryResult, sweep: InterventionResult, *, field: str = "f_score", mode: str = "renormalise",
                      relative: bool = False, level: float = 0.95) -> GeometryFunctionCorrelation:
     """Spearman, across the sweep's units (heads or layers), of a geometric field against dNLL at the same N.
 
@@ -312,7 +313,7 @@ def geometry_vs_dnll(geometry, sweep: InterventionResult, *, field: str = "f_sco
                                        high=high, x=x, y=y, units=tuple(units))
 
 
-def n_star_vs_geometry(geometry, n_star: EffectiveSetSize, *, field: str = "f_score", n: int,
+def n_star_vs_geometry(geometry: GeometryResult, n_star: EffectiveSetSize, *, field: str = "f_score", n: int,
                        tau: float = 0.05, level: float = 0.95) -> tuple[float, float, float]:
     """Spearman across units of N*_tau against a geometric field at one N: ``(rho, low, high)``.
 

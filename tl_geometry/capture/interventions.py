@@ -261,7 +261,8 @@ def topn_pattern_hook(
         heads: query heads to edit (None: all).
         window: the layer's sliding window (None: global; see `tl_geometry.attention_windows`).
         attention_mask: 1 for real tokens when the batch is padded (padding keys are never kept).
-        control, seed: which random control and its seed (``ranking="random"``).
+        control: which random control (``ranking="random"``).
+        seed: the random controls' seed.
         row_seeds: one integer per batch row for the random control (e.g. a
             hash of its document's tokens, as the sweep passes), so that a
             document's control does not depend on its batch; default 0.

@@ -322,7 +322,8 @@ def intervention_sweep(
         modes: ``"renormalise"`` and/or ``"delete"``.
         scope: ``"model"`` (every layer and head at once), ``"layer"`` (one
             layer at a time) or ``"head"`` (one head of one layer at a time).
-        layers, heads: the layers and heads intervened (None: all).
+        layers: the layers intervened (None: all).
+        heads: the heads intervened (None: all).
         controls: random rankings per setting (nested across N), 0 for none.
         ranking: ``"attention"`` or ``"contribution"``.
         seed: seeds the random controls and the bootstrap weights.
@@ -384,7 +385,8 @@ def effective_set_size(
         mode: the intervention mode.
         scope: ``"model"``, ``"layer"`` or ``"head"`` (one search per unit).
         max_n: the largest N searched (default: the longest window's tokens).
-        Others as `intervention_sweep` (no random controls).
+        model: as `intervention_sweep`; likewise corpus, layers, heads, ranking, seed,
+            n_bootstrap, batch_size, prepend_bos, reuse_residual and progress (no random controls).
 
     Returns:
         EffectiveSetSize (``n_star[tau, layer, head_index]``, ``low``, ``high``, the sweeps).
