@@ -11,7 +11,8 @@ follow-up protocol does, by `search_n_star` on an oracle ``f(N)``:
 The bootstrap interval: in every replicate, the smallest N *among those the
 search evaluated* whose replicate relative dNLL is at most tau (the grid is
 dense where the point estimate lies, coarse elsewhere); percentiles of those
-(+inf where a replicate never passes).
+(+inf where a replicate never passes; replicates whose weights leave no
+document are left out).
 
 Spearman correlations rank with average ranks for ties; units with a NaN on
 either side are left out. Bootstrap intervals pair replicate b of the
@@ -181,7 +182,9 @@ def n_star_of(sweep: InterventionResult, mode: str, taus: Sequence[float], max_n
         grid_t = sweep.n_grid.double()
         passing = torch.stack([reps <= tau for tau in taus], dim=1)  # [replicate, tau, layer, head, n]
         candidates = torch.where(passing, grid_t, math.inf)
-        replicates = candidates.amin(-1)
+        # A replicate whose weights leave no document (all NaN) has no N*: NaN, left out of the interval.
+        empty = reps.isnan().all(-1)[:, None].expand(candidates.shape[:-1])
+        replicates = candidates.amin(-1).masked_fill(empty, math.nan)
         tail = (1 - level) / 2
         low, high = nanquantile(replicates, tail), nanquantile(replicates, 1 - tail)
     else:
