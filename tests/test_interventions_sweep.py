@@ -222,3 +222,27 @@ def test_spearman_against_the_definition():
         assert got[k].item() == pytest.approx(reference_spearman(x[k].tolist(), y[k].tolist()), abs=1e-12)
     x[0, 0] = math.nan
     assert spearman(x[0], y[0]).item() == pytest.approx(reference_spearman(x[0, 1:].tolist(), y[0, 1:].tolist()))
+
+
+def test_geometry_against_dnll_and_the_report_figures(model, tokens, tmp_path):
+    """rho per N is Spearman of the per-head means; the report gains the three figures."""
+    from tl_geometry import run_with_geometry_hooks
+    from tl_geometry.analysis.interventions import geometry_vs_dnll
+    from tl_geometry.report.html import intervention_figures, write_report
+
+    heads = intervention_sweep(model, tokens, [2, 4], scope="head", modes=("renormalise",), controls=0, **QUIET)
+    geometry = run_with_geometry_hooks(model, tokens, n_grid=[2, 4], n_bootstrap=16,
+                                       bootstrap_fields=["precision", "recall", "f_score"])
+    corr = geometry_vs_dnll(geometry, heads, field="precision")
+    x = geometry.per_head("precision").reshape(-1, 2)
+    y = heads.dnll("renormalise").reshape(-1, 2)
+    for k in range(2):
+        assert corr.rho[k].item() == pytest.approx(reference_spearman(x[:, k].tolist(), y[:, k].tolist()), abs=1e-12)
+    assert bool((corr.low <= corr.high).all())
+    with pytest.raises(GeometryError, match="do not pair"):
+        geometry_vs_dnll(geometry, intervention_sweep(model, tokens[:2], [2, 4], scope="head", modes=("renormalise",),
+                                                      controls=0, **QUIET))
+    sweep = intervention_sweep(model, tokens, [1, 2], controls=2, **QUIET)
+    figures = intervention_figures(sweep, None, corr)
+    page = write_report(geometry, tmp_path, extra_figures=figures).read_text()
+    assert 'id="section-interventions-dnll"' in page and 'id="section-interventions-geometry"' in page
