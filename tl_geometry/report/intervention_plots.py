@@ -21,8 +21,14 @@ def _band(x: list, low: list, high: list, colour: str, name: str) -> go.Scatter:
                       line=dict(width=0), hoverinfo="skip", name=name, showlegend=True)
 
 
-def dnll_vs_n_figure(sweep: InterventionResult, *, layer: int = ALL, head: int = ALL, relative: bool = True) -> go.Figure:
-    """dNLL (relative by default) against N for each mode, with its bootstrap interval and the random-control band."""
+def dnll_vs_n_figure(sweep: InterventionResult, *, layer: int | None = None, head: int | None = None,
+                     relative: bool = True) -> go.Figure:
+    """dNLL (relative by default) against N for each mode, with its bootstrap interval and the random-control band.
+
+    ``layer`` and ``head`` are unit labels (-1: all); default the sweep's first unit (the model for scope "model").
+    """
+    layer = sweep.layers[0] if layer is None else layer
+    head = sweep.heads[0] if head is None else head
     fig = go.Figure()
     for mode in sweep.modes:
         c = dnll_curve(sweep, mode, layer=layer, head=head, relative=relative)
