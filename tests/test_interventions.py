@@ -12,7 +12,14 @@ import math
 import pytest
 import torch
 
-from tests.tiny_models import KINDS, has_hooked_transformer, make_model, random_tokens, tl_major_version, with_bos
+from tests.tiny_models import (
+    KINDS,
+    has_hooked_transformer,
+    make_model,
+    random_tokens,
+    tl_major_version,
+    with_bos,
+)
 from tl_geometry.capture.interventions import (
     check_pattern_edits,
     random_scores,

@@ -9,9 +9,25 @@ import math
 import pytest
 import torch
 
-from tests.tiny_models import has_hooked_transformer, make_model, random_tokens, tl_major_version, with_bos
-from tl_geometry.analysis.interventions import NeedsN, curve_oracle, n_star_of, search_n_star, spearman
-from tl_geometry.capture.sweep import document_nll, effective_set_size, intervention_sweep
+from tests.tiny_models import (
+    has_hooked_transformer,
+    make_model,
+    random_tokens,
+    tl_major_version,
+    with_bos,
+)
+from tl_geometry.analysis.interventions import (
+    NeedsN,
+    curve_oracle,
+    n_star_of,
+    search_n_star,
+    spearman,
+)
+from tl_geometry.capture.sweep import (
+    document_nll,
+    effective_set_size,
+    intervention_sweep,
+)
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.interventions import InterventionResult
 

@@ -29,7 +29,6 @@ transformer-lens 4.x), an edited pattern never reaches the logits;
 `check_pattern_edits` finds this once per model and raises `GeometryError`.
 """
 
-import hashlib
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -352,10 +351,9 @@ def check_pattern_edits(model: Any) -> None:
         clean = model(tokens)
         ignored = []
         for layer in range(n_layers):
-            with model.hooks(fwd_hooks=[(pattern_hook(layer), own_position)]):
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # TransformerLens warns about discarded edits; we raise below
-                    edited = model(tokens)
+            with model.hooks(fwd_hooks=[(pattern_hook(layer), own_position)]), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # TransformerLens warns about discarded edits; we raise below
+                edited = model(tokens)
             if torch.equal(edited, clean):
                 ignored.append(layer)
     if ignored:

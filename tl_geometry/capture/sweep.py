@@ -26,11 +26,21 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from tl_geometry.analysis.interventions import DEFAULT_TAUS, EffectiveSetSize, n_star_needs, n_star_of, stack_n_star
+from tl_geometry.analysis.interventions import (
+    DEFAULT_TAUS,
+    EffectiveSetSize,
+    n_star_needs,
+    n_star_of,
+    stack_n_star,
+)
 from tl_geometry.capture.corpus import _batches
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.capture.hooks import _accepts_attention_mask, model_name
-from tl_geometry.capture.interventions import Mode, check_pattern_edits, topn_pattern_hook
+from tl_geometry.capture.interventions import (
+    Mode,
+    check_pattern_edits,
+    topn_pattern_hook,
+)
 from tl_geometry.capture.tokens import HookableModel, PreparedTokens
 from tl_geometry.capture.windows import attention_windows
 from tl_geometry.config import DEFAULT_BOOTSTRAP, GeometryConfig

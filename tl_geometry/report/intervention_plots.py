@@ -10,7 +10,11 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from tl_geometry.analysis.interventions import EffectiveSetSize, GeometryFunctionCorrelation, dnll_curve
+from tl_geometry.analysis.interventions import (
+    EffectiveSetSize,
+    GeometryFunctionCorrelation,
+    dnll_curve,
+)
 from tl_geometry.results.interventions import ALL, InterventionResult
 
 _COLOURS = {"renormalise": "#1f77b4", "delete": "#d62728"}
@@ -59,7 +63,7 @@ def n_star_figure(n_star: EffectiveSetSize, tau: float = 0.05) -> go.Figure:
             for zr, lr, hr in zip(z, n_star.low[t].tolist(), n_star.high[t].tolist())]
     columns = ["all heads" if h == ALL else f"H{h}" for h in n_star.heads]
     rows = ["model" if layer == ALL else f"L{layer}" for layer in n_star.layers]
-    fig = go.Figure(go.Heatmap(z=[[math.log2(v) if v == v else None for v in zr] for zr in z], x=columns, y=rows,
+    fig = go.Figure(go.Heatmap(z=[[None if math.isnan(v) else math.log2(v) for v in zr] for zr in z], x=columns, y=rows,
                                text=text, hoverinfo="text+x+y", colorscale="Viridis",
                                colorbar=dict(title="log2 N*")))
     fig.update_layout(title=f"N*_{tau:g}: smallest N with relative dNLL <= {tau:g} ({n_star.mode})",

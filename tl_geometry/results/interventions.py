@@ -39,7 +39,13 @@ from tl_geometry.errors import GeometryError
 from tl_geometry.results.fileformat import FORMAT_VERSION, paths
 from tl_geometry.results.select import nanquantile, take
 from tl_geometry.results.stats import FieldStats, merge_stats
-from tl_geometry.results.storage import atomic_write, read_npz, sha256, stats_arrays, stats_from_arrays
+from tl_geometry.results.storage import (
+    atomic_write,
+    read_npz,
+    sha256,
+    stats_arrays,
+    stats_from_arrays,
+)
 
 ALL = -1
 """Label of the layer or head axis of a unit that covers every intervened layer or head."""
@@ -170,8 +176,8 @@ class InterventionResult:
     def describe(self) -> str:
         """A few lines: scope, units, grid, documents, clean NLL and fields."""
         lines = [
-            f"{self.model_name}: top-N sweep, scope={self.scope!r}, ranking={self.ranking!r}, modes={list(self.modes)}, "
-            f"{self.n_controls} random controls; {len(self.layers)} x {len(self.heads)} units, N = {self.n_grid.tolist()}",
+            (f"{self.model_name}: top-N sweep, scope={self.scope!r}, ranking={self.ranking!r}, modes={list(self.modes)}, "
+             f"{self.n_controls} random controls; {len(self.layers)} x {len(self.heads)} units, N = {self.n_grid.tolist()}"),
             f"  {self.n_documents} documents, {self.n_tokens} tokens, clean NLL {self.nll_clean():.4f} nats",
         ]
         lines += [f"  {name} [{', '.join(('layer', 'head_index', *s.spec.axes))}]: {s.spec.doc}" for name, s in self.stats.items()]
