@@ -86,8 +86,8 @@ def random_scores(
         row_seeds: one integer per row, e.g. a hash of the document's tokens (default 0 for every row).
         first_real: index of each row's first real token (default 0).
 
-    >>> a = random_scores((1, 1, 2, 3), seed=0, control=1, layer=0)
-    >>> torch.equal(a[..., :2], random_scores((1, 1, 2, 2), seed=0, control=1, layer=0))
+    >>> a = random_scores((1, 1, 3, 3), seed=0, control=1, layer=0)  # a longer row keeps the shorter one's scores
+    >>> torch.equal(a[..., :2, :2], random_scores((1, 1, 2, 2), seed=0, control=1, layer=0))
     True
     """
     batch, heads, queries, keys = (int(i) for i in shape)
