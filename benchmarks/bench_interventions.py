@@ -8,9 +8,8 @@
    with and without start-at-layer reuse of the clean residual stream.
 
 Run: ``PYTHONPATH=. python benchmarks/bench_interventions.py [--context 256] [--windows 1] [--rounds 3]``.
-On TransformerBridge (transformer-lens 4.3) the blocks below ``start_at_layer``
-still run inside the wrapped Hugging Face model, so reuse is expected to save
-little there; HookedTransformer (3.x) skips them.
+TransformerBridge supports ``start_at_layer`` from transformer-lens 4;
+HookedTransformer (3.x) too.
 """
 
 import argparse

@@ -11,9 +11,9 @@ For ``scope="layer"`` and ``"head"`` the intervened passes can start from the
 clean residual stream entering the intervened layer (``start_at_layer``)
 instead of the embeddings (``reuse_residual=True``, where the model's forward
 takes ``start_at_layer``): layers below it are untouched by the intervention,
-so their output is the clean one. On TransformerBridge (transformer-lens 4.3)
-the blocks below still run inside the wrapped model (see
-benchmarks/bench_interventions.py for what it saves there).
+so their output is the clean one. TransformerBridge supports it from
+transformer-lens 4 (3.9's raises NotImplementedError, so reuse is off there);
+benchmarks/bench_interventions.py measures what it saves.
 """
 
 from collections.abc import Sequence
