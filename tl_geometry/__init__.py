@@ -29,6 +29,11 @@ from tl_geometry.analysis.taxonomy import classify_queries, threshold_sensitivit
 from tl_geometry.text import default_text, read_text_files, text_windows
 from tl_geometry.capture.readers import CorpusReport
 from tl_geometry.capture.sources import Window, WindowStream, read_corpus, window_documents
+# Top-N interventions
+from tl_geometry.capture.interventions import topn_hooks, topn_pattern_hook
+from tl_geometry.capture.sweep import effective_set_size, intervention_sweep
+from tl_geometry.results.interventions import InterventionResult
+from tl_geometry.analysis.interventions import EffectiveSetSize, geometry_vs_dnll
 
 __version__ = "0.1.0"
 
@@ -70,4 +75,12 @@ __all__ = [
     "threshold_sensitivity",
     "window_documents",
     "__version__",
+    # Top-N interventions
+    "EffectiveSetSize",
+    "InterventionResult",
+    "effective_set_size",
+    "geometry_vs_dnll",
+    "intervention_sweep",
+    "topn_hooks",
+    "topn_pattern_hook",
 ]

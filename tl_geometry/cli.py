@@ -195,7 +195,97 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("result", type=Path, help="path of the saved result, with or without .npz")
     plot.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
     plot.add_argument("--png", action="store_true", help="also write a PNG of every figure (kaleido + Chromium)")
+    _add_intervene_parser(commands, run)
     return parser
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers like 0.01,0.05,0.1, got {text!r}") from None
+
+
+# The N an intervention sweep tries by default (--n-grid default): powers of two, each one forward pass per setting.
+INTERVENE_GRID = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+def _add_intervene_parser(commands, run: argparse.ArgumentParser) -> None:
+    """``tl-geometry intervene``: top-N interventions (its own block, so that other commands merge cleanly)."""
+    intervene = commands.add_parser(
+        "intervene",
+        parents=[run],
+        help="top-N interventions: how many keys the model, each layer or head needs",
+        description="Keep only the top-N keys of every attention row (delete or renormalise) and measure the change "
+        "in next-token NLL with random-ranking controls; optionally search N*_tau and correlate the geometry with "
+        "dNLL. Writes OUT/sweep.npz + .json, OUT/interventions.html and, with --n-star, OUT/n_star.json.",
+    )
+    intervene.add_argument("--modes", default="renormalise,delete", help="renormalise and/or delete (default: both)")
+    intervene.add_argument("--scope", default="model", choices=["model", "layer", "head"], help="default: model")
+    intervene.add_argument("--controls", type=int, default=16, help="random rankings per setting (default: 16)")
+    intervene.add_argument("--n-star", action="store_true", help="also search N*_tau per unit (renormalise)")
+    intervene.add_argument("--taus", type=_float_list, default=[0.01, 0.05, 0.1], help="default: 0.01,0.05,0.1")
+
+
+def _intervene(args: argparse.Namespace) -> int:
+    """Run ``tl-geometry intervene``."""
+    import json
+
+    import torch
+
+    from tqdm.auto import tqdm
+
+    from tl_geometry.analysis.interventions import geometry_vs_dnll
+    from tl_geometry.capture.corpus import analyze_corpus
+    from tl_geometry.capture.sweep import effective_set_size, intervention_sweep
+    from tl_geometry.models import load_model
+    from tl_geometry.report.html import intervention_figures, render_html
+    from tl_geometry.results.files import atomic_path
+
+    if args.n_grid == "all":
+        raise GeometryError("--n-grid: intervene needs a list of N like 1,2,4,8 (each N is a forward pass), not 'all'")
+    n_grid = INTERVENE_GRID if args.n_grid == "default" else args.n_grid
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    with tqdm(total=1, desc=f"tl_geometry: loading {args.model}", disable=args.quiet, bar_format="{desc} {elapsed}") as bar:
+        model = load_model(args.model, device=args.device, dtype=args.dtype, progress=not args.quiet)
+        bar.update()
+    stream, _ = _corpus(args, model, None)
+    windows = torch.stack([window.tokens for window in stream])  # full windows: one length
+
+    def write_text(path: Path, text: str) -> None:
+        with atomic_path(path) as tmp:
+            tmp.write_text(text)
+
+    common = dict(layers=args.layers, heads=args.heads, ranking=args.ranking, n_bootstrap=args.bootstrap,
+                  batch_size=args.batch_size, progress=not args.quiet)
+    sweep = intervention_sweep(model, windows, n_grid, modes=modes, scope=args.scope, controls=args.controls, **common)
+    args.out.mkdir(parents=True, exist_ok=True)
+    sweep.save(args.out / "sweep")
+    n_star = correlation = None
+    if args.n_star:
+        n_star = effective_set_size(model, windows, taus=tuple(args.taus), mode=modes[0], scope=args.scope, **common)
+        table = {f"{tau:g}": {"n_star": n_star.n_star[t].tolist(), "low": n_star.low[t].tolist(),
+                              "high": n_star.high[t].tolist()} for t, tau in enumerate(n_star.taus)}
+        text_out = json.dumps({"layers": list(n_star.layers), "heads": list(n_star.heads), "mode": n_star.mode,
+                               "taus": table}, indent=2)
+        write_text(args.out / "n_star.json", text_out)
+    geometry = analyze_corpus(model, windows, n_grid=n_grid, layers=args.layers, heads=args.heads,
+                              bootstrap_fields=["precision", "recall", "f_score"], n_bootstrap=args.bootstrap,
+                              batch_size=args.batch_size, progress=not args.quiet)
+    if args.scope != "model":
+        correlation = geometry_vs_dnll(geometry, sweep, mode=modes[0])
+    tau = 0.05 if n_star is None or 0.05 in n_star.taus else n_star.taus[0]
+    figures = intervention_figures(sweep, n_star, correlation, tau=tau)
+    page = render_html(geometry, {"interventions": sweep.describe().splitlines()[0]}, extra_figures=figures)
+    write_text(args.out / "interventions.html", page)
+    print(sweep.describe())
+    for mode in modes:
+        print(f"relative dNLL ({mode}), first unit: " + ", ".join(
+            f"N={n}: {v:.4f}" for n, v in zip(sweep.n_grid.tolist(), sweep.relative(mode)[0, 0].tolist())))
+    if n_star is not None:
+        print("N*_tau, first unit: " + ", ".join(f"{tau:g}: {n_star.n_star[t, 0, 0].item():g}" for t, tau in enumerate(n_star.taus)))
+    print(f"wrote {args.out / 'sweep.npz'}, {args.out / 'interventions.html'}")
+    return EXIT_OK
 
 
 def _summary(result, seconds: float) -> str:
@@ -306,6 +396,8 @@ def run_command(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.command == "merge":
         return _merge(args)
+    if args.command == "intervene":
+        return _intervene(args)
     if args.command == "plot":
         result = GeometryResult.load(args.result)
         index = write_report(result, args.out, {"source": str(args.result)}, png=args.png)

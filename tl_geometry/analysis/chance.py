@@ -78,10 +78,10 @@ def excess_over_chance(result: GeometryResult, metric: str = "precision", level:
     )
 
 
-def chance_by_regime(result: GeometryResult, taxonomy: HeadTaxonomy, metric: str = "precision") -> Float[Tensor, "3 n"]:
-    """Mean random-control level of P (or R) over the heads of each regime (Figure 11's chance lines)."""
+def chance_by_regime(result: GeometryResult, taxonomy: HeadTaxonomy, metric: str = "precision") -> Float[Tensor, "regime n"]:
+    """Mean random-control level of P (or R) over the heads of each of ``REGIMES`` (Figure 11's chance lines)."""
     _check(result, metric)
     curve = result.per_head(f"chance_{metric}")
-    member = torch.nn.functional.one_hot(taxonomy.labels, len(REGIMES)).bool()  # [layer, head, 3]
+    member = torch.nn.functional.one_hot(taxonomy.labels, len(REGIMES)).bool()  # [layer, head, regime]
     masked = torch.where(member.unsqueeze(-1), curve.unsqueeze(-2), torch.full((), math.nan, dtype=curve.dtype))
     return torch.nanmean(masked.flatten(0, 1), dim=0)

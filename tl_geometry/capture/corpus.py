@@ -100,9 +100,16 @@ def _shard_batches(corpus: Any, ranks: Ranks, batch_size: int) -> list[list[str]
     )
 
 
+def prepared_batches(
+    model: HookableModel, corpus: Any, config: GeometryConfig, batch_size: int, ranks: Ranks = Ranks(0, 1)
+) -> list[PreparedTokens]:
+    """Texts or token tensors as tokenised batches (this rank's share; by default the whole corpus)."""
+    return [prepare_tokens(model, unit, config) for unit in _shard_batches(corpus, ranks, batch_size)]
+
+
 def _token_plan(model: HookableModel, corpus: Any, config: GeometryConfig, ranks: Ranks, batch_size: int) -> _Plan:
     """Texts and token tensors: this rank's shard, tokenised up front (token ids are cheap to hold)."""
-    batches = [prepare_tokens(model, unit, config) for unit in _shard_batches(corpus, ranks, batch_size)]
+    batches = prepared_batches(model, corpus, config, batch_size, ranks)
     n_windows = sum(len(batch.tokens) for batch in batches)
     return _Plan(
         batches=iter(batches),

@@ -23,7 +23,6 @@ product.
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from jaxtyping import Bool, Float, Int

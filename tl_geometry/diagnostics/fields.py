@@ -16,8 +16,8 @@ from typing import Literal, get_args
 
 from tl_geometry.errors import GeometryError
 
-Axis = Literal["n", "position", "lag"]
-"""Trailing axes: the N grid, a key position counted from the sink, a lag between positions."""
+Axis = Literal["n", "position", "lag", "control"]
+"""Trailing axes: the N grid, a key position counted from the sink, a lag between positions, a random control."""
 QueryReduction = Literal["mean", "last", "sequence"]
 """How a field becomes one value per (sequence, head):
 

@@ -9,7 +9,7 @@ or damages the earlier report.
 import html
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -200,15 +200,20 @@ def render_figures(result: GeometryResult) -> Rendered:
 
 
 def render_html(
-    result: GeometryResult, details: Mapping[str, str] | None = None, rendered: Rendered | None = None
+    result: GeometryResult,
+    details: Mapping[str, str] | None = None,
+    rendered: Rendered | None = None,
+    extra_figures: Sequence[tuple[Figure, go.Figure]] = (),
 ) -> str:
     """The whole report as one HTML document (plotly.js embedded once).
 
     Figures that need a diagnostic (taxonomy, assumptions) are drawn when the
     result carries its fields. ``rendered`` reuses figures already drawn.
+    ``extra_figures`` (e.g. `intervention_figures` of a sweep) follow them.
     """
     details = details or {}
     taxonomy, figures = render_figures(result) if rendered is None else rendered
+    figures = [*figures, *extra_figures]
     table = "\n".join(
         f"<tr><th>{html.escape(key)}</th><td>{html.escape(value)}</td></tr>"
         for key, value in summary_rows(result, details, taxonomy)
@@ -282,6 +287,7 @@ def write_report(
     details: Mapping[str, str] | None = None,
     *,
     png: bool = False,
+    extra_figures: Sequence[tuple[Figure, go.Figure]] = (),
 ) -> Path:
     """Write ``out_dir/index.html`` and the result files ``out_dir/result.npz`` + ``.json``.
 
@@ -290,6 +296,7 @@ def write_report(
         out_dir: the report folder (created if needed).
         details: extra rows for the summary table, e.g. the text analysed.
         png: also write a PNG of every figure (needs kaleido and a Chromium).
+        extra_figures: drawn figures appended to the report (`intervention_figures` of a sweep).
 
     Returns:
         The path of ``index.html``.
@@ -302,12 +309,39 @@ def write_report(
     if png:
         _browser_for_png()  # fail before writing anything
     rendered = render_figures(result)
-    page = render_html(result, details, rendered)  # everything is drawn before anything is written
+    page = render_html(result, details, rendered, extra_figures)  # everything is drawn before anything is written
     index = out / "index.html"
     # One commit: a reader sees the old page with the old result or the new page with the new one.
     with commit_unit(out) as unit:
         fileformat.stage(unit, result, out / "result")
         unit.write(index, lambda f: f.write(page.encode("utf-8")))
         if png:
-            write_png(rendered.figures, out, unit)
+            write_png([*rendered.figures, *extra_figures], out, unit)
     return index
+
+
+def intervention_figures(sweep=None, n_star=None, correlation=None, tau: float = 0.05) -> list[tuple[Figure, go.Figure]]:
+    """The report's figures of a top-N sweep (`tl_geometry.intervention_sweep`), its N*_tau and its correlation."""
+    from tl_geometry.report import intervention_plots as ip
+
+    def entry(key: str, title: str, how: str, drawn: go.Figure) -> tuple[Figure, go.Figure]:
+        return Figure(key, title, how, lambda result, taxonomy: drawn), drawn
+
+    out = []
+    if sweep is not None:
+        out.append(entry("interventions-dnll", "Top-N interventions: dNLL against N",
+                         "Each row of attention keeps only its N highest-weighted visible keys (renormalise: rescaled "
+                         "to sum to 1; delete: as they were). The curve is the change in next-token NLL relative to the "
+                         "clean pass, with its document-bootstrap interval; the grey band spans the random rankings "
+                         "of the same N. Far below the band: the ranking picks the keys the model needs.",
+                         ip.dnll_vs_n_figure(sweep)))
+    if n_star is not None:
+        out.append(entry("interventions-nstar", f"Effective set size N*_{tau:g}",
+                         f"The smallest N whose relative dNLL stays within {tau:g} (powers of two, bisection, then "
+                         "+-3), per unit; hover for the bootstrap interval.", ip.n_star_figure(n_star, tau)))
+    if correlation is not None:
+        out.append(entry("interventions-geometry", "Geometry against function",
+                         "Per layer or head, the geometric score at N against the NLL increase when only the top N "
+                         "keys are kept; Spearman's rho across units with its bootstrap interval in each title.",
+                         ip.geometry_scatter_figure(correlation)))
+    return out

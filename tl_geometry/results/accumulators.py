@@ -43,6 +43,7 @@ class Accumulator:
         n_bootstrap: Poisson-bootstrap replicates per document (0: none).
         replicate_fields: names of the fields that keep replicates (ignored when n_bootstrap is 0).
         keep_queries: also keep per-query rows (they grow with the documents).
+        axis_sizes: sizes of fixed trailing axes other than ``"n"`` (e.g. ``{"control": 16}``).
     """
 
     def __init__(
@@ -55,6 +56,7 @@ class Accumulator:
         n_bootstrap: int = 0,
         replicate_fields: Collection[str] = (),
         keep_queries: bool = False,
+        axis_sizes: Mapping[str, int] | None = None,
     ) -> None:
         names = [spec.name for spec in specs]
         if not names or len(set(names)) != len(names):
@@ -70,6 +72,7 @@ class Accumulator:
         self.n_bootstrap = n_bootstrap
         self.replicate_fields = frozenset(replicate_fields) if n_bootstrap else frozenset()
         self.keep_queries = keep_queries
+        self.axis_sizes = dict(axis_sizes or {})
         self.n_documents = 0
         self.n_tokens = 0
         shape = (len(self.layers), len(self.heads))
@@ -83,7 +86,7 @@ class Accumulator:
 
     def _trailing(self, spec: FieldSpec, given: Sequence[int]) -> tuple[int, ...]:
         """Trailing sizes: the grid's for "n", the given ones (0 if none) for growing axes."""
-        given = list(given) or [0] * len(spec.axes)
+        given = list(given) or [self.axis_sizes.get(axis, 0) for axis in spec.axes]
         return tuple(len(self.n_grid) if axis == "n" else given[i] for i, axis in enumerate(spec.axes))
 
     def add(

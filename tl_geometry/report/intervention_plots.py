@@ -1,0 +1,89 @@
+"""Figures of top-N interventions (plotly, drawing only): dNLL against N, N*_tau by layer and head, F_N against dNLL.
+
+The numbers come from `tl_geometry.analysis.interventions` (curves,
+effective set sizes, correlations); nothing here computes a statistic.
+"""
+
+import math
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from tl_geometry.analysis.interventions import (
+    EffectiveSetSize,
+    GeometryFunctionCorrelation,
+    dnll_curve,
+)
+from tl_geometry.results.interventions import ALL, InterventionResult
+
+_COLOURS = {"renormalise": "#1f77b4", "delete": "#d62728"}
+
+
+def _band(x: list, low: list, high: list, colour: str, name: str) -> go.Scatter:
+    return go.Scatter(x=x + x[::-1], y=high + low[::-1], fill="toself", fillcolor=colour, opacity=0.2,
+                      line=dict(width=0), hoverinfo="skip", name=name, showlegend=True)
+
+
+def dnll_vs_n_figure(sweep: InterventionResult, *, layer: int | None = None, head: int | None = None,
+                     relative: bool = True) -> go.Figure:
+    """dNLL (relative by default) against N for each mode, with its bootstrap interval and the random-control band.
+
+    ``layer`` and ``head`` are unit labels (-1: all); default the sweep's first unit (the model for scope "model").
+    """
+    layer = sweep.layers[0] if layer is None else layer
+    head = sweep.heads[0] if head is None else head
+    fig = go.Figure()
+    for mode in sweep.modes:
+        c = dnll_curve(sweep, mode, layer=layer, head=head, relative=relative)
+        colour = _COLOURS.get(mode, "#444")
+        if c.control_low is not None:
+            fig.add_trace(_band(c.n, c.control_low, c.control_high, "#7f7f7f", f"random control, {mode} (min-max)"))
+            fig.add_trace(go.Scatter(x=c.n, y=c.control_mean, mode="lines", line=dict(color=colour, dash="dot"),
+                                     name=f"random, {mode} (mean)"))
+        if c.low is not None:
+            fig.add_trace(_band(c.n, c.low, c.high, colour, f"top-N, {mode} (95% CI)"))
+        fig.add_trace(go.Scatter(x=c.n, y=c.mean, mode="lines+markers", line=dict(color=colour), name=f"top-N, {mode}"))
+    unit = "model" if layer == ALL else (f"layer {layer}" if head == ALL else f"L{layer}H{head}")
+    fig.update_layout(
+        title=f"{'Relative ' if relative else ''}dNLL against N ({unit}, {sweep.ranking} ranking, "
+              f"{sweep.n_documents} windows)",
+        xaxis=dict(title="N (keys kept per row)", type="log"),
+        yaxis=dict(title="dNLL / NLL(clean)" if relative else "dNLL (nats)", type="log" if relative else "linear"),
+        height=480,
+    )
+    return fig
+
+
+def n_star_figure(n_star: EffectiveSetSize, tau: float = 0.05) -> go.Figure:
+    """N*_tau by layer (rows) and head (columns) as a heatmap; hover shows the bootstrap interval."""
+    t = n_star.taus.index(tau)
+    z = n_star.n_star[t].tolist()
+    text = [[f"N*={v:g} [{lo:g}, {hi:g}]" for v, lo, hi in zip(zr, lr, hr)]
+            for zr, lr, hr in zip(z, n_star.low[t].tolist(), n_star.high[t].tolist())]
+    columns = ["all heads" if h == ALL else f"H{h}" for h in n_star.heads]
+    rows = ["model" if layer == ALL else f"L{layer}" for layer in n_star.layers]
+    fig = go.Figure(go.Heatmap(z=[[None if math.isnan(v) else math.log2(v) for v in zr] for zr in z], x=columns, y=rows,
+                               text=text, hoverinfo="text+x+y", colorscale="Viridis",
+                               colorbar=dict(title="log2 N*")))
+    fig.update_layout(title=f"N*_{tau:g}: smallest N with relative dNLL <= {tau:g} ({n_star.mode})",
+                      yaxis=dict(autorange="reversed"), height=max(300, 18 * len(rows) + 150))
+    return fig
+
+
+def geometry_scatter_figure(corr: GeometryFunctionCorrelation, ns: Sequence[int] | None = None) -> go.Figure:
+    """One panel per N: the geometric field against dNLL per unit, titled with Spearman's rho and its interval."""
+    grid = corr.n_grid.tolist()
+    chosen = [n for n in (ns or grid) if n in grid]
+    fig = make_subplots(rows=1, cols=len(chosen), subplot_titles=[
+        f"N={n}: rho={corr.rho[grid.index(n)]:.2f} [{corr.low[grid.index(n)]:.2f}, {corr.high[grid.index(n)]:.2f}]"
+        for n in chosen])
+    labels = [f"L{layer}" + ("" if head == ALL else f"H{head}") for layer, head in corr.units]
+    for col, n in enumerate(chosen, start=1):
+        k = grid.index(n)
+        fig.add_trace(go.Scatter(x=corr.x[:, k].tolist(), y=corr.y[:, k].tolist(), mode="markers", text=labels,
+                                 showlegend=False, marker=dict(size=6)), row=1, col=col)
+        fig.update_xaxes(title_text=corr.field, row=1, col=col)
+    fig.update_yaxes(title_text=f"dNLL ({corr.mode})", row=1, col=1)
+    fig.update_layout(title=f"{corr.field} against dNLL across units (Spearman per N)", height=420)
+    return fig

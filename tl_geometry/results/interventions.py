@@ -1,0 +1,311 @@
+"""InterventionResult: the NLL changes of a top-N intervention sweep, mergeable and saved like a GeometryResult.
+
+Axes: every field is ``[layer, head_index, *trailing]`` as on a
+`GeometryResult`, where the leading axes name the *scope units* of the sweep:
+
+- ``scope="model"``: one unit, layer -1 and head -1 (every intervened layer and head at once);
+- ``scope="layer"``: one unit per layer, head -1 (every intervened head of that layer);
+- ``scope="head"``: one unit per (layer, head).
+
+Fields (per document = window: the mean next-token NLL over its predicted tokens):
+
+- ``nll_clean``: the clean pass's NLL (the same for every unit);
+- ``dnll_<mode>`` ``[..., n]``: intervened NLL minus clean NLL, top-N by the sweep's ranking;
+- ``dnll_<mode>_random`` ``[..., n, control]``: the same for each random control;
+- ``dnll_<mode>_random_mean`` ``[..., n]``: its mean over the controls.
+
+Relative dNLL is the ratio of corpus means, mean dNLL / mean clean NLL (and
+per bootstrap replicate the ratio of the replicate means, the two fields
+weighted by the same documents). Statistics are the exact, mergeable
+`FieldStats` of `tl_geometry.results.stats`; files are the same pair
+``<stem>.npz`` / ``<stem>.json`` (``"kind": "interventions"`` in the JSON).
+"""
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from tl_geometry.diagnostics.fields import FieldSpec
+from tl_geometry.errors import GeometryError
+from tl_geometry.results.fileformat import FORMAT_VERSION, paths
+from tl_geometry.results.select import nanquantile, take
+from tl_geometry.results.stats import FieldStats, merge_stats
+from tl_geometry.results.files import commit_unit
+from tl_geometry.results.storage import (
+    read_npz,
+    sha256,
+    stats_arrays,
+    stats_from_arrays,
+)
+
+ALL = -1
+"""Label of the layer or head axis of a unit that covers every intervened layer or head."""
+KIND = "interventions"
+CLEAN_FIELD = FieldSpec("nll_clean", "mean next-token NLL of the clean pass (nats)", bootstrap=True)
+
+
+def dnll_spec(mode: str) -> FieldSpec:
+    """The field of dNLL under the sweep's ranking for one mode, ``[layer, head_index, n]``."""
+    return FieldSpec(f"dnll_{mode}", f"NLL(top-N, {mode}) - NLL(clean), nats", axes=("n",), bootstrap=True)
+
+
+def control_spec(mode: str) -> FieldSpec:
+    """The field of dNLL of every random control for one mode, ``[layer, head_index, n, control]``."""
+    return FieldSpec(f"dnll_{mode}_random", f"NLL(random top-N, {mode}) - NLL(clean), per control",
+                     axes=("n", "control"))
+
+
+def control_mean_spec(mode: str) -> FieldSpec:
+    """The field of dNLL averaged over the random controls for one mode, ``[layer, head_index, n]``."""
+    return FieldSpec(f"dnll_{mode}_random_mean", f"NLL(random top-N, {mode}) - NLL(clean), mean over controls",
+                     axes=("n",), bootstrap=True)
+
+
+def sweep_specs(modes: Sequence[str], n_controls: int) -> list[FieldSpec]:
+    """Every field a sweep with these modes and controls measures."""
+    specs = [CLEAN_FIELD]
+    for mode in modes:
+        specs.append(dnll_spec(mode))
+        if n_controls:
+            specs += [control_spec(mode), control_mean_spec(mode)]
+    return specs
+
+
+@dataclass(frozen=True)
+class InterventionResult:
+    """dNLL statistics of a top-N sweep over documents, per scope unit, mode, N and control.
+
+    Attributes:
+        n_grid: the N values, ``[n]``.
+        layers, heads: labels of the unit axes (-1: every intervened layer / head).
+        stats: field name -> `FieldStats`.
+        scope: ``"model"``, ``"layer"`` or ``"head"``.
+        modes: the modes measured.
+        ranking: the ranking of the top-N sets (``"attention"`` or ``"contribution"``).
+        n_controls: random controls per setting (0: none).
+        intervened_layers, intervened_heads: what the units cut (heads None: all).
+        n_documents, n_tokens: documents (windows) and their real tokens.
+        seed: seed of the random controls and the bootstrap weights.
+        model_name, versions: provenance.
+    """
+
+    n_grid: Int[Tensor, " n"]
+    layers: tuple[int, ...]
+    heads: tuple[int, ...]
+    stats: Mapping[str, FieldStats]
+    scope: str
+    modes: tuple[str, ...]
+    ranking: str
+    n_controls: int
+    intervened_layers: tuple[int, ...]
+    intervened_heads: tuple[int, ...] | None
+    n_documents: int
+    n_tokens: int
+    seed: int
+    model_name: str
+    versions: Mapping[str, str]
+
+    # ---- reading ----
+
+    def _stats(self, name: str) -> FieldStats:
+        if name not in self.stats:
+            raise GeometryError(f"unknown field {name!r}; this sweep has {sorted(self.stats)}")
+        return self.stats[name]
+
+    def _check_mode(self, mode: str) -> None:
+        if mode not in self.modes:
+            raise GeometryError(f"mode: {mode!r} was not measured; this sweep has modes {list(self.modes)}")
+
+    @property
+    def n_bootstrap(self) -> int:
+        return self.stats[CLEAN_FIELD.name].n_replicates
+
+    def nll_clean(self) -> float:
+        """Mean clean NLL over documents (nats)."""
+        return float(self._stats(CLEAN_FIELD.name).mean().flatten()[0])
+
+    def dnll(self, mode: str, *, control: bool = False) -> Float[Tensor, "layer head_index n"]:
+        """Mean dNLL over documents, ``[layer, head_index, n]`` (``control=True``: mean of the random controls)."""
+        self._check_mode(mode)
+        return self._stats((control_mean_spec if control else dnll_spec)(mode).name).mean()
+
+    def controls(self, mode: str) -> Float[Tensor, "layer head_index n control"]:
+        """Mean dNLL of every random control, ``[layer, head_index, n, control]``."""
+        self._check_mode(mode)
+        return self._stats(control_spec(mode).name).mean()
+
+    def relative(self, mode: str, *, control: bool = False) -> Float[Tensor, "layer head_index n"]:
+        """Relative dNLL: mean dNLL / mean clean NLL, ``[layer, head_index, n]``."""
+        return self.dnll(mode, control=control) / self._stats(CLEAN_FIELD.name).mean()[..., None]
+
+    def replicates(self, mode: str, *, relative: bool = False, control: bool = False) -> Float[Tensor, "replicate layer head_index n"]:
+        """Bootstrap replicate means of dNLL (or relative dNLL), ``[replicate, layer, head_index, n]``."""
+        self._check_mode(mode)
+        if not self.n_bootstrap:
+            raise GeometryError("replicates: this sweep kept no bootstrap replicates; run it with n_bootstrap > 0")
+        out = self._stats((control_mean_spec if control else dnll_spec)(mode).name).replicate_means()
+        if relative:
+            out = out / self._stats(CLEAN_FIELD.name).replicate_means()[..., None]
+        return out
+
+    def ci(self, mode: str, *, relative: bool = False, control: bool = False, level: float = 0.95) -> tuple[Tensor, Tensor]:
+        """Percentile bootstrap interval of mean (relative) dNLL, ``(low, high)`` each ``[layer, head_index, n]``."""
+        if not 0 < level < 1:
+            raise GeometryError(f"level: expected a coverage in (0, 1), e.g. 0.95, got {level}")
+        reps = self.replicates(mode, relative=relative, control=control)
+        tail = (1 - level) / 2
+        return nanquantile(reps, tail), nanquantile(reps, 1 - tail)
+
+    def sel(self, mode: str, *, layer: int | None = None, head: int | None = None, n: int | None = None,
+            relative: bool = False, control: bool = False) -> Tensor:
+        """Mean (relative) dNLL indexed by layer label, head label and N value (-1: the all-layer/head unit)."""
+        t = self.relative(mode, control=control) if relative else self.dnll(mode, control=control)
+        t = take(t, 2, "n", tuple(self.n_grid.tolist()), n)
+        t = take(t, 1, "head", self.heads, head)
+        return take(t, 0, "layer", self.layers, layer)
+
+    def describe(self) -> str:
+        """A few lines: scope, units, grid, documents, clean NLL and fields."""
+        lines = [
+            (f"{self.model_name}: top-N sweep, scope={self.scope!r}, ranking={self.ranking!r}, modes={list(self.modes)}, "
+             f"{self.n_controls} random controls; {len(self.layers)} x {len(self.heads)} units, N = {self.n_grid.tolist()}"),
+            f"  {self.n_documents} documents, {self.n_tokens} tokens, clean NLL {self.nll_clean():.4f} nats",
+        ]
+        lines += [f"  {name} [{', '.join(('layer', 'head_index', *s.spec.axes))}]: {s.spec.doc}" for name, s in self.stats.items()]
+        return "\n".join(lines)
+
+    # ---- merging and joining ----
+
+    def _settings(self) -> dict[str, Any]:
+        return {"layers": self.layers, "heads": self.heads, "scope": self.scope, "modes": self.modes,
+                "ranking": self.ranking, "n_controls": self.n_controls, "intervened_layers": self.intervened_layers,
+                "intervened_heads": self.intervened_heads, "seed": self.seed, "n_bootstrap": self.n_bootstrap}
+
+    def merge(self, other: "InterventionResult") -> "InterventionResult":
+        """The sweep over the documents of both (disjoint documents, same settings and grid)."""
+        for what, (mine, theirs) in {**{k: (v, other._settings()[k]) for k, v in self._settings().items()},
+                                     "n_grid": (self.n_grid.tolist(), other.n_grid.tolist())}.items():
+            if mine != theirs:
+                raise GeometryError(f"merge: the sweeps differ in {what} ({mine!r} vs {theirs!r}); only sweeps with one setting merge")
+        return replace(
+            self,
+            stats={name: merge_stats(s, other.stats[name]) for name, s in self.stats.items()},
+            n_documents=self.n_documents + other.n_documents,
+            n_tokens=self.n_tokens + other.n_tokens,
+        )
+
+    def join_n(self, other: "InterventionResult") -> "InterventionResult":
+        """The same documents measured at the N of both grids (sorted; an N in both is taken from ``self``).
+
+        Used by the N*_tau search, which adds N values to a sweep as it goes.
+
+        Raises:
+            GeometryError: different settings, or not the same documents (clean NLL statistics differ).
+        """
+        for what, (mine, theirs) in {k: (v, other._settings()[k]) for k, v in self._settings().items()}.items():
+            if mine != theirs:
+                raise GeometryError(f"join_n: the sweeps differ in {what} ({mine!r} vs {theirs!r})")
+        a, b = self.stats[CLEAN_FIELD.name], other.stats[CLEAN_FIELD.name]
+        if self.n_documents != other.n_documents or not torch.equal(a.count, b.count) or not torch.allclose(a.total, b.total):
+            raise GeometryError("join_n: the sweeps did not measure the same documents (clean NLL differs); run both on one corpus")
+        mine, theirs = self.n_grid.tolist(), other.n_grid.tolist()
+        extra = [i for i, n in enumerate(theirs) if n not in mine]
+        grid = torch.tensor(mine + [theirs[i] for i in extra], dtype=torch.long)
+        order = torch.argsort(grid)
+        stats = {}
+        for name, s in self.stats.items():
+            if "n" not in s.spec.axes:
+                stats[name] = s
+                continue
+            t = other.stats[name]
+            parts = {}
+            for statistic, x in s.arrays().items():
+                axis = x.ndim - len(s.spec.axes) + s.spec.axes.index("n")
+                y = t.arrays()[statistic].index_select(axis, torch.tensor(extra, dtype=torch.long))
+                parts[statistic] = torch.cat([x, y], dim=axis).index_select(axis, order)
+            stats[name] = FieldStats(spec=s.spec, **parts)
+        return replace(self, n_grid=grid[order], stats=stats)
+
+    # ---- files ----
+
+    def save(self, path: str | os.PathLike) -> tuple[Path, Path]:
+        """Write ``<path>.npz`` and ``<path>.json`` as one unit (no pickle; see `tl_geometry.results.files`)."""
+        npz_path, json_path = paths(path)
+        arrays: dict[str, np.ndarray] = {"n_grid": self.n_grid.numpy()}
+        for s in self.stats.values():
+            arrays.update(stats_arrays(s.stored()))
+        with commit_unit(npz_path.parent) as unit:
+            unit.write(npz_path, lambda f: np.savez(f, **arrays))
+            unit.write(json_path, lambda f: f.write(self._metadata(sha256(unit.staged[npz_path])).encode()))
+        return npz_path, json_path
+
+    def _metadata(self, npz_sha256: str) -> str:
+        """The JSON side of a saved sweep."""
+        meta = {
+            "format_version": FORMAT_VERSION, "kind": KIND, "model_name": self.model_name,
+            "layers": list(self.layers), "heads": list(self.heads), "scope": self.scope, "modes": list(self.modes),
+            "ranking": self.ranking, "n_controls": self.n_controls, "intervened_layers": list(self.intervened_layers),
+            "intervened_heads": None if self.intervened_heads is None else list(self.intervened_heads),
+            "n_documents": self.n_documents, "n_tokens": self.n_tokens, "seed": self.seed,
+            "versions": dict(self.versions),
+            "fields": [{"name": s.spec.name, "doc": s.spec.doc, "axes": list(s.spec.axes), "queries": s.spec.queries,
+                        "documents": s.spec.documents, "bootstrap": s.spec.bootstrap, "trailing": list(s.trailing),
+                        "replicates": s.n_replicates} for s in self.stats.values()],
+            "npz_sha256": npz_sha256,
+        }
+        return json.dumps(meta, indent=2, sort_keys=True)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "InterventionResult":
+        """Read a sweep written by `save`; GeometryError naming the file if it is missing, damaged or not a sweep."""
+        npz_path, json_path = paths(path)
+        for p in (npz_path, json_path):
+            if not p.exists():
+                raise GeometryError(f"load: {p} does not exist; save writes both {npz_path.name} and {json_path.name}")
+        try:
+            meta = json.loads(json_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise GeometryError(f"load: {json_path} is not valid JSON ({error}); save the sweep again") from None
+        if not isinstance(meta, dict) or meta.get("kind") != KIND:
+            raise GeometryError(f"load: {json_path} is not an intervention sweep (no \"kind\": \"{KIND}\"); "
+                                "load geometry results with GeometryResult.load")
+        if meta.get("npz_sha256") != sha256(npz_path):
+            raise GeometryError(f"load: {npz_path} does not match {json_path} (checksum differs); save again")
+        arrays = read_npz(npz_path)
+        layers, heads = tuple(meta["layers"]), tuple(meta["heads"])
+        stats = {}
+        for entry in meta["fields"]:
+            spec = FieldSpec(name=entry["name"], doc=entry["doc"], axes=tuple(entry["axes"]), queries=entry["queries"],
+                             documents=entry["documents"], bootstrap=bool(entry["bootstrap"]))
+            shape = (len(layers), len(heads), *(int(i) for i in entry["trailing"]))
+            stats[spec.name] = stats_from_arrays(spec, arrays, shape, int(entry["replicates"]), npz_path)
+        return cls(
+            n_grid=torch.from_numpy(arrays["n_grid"].copy()), layers=layers, heads=heads, stats=stats,
+            scope=meta["scope"], modes=tuple(meta["modes"]), ranking=meta["ranking"], n_controls=int(meta["n_controls"]),
+            intervened_layers=tuple(meta["intervened_layers"]),
+            intervened_heads=None if meta["intervened_heads"] is None else tuple(meta["intervened_heads"]),
+            n_documents=int(meta["n_documents"]), n_tokens=int(meta["n_tokens"]), seed=int(meta["seed"]),
+            model_name=meta["model_name"], versions=meta["versions"],
+        )
+
+    def equals(self, other: "InterventionResult") -> bool:
+        """Same settings, grid, documents and statistics (bitwise, NaN equal to NaN)."""
+        if self._settings() != other._settings() or self.n_grid.tolist() != other.n_grid.tolist():
+            return False
+        if (self.n_documents, self.n_tokens, list(self.stats)) != (other.n_documents, other.n_tokens, list(other.stats)):
+            return False
+        for name, s in self.stats.items():
+            for statistic, x in s.stored().arrays().items():
+                y = other.stats[name].stored().arrays()[statistic]
+                if x.shape != y.shape or not torch.equal(x.nan_to_num(math.pi), y.nan_to_num(math.pi)):
+                    return False
+        return True
