@@ -2,6 +2,7 @@
 
 import os
 import socket
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,8 @@ def _worker(rank: int, world_size: int, port: int, out: str, mode: str) -> None:
         result = analyze_corpus(model, corpus, batch_size=2, progress=False, **SETTINGS)
         result.save(Path(out) / f"rank{rank}" / "result")  # one folder each: a folder has one writer at a time
     finally:
+        # Leave together: a rank that destroys the group while the other is still in a collective aborts it.
+        torch.distributed.monitored_barrier(timeout=timedelta(seconds=120))
         torch.distributed.destroy_process_group()
 
 

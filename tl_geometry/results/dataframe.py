@@ -28,7 +28,8 @@ import torch
 from tl_geometry.diagnostics.fields import Axis
 from tl_geometry.errors import GeometryError
 
-AXIS_COLUMNS: tuple[str, ...] = get_args(Axis)  # one column per trailing axis a field may have
+# One column per trailing axis a GeometryResult's fields may have ("control" is an intervention sweep's).
+AXIS_COLUMNS: tuple[str, ...] = tuple(axis for axis in get_args(Axis) if axis != "control")
 STAT_COLUMNS = ("mean", "std", "count", "ci_low", "ci_high")
 
 
