@@ -132,13 +132,15 @@ def test_chance_fields_on_a_model_run_sit_on_the_metrics_rows():
     model = tm.make_model("bridge-llama")
     tokens = tm.with_bos(tm.random_tokens(3, 12))
     result = run_with_geometry_hooks(
-        model, tokens, diagnostics=["chance"], n_grid=[1, 2, 4, 8, 14], keep_queries=True, query_positions=[4, 12]
+        model, tokens, diagnostics=["chance"], n_grid=[1, 2, 4, 8, 14], keep_queries=True, query_positions=[4, 12],
+        bootstrap_fields=["recall", "excess_recall"],
     )
     q = result.queries
     torch.testing.assert_close(q["excess_precision"] + q["chance_precision"], q["precision"], equal_nan=True)
     torch.testing.assert_close(q["excess_recall"] + q["chance_recall"], q["recall"], equal_nan=True)
-    low, high = result.ci("excess_recall")
+    low, high = result.ci("excess_recall")  # intervals when asked for (not kept by default: file size)
     assert low.shape == result.per_head("excess_recall").shape
+    assert not result.has_replicates("excess_precision")
     assert torch.isnan(result.per_head("chance_precision")[..., -1]).all()  # N = 14 > the keys of either query
 
 
