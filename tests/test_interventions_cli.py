@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.model]
 def test_intervene_writes_the_sweep_n_star_and_the_page(tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["intervene", "--windows", "2", "--context", "12", "--n-grid", "1,4", "--controls", "1",
-                 "--scope", "layer", "--layers", "0,1", "--n-star", "--taus", "0.05", "--n-bootstrap", "4",
+                 "--scope", "layer", "--layers", "0,1", "--n-star", "--taus", "0.05", "--bootstrap", "4",
                  "--quiet", "--out", str(out)])
     assert code == 0
     sweep = InterventionResult.load(out / "sweep")
@@ -26,7 +26,7 @@ def test_intervene_writes_the_sweep_n_star_and_the_page(tmp_path, capsys):
     assert "relative dNLL (renormalise)" in capsys.readouterr().out
 
 
-def test_intervene_refuses_a_named_grid(tmp_path, capsys):
-    code = main(["intervene", "--n-grid", "default", "--windows", "1", "--context", "8", "--quiet", "--out", str(tmp_path)])
+def test_intervene_refuses_every_n(tmp_path, capsys):
+    code = main(["intervene", "--n-grid", "all", "--windows", "1", "--context", "8", "--quiet", "--out", str(tmp_path)])
     assert code == 1
-    assert "--n-grid: intervene needs a list of N" in capsys.readouterr().err
+    assert "--n-grid: intervene needs a list of N like 1,2,4,8 (each N is a forward pass), not 'all'" in capsys.readouterr().err
