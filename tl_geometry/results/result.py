@@ -488,7 +488,12 @@ class GeometryResult:
                 announces or does not match the other (the message names the
                 file and the problem).
         """
-        return cls(**fileformat.read(path, specs))
+        fields = fileformat.read(path, specs)
+        try:
+            return cls(**fields)
+        except GeometryError as error:  # parts that read well one by one but do not fit together
+            json_path = fileformat.paths(path)[1]
+            raise GeometryError(f"load: {json_path} does not describe its arrays: {error}") from None
 
     def equals(self, other: "GeometryResult") -> bool:
         """Exact equality: metadata, declarations, every statistic bit for bit (NaN equal to NaN), dtypes.
