@@ -531,7 +531,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     previous = _install_signal_handlers()
-    created = not args.out.exists()
+    # The folders this run would create (--out and any missing parents), innermost first.
+    created = [folder for folder in (args.out, *args.out.parents) if not folder.exists()]
     try:
         check_arguments(args)
         # Under torchrun / accelerate only rank 0 writes the result, so only it holds --out.
@@ -549,9 +550,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        if created and args.out.is_dir() and not any(args.out.iterdir()):
+        for folder in created:  # a run that wrote nothing leaves no empty folder behind
+            if not folder.is_dir() or any(folder.iterdir()):
+                break
             with contextlib.suppress(OSError):  # another run may have just started writing there
-                args.out.rmdir()  # a run that wrote nothing leaves no empty folder behind
+                folder.rmdir()
         _leave_process_group()
 
 

@@ -5,7 +5,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tl_geometry import cli, models
@@ -57,6 +57,7 @@ def _bad(args):
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(command_lines())
+@example(["analyze", "--out", "new/nested/out", "--quiet"])  # its missing parents were left behind
 def test_command_lines(monkeypatch, capsys, args):
     def stand_in(*a, **k):
         raise GeometryError(LOADED)
