@@ -8,7 +8,7 @@ from tl_geometry import models
 from tl_geometry.capture.hooks import run_with_geometry_hooks
 from tl_geometry.engine import context
 from tl_geometry.errors import GeometryError
-from tl_geometry.models import check_device, load_model, model_dtype
+from tl_geometry.models import check_device, load_model, model_dtype, transformer_lens_major_version
 
 NO_CUDA = not torch.cuda.is_available()
 NO_MPS = not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available())
@@ -84,6 +84,10 @@ def test_half_precision_models_are_analysed_in_float32(monkeypatch, dtype):
 @pytest.mark.slow
 @pytest.mark.model
 def test_load_model_in_bfloat16():
+    if transformer_lens_major_version() < 4:
+        with pytest.raises(GeometryError, match=r"dtype='bfloat16' with a TransformerBridge needs transformer-lens 4.x"):
+            load_model(dtype="bfloat16", progress=False)  # refused before anything loads
+        return
     model = load_model(dtype="bfloat16", progress=False)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16} and model.cfg.dtype == torch.bfloat16
     result = run_with_geometry_hooks(model, "The quick brown fox jumps over the lazy dog.", n_grid=[1, 2, 4])

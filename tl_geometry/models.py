@@ -166,7 +166,8 @@ def load_model(
 
     Raises:
         GeometryError: unknown ``kind``, ``dtype`` or ``device``; a device that is not
-            there; ``kind="hooked"`` on transformer-lens 4.x; the package of a bundled
+            there; ``kind="hooked"`` on transformer-lens 4.x; a dtype other than float32
+            for a bridge on transformer-lens 3.x; the package of a bundled
             model is missing; TransformerLens cannot load ``name``.
 
     >>> model = load_model()  # doctest: +SKIP
@@ -176,6 +177,13 @@ def load_model(
     _check_kind(kind)
     device = check_device(device)
     weights = model_dtype(dtype)
+    if kind == "bridge" and weights != torch.float32 and transformer_lens_major_version() < 4:
+        # Measured: transformer-lens 3.9's bridge keeps some activations in float32 after a cast, and its
+        # gated MLP then multiplies float32 by bfloat16 and fails.
+        raise GeometryError(
+            f"load_model: dtype={dtype!r} with a TransformerBridge needs transformer-lens 4.x (3.x's bridge mixes "
+            "dtypes after a cast); use dtype='float32', kind='hooked', or upgrade transformer-lens"
+        )
     if name in _BUNDLED_MODELS:
         hf_model, tokenizer = _load_bundled_hf(name, cache_dir=cache_dir, progress=progress)
         hf_model = hf_model.to(device)
