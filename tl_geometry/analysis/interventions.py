@@ -26,9 +26,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 from torch import Tensor
 
+from tl_geometry.analysis.correlation import spearman
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.interventions import ALL, InterventionResult
 from tl_geometry.results.result import GeometryResult
@@ -192,37 +193,6 @@ def n_star_of(sweep: InterventionResult, mode: str, taus: Sequence[float], max_n
         low = high = torch.full(shape, math.nan, dtype=torch.float64)
     return EffectiveSetSize(taus=tuple(float(t) for t in taus), layers=sweep.layers, heads=sweep.heads, n_star=n_star,
                             low=low, high=high, replicates=replicates, mode=mode, max_n=max_n, sweeps=(sweep,))
-
-
-def spearman(x: Float[Tensor, "*batch unit"], y: Float[Tensor, "*batch unit"]) -> Float[Tensor, "*batch"]:
-    """Spearman rank correlation along the last axis (average ranks for ties; NaN pairs left out; NaN if < 3 units).
-
-    >>> round(spearman(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([10.0, 20.0, 40.0, 30.0])).item(), 6)
-    0.8
-    """
-    x, y = torch.broadcast_tensors(x.double(), y.double())
-    flat_x, flat_y = x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1])
-    out = torch.cat([_spearman_rows(a, b) for a, b in zip(flat_x.split(256), flat_y.split(256))]) if len(flat_x) else flat_x.new_zeros(0)
-    return out.reshape(x.shape[:-1])
-
-
-def _spearman_rows(x: Float[Tensor, "row unit"], y: Float[Tensor, "row unit"]) -> Float[Tensor, " row"]:
-    ok = ~(x.isnan() | y.isnan())
-    rx, ry = _average_ranks(x, ok), _average_ranks(y, ok)
-    count = ok.sum(-1).double()
-    rx = torch.where(ok, rx - (rx * ok).sum(-1, keepdim=True) / count[:, None], 0.0)
-    ry = torch.where(ok, ry - (ry * ok).sum(-1, keepdim=True) / count[:, None], 0.0)
-    denominator = (rx.square().sum(-1) * ry.square().sum(-1)).sqrt()
-    rho = (rx * ry).sum(-1) / denominator
-    return rho.masked_fill((count < 3) | (denominator == 0), math.nan)
-
-
-def _average_ranks(v: Float[Tensor, "row unit"], ok: Bool[Tensor, "row unit"]) -> Float[Tensor, "row unit"]:
-    """Ranks 1..n among the ``ok`` entries of each row, ties given their average rank: less + (equal + 1) / 2."""
-    both = ok[:, :, None] & ok[:, None, :]
-    less = ((v[:, None, :] < v[:, :, None]) & both).sum(-1)
-    equal = ((v[:, None, :] == v[:, :, None]) & both).sum(-1)
-    return less.double() + (equal.double() + 1) / 2
 
 
 @dataclass(frozen=True)

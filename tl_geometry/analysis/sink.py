@@ -24,6 +24,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from tl_geometry.analysis.correlation import correlations
 from tl_geometry.errors import GeometryError
 
 Pairing = Literal["heads"]
@@ -63,38 +64,6 @@ class SinkRecallCorrelation:
             t = getattr(self, f.name)
             if isinstance(t, Tensor) and t.shape != self.n_grid.shape:
                 raise GeometryError(f"SinkRecallCorrelation.{f.name}: expected shape {list(self.n_grid.shape)}, got {list(t.shape)}")
-
-
-def _weighted_pearson(
-    x: Float[Tensor, "*b pair"], y: Float[Tensor, "*b pair"], w: Float[Tensor, "*b pair"]
-) -> Float[Tensor, "*b"]:
-    total = w.sum(-1, keepdim=True)
-    mx = (w * x).sum(-1, keepdim=True) / total
-    my = (w * y).sum(-1, keepdim=True) / total
-    dx, dy = x - mx, y - my
-    cov, vx, vy = (w * dx * dy).sum(-1), (w * dx * dx).sum(-1), (w * dy * dy).sum(-1)
-    r = cov / (vx * vy).sqrt()
-    # Fewer than 3 distinct pairs or a constant variable: no correlation to speak of.
-    undefined = ((w > 0).sum(-1) < 3) | (vx <= 1e-12 * total.squeeze(-1) * (mx.squeeze(-1) ** 2 + 1)) | (vy <= 1e-24)
-    return r.masked_fill(undefined, math.nan).clamp(-1, 1)
-
-
-def _weighted_ranks(x: Float[Tensor, "*b pair"], w: Float[Tensor, "*b pair"]) -> Float[Tensor, "*b pair"]:
-    """Average ranks (1-based) of x in the sample where pair i appears w_i times; entries with w = 0 do not count."""
-    key = x.masked_fill(w <= 0, math.inf)
-    ordered, order = torch.sort(key, dim=-1)
-    cum = torch.cat([torch.zeros_like(w[..., :1]), w.gather(-1, order).cumsum(-1)], dim=-1)
-    below = cum.gather(-1, torch.searchsorted(ordered, key.contiguous(), right=False))
-    upto = cum.gather(-1, torch.searchsorted(ordered, key.contiguous(), right=True))
-    return below + (upto - below + 1) / 2
-
-
-def _correlations(
-    x: Float[Tensor, "*b pair"], y: Float[Tensor, "*b pair"], w: Float[Tensor, "*b pair"]
-) -> tuple[Float[Tensor, "*b"], Float[Tensor, "*b"]]:
-    w = w * ~(x.isnan() | y.isnan())
-    x, y = torch.nan_to_num(x), torch.nan_to_num(y)
-    return _weighted_pearson(x, y, w), _weighted_pearson(_weighted_ranks(x, w), _weighted_ranks(y, w), w)
 
 
 def _pairs(
@@ -160,7 +129,7 @@ def sink_recall_correlation(
         )
     x, y = _pairs(result.per_head("recall").double(), result.per_head("rho0").double())
     ones = torch.ones_like(x)
-    pearson, spearman = _correlations(x, y, ones)
+    pearson, spearman = correlations(x, y, ones)
     n_pairs = (~(x.isnan() | y.isnan())).double().sum(-1)
     n = x.shape[0]
     bounds = torch.full((4, n), math.nan, dtype=torch.float64)
@@ -169,7 +138,7 @@ def sink_recall_correlation(
         recall, rho0 = result.replicates("recall").double(), result.replicates("rho0").double()
         chunk = max(1, _CHUNK_ELEMENTS // max(1, n * x.shape[-1]))
         boot = [
-            torch.stack(_correlations(*_pairs(r, h), torch.ones(len(r), n, x.shape[-1], dtype=torch.float64)))
+            torch.stack(correlations(*_pairs(r, h), torch.ones(len(r), n, x.shape[-1], dtype=torch.float64)))
             for r, h in zip(recall.split(chunk), rho0.split(chunk))
         ]
         stats = torch.cat(boot, dim=1)  # [2 stat, replicate, n]

@@ -1,0 +1,54 @@
+"""Pearson and Spearman correlations along the last axis, with weights (a pair counted w times) and NaN pairs left out.
+
+Spearman is the Pearson correlation of average ranks (ties get the mean of
+the ranks they span). Fewer than 3 pairs, or a constant variable, give NaN.
+Used by the sink correlation (Figure 6) and by geometry against dNLL.
+"""
+
+import math
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+
+def weighted_pearson(
+    x: Float[Tensor, "*b pair"], y: Float[Tensor, "*b pair"], w: Float[Tensor, "*b pair"]
+) -> Float[Tensor, "*b"]:
+    total = w.sum(-1, keepdim=True)
+    mx = (w * x).sum(-1, keepdim=True) / total
+    my = (w * y).sum(-1, keepdim=True) / total
+    dx, dy = x - mx, y - my
+    cov, vx, vy = (w * dx * dy).sum(-1), (w * dx * dx).sum(-1), (w * dy * dy).sum(-1)
+    r = cov / (vx * vy).sqrt()
+    # Fewer than 3 distinct pairs or a constant variable: no correlation to speak of.
+    undefined = ((w > 0).sum(-1) < 3) | (vx <= 1e-12 * total.squeeze(-1) * (mx.squeeze(-1) ** 2 + 1)) | (vy <= 1e-24)
+    return r.masked_fill(undefined, math.nan).clamp(-1, 1)
+
+
+def weighted_ranks(x: Float[Tensor, "*b pair"], w: Float[Tensor, "*b pair"]) -> Float[Tensor, "*b pair"]:
+    """Average ranks (1-based) of x in the sample where pair i appears w_i times; entries with w = 0 do not count."""
+    key = x.masked_fill(w <= 0, math.inf)
+    ordered, order = torch.sort(key, dim=-1)
+    cum = torch.cat([torch.zeros_like(w[..., :1]), w.gather(-1, order).cumsum(-1)], dim=-1)
+    below = cum.gather(-1, torch.searchsorted(ordered, key.contiguous(), right=False))
+    upto = cum.gather(-1, torch.searchsorted(ordered, key.contiguous(), right=True))
+    return below + (upto - below + 1) / 2
+
+
+def correlations(
+    x: Float[Tensor, "*b pair"], y: Float[Tensor, "*b pair"], w: Float[Tensor, "*b pair"]
+) -> tuple[Float[Tensor, "*b"], Float[Tensor, "*b"]]:
+    w = w * ~(x.isnan() | y.isnan())
+    x, y = torch.nan_to_num(x), torch.nan_to_num(y)
+    return weighted_pearson(x, y, w), weighted_pearson(weighted_ranks(x, w), weighted_ranks(y, w), w)
+
+
+def spearman(x: Float[Tensor, "*batch unit"], y: Float[Tensor, "*batch unit"]) -> Float[Tensor, "*batch"]:
+    """Spearman rank correlation along the last axis, every pair counted once (NaN pairs left out).
+
+    >>> round(spearman(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([10.0, 20.0, 40.0, 30.0])).item(), 6)
+    0.8
+    """
+    x, y = torch.broadcast_tensors(x.double(), y.double())
+    return correlations(x, y, torch.ones_like(x))[1]
