@@ -55,8 +55,9 @@ class ExcessOverChance:
 def excess_over_chance(result: GeometryResult, metric: str = "precision", level: float = 0.95) -> ExcessOverChance:
     """P or R against chance, averaged over layers and heads, with a bootstrap interval over documents.
 
-    The interval comes from the replicates of ``excess_{metric}`` (kept by
-    default): each replicate's mean over heads, then its percentiles.
+    The interval comes from the replicates of ``excess_{metric}``, kept when
+    the run asks for them (``bootstrap_fields``): each replicate's mean over
+    heads, then its percentiles. Without them it is NaN.
 
     Raises:
         GeometryError: an unknown metric, or a result without the chance diagnostic.

@@ -71,7 +71,7 @@ CONDITIONS: dict[str, tuple[str, ...]] = {
     "mixer": ("last_between", "last_rising", "sink_falling"),
     "reset": ("sink_comparable", "last_weak"),
 }
-# The per-head values the rules read; their replicates are kept by default (confidence needs them).
+# The per-head values the rules read; a label's confidence needs their replicates (see `with_regime_replicates`).
 REGIME_INPUTS: tuple[str, ...] = (
     "contribution_sink", "contribution_last", "contribution_rest", "cos_s_last", "cos_s_sink_mixed", "cos_s_last_mixed",
 )  # fmt: skip
