@@ -1,5 +1,6 @@
 """Data parallel corpus runs: two gloo processes give the one-process result."""
 
+import faulthandler
 import os
 import socket
 from datetime import timedelta
@@ -60,11 +61,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _spawn_ranks(out: Path, mode: str, world_size: int = 2) -> None:
+    """Start ``world_size`` ranks as torchrun does: the launcher (here the test) hosts the rendezvous store.
+
+    Every rank is then a client of the store, so no rank's exit takes the store
+    away from another that is still leaving the group (with rank 0 hosting it,
+    rank 0 sometimes aborted on exit after a refusal).
+    """
+    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                       timeout=timedelta(seconds=120))
+    try:
+        mp.spawn(_worker, args=(world_size, store.port, str(out), mode), nprocs=world_size, join=True)
+    finally:
+        del store
+
+
 def _worker(rank: int, world_size: int, port: int, out: str, mode: str) -> None:
     """One rank, started as torchrun would: the rendezvous in the environment, joined by init_from_env."""
+    faulthandler.enable(all_threads=True)  # a crash in a rank shows its Python stacks in the captured stderr
     os.environ.update(
         {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
-         "MASTER_PORT": str(port)}
+         "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
     )
     torch.set_num_threads(1)
     ranks = init_from_env("cpu")
@@ -92,7 +109,7 @@ def one_process():
 
 
 def test_two_gloo_processes_equal_one(tmp_path, one_process):
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path), "run"), nprocs=2, join=True)
+    _spawn_ranks(tmp_path, "run")
     for rank in range(2):  # every rank ends with the whole result (rank 0 writes it)
         both = GeometryResult.load(tmp_path / f"rank{rank}" / "result")
         assert both.n_documents == len(CORPUS)
@@ -105,7 +122,7 @@ def _windows(model):
 
 
 def test_two_gloo_processes_equal_one_on_a_window_stream(tmp_path):
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path), "windows"), nprocs=2, join=True)
+    _spawn_ranks(tmp_path, "windows")
     model = tm.make_model(KIND)
     alone = analyze_corpus(model, _windows(model), batch_size=3, progress=False, **SETTINGS)
     assert alone.n_documents == 7
@@ -114,7 +131,7 @@ def test_two_gloo_processes_equal_one_on_a_window_stream(tmp_path):
 
 
 def test_ranks_that_disagree_refuse(tmp_path):
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path), "mismatch"), nprocs=2, join=True)
+    _spawn_ranks(tmp_path, "mismatch")
     assert {p.name for p in tmp_path.iterdir()} == {"refused0", "refused1"}
 
 
