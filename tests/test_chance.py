@@ -88,6 +88,23 @@ def test_controls_match_the_reference(seed, distance):
             assert float(got["excess_recall"][r, col]) == pytest.approx(float(metrics.recall[r, col]) - rr, abs=1e-12)
 
 
+def test_tied_keys_follow_the_closed_and_open_balls():
+    """Keys in identical pairs (same alpha, same value): a control that splits a pair puts a tie on a ball's edge."""
+    gen = torch.Generator().manual_seed(11)
+    base_alpha = torch.softmax(torch.randn(3, 6, generator=gen, dtype=torch.float64), -1)
+    alpha = base_alpha.repeat_interleave(2, dim=-1) / 2
+    values = torch.randn(3, 6, 4, generator=gen, dtype=torch.float64).repeat_interleave(2, dim=1)
+    mask = torch.ones(3, 12, dtype=torch.bool)
+    grid = [1, 2, 3, 4, 5, 7, 12]
+    settings = ChanceSettings(n_controls=8)
+    got, keys = chance_rows(alpha, values, mask, grid, settings)
+    for r in range(3):
+        for col, n in enumerate(grid):
+            scores = [reference_score(alpha[r], values[r], list(range(12)), keys[r, c, :n].tolist(), n) for c in range(8)]
+            assert float(got["chance_precision"][r, col]) == pytest.approx(sum(x[0] for x in scores) / 8, abs=1e-12)
+            assert float(got["chance_recall"][r, col]) == pytest.approx(sum(x[1] for x in scores) / 8, abs=1e-12)
+
+
 def test_controls_are_nested_permutations_of_the_visible_keys():
     alpha, values, mask = random_rows(3)
     _, keys = chance_rows(alpha, values, mask, [1, 4], ChanceSettings(n_controls=16))

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.diagnostics.fields import FieldSpec
@@ -63,9 +63,8 @@ def control_orders(chunk: SelectionChunk, n_controls: int, seed: int) -> Int[Ten
     control = torch.arange(n_controls, device=device, dtype=torch.int64)
     lag = (chunk.last_key.unsqueeze(-1) - chunk.order).to(torch.int64)  # by rank: the key at each rank, as a lag
     h = _hash32(_hash32(row_key[:, None] + _hash32(control)[None, :])[:, :, None] + lag[:, None, :])
-    score = h.to(torch.float64)
     hidden = torch.arange(n_keys, device=device) >= chunk.n_visible.unsqueeze(-1)
-    score = score.masked_fill(hidden.unsqueeze(1), math.inf)
+    score = h.masked_fill(hidden.unsqueeze(1), _MASK32 + 1)  # above every hash: hidden keys sort last
     return torch.sort(score, dim=-1, stable=True).indices
 
 
@@ -77,36 +76,45 @@ def score_rankings(
     ``places[r, c, p]`` is the rank (in the chunk's order) of the key at place
     p of ranking c; hidden ranks must come last. Distances are the chunk's
     (Euclidean or cosine); closed r_max ball, open r_min ball, as the metrics.
+
+    Everything is laid out by place: the top-N set of a ranking is its first
+    N places, so s(N) is one product with a fixed staircase, and each N reads
+    two slices of the proximities (the places before N, whose farthest sets
+    r_max, and the places after, whose nearest sets r_min), with no masks.
     """
     n_rows, n_controls, n_keys = places.shape
-    grid = chunk.grid
-    d_head = chunk.y_sorted.shape[-1]
+    sizes = chunk.grid.clamp(max=n_keys)
+    n_grid = len(sizes)
     y = chunk.y_sorted  # [row, key, d] by rank
-    # Each ranking's y in its own order, prefix-summed: s_c(N) at the grid.
-    y_placed = torch.gather(
-        y.unsqueeze(1).expand(n_rows, n_controls, n_keys, d_head), 2, places.unsqueeze(-1).expand(-1, -1, -1, d_head)
-    )
-    s = torch.cumsum(y_placed, dim=2)[:, :, grid.clamp(max=n_keys) - 1]  # [row, control, n, d]
-    del y_placed
-    inner = torch.bmm(s.reshape(n_rows, n_controls * len(grid), d_head), y.transpose(1, 2))  # [row, c*n, key]
-    inner = inner.reshape(n_rows, n_controls, len(grid), n_keys)
-    y_sq = (y * y).sum(-1)[:, None, None, :]
+    keys = torch.arange(n_keys, device=places.device)
+    rows = torch.arange(n_rows, device=places.device)[:, None, None]
+    y_placed = y[rows, places].view(n_rows * n_controls, n_keys, -1)  # [row*control, place, d]
+    staircase = (keys < sizes.unsqueeze(-1)).to(y.dtype)  # [n, place]: the top-N sets, by place
+    s = torch.matmul(staircase, y_placed)  # [row*control, n, d]
+    y_sq = (y * y).sum(-1)
+    hidden = keys >= chunk.n_visible.unsqueeze(-1)  # [row, rank]
     if chunk.distance == "euclidean":
-        near = y_sq - 2 * inner  # orders keys as D^2 does (||s||^2 left out, as in the metrics)
+        # ||y_i||^2 - 2 <s, y_i> orders keys as D^2 does (||s||^2 left out, as in the metrics); hidden keys +inf.
+        y_sq = torch.gather(y_sq.masked_fill(hidden, math.inf), 1, places.view(n_rows, -1))
+        near = torch.baddbmm(y_sq.view(-1, 1, n_keys), s, y_placed.transpose(1, 2), alpha=-2)
     else:
-        s_norm = torch.linalg.vector_norm(s, dim=-1).unsqueeze(-1)
-        near = 1 - inner / (s_norm * y_sq.sqrt() + COSINE_EPS)
-    hidden = torch.arange(n_keys, device=near.device) >= chunk.n_visible.unsqueeze(-1)  # by rank
-    near = near.masked_fill(hidden[:, None, None, :], math.inf)
-    # Place of every rank in each ranking, then membership of the top-N set.
-    place_of = torch.empty_like(places).scatter_(2, places, torch.arange(n_keys, device=places.device).expand_as(places))
-    selected: Bool[Tensor, "row control n key"] = place_of.unsqueeze(2) < grid[None, None, :, None]
-    inf = near.new_tensor(math.inf)
-    far_in = torch.where(selected, near, -inf).amax(-1, keepdim=True)
-    near_out = torch.where(selected, inf, near).amin(-1, keepdim=True)
-    n = grid.to(near.dtype)
-    k_out = (near <= far_in).sum(-1).to(near.dtype) - n  # every selected key lies in the closed ball
-    k_in = (near < near_out).sum(-1).to(near.dtype)  # no non-selected key lies in the open ball
+        inner = torch.bmm(s, y_placed.transpose(1, 2))
+        y_norm = torch.gather(y_sq.sqrt(), 1, places.view(n_rows, -1)).view(-1, 1, n_keys)
+        near = 1 - inner / (torch.linalg.vector_norm(s, dim=-1, keepdim=True) * y_norm + COSINE_EPS)
+        placed_hidden = torch.gather(hidden, 1, places.view(n_rows, -1)).view(-1, 1, n_keys)
+        near = near.masked_fill(placed_hidden, math.inf)
+    near = near.view(n_rows, n_controls, n_grid, n_keys)
+    k_out = near.new_zeros(n_rows, n_controls, n_grid)
+    k_in = near.new_zeros(n_rows, n_controls, n_grid)
+    for column, size in enumerate(sizes.tolist()):
+        inside, outside = near[:, :, column, :size], near[:, :, column, size:]
+        far_in = inside.amax(-1, keepdim=True)
+        k_out[:, :, column] = torch.count_nonzero(outside <= far_in, dim=-1)  # closed r_max ball
+        if size < n_keys:
+            k_in[:, :, column] = torch.count_nonzero(inside < outside.amin(-1, keepdim=True), dim=-1)  # open r_min
+        else:
+            k_in[:, :, column] = size  # no key outside: every selected key is inside the r_min ball
+    n = sizes.to(near.dtype)
     return n / (n + k_out), k_in / n
 
 
@@ -135,9 +143,9 @@ class ChanceSettings:
 class ChanceDiagnostic(Diagnostic):
     name = "chance"
     Settings = ChanceSettings
-    # Per row: DEFAULT_CONTROLS rankings' y and prefix sums (key x d each), and their n x key
-    # proximities with the selection masks and a comparison scratch.
-    cost = RowCost(key_d=2 * DEFAULT_CONTROLS, n_key=4 * DEFAULT_CONTROLS)
+    # Per row, for the row's own ranking and each control: its y by place (key x d) and its
+    # proximities with a comparison scratch (n x key).
+    cost = RowCost(key_d=DEFAULT_CONTROLS + 1, n_key=2 * (DEFAULT_CONTROLS + 1))
     fields = (
         FieldSpec("chance_precision_floor", "N / L: the least Precision any N keys can score (L visible keys)", ("n",)),
         FieldSpec("chance_precision", "mean Precision of random top-N sets (nested random rankings)", ("n",)),
