@@ -1,5 +1,6 @@
-"""Fuzzing the result loader: truncated, bit-flipped and re-checksummed files, and altered JSON, either load or
-raise GeometryError naming the file; never another exception, never gigabytes of memory."""
+"""Fuzzing the loaders of results and intervention sweeps: truncated, bit-flipped and re-checksummed files, and
+altered JSON, either load or raise GeometryError naming the file; never another exception, never gigabytes of
+memory."""
 
 import hashlib
 import json
@@ -10,7 +11,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tests import tiny_models as tm
+from tl_geometry.capture.sweep import intervention_sweep
 from tl_geometry.errors import GeometryError
+from tl_geometry.results.interventions import InterventionResult
 from tl_geometry.results.result import GeometryResult
 from tests.test_result import make_result
 
@@ -18,6 +22,12 @@ _FOLDER = Path(tempfile.mkdtemp(prefix="tl-geometry-fuzz-"))
 make_result(n_docs=4, keep_queries=True).save(_FOLDER / "good")
 NPZ = (_FOLDER / "good.npz").read_bytes()
 META = json.loads((_FOLDER / "good.json").read_text())
+intervention_sweep(
+    tm.make_model("bridge-llama"), tm.with_bos(tm.random_tokens(2, 8, seed=1)), [1, 3], scope="head", layers=[0],
+    heads=[0, 1], controls=2, n_bootstrap=4, progress=False,
+).save(_FOLDER / "sweep")
+SWEEP_NPZ = (_FOLDER / "sweep.npz").read_bytes()
+SWEEP_META = json.loads((_FOLDER / "sweep.json").read_text())
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
@@ -31,9 +41,9 @@ def write(npz: bytes, meta: dict | bytes, checksum: bool = True) -> Path:
     return folder / "r"
 
 
-def load_or_refuse(stem: Path) -> GeometryResult | None:
+def load_or_refuse(stem: Path, kind: type = GeometryResult) -> GeometryResult | InterventionResult | None:
     try:
-        return GeometryResult.load(stem)
+        return kind.load(stem)
     except GeometryError as error:
         assert str(stem.parent) in str(error)  # the message names the file
         return None
@@ -91,3 +101,53 @@ def test_altered_field_declarations(index, key, value):
 @given(st.binary(max_size=200) | st.integers(0, len(json.dumps(META)) - 1).map(lambda n: json.dumps(META).encode()[:n]))
 def test_damaged_json_bytes(data):
     assert load_or_refuse(write(NPZ, data)) is None
+
+
+# The same attacks on an intervention sweep's files.
+
+
+@FUZZ
+@given(st.integers(0, len(SWEEP_NPZ) - 1))
+def test_truncated_sweep_npz_with_a_recomputed_checksum(length):
+    assert load_or_refuse(write(SWEEP_NPZ[:length], SWEEP_META), InterventionResult) is None
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(0, len(SWEEP_NPZ) - 1), st.integers(0, 7)), min_size=1, max_size=4))
+def test_bit_flipped_sweep_npz_with_a_recomputed_checksum(flips):
+    data = bytearray(SWEEP_NPZ)
+    for at, bit in flips:
+        data[at] ^= 1 << bit
+    load_or_refuse(write(bytes(data), SWEEP_META), InterventionResult)
+
+
+@FUZZ
+@given(st.sampled_from(sorted(SWEEP_META)), JSON_VALUES, st.booleans())
+def test_altered_or_missing_sweep_json_keys(key, value, drop):
+    meta = {k: v for k, v in SWEEP_META.items() if k != key} if drop else {**SWEEP_META, key: value}
+    load_or_refuse(write(SWEEP_NPZ, meta), InterventionResult)
+
+
+@FUZZ
+@given(st.integers(0, len(SWEEP_META["fields"]) - 1), st.sampled_from(["trailing", "replicates", "axes", "name"]),
+       JSON_VALUES)
+def test_altered_sweep_field_declarations(index, key, value):
+    fields = [dict(f) for f in SWEEP_META["fields"]]
+    fields[index][key] = value
+    load_or_refuse(write(SWEEP_NPZ, {**SWEEP_META, "fields": fields}), InterventionResult)
+
+
+def test_a_sweep_announcing_small_arrays_cannot_unpack_large_ones():
+    """A field whose JSON announces one N but whose arrays hold a million: refused before they are read."""
+    fields = [dict(f) for f in SWEEP_META["fields"]]
+    for f in fields:
+        if "n" in f["axes"]:
+            f["trailing"] = [1 if a == "n" else t for a, t in zip(f["axes"], f["trailing"])]
+    with pytest.raises(GeometryError, match="more than the|unpacks to|announces"):
+        InterventionResult.load(write(SWEEP_NPZ, {**SWEEP_META, "fields": fields}))
+
+
+def test_a_sweep_round_trips_and_a_result_is_not_a_sweep():
+    assert load_or_refuse(write(SWEEP_NPZ, SWEEP_META), InterventionResult) is not None
+    with pytest.raises(GeometryError, match="is not an intervention sweep"):
+        InterventionResult.load(write(NPZ, META))

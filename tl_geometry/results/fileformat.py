@@ -13,7 +13,8 @@ size its JSON announces before it is read.
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -85,36 +86,56 @@ def stage(unit: Unit, result: Any, path: str | os.PathLike) -> tuple[Path, Path]
 
 def read(path: str | os.PathLike, specs: Mapping[str, FieldSpec] | None) -> dict[str, Any]:
     """The GeometryResult fields a pair of files holds, checked; GeometryError naming the file otherwise."""
-    npz_path, json_path = paths(path)
-    # A commit cut short between its renames is read as it will be completed.
-    npz_file, json_file = committed_path(npz_path), committed_path(json_path)
-    for p, shown in ((npz_file, npz_path), (json_file, json_path)):
-        if not p.is_file():
-            raise GeometryError(f"load: {shown} does not exist; save writes both {npz_path.name} and {json_path.name}")
-    meta = _metadata(json_file, json_path)
+    meta, npz_file, npz_path, json_path = open_pair(path, "the result")
     version = meta.get("format_version")
     if version not in (1, FORMAT_VERSION):
         raise GeometryError(
             f"load: {json_path} has format_version {version!r}; this tl_geometry reads 1 and {FORMAT_VERSION}"
         )
-    if meta.get("npz_sha256") != sha256(npz_file):
-        raise GeometryError(f"load: {npz_path} does not match {json_path} (checksum differs); save again")
-    try:
+    check_checksum(meta, npz_file, npz_path, json_path)
+    with malformed_as_error(npz_path, json_path, "the result"):
         limits = None if version == 1 else array_limits(meta)
         arrays = read_npz(npz_file, limits)
         return _fields(meta, arrays, npz_path, specs)
+
+
+def open_pair(path: str | os.PathLike, what: str) -> tuple[dict[str, Any], Path, Path, Path]:
+    """The JSON object of a saved pair, the ``.npz`` to read, and the two paths to name in errors.
+
+    A commit cut short between its renames is read as it will be completed.
+    """
+    npz_path, json_path = paths(path)
+    npz_file, json_file = committed_path(npz_path), committed_path(json_path)
+    for p, shown in ((npz_file, npz_path), (json_file, json_path)):
+        if not p.is_file():
+            raise GeometryError(
+                f"load: {shown} does not exist; saving {what} writes both {npz_path.name} and {json_path.name}"
+            )
+    return read_metadata(json_file, json_path), npz_file, npz_path, json_path
+
+
+def check_checksum(meta: Mapping[str, Any], npz_file: Path, npz_path: Path, json_path: Path) -> None:
+    if meta.get("npz_sha256") != sha256(npz_file):
+        raise GeometryError(f"load: {npz_path} does not match {json_path} (checksum differs); save again")
+
+
+@contextmanager
+def malformed_as_error(npz_path: Path, json_path: Path, what: str) -> Iterator[None]:
+    """Any malformed content read inside the block becomes a GeometryError naming the files."""
+    try:
+        yield
     except GeometryError as error:
         if str(error).startswith(("load: ", "cannot read")):
             raise
         raise GeometryError(f"load: {json_path}: {error}") from error
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as error:
         raise GeometryError(
-            f"load: {json_path} or {npz_path} is malformed ({type(error).__name__}: {error}); save the result again"
+            f"load: {json_path} or {npz_path} is malformed ({type(error).__name__}: {error}); save {what} again"
         ) from error
 
 
-def _metadata(json_file: Path, json_path: Path) -> dict[str, Any]:
-    """The JSON object of a result, or GeometryError naming the file."""
+def read_metadata(json_file: Path, json_path: Path) -> dict[str, Any]:
+    """The JSON object of a result (``json_file``, shown as ``json_path``), or GeometryError naming the file."""
     size = json_file.stat().st_size
     if size > MAX_JSON_BYTES:
         raise GeometryError(f"load: {json_path} is {size} bytes, more than a result's metadata ever is; not a result")
@@ -127,7 +148,7 @@ def _metadata(json_file: Path, json_path: Path) -> dict[str, Any]:
     return meta
 
 
-def _count(value: Any, what: str) -> int:
+def non_negative_int(value: Any, what: str) -> int:
     """A non-negative integer from the JSON (not a bool, not a float)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise GeometryError(f"{what} is {value!r}, expected a non-negative integer")
@@ -150,8 +171,8 @@ def array_limits(meta: Mapping[str, Any]) -> dict[str, int]:
     trailing_of = {}
     for entry in meta["fields"]:
         name = str(entry["name"])
-        trailing = tuple(_count(i, f"fields[{name!r}].trailing") for i in entry["trailing"])
-        replicates = _count(entry["replicates"], f"fields[{name!r}].replicates")
+        trailing = tuple(non_negative_int(i, f"fields[{name!r}].trailing") for i in entry["trailing"])
+        replicates = non_negative_int(entry["replicates"], f"fields[{name!r}].replicates")
         trailing_of[name] = trailing
         if "n" in entry["axes"]:
             grid = trailing[list(entry["axes"]).index("n")]
@@ -162,7 +183,8 @@ def array_limits(meta: Mapping[str, Any]) -> dict[str, int]:
         total += 5 * cells + 2 * replicates * cells
     limits["n_grid"] = announced_bytes((grid if grid is not None else MAX_GRID,))
     if meta.get("queries") is not None:
-        documents, tokens = _count(meta["n_documents"], "n_documents"), _count(meta["n_tokens"], "n_tokens")
+        documents = non_negative_int(meta["n_documents"], "n_documents")
+        tokens = non_negative_int(meta["n_tokens"], "n_tokens")
         for name in meta["queries"]:  # at most every token of every document is a query
             limits[f"queries/{name}"] = announced_bytes((documents, layers, heads, tokens, *trailing_of[str(name)]))
         limits["query_positions"] = announced_bytes((documents, tokens))
@@ -183,34 +205,23 @@ def _fields(
     n_grid = torch.from_numpy(arrays["n_grid"].copy())
     if n_grid.ndim != 1 or n_grid.is_floating_point():
         raise GeometryError(f"load: {npz_path}: 'n_grid' is {n_grid.dtype} {list(n_grid.shape)}; expected 1-d integers")
-    layers = tuple(_count(i, "layers[...]") for i in _typed(meta["layers"], list, "layers"))
-    heads = tuple(_count(i, "heads[...]") for i in _typed(meta["heads"], list, "heads"))
-    config = GeometryConfig.from_json(_typed(meta["config"], dict, "config"))
-    versions = _typed(meta["versions"], dict, "versions")
+    layers = tuple(non_negative_int(i, "layers[...]") for i in of_json_type(meta["layers"], list, "layers"))
+    heads = tuple(non_negative_int(i, "heads[...]") for i in of_json_type(meta["heads"], list, "heads"))
+    config = GeometryConfig.from_json(of_json_type(meta["config"], dict, "config"))
+    versions = of_json_type(meta["versions"], dict, "versions")
     if not all(isinstance(v, str) for v in versions.values()):
         raise GeometryError(f"'versions' is {versions!r}, expected package names -> version strings")
     out = {"n_grid": n_grid, "layers": layers, "heads": heads, "config": config,
-           "model_name": _typed(meta["model_name"], str, "model_name"), "versions": versions}
+           "model_name": of_json_type(meta["model_name"], str, "model_name"), "versions": versions}
     provenance = meta.get("provenance")
     if provenance is not None:  # files before 0.2 record none
-        out["provenance"] = _typed(provenance, dict, "provenance")
+        out["provenance"] = of_json_type(provenance, dict, "provenance")
     if meta["format_version"] == 1:
         return {**out, **_format_1(arrays, npz_path, n_grid, layers, heads, config, specs)}
-    stats = {}
-    for entry in meta["fields"]:
-        entry = _typed(entry, dict, "fields[...]")
-        axes = _typed(entry["axes"], list, "fields[...].axes")
-        if not all(isinstance(a, str) for a in axes) or not isinstance(entry["bootstrap"], bool):
-            raise GeometryError(f"field {entry.get('name')!r}: axes {axes!r} or bootstrap {entry['bootstrap']!r} "
-                                "is not a list of names or a bool")
-        spec = FieldSpec(name=_typed(entry["name"], str, "fields[...].name"), doc=_typed(entry["doc"], str, "doc"),
-                         axes=tuple(axes), queries=entry["queries"], documents=entry["documents"],
-                         bootstrap=entry["bootstrap"])
-        shape = (len(layers), len(heads), *(int(i) for i in entry["trailing"]))
-        stats[spec.name] = stats_from_arrays(spec, arrays, shape, int(entry["replicates"]), npz_path)
+    stats = read_stats(meta, arrays, npz_path, layers, heads)
     rows, positions = None, None
     if meta["queries"] is not None:
-        names = _typed(meta["queries"], list, "queries")
+        names = of_json_type(meta["queries"], list, "queries")
         if not all(isinstance(n, str) for n in names):
             raise GeometryError(f"'queries' is {names!r}, expected field names")
         missing = [k for k in ["query_positions", *(f"queries/{n}" for n in meta["queries"])] if k not in arrays]
@@ -218,11 +229,31 @@ def _fields(
             raise GeometryError(f"load: {npz_path} has no array(s) {missing}; save the result again")
         rows = {name: torch.from_numpy(arrays[f"queries/{name}"].copy()) for name in meta["queries"]}
         positions = torch.from_numpy(arrays["query_positions"].copy())
-    return {**out, "stats": stats, "n_documents": _count(meta["n_documents"], "n_documents"),
-            "n_tokens": _count(meta["n_tokens"], "n_tokens"), "queries": rows, "query_positions": positions}
+    return {**out, "stats": stats, "n_documents": non_negative_int(meta["n_documents"], "n_documents"),
+            "n_tokens": non_negative_int(meta["n_tokens"], "n_tokens"), "queries": rows, "query_positions": positions}
 
 
-def _typed(value: Any, kind: type, what: str) -> Any:
+def read_stats(
+    meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray], npz_path: Path, layers: tuple[int, ...],
+    heads: tuple[int, ...],
+) -> dict[str, Any]:
+    """Every declared field's `FieldStats`: declarations type-checked, arrays checked against their shapes."""
+    stats = {}
+    for entry in of_json_type(meta["fields"], list, "fields"):
+        entry = of_json_type(entry, dict, "fields[...]")
+        axes = of_json_type(entry["axes"], list, "fields[...].axes")
+        if not all(isinstance(a, str) for a in axes) or not isinstance(entry["bootstrap"], bool):
+            raise GeometryError(f"field {entry.get('name')!r}: axes {axes!r} or bootstrap {entry['bootstrap']!r} "
+                                "is not a list of names or a bool")
+        spec = FieldSpec(name=of_json_type(entry["name"], str, "fields[...].name"),
+                         doc=of_json_type(entry["doc"], str, "fields[...].doc"), axes=tuple(axes),
+                         queries=entry["queries"], documents=entry["documents"], bootstrap=entry["bootstrap"])
+        shape = (len(layers), len(heads), *(int(i) for i in entry["trailing"]))
+        stats[spec.name] = stats_from_arrays(spec, arrays, shape, int(entry["replicates"]), npz_path)
+    return stats
+
+
+def of_json_type(value: Any, kind: type, what: str) -> Any:
     """``value`` if it is a ``kind`` (the JSON type a result writes there), else GeometryError."""
     if not isinstance(value, kind):
         raise GeometryError(f"{what!r} is {value!r}, expected a JSON {kind.__name__}")

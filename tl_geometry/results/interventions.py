@@ -36,21 +36,34 @@ from torch import Tensor
 
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.errors import GeometryError
-from tl_geometry.results.fileformat import FORMAT_VERSION, paths
+from tl_geometry.results.fileformat import (
+    FORMAT_VERSION,
+    array_limits,
+    check_checksum,
+    malformed_as_error,
+    non_negative_int,
+    of_json_type,
+    open_pair,
+    paths,
+    read_stats,
+)
 from tl_geometry.results.select import nanquantile, take
 from tl_geometry.results.stats import FieldStats, merge_stats
 from tl_geometry.results.files import commit_unit
-from tl_geometry.results.storage import (
-    read_npz,
-    sha256,
-    stats_arrays,
-    stats_from_arrays,
-)
+from tl_geometry.results.storage import read_npz, sha256, stats_arrays
 
 ALL = -1
 """Label of the layer or head axis of a unit that covers every intervened layer or head."""
 KIND = "interventions"
 CLEAN_FIELD = FieldSpec("nll_clean", "mean next-token NLL of the clean pass (nats)", bootstrap=True)
+
+
+def _labels(meta: Mapping[str, Any], key: str) -> tuple[int, ...]:
+    """Layer or head labels from a sweep's JSON: integers, `ALL` (-1) for a unit that covers them all."""
+    values = of_json_type(meta[key], list, key)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= ALL for v in values):
+        raise GeometryError(f"{key!r} is {values!r}, expected layer or head numbers (or {ALL} for all of them)")
+    return tuple(values)
 
 
 def dnll_spec(mode: str) -> FieldSpec:
@@ -266,36 +279,42 @@ class InterventionResult:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "InterventionResult":
-        """Read a sweep written by `save`; GeometryError naming the file if it is missing, damaged or not a sweep."""
-        npz_path, json_path = paths(path)
-        for p in (npz_path, json_path):
-            if not p.exists():
-                raise GeometryError(f"load: {p} does not exist; save writes both {npz_path.name} and {json_path.name}")
-        try:
-            meta = json.loads(json_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise GeometryError(f"load: {json_path} is not valid JSON ({error}); save the sweep again") from None
-        if not isinstance(meta, dict) or meta.get("kind") != KIND:
+        """Read a sweep written by `save`, checked as `GeometryResult.load` checks a result.
+
+        Every array is checked against the size its JSON announces before it is
+        read, and every JSON value against its type; GeometryError naming the
+        file if it is missing, damaged, altered or not a sweep.
+        """
+        meta, npz_file, npz_path, json_path = open_pair(path, "a sweep")
+        if meta.get("kind") != KIND:
             raise GeometryError(f"load: {json_path} is not an intervention sweep (no \"kind\": \"{KIND}\"); "
                                 "load geometry results with GeometryResult.load")
-        if meta.get("npz_sha256") != sha256(npz_path):
-            raise GeometryError(f"load: {npz_path} does not match {json_path} (checksum differs); save again")
-        arrays = read_npz(npz_path)
-        layers, heads = tuple(meta["layers"]), tuple(meta["heads"])
-        stats = {}
-        for entry in meta["fields"]:
-            spec = FieldSpec(name=entry["name"], doc=entry["doc"], axes=tuple(entry["axes"]), queries=entry["queries"],
-                             documents=entry["documents"], bootstrap=bool(entry["bootstrap"]))
-            shape = (len(layers), len(heads), *(int(i) for i in entry["trailing"]))
-            stats[spec.name] = stats_from_arrays(spec, arrays, shape, int(entry["replicates"]), npz_path)
-        return cls(
-            n_grid=torch.from_numpy(arrays["n_grid"].copy()), layers=layers, heads=heads, stats=stats,
-            scope=meta["scope"], modes=tuple(meta["modes"]), ranking=meta["ranking"], n_controls=int(meta["n_controls"]),
-            intervened_layers=tuple(meta["intervened_layers"]),
-            intervened_heads=None if meta["intervened_heads"] is None else tuple(meta["intervened_heads"]),
-            n_documents=int(meta["n_documents"]), n_tokens=int(meta["n_tokens"]), seed=int(meta["seed"]),
-            model_name=meta["model_name"], versions=meta["versions"],
-        )
+        check_checksum(meta, npz_file, npz_path, json_path)
+        with malformed_as_error(npz_path, json_path, "the sweep"):
+            arrays = read_npz(npz_file, array_limits(meta))
+            if "n_grid" not in arrays:
+                raise GeometryError(f"load: {npz_path} has no array 'n_grid'; save the sweep again")
+            layers, heads = _labels(meta, "layers"), _labels(meta, "heads")
+            intervened_heads = meta["intervened_heads"]
+            return cls(
+                n_grid=torch.from_numpy(arrays["n_grid"].copy()), layers=layers, heads=heads,
+                stats=read_stats(meta, arrays, npz_path, layers, heads),
+                scope=of_json_type(meta["scope"], str, "scope"),
+                modes=tuple(of_json_type(m, str, "modes[...]") for m in of_json_type(meta["modes"], list, "modes")),
+                ranking=of_json_type(meta["ranking"], str, "ranking"),
+                n_controls=non_negative_int(meta["n_controls"], "n_controls"),
+                intervened_layers=tuple(non_negative_int(i, "intervened_layers[...]")
+                                        for i in of_json_type(meta["intervened_layers"], list, "intervened_layers")),
+                intervened_heads=None if intervened_heads is None else tuple(
+                    non_negative_int(i, "intervened_heads[...]")
+                    for i in of_json_type(intervened_heads, list, "intervened_heads")
+                ),
+                n_documents=non_negative_int(meta["n_documents"], "n_documents"),
+                n_tokens=non_negative_int(meta["n_tokens"], "n_tokens"),
+                seed=non_negative_int(meta["seed"], "seed"),
+                model_name=of_json_type(meta["model_name"], str, "model_name"),
+                versions=of_json_type(meta["versions"], dict, "versions"),
+            )
 
     def equals(self, other: "InterventionResult") -> bool:
         """Same settings, grid, documents and statistics (bitwise, NaN equal to NaN)."""
