@@ -31,6 +31,13 @@ def test_missing_device_is_refused_before_the_model_loads(tmp_path):
     assert time.perf_counter() - start < 60  # no model was loaded (that alone takes longer under load)
 
 
+def test_misspelt_model_is_refused_before_anything_loads(tmp_path):
+    done = cli("analyze", "--model", "smollm2-135", "--quiet", "--out", str(tmp_path / "out"))
+    assert done.returncode == 1
+    assert done.stderr.startswith("tl-geometry: error: model: unknown name 'smollm2-135'; did you mean 'smollm2-135m'?")
+    assert "loading" not in done.stderr and not (tmp_path / "out").exists()
+
+
 def test_bad_checkpoint_every_is_one_line(tmp_path):
     done = cli("analyze", "--checkpoint-every", "5 minutes", "--quiet", "--out", str(tmp_path / "out"))
     assert done.returncode == 1

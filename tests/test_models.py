@@ -7,7 +7,7 @@ import torch
 
 from tl_geometry import models
 from tl_geometry.errors import GeometryError
-from tl_geometry.models import load_model, model_cache_dir, transformer_lens_major_version
+from tl_geometry.models import check_model_name, load_model, model_cache_dir, transformer_lens_major_version
 from tl_geometry.text import default_text, text_windows
 
 # Model-facing: also run in the transformer-lens 3.9 environment (make test-tl3).
@@ -44,6 +44,26 @@ def test_unknown_model_offline(monkeypatch):
     assert "\n" not in message
     assert "smollm2-135m" in message
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m", "gpt2-small", "GPT2-Small", "org/model"])
+def test_known_model_names_pass_the_early_check(name):
+    check_model_name(name)
+
+
+@pytest.mark.parametrize(("name", "suggested"), [("smollm2-135", "'smollm2-135m'"), ("gpt2-smal", "'gpt2-small'"),
+                                                 ("no-such-model", None), ("", None)])
+def test_unknown_model_names_are_refused_with_the_closest_names(name, suggested, monkeypatch):
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model loaded")
+
+    monkeypatch.setattr(models, "_load_bundled_hf", no_loading)
+    monkeypatch.setattr(models, "_load_by_name", no_loading)
+    with pytest.raises(GeometryError, match=r"^model: ") as caught:
+        load_model(name)
+    message = str(caught.value)
+    assert (f"did you mean {suggested}" in message) if suggested else ("did you mean" not in message)
+    assert "\n" not in message
 
 
 def test_cache_dir_precedence(monkeypatch, tmp_path):

@@ -483,9 +483,10 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise GeometryError("--prompts and --data: pass one of them (prompts are analysed whole, data in windows)")
     config_from_args(args)  # a bad option fails here, before the model loads
     from tl_geometry.capture.checkpoint import CheckpointEvery
-    from tl_geometry.models import check_device, model_dtype
+    from tl_geometry.models import check_device, check_model_name, model_dtype
 
     CheckpointEvery.parse(args.checkpoint_every)
+    check_model_name(args.model)
     check_device(args.device)
     model_dtype(args.dtype)
     if args.prompts is not None:

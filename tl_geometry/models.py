@@ -15,6 +15,7 @@ all 9 query heads.
 """
 
 import contextlib
+import difflib
 import importlib.metadata
 import importlib.util
 import json
@@ -175,6 +176,7 @@ def load_model(
     (30, 9)
     """
     _check_kind(kind)
+    check_model_name(name)
     device = check_device(device)
     weights = model_dtype(dtype)
     if kind == "bridge" and weights != torch.float32 and transformer_lens_major_version() < 4:
@@ -195,6 +197,36 @@ def load_model(
     else:
         model = _load_by_name(name, kind=kind, device=device, compatibility_mode=compatibility_mode, dtype=weights)
     return _ready_for_analysis(model, name, weights)
+
+
+def check_model_name(name: str) -> None:
+    """GeometryError, naming the closest known names, for a model name no loader can resolve.
+
+    Accepted without loading anything: the bundled models, TransformerLens's
+    official names and aliases (any case, as its loader matches them),
+    Hugging Face ids (``org/name``: whether the hub or its cache has them is
+    only known when loading) and existing local folders.
+
+    >>> check_model_name("smollm2-135")
+    Traceback (most recent call last):
+    ...
+    tl_geometry.errors.GeometryError: model: unknown name 'smollm2-135'; did you mean 'smollm2-135m'? ...
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise GeometryError(f"model: expected a model name such as {DEFAULT_MODEL!r}, got {name!r}")
+    if name in _BUNDLED_MODELS or "/" in name or Path(name).is_dir():
+        return
+    from transformer_lens.supported_models import MODEL_ALIASES, OFFICIAL_MODEL_NAMES
+
+    known = [*OFFICIAL_MODEL_NAMES, *(alias for aliases in MODEL_ALIASES.values() for alias in aliases)]
+    if name.lower() in {k.lower() for k in known}:
+        return
+    close = difflib.get_close_matches(name, [*_BUNDLED_MODELS, *known], n=3, cutoff=0.85)
+    hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+    raise GeometryError(
+        f"model: unknown name {name!r}; {hint}Offline models: {', '.join(bundled_model_names())}; other models are "
+        "TransformerLens names (such as 'gpt2-small') or Hugging Face ids ('org/name', from the hub or its cache)"
+    )
 
 
 def model_dtype(dtype: str | torch.dtype) -> torch.dtype:
