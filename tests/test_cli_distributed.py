@@ -60,3 +60,27 @@ def test_torchrun_two_processes_write_the_one_process_result(tmp_path):
     assert both.stdout.count("wrote") == 1  # rank 0 alone writes and prints
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["result.json", "result.npz"]  # no checkpoint left
     assert_equal_runs(GeometryResult.load(tmp_path / "two" / "result"), GeometryResult.load(tmp_path / "one" / "result"))
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_torchrun_two_processes_intervene_as_one(tmp_path):
+    from tl_geometry.results.interventions import InterventionResult
+
+    common = ("intervene", "--windows", "3", "--context", "12", "--n-grid", "1,4", "--controls", "1", "--scope",
+              "layer", "--layers", "0,1", "--n-star", "--taus", "0.05", "--bootstrap", "8", "--batch-size", "1",
+              "--quiet")
+    single = cli(*common, "--out", str(tmp_path / "one"))
+    assert single.returncode == 0, single.stderr
+    launcher = (sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                "--master-port", str(_free_port()))
+    both = cli(*common, "--out", str(tmp_path / "two"), launcher=launcher)
+    assert both.returncode == 0, both.stderr
+    assert both.stdout.count("wrote") == 1  # rank 0 alone writes and prints
+    one, two = InterventionResult.load(tmp_path / "one" / "sweep"), InterventionResult.load(tmp_path / "two" / "sweep")
+    assert two.n_documents == one.n_documents == 3
+    for name, s in one.stats.items():
+        for statistic, x in s.stored().arrays().items():
+            y = two.stats[name].stored().arrays()[statistic]
+            torch.testing.assert_close(y, x, equal_nan=True, rtol=1e-6, atol=1e-12, msg=f"{name}/{statistic}")
+    assert (tmp_path / "two" / "n_star.json").read_text() == (tmp_path / "one" / "n_star.json").read_text()

@@ -94,6 +94,12 @@ def _worker(rank: int, world_size: int, port: int, out: str, mode: str) -> None:
                 analyze_corpus(model, CORPUS, progress=False, **settings)
             Path(out, f"refused{rank}").touch()
             return
+        if mode == "sweep":  # the intervention sweep and the N*_tau search run under the same launcher
+            sweep, n_star = _sweeps(model)
+            sweep.save(Path(out) / f"rank{rank}" / "sweep")
+            torch.save({"n_star": n_star.n_star, "low": n_star.low, "high": n_star.high},
+                       Path(out) / f"rank{rank}" / "n_star.pt")
+            return
         corpus = _windows(model) if mode == "windows" else CORPUS
         result = analyze_corpus(model, corpus, batch_size=2, progress=False, **SETTINGS)
         result.save(Path(out) / f"rank{rank}" / "result")  # one folder each: a folder has one writer at a time
@@ -128,6 +134,37 @@ def test_two_gloo_processes_equal_one_on_a_window_stream(tmp_path):
     assert alone.n_documents == 7
     for rank in range(2):
         assert_equal_runs(GeometryResult.load(tmp_path / f"rank{rank}" / "result"), alone)
+
+
+def _sweeps(model):
+    from tl_geometry.capture.sweep import effective_set_size, intervention_sweep
+
+    settings = dict(layers=[0, 1], n_bootstrap=20, batch_size=2, progress=False)
+    sweep = intervention_sweep(model, CORPUS, [1, 2, 4], scope="layer", controls=2, **settings)
+    return sweep, effective_set_size(model, CORPUS, taus=(0.05, 0.5), scope="layer", **settings)
+
+
+def test_two_gloo_processes_sweep_as_one(tmp_path):
+    from tl_geometry.results.interventions import InterventionResult
+
+    _spawn_ranks(tmp_path, "sweep")
+    sweep, n_star = _sweeps(tm.make_model(KIND))
+    close = {"equal_nan": True, "rtol": 1e-6, "atol": 1e-12}
+    for rank in range(2):  # every rank ends with the whole sweep and the same search
+        both = InterventionResult.load(tmp_path / f"rank{rank}" / "sweep")
+        assert (both.n_documents, both.n_tokens) == (sweep.n_documents, sweep.n_tokens) == (len(CORPUS), both.n_tokens)
+        assert list(both.stats) == list(sweep.stats)
+        for name, s in sweep.stats.items():
+            mine, theirs = s.stored().arrays(), both.stats[name].stored().arrays()
+            assert mine.keys() == theirs.keys()
+            for statistic, x in mine.items():
+                if x.is_floating_point():
+                    torch.testing.assert_close(theirs[statistic], x, msg=f"{name}/{statistic}", **close)
+                else:
+                    assert torch.equal(theirs[statistic], x), f"{name}/{statistic}"
+        searched = torch.load(tmp_path / f"rank{rank}" / "n_star.pt")
+        for what in ("n_star", "low", "high"):
+            torch.testing.assert_close(searched[what], getattr(n_star, what), equal_nan=True, rtol=0, atol=0)
 
 
 def test_ranks_that_disagree_refuse(tmp_path):

@@ -233,12 +233,9 @@ def _intervene(args: argparse.Namespace) -> int:
 
     import torch
 
-    from tqdm.auto import tqdm
-
     from tl_geometry.analysis.interventions import geometry_vs_dnll
     from tl_geometry.capture.corpus import analyze_corpus
     from tl_geometry.capture.sweep import effective_set_size, intervention_sweep
-    from tl_geometry.models import load_model
     from tl_geometry.report.html import intervention_figures, render_html
     from tl_geometry.results.files import atomic_path
 
@@ -246,9 +243,7 @@ def _intervene(args: argparse.Namespace) -> int:
         raise GeometryError("--n-grid: intervene needs a list of N like 1,2,4,8 (each N is a forward pass), not 'all'")
     n_grid = INTERVENE_GRID if args.n_grid == "default" else args.n_grid
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-    with tqdm(total=1, desc=f"tl_geometry: loading {args.model}", disable=args.quiet, bar_format="{desc} {elapsed}") as bar:
-        model = load_model(args.model, device=args.device, dtype=args.dtype, progress=not args.quiet)
-        bar.update()
+    model, quiet = _load_model_on_every_rank(args)  # under torchrun each rank sweeps its share of the windows
     stream, _ = _corpus(args, model, None)
     windows = torch.stack([window.tokens for window in stream])  # full windows: one length
 
@@ -257,10 +252,12 @@ def _intervene(args: argparse.Namespace) -> int:
             tmp.write_text(text)
 
     common = dict(layers=args.layers, heads=args.heads, ranking=args.ranking, n_bootstrap=args.bootstrap,
-                  batch_size=args.batch_size, progress=not args.quiet)
+                  batch_size=args.batch_size, progress=not quiet)
     sweep = intervention_sweep(model, windows, n_grid, modes=modes, scope=args.scope, controls=args.controls, **common)
-    args.out.mkdir(parents=True, exist_ok=True)
-    sweep.save(args.out / "sweep")
+    main = _is_main_process()  # every rank holds the reduced sweep; rank 0 writes
+    if main:
+        args.out.mkdir(parents=True, exist_ok=True)
+        sweep.save(args.out / "sweep")
     n_star = correlation = None
     if args.n_star:
         n_star = effective_set_size(model, windows, taus=tuple(args.taus), mode=modes[0], scope=args.scope, **common)
@@ -268,10 +265,13 @@ def _intervene(args: argparse.Namespace) -> int:
                               "high": n_star.high[t].tolist()} for t, tau in enumerate(n_star.taus)}
         text_out = json.dumps({"layers": list(n_star.layers), "heads": list(n_star.heads), "mode": n_star.mode,
                                "taus": table}, indent=2)
-        write_text(args.out / "n_star.json", text_out)
+        if main:
+            write_text(args.out / "n_star.json", text_out)
     geometry = analyze_corpus(model, windows, n_grid=n_grid, layers=args.layers, heads=args.heads,
                               bootstrap_fields=["precision", "recall", "f_score"], n_bootstrap=args.bootstrap,
-                              batch_size=args.batch_size, progress=not args.quiet)
+                              batch_size=args.batch_size, progress=not quiet)
+    if not main:
+        return EXIT_OK
     if args.scope != "model":
         correlation = geometry_vs_dnll(geometry, sweep, mode=modes[0])
     tau = 0.05 if n_star is None or 0.05 in n_star.taus else n_star.taus[0]
@@ -337,29 +337,14 @@ def _corpus(args: argparse.Namespace, model: Any, prompts: list[str] | None) -> 
 
 def _analyse(args: argparse.Namespace):
     """Load the model and text, analyse the windows; the result and the summary-table details."""
-    from tqdm.auto import tqdm
-
-    from tl_geometry.capture import distributed
     from tl_geometry.capture.checkpoint import CheckpointEvery
     from tl_geometry.capture.corpus import analyze_corpus
     from tl_geometry.capture.sources import WindowStream
-    from tl_geometry.models import load_model
 
     config = config_from_args(args)
     prompts = _read_prompts(args.prompts) if args.prompts is not None else None
     every = CheckpointEvery.parse(args.checkpoint_every)
-    ranks = distributed.init_from_env(args.device)
-    quiet = args.quiet or not ranks.is_main
-    # A one-step bar: the cached load takes seconds, the first export of a bundled model longer
-    # (load_model then shows its own steps).
-    with tqdm(total=1, desc=f"tl_geometry: loading {args.model}", disable=quiet, bar_format="{desc} {elapsed}") as bar:
-        if not ranks.is_main:
-            distributed.barrier()  # rank 0 first: it alone fills the model cache
-        model = load_model(args.model, device=distributed.rank_device(args.device, ranks), dtype=args.dtype,
-                           progress=not quiet)
-        if ranks.is_main:
-            distributed.barrier()
-        bar.update()
+    model, quiet = _load_model_on_every_rank(args)
     corpus, details = _corpus(args, model, prompts)
     result = analyze_corpus(
         model, corpus, config, batch_size=args.batch_size, progress=not quiet,
@@ -371,6 +356,31 @@ def _analyse(args: argparse.Namespace):
         if args.windows is not None and result.n_documents < args.windows:
             details["note"] = f"the corpus gave {result.n_documents} of the {args.windows} windows asked for"
     return result, details
+
+
+def _load_model_on_every_rank(args: argparse.Namespace) -> tuple[Any, bool]:
+    """Join the torchrun process group (if any) and load the model on this rank; and whether to stay quiet.
+
+    Rank 0 loads first: it alone fills the model cache, the others then read it.
+    """
+    from tqdm.auto import tqdm
+
+    from tl_geometry.capture import distributed
+    from tl_geometry.models import load_model
+
+    ranks = distributed.init_from_env(args.device)
+    quiet = args.quiet or not ranks.is_main
+    # A one-step bar: the cached load takes seconds, the first export of a bundled model longer
+    # (load_model then shows its own steps).
+    with tqdm(total=1, desc=f"tl_geometry: loading {args.model}", disable=quiet, bar_format="{desc} {elapsed}") as bar:
+        if not ranks.is_main:
+            distributed.barrier()
+        model = load_model(args.model, device=distributed.rank_device(args.device, ranks), dtype=args.dtype,
+                           progress=not quiet)
+        if ranks.is_main:
+            distributed.barrier()
+        bar.update()
+    return model, quiet
 
 
 def _merge(args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ from tl_geometry.analysis.interventions import (
     n_star_of,
     stack_n_star,
 )
+from tl_geometry.capture import distributed
 from tl_geometry.capture.corpus import prepared_batches
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.capture.hooks import _accepts_attention_mask, model_name
@@ -321,7 +322,9 @@ def intervention_sweep(
 
     Every (unit, mode, N, control) is one forward pass per batch of windows;
     the clean pass is shared. The cost is the product: keep ``controls`` and
-    the grid small for ``scope="head"``.
+    the grid small for ``scope="head"``. Under ``torchrun`` (an initialised
+    process group) each rank sweeps every K-th window and every rank returns
+    the reduced sweep of the whole corpus.
 
     Args:
         model: a TransformerLens model whose ``hook_pattern`` edits reach the
@@ -354,16 +357,29 @@ def intervention_sweep(
     check_pattern_edits(model)
     plan = make_plan(model, n_grid, modes=modes, scope=scope, layers=layers, heads=heads, ranking=ranking,
                      controls=controls, seed=seed, n_bootstrap=n_bootstrap, reuse_residual=reuse_residual)
-    config = GeometryConfig(prepend_bos=prepend_bos)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise GeometryError(f"batch_size: expected a positive integer, got {batch_size!r}")
-    batches = prepared_batches(model, corpus, config, batch_size)
+    batches, ranks = _my_batches(model, corpus, plan, prepend_bos, batch_size)
     accumulator = new_sweep_accumulator(plan)
     total = plan.passes_per_batch * len(batches)
-    with tqdm(total=total, desc="tl_geometry: top-N sweep", unit="pass", disable=not progress) as bar:
+    with tqdm(total=total, desc="tl_geometry: top-N sweep", unit="pass", disable=not (progress and ranks.is_main)) as bar:
         for batch in batches:
             sweep_batch(model, batch, plan, accumulator, bar)
-    return result_of(model, plan, accumulator)
+    return result_of(model, plan, distributed.reduce_accumulator(accumulator))
+
+
+def _my_batches(
+    model: HookableModel, corpus: Any, plan: "SweepPlan", prepend_bos: bool, batch_size: int
+) -> tuple[list[PreparedTokens], distributed.Ranks]:
+    """This process's share of the corpus, tokenised: every window under one process, every K-th under torchrun.
+
+    Under torchrun the ranks first agree on the plan (a rank started with
+    other arguments is refused on every rank, naming the difference).
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise GeometryError(f"batch_size: expected a positive integer, got {batch_size!r}")
+    ranks = distributed.current_ranks()
+    distributed.agree("model and sweep plan", (model_name(model), plan, prepend_bos))
+    batches = prepared_batches(model, corpus, GeometryConfig(prepend_bos=prepend_bos), batch_size, ranks)
+    return batches, ranks
 
 
 def effective_set_size(
@@ -402,16 +418,16 @@ def effective_set_size(
         EffectiveSetSize (``n_star[tau, layer, head_index]``, ``low``, ``high``, the sweeps).
     """
     check_pattern_edits(model)
-    config = GeometryConfig(prepend_bos=prepend_bos)
-    batches = prepared_batches(model, corpus, config, batch_size)
-    if max_n is None:
-        max_n = max(int(b.real.sum(-1).max()) for b in batches)
     plan = make_plan(model, [1], modes=(mode,), scope=scope, layers=layers, heads=heads, ranking=ranking, controls=0,
                      seed=seed, n_bootstrap=n_bootstrap, reuse_residual=reuse_residual)
+    batches, ranks = _my_batches(model, corpus, plan, prepend_bos, batch_size)
+    if max_n is None:  # the longest window of any rank's share
+        max_n = distributed.agree_on_max(max((int(b.real.sum(-1).max()) for b in batches), default=1))
     powers = sorted({min(2**k, max_n) for k in range(max_n.bit_length() + 1)})
     parts = []
     units = [(layer, head) for layer in plan.unit_layers for head in plan.unit_heads]
-    for layer, head in tqdm(units, desc="tl_geometry: N*_tau search", unit="unit", disable=not progress or len(units) == 1):
+    quiet = not (progress and ranks.is_main) or len(units) == 1
+    for layer, head in tqdm(units, desc="tl_geometry: N*_tau search", unit="unit", disable=quiet):
         unit_layers = plan.layers if layer == ALL else (layer,)
         unit_heads = plan.heads if head == ALL else (head,)
         unit_scope = "model" if layer == ALL else ("layer" if head == ALL else "head")
@@ -424,7 +440,8 @@ def effective_set_size(
             accumulator = new_sweep_accumulator(unit_plan)
             for batch in batches:
                 sweep_batch(model, batch, unit_plan, accumulator)
-            measured = result_of(model, unit_plan, accumulator)
+            # Every rank gets the same reduced sweep, hence the same next grid: the ranks search in step.
+            measured = result_of(model, unit_plan, distributed.reduce_accumulator(accumulator))
             sweep = measured if sweep is None else sweep.join_n(measured)
             grid = sorted(n_star_needs(sweep, mode, taus, max_n))
         parts.append(n_star_of(sweep, mode, taus, max_n))
