@@ -6,6 +6,9 @@
    interventions"): at most 1.5x.
 2. A layer-scope sweep (every layer, one mode, a small grid, no controls)
    with and without start-at-layer reuse of the clean residual stream.
+3. A model-scope sweep with random controls, one setting per forward pass
+   against ``--settings-per-pass`` settings stacked along the batch (rounds
+   take turns).
 
 Run: ``PYTHONPATH=. python benchmarks/bench_interventions.py [--context 256] [--windows 1] [--rounds 3]``.
 TransformerBridge supports ``start_at_layer`` from transformer-lens 4;
@@ -37,6 +40,8 @@ def main() -> None:
     parser.add_argument("--sweep-grid", default="4,16", help="N grid of the layer-scope sweep")
     parser.add_argument("--sweep-layers", type=int, default=None, help="only the first L layers in the sweep")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--settings-per-pass", type=int, default=4, help="settings stacked per pass in part 3")
+    parser.add_argument("--controls", type=int, default=3, help="random controls of the part-3 sweep")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -85,6 +90,19 @@ def main() -> None:
         print(f"  start_at_layer reuse          {reuse:8.3f} s   {reuse / plain:.2f}x")
     else:
         print("  start_at_layer reuse          not supported by this model kind")
+
+    stacked_kwargs = dict(modes=("renormalise",), scope="model", controls=args.controls, progress=False, n_bootstrap=0)
+    times = {1: [], args.settings_per_pass: []}
+    for _ in range(args.rounds):
+        for per_pass in times:
+            times[per_pass].append(timed(lambda: intervention_sweep(model, windows, grid, settings_per_pass=per_pass,
+                                                                    **stacked_kwargs), 1))
+    one = sorted(times[1])[len(times[1]) // 2]
+    settings = len(grid) * (1 + args.controls)
+    print(f"model-scope sweep, N = {grid}, {args.controls} controls ({settings} settings), median of {args.rounds} rounds:")
+    print(f"  one setting per pass          {one:8.3f} s   1.00x")
+    many = sorted(times[args.settings_per_pass])[args.rounds // 2]
+    print(f"  {args.settings_per_pass} settings per pass          {many:8.3f} s   {many / one:.2f}x")
 
 
 if __name__ == "__main__":

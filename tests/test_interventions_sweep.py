@@ -262,3 +262,25 @@ def test_geometry_against_dnll_and_the_report_figures(model, tokens, tmp_path):
     figures = intervention_figures(sweep, None, corr)
     page = write_report(geometry, tmp_path, extra_figures=figures).read_text()
     assert 'id="section-interventions-dnll"' in page and 'id="section-interventions-geometry"' in page
+
+
+@pytest.mark.parametrize("scope", ["model", "layer"])
+def test_settings_stacked_in_one_pass_give_the_same_sweep(model, tokens, scope):
+    """Several (mode, N, control) settings per forward pass, along the batch: each slice gets its own edit.
+
+    Mutants caught: every slice edited with the first setting's hook (the dNLL of other N and controls change);
+    slices put back in another order.
+    """
+    kwargs = dict(n_grid=[1, 2, 5], scope=scope, layers=[0, 1], controls=2, **QUIET)
+    alone = intervention_sweep(model, tokens, **kwargs)
+    for per_pass in (2, 4, 100):
+        stacked = intervention_sweep(model, tokens, settings_per_pass=per_pass, **kwargs)
+        for name, s in alone.stats.items():
+            for statistic, x in s.stored().arrays().items():
+                y = stacked.stats[name].stored().arrays()[statistic]
+                torch.testing.assert_close(y, x, equal_nan=True, rtol=1e-5, atol=1e-7, msg=f"{per_pass} {name}/{statistic}")
+
+
+def test_settings_per_pass_is_checked():
+    with pytest.raises(GeometryError, match=r"settings_per_pass: expected an integer >= 1, got 0"):
+        intervention_sweep(make_model("bridge-llama"), with_bos(random_tokens(1, 6)), [1], settings_per_pass=0)

@@ -223,6 +223,9 @@ def _add_intervene_parser(commands, run: argparse.ArgumentParser) -> None:
     intervene.add_argument("--modes", default="renormalise,delete", help="renormalise and/or delete (default: both)")
     intervene.add_argument("--scope", default="model", choices=["model", "layer", "head"], help="default: model")
     intervene.add_argument("--controls", type=int, default=16, help="random rankings per setting (default: 16)")
+    intervene.add_argument("--settings-per-pass", type=int, default=1,
+                           help="settings (mode, N, control) stacked in one forward pass; memory grows with it "
+                                "x --batch-size (default: 1)")
     intervene.add_argument("--n-star", action="store_true", help="also search N*_tau per unit (renormalise)")
     intervene.add_argument("--taus", type=_float_list, default=[0.01, 0.05, 0.1], help="default: 0.01,0.05,0.1")
 
@@ -252,7 +255,7 @@ def _intervene(args: argparse.Namespace) -> int:
             tmp.write_text(text)
 
     common = dict(layers=args.layers, heads=args.heads, ranking=args.ranking, n_bootstrap=args.bootstrap,
-                  batch_size=args.batch_size, progress=not quiet)
+                  batch_size=args.batch_size, settings_per_pass=args.settings_per_pass, progress=not quiet)
     sweep = intervention_sweep(model, windows, n_grid, modes=modes, scope=args.scope, controls=args.controls, **common)
     main = _is_main_process()  # every rank holds the reduced sweep; rank 0 writes
     if main:
@@ -482,8 +485,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         for path in [args.result] if args.command == "plot" else args.inputs:
             _saved_result_exists(path, args.command)
         return
-    for name in ("context", "batch_size"):
-        if getattr(args, name) < 1:
+    for name in ("context", "batch_size", "settings_per_pass"):
+        if getattr(args, name, 1) < 1:
             raise GeometryError(f"--{name.replace('_', '-')}: expected a positive number, got {getattr(args, name)}")
     if args.windows is not None and args.windows < 1:
         raise GeometryError(f"--windows: expected a positive number or 'all', got {args.windows}")

@@ -85,6 +85,7 @@ class SweepPlan:
     n_bootstrap: int
     reuse_residual: bool
     windows: tuple[int | None, ...]
+    settings_per_pass: int = 1  # (mode, N, control) settings stacked along the batch of one forward pass
 
     @property
     def unit_layers(self) -> tuple[int, ...]:
@@ -130,6 +131,7 @@ def make_plan(
     seed: int,
     n_bootstrap: int,
     reuse_residual: bool | None,
+    settings_per_pass: int = 1,
 ) -> SweepPlan:
     """Check a sweep's arguments against the model and fix what it will run."""
     if scope not in get_args(Scope):
@@ -168,7 +170,7 @@ def make_plan(
         scope=scope, layers=chosen, heads=chosen_heads, n_heads=n_heads, n_grid=tuple(grid), modes=tuple(modes),
         ranking=ranking, n_controls=_check_int("controls", controls, 0), seed=int(seed),
         n_bootstrap=_check_int("n_bootstrap", n_bootstrap, 0), reuse_residual=bool(reuse_residual and scope != "model"),
-        windows=attention_windows(model),
+        windows=attention_windows(model), settings_per_pass=_check_int("settings_per_pass", settings_per_pass, 1),
     )
 
 
@@ -234,6 +236,32 @@ def _hooks_for(plan: SweepPlan, cut_layers: Sequence[int], cut_heads: Sequence[i
     return hooks
 
 
+def _stacked_hooks(per_setting: list[list[tuple[str, Any]]], rows: int) -> list[tuple[str, Any]]:
+    """One hook per hook point that applies setting k's hook to batch rows ``k * rows`` to ``(k + 1) * rows``.
+
+    Every setting's list names the same hook points in the same order (the
+    same intervened layers); a hook that returns None leaves its slice as is.
+    """
+    stacked = []
+    for position, (name, _) in enumerate(per_setting[0]):
+        fns = [hooks[position][1] for hooks in per_setting]
+
+        def apply(x: Tensor, *, hook: Any, fns: list[Any] = fns) -> Tensor | None:
+            slices = [x[k * rows : (k + 1) * rows] for k in range(len(fns))]
+            edited = [fn(part, hook=hook) for fn, part in zip(fns, slices, strict=True)]
+            if all(e is None for e in edited):
+                return None
+            return torch.cat([part if e is None else e for part, e in zip(slices, edited, strict=True)])
+
+        stacked.append((name, apply))
+    return stacked
+
+
+def _repeat(x: Tensor, times: int) -> Tensor:
+    """``x`` stacked ``times`` along its first (batch) axis."""
+    return x if times == 1 else x.repeat(times, *([1] * (x.ndim - 1)))
+
+
 def sweep_batch(model: HookableModel, prepared: PreparedTokens, plan: SweepPlan, accumulator: Accumulator,
                 progress: Any = None) -> None:
     """Run every setting of ``plan`` on one batch of windows and add its documents to ``accumulator``."""
@@ -262,23 +290,33 @@ def sweep_batch(model: HookableModel, prepared: PreparedTokens, plan: SweepPlan,
         shape = (n_docs, len(plan.unit_layers), len(plan.unit_heads), n_grid)
         dnll = {mode: torch.full(shape, float("nan"), dtype=torch.float64) for mode in plan.modes}
         ctrl = {mode: torch.full((*shape, plan.n_controls), float("nan"), dtype=torch.float64) for mode in plan.modes}
+        settings = [(mode, k, n, control) for mode in plan.modes for k, n in enumerate(plan.n_grid)
+                    for control in range(plan.n_controls + 1)]
+        rows = len(tokens)
         for i, j, cut_layers, cut_heads in plan.units():
             start = min(cut_layers) if plan.reuse_residual else None
             source = residuals[start] if start is not None else tokens
-            extra = {**kwargs, "start_at_layer": start} if start is not None else kwargs
-            for mode in plan.modes:
-                for k, n in enumerate(plan.n_grid):
-                    for control in range(plan.n_controls + 1):
-                        ranking = plan.ranking if control == 0 else "random"
-                        hooks = _hooks_for(plan, cut_layers, cut_heads, n, mode, ranking, control, mask, row_seeds)
-                        with model.hooks(fwd_hooks=hooks):
-                            nll = document_nll(model(source, **extra), tokens, prepared.real)
-                        if control == 0:
-                            dnll[mode][:, i, j, k] = (nll - clean).cpu()
-                        else:
-                            ctrl[mode][:, i, j, k, control - 1] = (nll - clean).cpu()
-                        if progress is not None:
-                            progress.update()
+            for first in range(0, len(settings), plan.settings_per_pass):
+                group = settings[first : first + plan.settings_per_pass]
+                per_setting = [
+                    _hooks_for(plan, cut_layers, cut_heads, n, mode, plan.ranking if control == 0 else "random",
+                               control, mask, row_seeds)
+                    for mode, _, n, control in group
+                ]
+                hooks = per_setting[0] if len(group) == 1 else _stacked_hooks(per_setting, rows)
+                extra = {name: _repeat(t, len(group)) for name, t in kwargs.items()}
+                if start is not None:
+                    extra["start_at_layer"] = start
+                with model.hooks(fwd_hooks=hooks):
+                    logits = model(_repeat(source, len(group)), **extra)
+                nll = document_nll(logits, _repeat(tokens, len(group)), _repeat(prepared.real, len(group)))
+                for (mode, k, _, control), part in zip(group, nll.view(len(group), rows), strict=True):
+                    if control == 0:
+                        dnll[mode][:, i, j, k] = (part - clean).cpu()
+                    else:
+                        ctrl[mode][:, i, j, k, control - 1] = (part - clean).cpu()
+                if progress is not None:
+                    progress.update(len(group))
     values: dict[str, Tensor] = {CLEAN_FIELD.name: clean.cpu()[:, None, None].expand(shape[:3]).contiguous()}
     for mode in plan.modes:
         values[dnll_spec(mode).name] = dnll[mode]
@@ -316,6 +354,7 @@ def intervention_sweep(
     batch_size: int = 8,
     prepend_bos: bool = True,
     reuse_residual: bool | None = None,
+    settings_per_pass: int = 1,
     progress: bool = True,
 ) -> InterventionResult:
     """dNLL of top-N interventions, per scope unit, mode, N and random control, over a corpus.
@@ -345,7 +384,12 @@ def intervention_sweep(
         prepend_bos: for texts, prepend BOS to every window.
         reuse_residual: start layer/head-scope passes from the clean residual at
             the intervened layer (None: where the model supports ``start_at_layer``).
-        progress: show a progress bar over forward passes.
+        settings_per_pass: (mode, N, control) settings run in one forward pass,
+            stacked along the batch: fewer, larger passes (faster where small
+            batches leave the hardware idle), with activation memory growing
+            as ``settings_per_pass x batch_size`` windows. The results are the
+            same up to float rounding.
+        progress: show a progress bar over the settings.
 
     Returns:
         InterventionResult (``result.dnll("renormalise")`` is ``[layer, head_index, n]``).
@@ -356,11 +400,12 @@ def intervention_sweep(
     """
     check_pattern_edits(model)
     plan = make_plan(model, n_grid, modes=modes, scope=scope, layers=layers, heads=heads, ranking=ranking,
-                     controls=controls, seed=seed, n_bootstrap=n_bootstrap, reuse_residual=reuse_residual)
+                     controls=controls, seed=seed, n_bootstrap=n_bootstrap, reuse_residual=reuse_residual,
+                     settings_per_pass=settings_per_pass)
     batches, ranks = _my_batches(model, corpus, plan, prepend_bos, batch_size)
     accumulator = new_sweep_accumulator(plan)
     total = plan.passes_per_batch * len(batches)
-    with tqdm(total=total, desc="tl_geometry: top-N sweep", unit="pass", disable=not (progress and ranks.is_main)) as bar:
+    with tqdm(total=total, desc="tl_geometry: top-N sweep", unit="setting", disable=not (progress and ranks.is_main)) as bar:
         for batch in batches:
             sweep_batch(model, batch, plan, accumulator, bar)
     return result_of(model, plan, distributed.reduce_accumulator(accumulator))
@@ -398,6 +443,7 @@ def effective_set_size(
     batch_size: int = 8,
     prepend_bos: bool = True,
     reuse_residual: bool | None = None,
+    settings_per_pass: int = 1,
     progress: bool = True,
 ) -> EffectiveSetSize:
     """N*_tau, the smallest N whose relative dNLL is at most tau, per model, layer or head, with bootstrap intervals.
@@ -412,14 +458,16 @@ def effective_set_size(
         scope: ``"model"``, ``"layer"`` or ``"head"`` (one search per unit).
         max_n: the largest N searched (default: the longest window's tokens).
         model: as `intervention_sweep`; likewise corpus, layers, heads, ranking, seed,
-            n_bootstrap, batch_size, prepend_bos, reuse_residual and progress (no random controls).
+            n_bootstrap, batch_size, prepend_bos, reuse_residual, settings_per_pass and progress
+            (no random controls).
 
     Returns:
         EffectiveSetSize (``n_star[tau, layer, head_index]``, ``low``, ``high``, the sweeps).
     """
     check_pattern_edits(model)
     plan = make_plan(model, [1], modes=(mode,), scope=scope, layers=layers, heads=heads, ranking=ranking, controls=0,
-                     seed=seed, n_bootstrap=n_bootstrap, reuse_residual=reuse_residual)
+                     seed=seed, n_bootstrap=n_bootstrap, reuse_residual=reuse_residual,
+                     settings_per_pass=settings_per_pass)
     batches, ranks = _my_batches(model, corpus, plan, prepend_bos, batch_size)
     if max_n is None:  # the longest window of any rank's share
         max_n = distributed.agree_on_max(max((int(b.real.sum(-1).max()) for b in batches), default=1))
@@ -436,7 +484,7 @@ def effective_set_size(
         while grid:
             unit_plan = make_plan(model, grid, modes=(mode,), scope=unit_scope, layers=unit_layers, heads=unit_heads,
                                   ranking=ranking, controls=0, seed=seed, n_bootstrap=n_bootstrap,
-                                  reuse_residual=plan.reuse_residual)
+                                  reuse_residual=plan.reuse_residual, settings_per_pass=settings_per_pass)
             accumulator = new_sweep_accumulator(unit_plan)
             for batch in batches:
                 sweep_batch(model, batch, unit_plan, accumulator)
