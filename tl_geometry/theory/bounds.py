@@ -183,8 +183,11 @@ def _cosine_extremes(
     included): rows p >= g_t feed a running max per row (rho_out), every row
     a running min over its earlier columns (rho_in). That is about half the
     key x key cosines, one block at a time, never the whole matrix.
-    ``cosine_block(p0, cols)`` returns ``cos[:, p0:, cols]``. -inf (rho_out)
-    and +inf (rho_in) where there is no such pair.
+    ``cosine_block(p0, cols)`` returns ``cos[:, p0:, cols]`` transposed,
+    ``[row, column, p]``: reducing over the middle axis runs along contiguous
+    memory (separate amax and amin there measured about 10x faster than
+    ``aminmax`` over a short last axis). -inf (rho_out) and +inf (rho_in)
+    where there is no such pair.
     """
     n_rows, n_keys = candidate.shape
     bounds, position = torch.unique(grid.clamp(max=n_keys), sorted=True, return_inverse=True)
@@ -195,25 +198,24 @@ def _cosine_extremes(
     in_by_bound = torch.full((n_rows, len(bounds)), math.inf, dtype=dtype, device=device)
     ends = bounds.tolist()
     widest = max(b - a for a, b in zip([0, *ends[:-1]], ends))
-    upper_all = torch.ones(widest, widest, dtype=torch.bool, device=device).triu()  # q >= p, sliced per block
+    not_before = torch.ones(widest, widest, dtype=torch.bool, device=device).tril()  # [q, p]: q >= p, sliced per block
     start = 0
     for t, end in enumerate(ends):
         if start < end:
-            block = cosine_block(start, slice(start, end))  # rows start.., columns start..end
+            block = cosine_block(start, slice(start, end))  # [row, column start..end, row p from start]
             hidden = ~candidate[:, start:end]
             width = end - start
             # Within the diagonal block only the columns before each row count (q < p).
-            upper = upper_all[:width, :width]
-            diagonal = block[:, :width].masked_fill(upper | hidden.unsqueeze(1), math.inf)
-            torch.minimum(row_min[:, start:end], diagonal.amin(-1), out=row_min[:, start:end])
+            diagonal = block[:, :, :width].masked_fill(not_before[:width, :width] | hidden.unsqueeze(-1), math.inf)
+            torch.minimum(row_min[:, start:end], diagonal.amin(1), out=row_min[:, start:end])
             if end < n_keys:
-                below = block[:, width:]
-                low, high = torch.aminmax(below, dim=-1)  # one pass over the block for both
+                below = block[:, :, width:]
+                low, high = below.amin(1), below.amax(1)
                 with_sink = hidden.any(-1).nonzero().squeeze(-1)
                 if len(with_sink):  # rows whose sink column falls in this segment: again without it
-                    part, mask = below[with_sink], hidden[with_sink].unsqueeze(1)
-                    low[with_sink] = part.masked_fill(mask, math.inf).amin(-1)
-                    high[with_sink] = part.masked_fill(mask, -math.inf).amax(-1)
+                    part, mask = below[with_sink], hidden[with_sink].unsqueeze(-1)
+                    low[with_sink] = part.masked_fill(mask, math.inf).amin(1)
+                    high[with_sink] = part.masked_fill(mask, -math.inf).amax(1)
                 torch.minimum(row_min[:, end:], low, out=row_min[:, end:])
                 torch.maximum(running[:, end:], high, out=running[:, end:])
                 out_by_bound[:, t] = running[:, end:].masked_fill(~visible[:, end:], -math.inf).amax(-1)
@@ -265,10 +267,10 @@ def _margins_core(
     nonsink = visible & ~sink
     if unit is not None:
         def cosine_block(p0: int, cols: slice) -> Tensor:
-            return torch.bmm(unit[:, p0:], unit[:, cols].transpose(1, 2))
+            return torch.bmm(unit[:, cols], unit[:, p0:].transpose(1, 2))
     else:
         def cosine_block(p0: int, cols: slice) -> Tensor:
-            return cos[:, p0:, cols]
+            return cos[:, p0:, cols].transpose(1, 2)
     rho_out, rho_in = _cosine_extremes(cosine_block, nonsink, visible, grid, a.dtype)
     has_pair = torch.isfinite(rho_out)
     rho_out = torch.where(has_pair, rho_out, math.nan)
