@@ -79,7 +79,10 @@ print("max logit change with N = 4 everywhere:", (cut - clean).abs().max().item(
 #
 # One clean pass per batch is shared by every setting; each (mode, N, control)
 # is one more forward pass. The random controls rank the visible keys at
-# random (nested across N, seeded by each document's tokens).
+# random (nested across N, seeded by each document's tokens). On a GPU,
+# `settings_per_pass=8` stacks eight settings along the batch of one pass
+# (the same sweep, with eight times the activation memory); under `torchrun`
+# each process sweeps every K-th window and all get the reduced sweep.
 
 # %%
 sweep = intervention_sweep(model, windows, GRID, scope="model", controls=2 if SMALL else 16, progress=False)
