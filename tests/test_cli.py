@@ -54,7 +54,7 @@ def test_report_analyze_and_plot(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("report", "--model", "no-such-model", "--quiet"), "load_model('no-such-model')"),
+        (("report", "--model", "no-such-model", "--quiet"), "model: unknown name 'no-such-model'"),
         (("report", "--text", "missing.txt", "--quiet"), "missing.txt"),
         (("report", "--windows", "0", "--quiet"), "--windows: expected a positive number or 'all', got 0"),
     ],
