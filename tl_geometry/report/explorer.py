@@ -1,14 +1,16 @@
 """The report's head explorer: pick a head (a heatmap cell, the list or the table) and read it.
 
 Everything the panel shows was measured by the run and is read from the
-result: `explorer_data` gathers it (rounded to 4 significant digits) and
-says which diagnostic or option would add what is missing; `explorer_html`
+result: `explorer_data` gathers it and says which diagnostic or option would
+add what is missing. Curves against N are JSON numbers with 4 significant
+digits; the long per-position arrays are packed (`pack`: 16-bit codes,
+base64) so that the default report stays a few MB; `explorer_html`
 lays out the controls, and `explorer_script` is the one small script that
 draws the panel with the plotly.js already on the page. The browser only
 chooses which measured numbers to show.
 """
 
-import html
+import base64
 import json
 import math
 from typing import Any
@@ -30,6 +32,27 @@ CURVES = (
 # Per-position views of each sequence's last analysed query (mean over documents), and their diagnostic.
 ROWS = {"attention_profile": "assumptions", "contribution_by_position": "taxonomy", "cos_last_by_position": "taxonomy"}
 DIGITS = 4
+# Packed arrays: code 0 is NaN, 1 is zero on a log scale, 2..65535 spread evenly over [lo, hi] (of log10 x if log).
+LOG_RANGE = (-12.0, 4.0)  # attention weights and contributions below 1e-12 show as 1e-12
+LEVELS = 65533
+QUERY_BUDGET = 2_000_000  # P and R by query position: values kept at most (the smallest N first)
+
+
+def pack(t: Tensor, lo: float, hi: float, log: bool = False) -> dict[str, Any]:
+    """``t`` as 16-bit codes (little-endian, base64) with what decodes them.
+
+    A code c >= 2 stands for ``lo + (c - 2) / LEVELS * (hi - lo)`` (of log10 x
+    when ``log``); 0 is NaN, 1 is x <= 0 on a log scale. Values outside
+    [lo, hi] are clipped. The step is (hi - lo) / 65533: 0.06 % relative on
+    the log scale of ``LOG_RANGE``, 1.5e-5 on [0, 1].
+    """
+    x = t.detach().double().cpu().flatten()
+    nan, nonpositive = x.isnan(), (x <= 0) if log else torch.zeros_like(x, dtype=torch.bool)
+    v = torch.log10(x.clamp(min=1e-300)) if log else x
+    codes = 2 + torch.round((v.clamp(lo, hi) - lo) / (hi - lo) * LEVELS)
+    codes = torch.where(nan, 0, torch.where(nonpositive, 1, codes)).to(torch.int32)
+    raw = codes.numpy().astype("<u2").tobytes()
+    return {"b64": base64.b64encode(raw).decode("ascii"), "shape": list(t.shape), "lo": lo, "hi": hi, "log": log}
 
 
 def _rounded(x: Any) -> Any:
@@ -94,7 +117,11 @@ def explorer_data(result: GeometryResult, taxonomy: HeadTaxonomy | None = None) 
         notes["chance"] = "No chance levels: " + _note("chance") + "."
     if "bound_precision_upper" not in fields:
         notes["bounds"] = "No envelopes: " + _note("bounds") + " (Euclidean distance only)."
-    rows = {name: _nested(_trim_positions(result.per_head(name))) for name in ROWS if name in fields}
+    rows = {}
+    for name in ROWS:
+        if name in fields:
+            values = _trim_positions(result.per_head(name))
+            rows[name] = pack(values, -1.0, 1.0) if name == "cos_last_by_position" else pack(values, *LOG_RANGE, log=True)
     if "attention_profile" not in fields:
         notes["attention"] = "No attention row: it " + _note("assumptions") + "."
     if "contribution_by_position" not in fields:
@@ -128,7 +155,13 @@ def explorer_data(result: GeometryResult, taxonomy: HeadTaxonomy | None = None) 
         positions, precision = by_query_position(result, "precision")
         _, recall = by_query_position(result, "recall")
         if len(positions) > 1:
-            queries = {"positions": positions, "precision": _nested(precision), "recall": _nested(recall)}
+            per_n = 2 * precision[..., 0].numel()
+            kept = max(1, min(len(result.n_grid), QUERY_BUDGET // per_n))  # the smallest N first
+            queries = {"positions": positions, "n_index": list(range(kept)),
+                       "precision": pack(precision[..., :kept], 0.0, 1.0), "recall": pack(recall[..., :kept], 0.0, 1.0)}
+            if kept < len(result.n_grid):
+                notes["queries"] = (f"P and R by query position are kept for N <= {result.n_grid[kept - 1].item()} only "
+                                    "(the page stays small); analyse fewer positions or heads to see every N.")
         else:
             notes["queries"] = (f"P and R by query position: this run kept one query position ({positions}); analyse "
                                 "with query_positions='all' or a list, and keep_queries=True.")
@@ -193,7 +226,19 @@ _SCRIPT = r"""
 window.addEventListener("load", function () {
   "use strict";
   const D = JSON.parse(document.getElementById("explorer-data").textContent);
-  const G = D.grid, C = D.curves, R = D.rows, T = D.table, Q = D.queries;
+  const G = D.grid, C = D.curves, T = D.table, Q = D.queries;
+  function unpack(p) {  // see pack() in tl_geometry/report/explorer.py
+    const bin = atob(p.b64), out = new Array(bin.length / 2), step = (p.hi - p.lo) / 65533;
+    for (let i = 0; i < out.length; i++) {
+      const c = bin.charCodeAt(2 * i) | (bin.charCodeAt(2 * i + 1) << 8), v = p.lo + (c - 2) * step;
+      out[i] = c < 2 ? null : (p.log ? Math.pow(10, v) : v);
+    }
+    return {values: out, shape: p.shape};
+  }
+  const R = {};
+  for (const name in D.rows) R[name] = unpack(D.rows[name]);
+  const QP = Q ? unpack(Q.precision) : null, QR = Q ? unpack(Q.recall) : null;
+  const headRow = (a, i, j) => { const n = a.shape[2], at = (i * a.shape[1] + j) * n; return a.values.slice(at, at + n); };
   let layer = D.selected[0], head = D.selected[1], nAt = D.n_index;
   const byId = (id) => document.getElementById(id);
   const num = (v, d) => (v === null || v === undefined) ? "n/a" : Number(v).toFixed(d === undefined ? 3 : d);
@@ -259,14 +304,14 @@ window.addEventListener("load", function () {
       xaxis2: {domain: [0.55, 1], anchor: "y2", title: {text: "key position (0 = sink)"}},
       yaxis2: {type: "log", anchor: "x2", title: {text: "||alpha_i v_i||"}}};
     if (R.attention_profile) {
-      const y = R.attention_profile[layer][head];
+      const y = headRow(R.attention_profile, layer, head);
       traces.push({x: y.map((_, i) => i), y: y, mode: "markers", marker: {color: "#0072B2", size: 4},
                    name: "attention", hovertemplate: "position %{x}: alpha = %{y:.3g}<extra></extra>"});
     }
     if (R.contribution_by_position) {
-      const y = R.contribution_by_position[layer][head];
+      const y = headRow(R.contribution_by_position, layer, head);
       traces.push({x: y.map((_, i) => i), y: y, xaxis: "x2", yaxis: "y2", mode: "markers", name: "contribution",
-                   marker: {color: R.cos_last_by_position[layer][head], colorscale: "RdBu", cmin: -1, cmax: 1, size: 5,
+                   marker: {color: headRow(R.cos_last_by_position, layer, head), colorscale: "RdBu", cmin: -1, cmax: 1, size: 5,
                             showscale: true, colorbar: {title: {text: "cos(v_i, v_L)"}}},
                    hovertemplate: "position %{x}: ||alpha_i v_i|| = %{y:.3g}<extra></extra>"});
     }
@@ -276,12 +321,14 @@ window.addEventListener("load", function () {
   function drawQueries() {
     const div = byId("head-queries");
     if (!Q) { div.style.display = "none"; return; }
-    const i = nAt, pick = (name) => Q[name][layer][head].map((row) => row[i]);
+    const k = Q.n_index.indexOf(nAt), kept = Q.n_index.length, positions = Q.positions.length;
+    const pick = (a) => Q.positions.map((_, q) => k < 0 ? null : a.values[((layer * D.heads.length + head) * positions + q) * kept + k]);
     Plotly.react(div, [
-      {x: Q.positions, y: pick("precision"), name: "Precision", mode: "lines+markers", line: {color: "#0072B2"}},
-      {x: Q.positions, y: pick("recall"), name: "Recall", mode: "lines+markers", line: {color: "#E69F00", dash: "dash"}},
+      {x: Q.positions, y: pick(QP), name: "Precision", mode: "lines+markers", line: {color: "#0072B2"}},
+      {x: Q.positions, y: pick(QR), name: "Recall", mode: "lines+markers", line: {color: "#E69F00", dash: "dash"}},
     ], {template: "plotly_white", height: 320, margin: {t: 60}, legend: {orientation: "h", y: -0.3},
-        title: {text: "P and R by query position at N = " + G[nAt] + " (mean over documents)"},
+        title: {text: k < 0 ? "P and R by query position: not kept at N = " + G[nAt] + " (see the note below)"
+                            : "P and R by query position at N = " + G[nAt] + " (mean over documents)"},
         xaxis: {title: {text: "query position (0 = sink)"}}, yaxis: {range: [0, 1.05]}});
   }
 

@@ -280,6 +280,7 @@ p.note {{ color: #444; background: #f4f4f4; padding: 0.6em 1em; max-width: 70em;
 table.sortable th {{ cursor: pointer; }} table.sortable tbody tr {{ cursor: pointer; }}
 table.sortable tbody tr:hover, table.sortable tr.chosen {{ background: #fdebd9; }}
 table.sortable td {{ font-variant-numeric: tabular-nums; }}
+th[data-order=descending]::after {{ content: " \\25BC"; }} th[data-order=ascending]::after {{ content: " \\25B2"; }}
 </style>
 <script>{get_plotlyjs()}</script></head>
 <body>
