@@ -49,7 +49,8 @@ def effective_n(result: GeometryResult, mass: float = EFFECTIVE_MASS) -> Float[T
 
     Read from the field ``attention_mass`` (the sum of alpha_i over the
     top-N set, averaged over the analysed queries and documents, recorded by
-    every run): the smallest grid N where that mean reaches ``mass``. It
+    every run): the smallest grid N where that mean reaches ``mass`` (less
+    1e-6: weights summed in float32 may miss 1 by that much). It
     says how many keys a head actually uses, so its P and R are best read
     near it. NaN where no N of the grid reaches ``mass`` (e.g. a grid that
     stops short of the context).
