@@ -178,10 +178,14 @@ def test_query_positions_are_packed_for_every_n(queries):
     torch.testing.assert_close(_unpack(data["queries"]["precision"]), precision, rtol=0, atol=2e-5, equal_nan=True)
 
 
-def test_query_positions_over_budget_keep_the_smallest_n(queries, monkeypatch):
-    monkeypatch.setattr(explorer, "QUERY_BUDGET", 2 * 2 * 4 * 4 * 2)  # room for two N
+def test_query_positions_over_budget_keep_the_first_n_shown_and_its_neighbours(queries, monkeypatch):
+    monkeypatch.setattr(explorer, "QUERY_BUDGET", 2 * 2 * 4 * 4 * 2)  # 2 layers, 4 heads, 4 positions: room for two N
     data = explorer.explorer_data(queries, None)
-    assert data["queries"]["n_index"] == [0, 1] and "kept for N <= 2 only" in data["notes"]["queries"]
+    assert data["queries"]["n_index"] == [GRID.index(3), GRID.index(4)]  # N = 4 first, then the nearer smaller N
+    assert "kept for N in [3, 4] only" in data["notes"]["queries"]
+    _, precision = by_query_position(queries, "precision")
+    torch.testing.assert_close(_unpack(data["queries"]["precision"]), precision[..., [2, 3]], rtol=0, atol=2e-5,
+                               equal_nan=True)  # fmt: skip
 
 
 def test_missing_parts_name_the_option_that_adds_them(result):

@@ -35,7 +35,7 @@ DIGITS = 4
 # Packed arrays: code 0 is NaN, 1 is zero on a log scale, 2..65535 spread evenly over [lo, hi] (of log10 x if log).
 LOG_RANGE = (-12.0, 4.0)  # attention weights and contributions below 1e-12 show as 1e-12
 LEVELS = 65533
-QUERY_BUDGET = 2_000_000  # P and R by query position: values kept at most (the smallest N first)
+QUERY_BUDGET = 2_000_000  # P and R by query position: values kept at most (the first N shown and its neighbours)
 
 
 def pack(t: Tensor, lo: float, hi: float, log: bool = False) -> dict[str, Any]:
@@ -81,8 +81,9 @@ def _note(diagnostic: str) -> str:
 def default_head(result: GeometryResult, taxonomy: HeadTaxonomy | None) -> tuple[int, int]:
     """Indices of the head shown first: the example Retriever, Mixer or Reset head, else the first head."""
     if taxonomy is not None:
+        examples = taxonomy.example_heads()
         for regime in NAMED:
-            where = taxonomy.example_heads()[regime]
+            where = examples[regime]
             if where is not None:
                 return result.layers.index(where[0]), result.heads.index(where[1])
     return 0, 0
@@ -156,11 +157,13 @@ def explorer_data(result: GeometryResult, taxonomy: HeadTaxonomy | None = None) 
         _, recall = by_query_position(result, "recall")
         if len(positions) > 1:
             per_n = 2 * precision[..., 0].numel()
-            kept = max(1, min(len(result.n_grid), QUERY_BUDGET // per_n))  # the smallest N first
-            queries = {"positions": positions, "n_index": list(range(kept)),
-                       "precision": pack(precision[..., :kept], 0.0, 1.0), "recall": pack(recall[..., :kept], 0.0, 1.0)}
-            if kept < len(result.n_grid):
-                notes["queries"] = (f"P and R by query position are kept for N <= {result.n_grid[kept - 1].item()} only "
+            room = max(1, min(len(result.n_grid), QUERY_BUDGET // per_n))
+            start = default_n_index(result)  # the N the page opens at, then its neighbours on the grid
+            kept = sorted(sorted(range(len(result.n_grid)), key=lambda k: (abs(k - start), k))[:room])
+            queries = {"positions": positions, "n_index": kept,
+                       "precision": pack(precision[..., kept], 0.0, 1.0), "recall": pack(recall[..., kept], 0.0, 1.0)}
+            if room < len(result.n_grid):
+                notes["queries"] = (f"P and R by query position are kept for N in {result.n_grid[kept].tolist()} only "
                                     "(the page stays small); analyse fewer positions or heads to see every N.")
         else:
             notes["queries"] = (f"P and R by query position: this run kept one query position ({positions}); analyse "
