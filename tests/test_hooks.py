@@ -29,6 +29,18 @@ def model(request):
     return tm.make_model(request.param)
 
 
+def top_n_mass(alpha: torch.Tensor, values: torch.Tensor, grid, ranking: str) -> torch.Tensor:
+    """The attention on the top-N set, by its definition: the N keys of largest score (ties: smaller index first)."""
+    score = alpha if ranking == "attention" else alpha * values.norm(dim=-1)
+    out = torch.full((alpha.shape[0], len(grid)), float("nan"), dtype=torch.float64)
+    for h in range(alpha.shape[0]):
+        order = sorted(range(alpha.shape[1]), key=lambda k: (-score[h, k].item(), k))
+        for i, n in enumerate(int(n) for n in grid):
+            if n <= alpha.shape[1]:
+                out[h, i] = sum(alpha[h, k].item() for k in order[:n])
+    return out
+
+
 def reference(model, rows: list[torch.Tensor], config: GeometryConfig, grid) -> dict[str, torch.Tensor]:
     """The slow way: one unpadded sequence at a time, run_with_cache, the engine per query.
 
@@ -59,6 +71,7 @@ def reference(model, rows: list[torch.Tensor], config: GeometryConfig, grid) -> 
                 m = selection_metrics(alpha, values, grid, ranking=config.ranking, distance=config.distance)
                 for name, t in m.per_row_fields().items():
                     per_query.setdefault(name, []).append(t)
+                per_query.setdefault("attention_mass", []).append(top_n_mass(alpha, values, grid, config.ranking))
             for name, ts in per_query.items():
                 per_layer.setdefault(name, []).append(torch.nanmean(torch.stack(ts), dim=0))
         for name, ts in per_layer.items():

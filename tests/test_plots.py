@@ -10,6 +10,7 @@ from tl_geometry import REGIMES, GeometryConfig, GeometryError, classify_heads, 
 from tl_geometry.report import plots
 from tl_geometry.analysis.sink import sink_recall_correlation
 from tl_geometry.analysis.summaries import mean_over_heads
+from tl_geometry.analysis.taxonomy import taxonomy_from_result
 from tl_geometry.theory.synthetic import toy_2d
 
 
@@ -74,8 +75,9 @@ def test_regime_diagnostics_and_contributions_show_the_example_heads(taxonomy):
     examples = taxonomy.example_heads()
     present = [r for r in REGIMES if examples[r] is not None]
     fig7 = plots.regime_diagnostics(taxonomy)
-    assert len(fig7.data) == 5 * len(present)
-    assert all(t.line.color in plots.REGIME_COLOURS.values() for t in fig7.data)
+    curves = [t for t in fig7.data if t.showlegend is False]
+    assert len(curves) == 5 * len(present)
+    assert all(t.line.color in plots.REGIME_COLOURS.values() for t in curves)
     fig10 = plots.contributions_by_regime(taxonomy)
     assert len(fig10.data) == len(present)
     for trace in fig10.data:
@@ -149,3 +151,42 @@ def test_precision_recall_vs_n_draws_envelopes_when_bounds_were_computed(full):
     upper = next(t for t in envelopes if t.name == "theoretical upper envelope")
     torch.testing.assert_close(torch.tensor(upper.y, dtype=torch.float64),
                                mean_over_heads(full, "bound_precision_upper").double(), equal_nan=True)
+
+
+def test_figure_7_names_its_line_styles_in_the_legend_not_the_title(taxonomy):
+    fig = plots.regime_diagnostics(taxonomy)
+    legend = [t for t in fig.data if t.showlegend is not False]
+    assert [t.name for t in legend] == [
+        "||s(N)|| (top)", "||s(N) without the sink|| (top)", "||s(N) without the last token|| (top)",
+        "cos(s(N), v_0) (bottom)", "cos(s(N), v_L) (bottom)",
+    ]  # fmt: skip
+    assert [t.line.dash for t in legend] == ["solid", "dashdot", "dash", "solid", "dash"]
+    for entry in legend:  # an entry toggles the curves it names in every panel
+        assert {t.line.dash for t in fig.data if t.legendgroup == entry.legendgroup} == {entry.line.dash}
+    assert "solid" not in fig.layout.title.text and "dashed" not in fig.layout.title.text
+
+
+def _every_figure_against_n(full):
+    taxonomy = taxonomy_from_result(full)
+    return {
+        "figure 5": plots.precision_recall_vs_n(full), "head curves": plots.head_curves(full, 1, 0),
+        "figure 6": plots.sink_recall(sink_recall_correlation(full, n_bootstrap=50)),
+        "figure 7": plots.regime_diagnostics(taxonomy), "figure 11": plots.precision_recall_by_regime(taxonomy, full),
+        "figure 2": plots.value_norms(full),
+    }  # fmt: skip
+
+
+def test_band_traces_draw_no_markers_on_short_grids(full):
+    """plotly draws lines+markers for a trace of fewer than 20 points unless told otherwise."""
+    for name, fig in _every_figure_against_n(full).items():
+        bands = [t for t in fig.data if t.type == "scatter" and (t.fill or (t.line.width == 0))]
+        assert bands or name == "figure 7", name
+        assert all(t.mode == "lines" for t in bands), name
+
+
+def test_n_axes_start_at_n_1(full):
+    for name, fig in _every_figure_against_n(full).items():
+        for axis in (a for a in fig.layout if a.startswith("xaxis")):
+            if fig.layout[axis].title.text == "N (selected keys)" or (name != "figure 2" and fig.layout[axis].type == "log"):
+                low, high = fig.layout[axis].range
+                assert low == 0 and high >= math.log10(41), (name, axis)

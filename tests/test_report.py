@@ -22,12 +22,30 @@ def result():
     return run_with_geometry_hooks(model, tokens, n_grid=[1, 2, 4, 21], diagnostics="all")
 
 
-def test_without_diagnostics_their_figures_are_left_out(result):
+def test_without_diagnostics_their_figures_leave_a_note_naming_the_option(result):
     plain = dataclasses.replace(result, stats={k: v for k, v in result.stats.items() if k in REQUIRED_FIELDS})
     assert set(plain.fields) == set(REQUIRED_FIELDS)
     page = report.render_html(plain)
     for figure in report.FIGURES:
-        assert (f'id="{figure.key}"' in page) == (figure.needs is None)
+        drawn = figure.draw is not None and figure.needs is None
+        assert (f'id="{figure.key}"' in page) == drawn
+        assert (f'<section id="section-{figure.key}" class="not-drawn">' in page) == (not drawn)
+        if figure.needs is not None:
+            assert html.escape(f"Analyse with diagnostics including '{figure.needs}'") in page
+
+
+def test_figure_numbers_follow_the_paper_and_figure_9_says_why_it_is_not_drawn(result):
+    numbers = [int(f.key.split("-")[1]) for f in report.FIGURES if f.key.startswith("figure-")]
+    assert numbers == list(range(1, 12))
+    page = report.render_html(result)
+    assert page.index('id="section-figure-8"') < page.index('id="section-figure-9"') < page.index('id="section-figure-10"')
+    assert "conceptual illustration" in page
+
+
+def test_the_scorecard_has_its_place_above_the_explorer(result):
+    assert report._scorecard_section(result) == ""  # the claims scorecard hooks in here
+    page = report.render_html(result)
+    assert page.index('<table id="summary">') < page.index('<section id="explorer">') < page.index("<h2>Figures</h2>")
 
 
 def test_page_embeds_plotly_once_and_shows_every_figure(result):
@@ -35,7 +53,10 @@ def test_page_embeds_plotly_once_and_shows_every_figure(result):
     assert "<th>head regimes</th>" in page
     assert page.count("<script") >= 1 and page.count("plotly.js v") == 1  # the library, embedded once
     for figure in report.FIGURES:
-        assert f'id="{figure.key}"' in page and html.escape(figure.how_to_read[:40]) in page
+        assert html.escape(figure.how_to_read[:40]) in page
+        assert (f'id="{figure.key}"' in page) == (figure.draw is not None)
+    assert page.count('<script type="application/json" id="explorer-data">') == 1
+    assert page.count(report.explorer_script()) == 1  # the explorer's one script
     assert "<th>text</th><td>random tokens</td>" in page
     assert "<script src=" not in page  # nothing fetched from the network
 

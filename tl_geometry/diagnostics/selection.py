@@ -1,13 +1,33 @@
-"""The selection metrics as a diagnostic, always on: P, R, F-scores and radii of every analysed row."""
+"""The selection metrics as a diagnostic, always on: P, R, F-scores and radii of every analysed row.
 
+It also records how much attention the top-N set holds (``attention_mass``),
+from which a head's effective N is read after the run
+(`tl_geometry.analysis.summaries.effective_n`).
+"""
+
+import math
 from typing import Any
 
+import torch
+from jaxtyping import Float
 from torch import Tensor
 
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.registry import Diagnostic
 from tl_geometry.engine.context import SelectionChunk
 from tl_geometry.engine.metrics import METRICS_COST, chunk_metrics
+
+
+def top_n_attention_mass(chunk: SelectionChunk) -> Float[Tensor, "row n"]:
+    """The sum of alpha_i over the top-N set of every row and N (NaN where N exceeds the visible keys).
+
+    The top-N set is the chunk's own order (the config's ranking), so with
+    ``ranking="contribution"`` this is the attention the N largest
+    contributions receive. Hidden keys have alpha 0 and sort last.
+    """
+    cumulative = chunk.alpha.gather(-1, chunk.order).cumsum(-1)  # [row, key]: mass of the first p + 1 keys
+    at = (chunk.grid - 1).clamp(max=cumulative.shape[-1] - 1)
+    return cumulative[:, at].masked_fill(chunk.missing, math.nan)
 
 
 class SelectionDiagnostic(Diagnostic):
@@ -26,10 +46,11 @@ class SelectionDiagnostic(Diagnostic):
         FieldSpec("s_norm", "||s(N)||, the norm of the representative vector", ("n",)),
         FieldSpec("k_out", "K_out: non-selected keys inside the closed r_max ball", ("n",)),
         FieldSpec("k_in", "K_in: selected keys inside the open r_min ball", ("n",)),
+        FieldSpec("attention_mass", "attention weight on the top-N set: sum of alpha_i over it", ("n",)),
     )  # fmt: skip
 
     def rows(self, chunk: SelectionChunk, settings: Any) -> dict[str, Tensor]:
-        return chunk_metrics(chunk)
+        return {**chunk_metrics(chunk), "attention_mass": top_n_attention_mass(chunk)}
 
 
 DIAGNOSTIC = SelectionDiagnostic()

@@ -1,6 +1,7 @@
-"""The self-contained HTML report: a summary table, then every figure with a sentence on how to read it.
+"""The self-contained HTML report: a summary table, the head explorer, then every figure with how to read it.
 
-plotly.js is embedded once, so the page opens offline. The page, the result
+plotly.js is embedded once, so the page opens offline. A figure the result
+cannot draw leaves a short note saying which option would draw it. The page, the result
 files and the PNGs are committed as one unit (`tl_geometry.results.files`), so
 an interrupted run or a full disk never leaves a new result beside an old page
 or damages the earlier report.
@@ -15,8 +16,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
 
 from tl_geometry.report import plots
+from tl_geometry.report.explorer import HEATMAPS, default_n_index, explorer_html, explorer_script
 from tl_geometry.errors import GeometryError
 from tl_geometry.diagnostics.registry import REGISTRY
 from tl_geometry.results import fileformat
@@ -30,12 +33,16 @@ from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy, taxonomy_from_r
 
 @dataclass(frozen=True)
 class Figure:
-    """One figure of the report: an anchor id, a title, how to read it, and how to draw it."""
+    """One figure of the report: an anchor id, a title, how to read it, and how to draw it.
+
+    ``draw`` None: a figure of the paper with nothing to measure (its
+    ``how_to_read`` says why), kept so that the numbering follows the paper.
+    """
 
     key: str
     title: str
     how_to_read: str
-    draw: Callable[[GeometryResult, HeadTaxonomy | None], go.Figure]
+    draw: Callable[[GeometryResult, HeadTaxonomy | None], go.Figure] | None
     needs: str | None = None  # the diagnostic whose fields the figure draws
 
 
@@ -51,9 +58,8 @@ def _names(taxonomy: HeadTaxonomy | None) -> list[list[str]] | None:
 
 
 def _small_n(result: GeometryResult) -> int:
-    """The N shown in the heatmaps: 4 (the paper's operating regime) if on the grid, else the smallest."""
-    grid = result.n_grid.tolist()
-    return 4 if 4 in grid else grid[0]
+    """The N the heatmaps open at (the explorer's N slider moves it)."""
+    return result.n_grid.tolist()[default_n_index(result)]
 
 
 FIGURES: tuple[Figure, ...] = (
@@ -62,7 +68,8 @@ FIGURES: tuple[Figure, ...] = (
         "Figure 1: top-N selection in a 2-D toy example",
         "Tokens on a circle (left) are scaled by their attention weights (middle); the selected ones (stars) "
         "sum to s(N). Precision counts non-selected tokens inside the r_max ball around s(N), Recall the "
-        "selected ones inside the r_min ball (right). Drawn from tl_geometry.theory.synthetic.toy_2d, not the model.",
+        "selected ones inside the r_min ball (right). Drawn from tl_geometry.theory.synthetic.toy_2d, not the model: "
+        "the same picture on the model's data would need each query's value vectors, which a result does not keep.",
         lambda result, taxonomy: plots.toy_selection(toy_2d()),
     ),
     Figure(
@@ -123,9 +130,10 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         "figure-7",
         "Figure 7: regime diagnostics",
-        "One example head per regime. Top: ||s(N)|| and the norms left when the sink or the last token is "
-        "removed; a Retriever drops without the last token, a Reset head without the sink. Bottom: alignment "
-        "of s(N) with the sink v_0 and the last token v_L; in a Mixer it moves from v_0 to v_L as N grows.",
+        "One example head per regime (colour), line styles in the legend. Top: ||s(N)|| and the norms left when "
+        "the sink or the last token is removed; a Retriever drops without the last token, a Reset head without the "
+        "sink. Bottom: alignment of s(N) with the sink v_0 and the last token v_L; in a Mixer it moves from v_0 to "
+        "v_L as N grows.",
         lambda result, taxonomy: plots.regime_diagnostics(taxonomy),
         needs="taxonomy",
     ),
@@ -138,6 +146,13 @@ FIGURES: tuple[Figure, ...] = (
         "lower-middle layers on.",
         lambda result, taxonomy: plots.regimes_by_layer(taxonomy),
         needs="taxonomy",
+    ),
+    Figure(
+        "figure-9",
+        "Figure 9: multi-head spherical geometry (not drawn)",
+        "The paper's Figure 9 is a conceptual illustration (each head as a sphere in three dimensions), not a "
+        "measurement, so the report has nothing to draw for it; the numbers of the other figures follow the paper.",
+        None,
     ),
     Figure(
         "figure-10",
@@ -185,18 +200,47 @@ def summary_rows(
 
 
 class Rendered(NamedTuple):
-    """The figures drawn for a result, and its taxonomy when the result carries the features."""
+    """The figures drawn for a result, its taxonomy when the result carries the features, and
+    a note for every figure not drawn (which option would draw it)."""
 
     taxonomy: HeadTaxonomy | None
     figures: list[tuple[Figure, go.Figure]]
+    notes: Sequence[tuple[Figure, str]] = ()
+
+
+def missing_note(figure: Figure) -> str:
+    """Why ``figure`` is not drawn and which option would draw it."""
+    if figure.draw is None:
+        return figure.how_to_read
+    return (f"Not drawn: this result lacks the fields of the {figure.needs!r} diagnostic. Analyse with diagnostics "
+            f"including {figure.needs!r} (the tl-geometry default; in Python diagnostics='all' or "
+            f"diagnostics=[{figure.needs!r}, ...]) to draw it.")
 
 
 def render_figures(result: GeometryResult) -> Rendered:
-    """Every figure the result supports, drawn (some need the fields of a diagnostic)."""
+    """Every figure the result supports, drawn (some need the fields of a diagnostic), and notes for the rest."""
     present = available(result)
     taxonomy = taxonomy_from_result(result) if "taxonomy" in present else None
-    figures = [(f, f.draw(result, taxonomy)) for f in FIGURES if f.needs is None or f.needs in present]
-    return Rendered(taxonomy, figures)
+    drawable = [f for f in FIGURES if f.draw is not None and (f.needs is None or f.needs in present)]
+    figures = [(f, f.draw(result, taxonomy)) for f in drawable]
+    notes = [(f, missing_note(f)) for f in FIGURES if f not in drawable]
+    return Rendered(taxonomy, figures, notes)
+
+
+def _scorecard_section(result: GeometryResult) -> str:
+    """The claims scorecard at the top of the report (issue 16's other half hooks in here); empty for now."""
+    return ""
+
+
+def _figure_section(figure: Figure, drawn: go.Figure) -> str:
+    div = drawn.to_html(full_html=False, include_plotlyjs=False, div_id=figure.key)
+    return (f'<section id="section-{figure.key}"><h2>{html.escape(figure.title)}</h2>'
+            f'<p class="how">{html.escape(figure.how_to_read)}</p>{div}</section>')
+
+
+def _note_section(figure: Figure, note: str) -> str:
+    return (f'<section id="section-{figure.key}" class="not-drawn"><h2>{html.escape(figure.title)}</h2>'
+            f'<p class="note">{html.escape(note)}</p></section>')
 
 
 def render_html(
@@ -212,20 +256,19 @@ def render_html(
     ``extra_figures`` (e.g. `intervention_figures` of a sweep) follow them.
     """
     details = details or {}
-    taxonomy, figures = render_figures(result) if rendered is None else rendered
-    figures = [*figures, *extra_figures]
+    taxonomy, figures, notes = render_figures(result) if rendered is None else rendered
     table = "\n".join(
         f"<tr><th>{html.escape(key)}</th><td>{html.escape(value)}</td></tr>"
         for key, value in summary_rows(result, details, taxonomy)
     )
-    contents = "\n".join(f'<li><a href="#{f.key}">{html.escape(f.title)}</a></li>' for f, _ in figures)
-    sections = []
-    for index, (figure, drawn) in enumerate(figures):
-        div = drawn.to_html(full_html=False, include_plotlyjs=index == 0, div_id=figure.key)
-        sections.append(
-            f'<section id="section-{figure.key}"><h2>{html.escape(figure.title)}</h2>'
-            f'<p class="how">{html.escape(figure.how_to_read)}</p>{div}</section>'
-        )
+    # The heatmaps live in the explorer (its N slider drives them); the other figures follow in the paper's order.
+    heatmaps = "".join(_figure_section(f, d) for f, d in figures if f.key in HEATMAPS)
+    body: dict[str, str] = {f.key: _figure_section(f, d) for f, d in figures if f.key not in HEATMAPS}
+    body.update({f.key: _note_section(f, note) for f, note in notes})
+    order = [f for f in FIGURES if f.key in body] + [f for f, _ in extra_figures]
+    body.update({f.key: _figure_section(f, d) for f, d in extra_figures})
+    contents = "\n".join(f'<li><a href="#section-{f.key}">{html.escape(f.title)}</a></li>' for f in order)
+    sections = [body[f.key] for f in order]
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>tl_geometry report: {html.escape(result.model_name)}</title>
@@ -233,7 +276,13 @@ def render_html(
 body {{ font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }}
 table {{ border-collapse: collapse; }} th, td {{ text-align: left; padding: 0.25em 1em 0.25em 0; }}
 th {{ font-weight: 600; }} p.how {{ color: #444; max-width: 70em; }}
-</style></head>
+p.note {{ color: #444; background: #f4f4f4; padding: 0.6em 1em; max-width: 70em; }}
+table.sortable th {{ cursor: pointer; }} table.sortable tbody tr {{ cursor: pointer; }}
+table.sortable tbody tr:hover, table.sortable tr.chosen {{ background: #fdebd9; }}
+table.sortable td {{ font-variant-numeric: tabular-nums; }}
+th[data-order=descending]::after {{ content: " \\25BC"; }} th[data-order=ascending]::after {{ content: " \\25B2"; }}
+</style>
+<script>{get_plotlyjs()}</script></head>
 <body>
 <h1>Geometry of token selection: {html.escape(result.model_name)}</h1>
 <p>Precision, Recall and the geometry of top-N selection in value-state space, per layer and head
@@ -241,8 +290,11 @@ th {{ font-weight: 600; }} p.how {{ color: #444; max-width: 70em; }}
 <table id="summary">
 {table}
 </table>
+{_scorecard_section(result)}
+{explorer_html(result, taxonomy, heatmaps)}
 <h2>Figures</h2><ul>{contents}</ul>
 {"".join(sections)}
+{explorer_script()}
 </body></html>
 """
 

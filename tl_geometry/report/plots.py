@@ -43,6 +43,13 @@ def _style(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
     return fig
 
 
+def _n_axes(fig: go.Figure, grid: Sequence[int], **where: int) -> None:
+    """Log N axes spanning exactly the grid (plotly's autorange pads a log axis below N = 1)."""
+    low, high = math.log10(min(grid)), math.log10(max(grid))
+    pad = 0.02 * max(high - low, 0.1)  # room for the last marker; none below the first N (N >= 1 always)
+    fig.update_xaxes(type="log", range=[low, high + pad], **where)
+
+
 def metric_heatmap(
     result: GeometryResult, metric: str = "precision", n: int = 4, regimes: Sequence[Sequence[str]] | None = None
 ) -> go.Figure:
@@ -91,10 +98,10 @@ def precision_recall_vs_n(result: GeometryResult) -> go.Figure:
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Precision P(r_max, N)", "Recall R(r_min, N)"))
     for col, (metric, bound) in enumerate((("precision", "bound_precision"), ("recall", "bound_recall")), start=1):
         low, high = spread_over_heads(result, metric)
-        fig.add_trace(go.Scatter(x=grid, y=high.tolist(), line={"width": 0}, showlegend=False, hoverinfo="skip"),
+        fig.add_trace(go.Scatter(x=grid, y=high.tolist(), mode="lines", line={"width": 0}, showlegend=False, hoverinfo="skip"),
                       row=1, col=col)
         fig.add_trace(
-            go.Scatter(x=grid, y=low.tolist(), fill="tonexty", fillcolor="rgba(0,114,178,0.15)", line={"width": 0},
+            go.Scatter(x=grid, y=low.tolist(), fill="tonexty", fillcolor="rgba(0,114,178,0.15)", mode="lines", line={"width": 0},
                        name="interquartile range over heads", showlegend=col == 1, hoverinfo="skip"),
             row=1, col=col,
         )
@@ -112,7 +119,8 @@ def precision_recall_vs_n(result: GeometryResult) -> go.Figure:
                                showlegend=col == 1),
                     row=1, col=col,
                 )
-        fig.update_xaxes(type="log", title="N (selected keys)", row=1, col=col)
+        _n_axes(fig, grid, row=1, col=col)
+        fig.update_xaxes(title="N (selected keys)", row=1, col=col)
         fig.update_yaxes(range=[0, 1.05], title=metric, row=1, col=col)
     return _style(fig, "Separability of top-N selection vs N (mean over layers and heads)")
 
@@ -122,10 +130,10 @@ def _add_chance(fig: go.Figure, result: GeometryResult, metric: str, grid: list[
     if f"chance_{metric}" not in result.fields:
         return
     low, high = spread_over_heads(result, f"chance_{metric}")
-    fig.add_trace(go.Scatter(x=grid, y=high.tolist(), line={"width": 0}, showlegend=False, hoverinfo="skip"),
+    fig.add_trace(go.Scatter(x=grid, y=high.tolist(), mode="lines", line={"width": 0}, showlegend=False, hoverinfo="skip"),
                   row=1, col=col)
     fig.add_trace(
-        go.Scatter(x=grid, y=low.tolist(), fill="tonexty", fillcolor="rgba(127,127,127,0.2)", line={"width": 0},
+        go.Scatter(x=grid, y=low.tolist(), fill="tonexty", fillcolor="rgba(127,127,127,0.2)", mode="lines", line={"width": 0},
                    name="chance: random top-N sets (interquartile range)", showlegend=legend, hoverinfo="skip"),
         row=1, col=col,
     )
@@ -152,10 +160,10 @@ def head_curves(result: GeometryResult, layer: int | None = None, head: int | No
         legend = col == 1
         if result.has_replicates(metric):
             low, high = (t[li, hi] for t in result.ci(metric))
-            fig.add_trace(go.Scatter(x=grid, y=high.tolist(), line={"width": 0}, showlegend=False, hoverinfo="skip"),
+            fig.add_trace(go.Scatter(x=grid, y=high.tolist(), mode="lines", line={"width": 0}, showlegend=False, hoverinfo="skip"),
                           row=1, col=col)
             fig.add_trace(go.Scatter(x=grid, y=low.tolist(), fill="tonexty", fillcolor="rgba(0,114,178,0.15)",
-                                     line={"width": 0}, name="95 % bootstrap interval", showlegend=legend,
+                                     mode="lines", line={"width": 0}, name="95 % bootstrap interval", showlegend=legend,
                                      hoverinfo="skip"), row=1, col=col)
         fig.add_trace(go.Scatter(x=grid, y=result.per_head(metric)[li, hi].tolist(), mode="lines+markers",
                                  line={"color": BLUE}, name="measured", showlegend=legend), row=1, col=col)
@@ -172,7 +180,8 @@ def head_curves(result: GeometryResult, layer: int | None = None, head: int | No
                 fig.add_trace(go.Scatter(x=grid, y=result.per_head(f"bound_{metric}_{side}")[li, hi].tolist(),
                                          mode="lines", line={"color": colour, "dash": dash},
                                          name=f"theoretical {side} envelope", showlegend=legend), row=1, col=col)
-        fig.update_xaxes(type="log", title="N (selected keys)", row=1, col=col)
+        _n_axes(fig, grid, row=1, col=col)
+        fig.update_xaxes(title="N (selected keys)", row=1, col=col)
         fig.update_yaxes(range=[0, 1.05], title=metric, row=1, col=col)
     return _style(fig, f"Layer {result.layers[li]}, head {result.heads[hi]}: Precision and Recall against N")
 
@@ -203,16 +212,21 @@ def regime_diagnostics(taxonomy: HeadTaxonomy) -> go.Figure:
         for row, name, label, dash in lines:
             fig.add_trace(
                 go.Scatter(x=grid, y=taxonomy.features[name][layer, head].tolist(), mode="lines", name=label,
-                           line={"color": REGIME_COLOURS[regime], "dash": dash}, showlegend=False,
+                           line={"color": REGIME_COLOURS[regime], "dash": dash}, showlegend=False, legendgroup=name,
                            hovertemplate=label + " = %{y:.3g} at N = %{x}<extra></extra>"),
                 row=row, col=col,
             )
-    fig.update_xaxes(type="log", title="N (selected keys)", row=2)
-    fig.update_xaxes(type="log")
+    for row, name, label, dash in lines:  # the legend: one neutral entry per line style (colour = regime)
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=f"{label} ({'top' if row == 1 else 'bottom'})",
+                                 line={"color": "#444", "dash": dash}, legendgroup=name), row=row, col=1)
+    _n_axes(fig, grid)
+    fig.update_xaxes(title="N (selected keys)", row=2)
     fig.update_yaxes(title="norm", row=1, col=1)
     fig.update_yaxes(title="cosine", range=[-1.05, 1.05], row=2)
-    return _style(fig, "Regime diagnostics: norms (solid s, dash-dot without sink, dashed without last) and "
-                       "alignment (solid v_0, dashed v_L)", height=560)
+    fig = _style(fig, "Regime diagnostics of one example head per regime (colour: regime; line style: see legend)",
+                 height=620)
+    fig.update_layout(legend={"orientation": "h", "y": -0.15})
+    return fig
 
 
 def regimes_by_layer(taxonomy: HeadTaxonomy) -> go.Figure:
@@ -267,10 +281,10 @@ def precision_recall_by_regime(taxonomy: HeadTaxonomy, result: GeometryResult | 
         if result is not None and f"chance_{metric}" in result.fields:
             chance = chance_by_regime(result, taxonomy, metric)
             top, bottom = torch.nan_to_num(chance, nan=-math.inf).amax(0), torch.nan_to_num(chance, nan=math.inf).amin(0)
-            fig.add_trace(go.Scatter(x=grid, y=top.tolist(), line={"width": 0}, showlegend=False, hoverinfo="skip"),
+            fig.add_trace(go.Scatter(x=grid, y=top.tolist(), mode="lines", line={"width": 0}, showlegend=False, hoverinfo="skip"),
                           row=1, col=col)
             fig.add_trace(go.Scatter(x=grid, y=bottom.tolist(), fill="tonexty", fillcolor="rgba(127,127,127,0.2)",
-                                     line={"width": 0}, name="chance band (random top-N sets)",
+                                     mode="lines", line={"width": 0}, name="chance band (random top-N sets)",
                                      showlegend=col == 1, hoverinfo="skip"), row=1, col=col)
             for i, regime in enumerate(REGIMES):
                 fig.add_trace(go.Scatter(x=grid, y=chance[i].tolist(), mode="lines", name=f"{regime}: chance",
@@ -282,7 +296,8 @@ def precision_recall_by_regime(taxonomy: HeadTaxonomy, result: GeometryResult | 
                            line={"color": REGIME_COLOURS[regime]}, showlegend=col == 1),
                 row=1, col=col,
             )
-        fig.update_xaxes(type="log", title="N (selected keys)", row=1, col=col)
+        _n_axes(fig, grid, row=1, col=col)
+        fig.update_xaxes(title="N (selected keys)", row=1, col=col)
         fig.update_yaxes(range=[0, 1.05], title=metric, row=1, col=col)
     return _style(fig, "Precision and Recall by head regime")
 
@@ -334,9 +349,9 @@ def value_norms(result: GeometryResult) -> go.Figure:
     mean, low, high = torch.nanmean(norms, 0), torch.nanquantile(norms, 0.1, 0), torch.nanquantile(norms, 0.9, 0)
     positions = list(range(norms.shape[-1]))
     fig = make_subplots(rows=1, cols=2, subplot_titles=("value-state norm by position", "CV of non-sink norms"))
-    fig.add_trace(go.Scatter(x=positions, y=high.tolist(), line={"width": 0}, showlegend=False, hoverinfo="skip"))
+    fig.add_trace(go.Scatter(x=positions, y=high.tolist(), mode="lines", line={"width": 0}, showlegend=False, hoverinfo="skip"))
     fig.add_trace(go.Scatter(x=positions, y=low.tolist(), fill="tonexty", fillcolor="rgba(0,114,178,0.15)",
-                             line={"width": 0}, name="10-90 % of layer-heads", hoverinfo="skip"))
+                             mode="lines", line={"width": 0}, name="10-90 % of layer-heads", hoverinfo="skip"))
     fig.add_trace(go.Scatter(x=positions, y=mean.tolist(), mode="lines", line={"color": BLUE},
                              name="mean over layer-heads"))
     cv = result.value_norm_cv.flatten()
@@ -401,16 +416,17 @@ def sink_recall(correlation: SinkRecallCorrelation) -> go.Figure:
     grid = correlation.n_grid.tolist()
     level = f"{100 * correlation.confidence:.0f} %"
     fig = go.Figure([
-        go.Scatter(x=grid, y=correlation.pearson_high.tolist(), line={"width": 0}, showlegend=False,
+        go.Scatter(x=grid, y=correlation.pearson_high.tolist(), mode="lines", line={"width": 0}, showlegend=False,
                    hoverinfo="skip"),
         go.Scatter(x=grid, y=correlation.pearson_low.tolist(), fill="tonexty", fillcolor="rgba(0,114,178,0.15)",
-                   line={"width": 0}, name=f"{level} bootstrap interval over sequences", hoverinfo="skip"),
+                   mode="lines", line={"width": 0}, name=f"{level} bootstrap interval over sequences", hoverinfo="skip"),
         go.Scatter(x=grid, y=correlation.pearson.tolist(), mode="lines+markers", name="Pearson",
                    line={"color": BLUE}),
         go.Scatter(x=grid, y=correlation.spearman.tolist(), mode="lines", name="Spearman",
                    line={"color": ORANGE, "dash": "dash"}),
     ])
     fig.add_hline(y=0, line={"color": GREY, "width": 1})
-    fig.update_xaxes(type="log", title="N (selected keys)")
+    _n_axes(fig, grid)
+    fig.update_xaxes(title="N (selected keys)")
     fig.update_yaxes(range=[-1, 1], title="corr(R(r_min, N), rho_0)")
     return _style(fig, f"Sink similarity and Recall, across {correlation.over}")
