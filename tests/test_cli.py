@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tl_geometry import GeometryResult
+from tl_geometry import GeometryError, GeometryResult
 
 SCRIPT = Path(sys.executable).with_name("tl-geometry")
 
@@ -80,6 +80,15 @@ def _config(*args):
     return config_from_args(build_parser().parse_args(["analyze", *args]))
 
 
+def test_regime_confidence_keeps_the_rules_inputs_replicated():
+    from tl_geometry.analysis.taxonomy import REGIME_INPUTS
+
+    assert not set(REGIME_INPUTS) & set(_config().bootstrap_fields or ())
+    assert set(REGIME_INPUTS) <= set(_config("--regime-confidence").bootstrap_fields)
+    with pytest.raises(GeometryError, match="--regime-confidence: the taxonomy diagnostic is off"):
+        _config("--diagnostics", "bounds", "--regime-confidence")
+
+
 @pytest.mark.parametrize(
     ("args", "field", "expected"),
     [
@@ -97,6 +106,8 @@ def _config(*args):
         (("--n-grid", "all"), "n_grid", "all"),
         (("--bootstrap", "0"), "n_bootstrap", 0),
         (("--seed", "7"), "seed", 7),
+        (("--keep-queries",), "keep_queries", True),
+        ((), "keep_queries", False),
     ],
 )
 def test_each_option_reaches_the_config(args, field, expected):

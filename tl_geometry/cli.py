@@ -105,6 +105,12 @@ def _add_analysis_options(run: argparse.ArgumentParser) -> None:
     analysis.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP,
                           help=f"Poisson-bootstrap replicates over documents (default: {DEFAULT_BOOTSTRAP}; 0: none)")
     analysis.add_argument("--seed", type=int, default=0, help="seed of the bootstrap weights (default: 0)")
+    analysis.add_argument("--keep-queries", action="store_true",
+                          help="also keep every analysed query's row (P and R by query position in the report's head "
+                          "panel; the file grows with the queries: for a few prompts, not a corpus)")
+    analysis.add_argument("--regime-confidence", action="store_true",
+                          help="keep bootstrap replicates of the taxonomy rules' inputs, so that every regime label "
+                          "gets its confidence (about 50 MB more per result on the default model)")
 
 
 def config_from_args(args: argparse.Namespace) -> GeometryConfig:
@@ -112,7 +118,7 @@ def config_from_args(args: argparse.Namespace) -> GeometryConfig:
     config = GeometryConfig(
         n_grid=args.n_grid, query_positions=args.queries, layers=args.layers, heads=args.heads,
         ranking=args.ranking, distance=args.distance, diagnostics=() if args.diagnostics is None else args.diagnostics,
-        n_bootstrap=args.bootstrap, seed=args.seed,
+        n_bootstrap=args.bootstrap, seed=args.seed, keep_queries=getattr(args, "keep_queries", False),
     )
     if args.diagnostics is None:  # the default: everything the report can draw, where it applies
         from tl_geometry.diagnostics.registry import REGISTRY
@@ -125,6 +131,12 @@ def config_from_args(args: argparse.Namespace) -> GeometryConfig:
                 continue
             applies.append(name)
         config = config.with_overrides(diagnostics=applies)
+    if getattr(args, "regime_confidence", False):
+        from tl_geometry.analysis.taxonomy import with_regime_replicates
+
+        if "taxonomy" not in config.diagnostics:
+            raise GeometryError("--regime-confidence: the taxonomy diagnostic is off; add taxonomy to --diagnostics")
+        config = with_regime_replicates(config)
     return config
 
 

@@ -8,7 +8,6 @@ from which a head's effective N is read after the run
 import math
 from typing import Any
 
-import torch
 from jaxtyping import Float
 from torch import Tensor
 
