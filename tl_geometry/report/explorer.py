@@ -147,7 +147,8 @@ def explorer_data(result: GeometryResult, taxonomy: HeadTaxonomy | None = None) 
         table["scores"] = _nested(taxonomy.scores)
         if bool(taxonomy.confidence.isnan().all()):
             notes["confidence"] = ("No confidence: the run kept no bootstrap replicates of the rules' inputs; analyse "
-                                   "with with_regime_replicates(config), classify_heads on the model, or tl-geometry --regime-confidence.")
+                                   "with with_regime_replicates(config), classify_heads on the model, or "
+                                   "tl-geometry --regime-confidence.")
     else:
         notes["regime"] = "No regime: it " + _note("taxonomy") + "."
 
@@ -167,7 +168,8 @@ def explorer_data(result: GeometryResult, taxonomy: HeadTaxonomy | None = None) 
                                     "(the page stays small); analyse fewer positions or heads to see every N.")
         else:
             notes["queries"] = (f"P and R by query position: this run kept one query position ({positions}); analyse "
-                                "with query_positions='all' or a list, and keep_queries=True (--queries all --keep-queries).")
+                                "with query_positions='all' or a list, and keep_queries=True "
+                                "(--queries all --keep-queries).")
     else:
         notes["queries"] = ("P and R by query position need per-query rows: analyse with keep_queries=True and "
                             "query_positions='all' or a list (tl-geometry --keep-queries --queries all).")
