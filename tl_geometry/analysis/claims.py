@@ -48,7 +48,8 @@ where it is largest; "peaks elsewhere" means a larger correlation at some N >
 8. Section 4.2: a head's depth is its layer's index among the analysed
 layers divided by their number minus one (0 first, 1 last); a regime with no
 head counts as out of order. Envelopes: points where the curve or an envelope
-is NaN are left out; a point counts as inside within 1e-6.
+is NaN are left out; a point counts as inside within 1e-6. Medians over an
+even number of heads are the lower of the two middle values (as ``torch.median``).
 
 Intervals are percentile intervals (level 0.95) of the same statistic
 computed on each bootstrap replicate's per-head means, when every field the
@@ -126,7 +127,7 @@ THRESHOLDS: dict[str, Thresholds] = {
     "four_phase_profile": Thresholds(">=", 0.5, 0.2),
     "small_n_separability": Thresholds(">=", 0.05, 0.01),
     "sink_recall_correlation": Thresholds(">=", 0.3, 0.1),
-    "regimes_by_depth": Thresholds(">=", 3, 2),
+    "regimes_by_depth": Thresholds(">=", 3.0, 2.0),
     "envelopes": Thresholds(">=", 0.95, 0.5),
 }
 
@@ -487,7 +488,7 @@ COLUMNS = ("claim", "paper_ref", "paper_value", "statistic", "value", "low", "hi
            "verdict", "rule", "option")  # fmt: skip
 
 
-def claim_list(result: GeometryResult) -> list[Claim]:
+def claim_list(result: object) -> list[Claim]:
     """Every claim of the paper checked on ``result``, in the paper's order (see the module docstring)."""
     if not isinstance(result, GeometryResult):
         raise GeometryError(
@@ -497,7 +498,7 @@ def claim_list(result: GeometryResult) -> list[Claim]:
     return [check(result) for check in CHECKS]
 
 
-def claims(result: GeometryResult) -> Any:
+def claims(result: object) -> Any:
     """The paper's empirical claims on this result, one row each, as a pandas DataFrame.
 
     Columns: ``claim``, ``paper_ref`` (figure or section), ``paper_value``,
@@ -512,8 +513,12 @@ def claims(result: GeometryResult) -> Any:
     Raises:
         GeometryError: ``result`` is not a GeometryResult.
     """
+    return claims_table(claim_list(result))
+
+
+def claims_table(rows: Sequence[Claim]) -> Any:
+    """Claims as the DataFrame `claims` returns (index: the key; ``evidence`` left out)."""
     import pandas as pd
 
-    rows = claim_list(result)
     return pd.DataFrame([{c: getattr(row, c) for c in COLUMNS} for row in rows],
                         index=pd.Index([row.key for row in rows], name="key"), columns=list(COLUMNS))
