@@ -222,3 +222,16 @@ def test_regimes_by_depth_counts_ordered_pairs(monkeypatch, result, order, expec
     monkeypatch.setattr(claims_module, "taxonomy_from_result", lambda r: dataclasses.replace(taxonomy, labels=labels))
     row = claims(result).loc["regimes_by_depth"]
     assert (row.verdict, row.value) == expected
+
+
+def test_envelope_share_on_hand_built_curves():
+    grid = (1, 2, 4, 8)
+    shape = (1, 2, len(grid))
+    curve = np.broadcast_to(np.array([1.0, 0.5, 0.4, 0.9]), shape).copy()
+    lower = np.broadcast_to(np.array([0.9, 0.6, 0.1, 0.0]), shape).copy()  # N = 2 lies below the lower envelope
+    upper = np.broadcast_to(np.array([1.0, 0.9, 0.3, 1.0]), shape).copy()  # N = 4 lies above the upper envelope
+    fields = {"precision": curve, "recall": curve}
+    for metric in ("precision", "recall"):
+        fields.update({f"bound_{metric}_lower": lower, f"bound_{metric}_upper": upper})
+    row = claims(_hand_built(_with_required(fields, grid), grid)).loc["envelopes"]
+    assert row.value == pytest.approx(0.5) and row.verdict == "partly"
