@@ -185,7 +185,8 @@ def compare(a: object, b: object, out: str | os.PathLike) -> Path:
     """Write the side-by-side comparison of two results: ``out/compare.html`` and both claims tables as CSV.
 
     Args:
-        a, b: results, or paths of saved results (a stem, ``.npz`` file, or a folder holding ``result``).
+        a: a result, or the path of a saved result (a stem, ``.npz`` file, or a folder holding ``result``).
+        b: the second result, likewise.
         out: the output folder (created; files already in it other than the ones written are kept).
 
     Returns:
