@@ -22,19 +22,16 @@ Verdict rule (the same for every claim):
 
 The claims, their statistic and thresholds (``THRESHOLDS`` holds them):
 
-==========================  ==========================================================  =========  ======  ======
-claim                       statistic                                                   direction  holds   partly
-==========================  ==========================================================  =========  ======  ======
-Assumption 1, stable norms  share of heads whose non-sink CV is <= 0.05                 >=         0.8     0.5
-Assumption 1, sink          median over heads of lambda = ||v_0|| / median ||v_i>0||    <=         0.5     0.9
-Assumption 2                mean over heads of the MAE of the exponential cosine fit    <=         0.10    0.20
-Assumption 3                share of heads with the four-phase profile (below)          >=         0.5     0.2
-Figure 5                    smaller of the drops of mean P and mean R, small to mid N   >=         0.05    0.01
-Figure 6                    largest Pearson corr(R(r_min, N), rho_0) over 2 <= N <= 8   >=         0.3     0.1
-Section 4.2                 ordered pairs in Retriever < Reset < Mixer mean depth       >=         3       2
-Envelopes                   share of the (metric, N) points of the mean P and R curves  >=         0.95    0.5
-                            inside the mean envelopes
-==========================  ==========================================================  =========  ======  ======
+| claim | statistic | direction | holds | partly |
+|---|---|---|---|---|
+| Assumption 1, stable norms | share of heads whose non-sink CV is <= 0.05 | >= | 0.8 | 0.5 |
+| Assumption 1, sink | median over heads of lambda (sink value norm over the median non-sink norm) | <= | 0.5 | 0.9 |
+| Assumption 2 | mean over heads of the MAE of the exponential cosine fit | <= | 0.10 | 0.20 |
+| Assumption 3 | share of heads with the four-phase profile (below) | >= | 0.5 | 0.2 |
+| Figure 5 | smaller of the drops of mean P and mean R, small to mid N | >= | 0.05 | 0.01 |
+| Figure 6 | largest Pearson corr(R(r_min, N), rho_0) over 2 <= N <= 8 | >= | 0.3 | 0.1 |
+| Section 4.2 | ordered pairs in Retriever < Reset < Mixer mean depth | >= | 3 | 2 |
+| Envelopes | share of the (metric, N) points of the mean P and R curves inside the mean envelopes | >= | 0.95 | 0.5 |
 
 Details. Assumption 3: a head shows the four-phase profile when its fitted
 ``p_sink`` is at least 100 times its ``p_base`` (the sink "two orders of
