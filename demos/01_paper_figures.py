@@ -203,47 +203,18 @@ print(", ".join(f"{regime}: {int(n)} heads (mean layer {depth[regime]:.1f})"
 # %% [markdown]
 # ## The paper and this model, side by side
 #
-# Each row: what the paper claims, what this run measured, and whether they
-# agree. The verdicts are computed from the numbers above, so they stay true
-# when the sizes change. (At N = 1 both metrics are 1 by construction, so the
-# shape of Figure 5 is read from N = 2 on.)
+# Each row: what the paper claims, what this run measured, and the verdict of
+# `tg.claims`, which reads each claim's statistic off the result (no
+# recomputation) and applies one rule stated on the
+# [claims page](../claims.md): holds, partly, does not hold, or not measured.
+# (At N = 1 both metrics are 1 by construction, so Figure 5 is read from N = 2 on.)
 
 # %%
-retriever_early = depth["retriever"] < depth["reset"] < depth["mixer"]
-
-
-def verdict(share: float) -> str:
-    """'yes' when the claim holds (almost) everywhere, 'partly' for a majority, else 'no'."""
-    return "yes" if share > 0.99 else "partly" if share > 0.5 else "no"
-
-
-rows = [
-    ("value norms: CV of non-sink norms (Fig. 2)", "0.02-0.03",
-     f"{cv.min():.2f}-{cv.max():.2f}, median {cv.median():.2f}", bool(cv.median() <= 0.05)),
-    ("sink norm smaller than the others (Fig. 2)", "lambda < 1",
-     f"median lambda {sink_ratio.median():.2f}, {(sink_ratio > 1).float().mean():.0%} of heads > 1",
-     verdict((sink_ratio < 1).float().mean().item())),
-    ("cosine decays exponentially with lag (Fig. 3)", "MAE ~0.09",
-     f"median MAE {decay_mae.nanmedian():.2f}", bool(decay_mae.nanmedian() <= 0.12)),
-    ("four-phase attention profile (Fig. 4)", "fits the rows",
-     f"median log-RMS {fit.error.nanmedian():.2f}", bool(fit.error.nanmedian() < 0.5)),
-    ("P and R high at small N, lowest at mid N (Fig. 5)", "U-shape",
-     f"N = 2, lowest, last N: P {precision[1]:.2f}, {precision[1:-1].min():.2f}, {precision[-1]:.2f}; "
-     f"R {recall[1]:.2f}, {recall[1:-1].min():.2f}, {recall[-1]:.2f}",
-     bool(precision[2:-1].min() < precision[1] and recall[2:-1].min() < recall[1])),
-    ("measured P, R within the envelopes (Fig. 5)", "always",
-     f"P {inside_p:.0%}, R {inside_r:.0%} of (layer, head, N), kappa = 1000",
-     verdict(min(inside_p, inside_r))),
-    ("corr(R(r_min, N), rho_0) peaks at small N (Fig. 6)", "peak near N = 3",
-     f"peak {pearson[peak]:.2f} at N = {grid[peak]}", bool(grid[peak] <= 8 and pearson[peak] > 0)),
-    ("Retriever -> Reset -> Mixer with depth (Fig. 8)", "ordered by depth",
-     ", ".join(f"{r} {int(n)}" for r, n in zip(tg.REGIMES, total)), bool(retriever_early)),
-]
-print(f"| claim | paper | {result.model_name} | agrees |")
+table = tg.claims(result)
+print(f"| claim | paper | {result.model_name} | verdict |")
 print("|---|---|---|---|")
-for claim, paper, measured, agrees in rows:
-    agrees = agrees if isinstance(agrees, str) else "yes" if agrees else "no"
-    print(f"| {claim} | {paper} | {measured} | {agrees} |")
+for row in table.itertuples():
+    print(f"| {row.claim} ({row.paper_ref}) | {row.paper_value} | {row.measured} | {row.verdict} |")
 
 # %% [markdown]
 # On the larger runs we made (16 windows of 1024 tokens; see the Concepts

@@ -1,28 +1,49 @@
 """mkdocs hook: render the demo notebooks (demos/*.py, jupytext percent format) as tutorial pages.
 
 Each ``demos/NN_name.py`` becomes ``tutorials/NN_name.md`` at build time:
-Markdown cells as they are, code cells as Python code blocks. Outputs are not
-committed (the demos run in the test suite), so the pages show code and prose.
-Nothing is written into ``docs/``.
+Markdown cells as they are, code cells as Python code blocks, each followed by
+its pre-rendered output when ``demos/outputs/NN_name.json`` has one (printed
+text, and figures as PNGs in ``docs/assets/tutorials/``, both written by
+``demos/render_outputs.py`` from a small run). No model runs at build time and
+nothing is written into ``docs/``.
 """
 
+import json
 from pathlib import Path
 
 import jupytext
 from mkdocs.structure.files import File
 
 DEMOS = Path(__file__).resolve().parent.parent / "demos"
+OUTPUTS = DEMOS / "outputs"
+
+
+def _output_markdown(output: dict) -> list[str]:
+    """A code cell's pre-rendered output: its printed text, then its figures."""
+    parts = []
+    if output.get("text"):
+        parts.append(f'```text title="output"\n{output["text"]}\n```')
+    parts.extend(f"![figure {name}](../assets/tutorials/{name})" for name in output.get("images", []))
+    return parts
 
 
 def demo_markdown(path: Path) -> str:
     """The Markdown page of one demo: its cells in order, and how to run it."""
     notebook = jupytext.read(path, fmt="py:percent")
+    saved = OUTPUTS / f"{path.stem}.json"
+    outputs = json.loads(saved.read_text()) if saved.is_file() else {}
     parts = []
+    code_index = -1
     for cell in notebook.cells:
         source = cell.source.strip("\n")
         if not source:
             continue
-        parts.append(source if cell.cell_type == "markdown" else f"```python\n{source}\n```")
+        if cell.cell_type == "markdown":
+            parts.append(source)
+            continue
+        code_index += 1
+        parts.append(f"```python\n{source}\n```")
+        parts.extend(_output_markdown(outputs.get(str(code_index), {})))
     parts.insert(
         1,
         f'!!! note "Run it yourself"\n    This page is the demo `demos/{path.name}` (a jupytext percent-format '

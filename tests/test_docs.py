@@ -69,3 +69,35 @@ def test_quickstart_runs():
     assert blocks
     for block in blocks:
         exec(compile(block, "docs/quickstart.md", "exec"), {"__name__": "quickstart"})
+
+
+def test_tutorials_show_their_pre_rendered_outputs(site):
+    """Each demo with outputs in demos/outputs shows them under its code cells, figures included."""
+    import json
+
+    for saved in sorted((ROOT / "demos" / "outputs").glob("*.json")):
+        outputs = json.loads(saved.read_text())
+        html = (site / "tutorials" / saved.stem / "index.html").read_text()
+        assert html.count(">output<") >= sum(1 for o in outputs.values() if o["text"]), saved.name
+        for output in outputs.values():
+            for name in output["images"]:
+                assert (site / "assets" / "tutorials" / name).is_file() and f"assets/tutorials/{name}" in html
+
+
+def test_api_page_documents_every_public_module(site):
+    html = (site / "api" / "index.html").read_text()
+    anchors = set(re.findall(r'id="([^"]+)"', html))
+    modules = [
+        ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for folder in ("analysis", "capture", "diagnostics", "engine", "report", "results", "theory")
+        for path in sorted((ROOT / "tl_geometry" / folder).glob("[a-z]*.py"))
+    ]
+    missing = [module for module in modules if module not in anchors]
+    assert not missing, f"the API page has no section for {missing}"
+
+
+def test_docs_pages_for_reading_a_head_and_the_claims(site):
+    head = (site / "reading-a-head" / "index.html").read_text()
+    assert "effective N" in head and "layer 18, head 6" in head and "N / L" in head
+    claims_page = (site / "claims" / "index.html").read_text()
+    assert "The verdict rule" in claims_page and "tl-geometry compare" in claims_page

@@ -42,10 +42,10 @@ def test_figure_numbers_follow_the_paper_and_figure_9_says_why_it_is_not_drawn(r
     assert "conceptual illustration" in page
 
 
-def test_the_scorecard_has_its_place_above_the_explorer(result):
-    assert report._scorecard_section(result) == ""  # the claims scorecard hooks in here
+def test_the_scorecard_sits_between_the_summary_and_the_explorer(result):
     page = report.render_html(result)
-    assert page.index('<table id="summary">') < page.index('<section id="explorer">') < page.index("<h2>Figures</h2>")
+    assert (page.index('<table id="summary">') < page.index('<section id="claims-scorecard">')
+            < page.index('<section id="explorer">') < page.index("<h2>Figures</h2>"))
 
 
 def test_page_embeds_plotly_once_and_shows_every_figure(result):

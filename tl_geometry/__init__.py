@@ -34,6 +34,9 @@ from tl_geometry.capture.interventions import topn_hooks, topn_pattern_hook
 from tl_geometry.capture.sweep import effective_set_size, intervention_sweep
 from tl_geometry.results.interventions import InterventionResult
 from tl_geometry.analysis.interventions import EffectiveSetSize, geometry_vs_dnll
+# The paper's claims on a result, and two results side by side
+from tl_geometry.analysis.claims import claims
+from tl_geometry.report.compare import compare
 
 __version__ = "0.1.0"
 
@@ -83,4 +86,7 @@ __all__ = [
     "intervention_sweep",
     "topn_hooks",
     "topn_pattern_hook",
+    # The paper's claims on a result, and two results side by side
+    "claims",
+    "compare",
 ]

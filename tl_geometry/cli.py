@@ -208,7 +208,32 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
     plot.add_argument("--png", action="store_true", help="also write a PNG of every figure (kaleido + Chromium)")
     _add_intervene_parser(commands, run)
+    _add_compare_parser(commands)
     return parser
+
+
+# ---- compare: two saved results side by side, one figure per claim of the paper ----
+
+
+def _add_compare_parser(commands) -> None:
+    compare = commands.add_parser(
+        "compare",
+        help="two saved results side by side (e.g. SmolLM2 and Gemma-3), one figure per claim of the paper",
+        description="Read two saved results (as written by report or analyze) and write OUT/compare.html "
+        "(self-contained, opens offline) and OUT/claims_<model>.csv for each (tl_geometry.claims). Files "
+        "already in OUT are kept.",
+    )
+    compare.add_argument("out", type=Path, help="output directory")
+    compare.add_argument("a", type=Path, metavar="A", help="the first saved result (stem, .npz or its folder)")
+    compare.add_argument("b", type=Path, metavar="B", help="the second saved result")
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from tl_geometry.report.compare import compare
+
+    index = compare(args.a, args.b, args.out)
+    print(f"wrote {index} and the claims tables beside it (open it in a browser; it works offline)")
+    return EXIT_OK
 
 
 def _float_list(text: str) -> list[float]:
@@ -423,6 +448,8 @@ def run_command(args: argparse.Namespace) -> int:
         return _merge(args)
     if args.command == "intervene":
         return _intervene(args)
+    if args.command == "compare":
+        return _compare(args)
     if args.command == "plot":
         result = GeometryResult.load(args.result)
         index = write_report(result, args.out, {"source": str(args.result)}, png=args.png)
@@ -496,6 +523,10 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.command in ("plot", "merge"):
         for path in [args.result] if args.command == "plot" else args.inputs:
             _saved_result_exists(path, args.command)
+        return
+    if args.command == "compare":
+        for path in (args.a, args.b):
+            _saved_result_exists(path, "compare")
         return
     for name in ("context", "batch_size", "settings_per_pass"):
         if getattr(args, name, 1) < 1:

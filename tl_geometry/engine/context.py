@@ -160,7 +160,8 @@ class SelectionContext:
         sink: key index of each query's sink, -1 where it cannot see one, ``[batch, query]``.
         query_valid: False where a sequence has no such query, ``[batch, query]``.
         grid: selection sizes N, ``[n]``.
-        ranking, distance: as in `tl_geometry.GeometryConfig`.
+        ranking: as in `tl_geometry.GeometryConfig`.
+        distance: as in `tl_geometry.GeometryConfig`.
         memory_budget_mib: working memory of one chunk.
         costs: the extra per-row memory of each active diagnostic.
         query_index: position of each analysed query on the pattern's query axis, ``[batch, query]``

@@ -20,6 +20,7 @@ from plotly.offline import get_plotlyjs
 
 from tl_geometry.report import plots
 from tl_geometry.report.explorer import HEATMAPS, default_n_index, explorer_html, explorer_script
+from tl_geometry.report.scorecard import scorecard_html
 from tl_geometry.errors import GeometryError
 from tl_geometry.diagnostics.registry import REGISTRY
 from tl_geometry.results import fileformat
@@ -227,11 +228,6 @@ def render_figures(result: GeometryResult) -> Rendered:
     return Rendered(taxonomy, figures, notes)
 
 
-def _scorecard_section(result: GeometryResult) -> str:
-    """The claims scorecard at the top of the report (issue 16's other half hooks in here); empty for now."""
-    return ""
-
-
 def _figure_section(figure: Figure, drawn: go.Figure) -> str:
     div = drawn.to_html(full_html=False, include_plotlyjs=False, div_id=figure.key)
     return (f'<section id="section-{figure.key}"><h2>{html.escape(figure.title)}</h2>'
@@ -290,7 +286,7 @@ th[data-order=descending]::after {{ content: " \\25BC"; }} th[data-order=ascendi
 <table id="summary">
 {table}
 </table>
-{_scorecard_section(result)}
+{scorecard_html(result)}
 {explorer_html(result, taxonomy, heatmaps)}
 <h2>Figures</h2><ul>{contents}</ul>
 {"".join(sections)}

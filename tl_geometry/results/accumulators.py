@@ -38,7 +38,8 @@ class Accumulator:
 
     Args:
         specs: the declared fields (one `FieldSpec` each, distinct names).
-        layers, heads: the layers and query heads analysed (axes ``layer``, ``head_index``).
+        layers: the layers analysed (axis ``layer``).
+        heads: the query heads analysed (axis ``head_index``).
         n_grid: the selection sizes N (length of every ``"n"`` axis).
         n_bootstrap: Poisson-bootstrap replicates per document (0: none).
         replicate_fields: names of the fields that keep replicates (ignored when n_bootstrap is 0).
@@ -108,9 +109,10 @@ class Accumulator:
             weights: the documents' bootstrap weights, ``[doc, n_bootstrap]``
                 (see `tl_geometry.results.bootstrap.document_weights`).
             n_tokens: real tokens in the batch.
-            queries, query_positions: per-query rows ``[doc, layer, head_index,
-                query, *trailing]`` and their positions ``[doc, query]`` (-1:
-                none), only with ``keep_queries=True``.
+            queries: per-query rows ``[doc, layer, head_index, query,
+                *trailing]``, only with ``keep_queries=True``.
+            query_positions: their positions ``[doc, query]`` (-1: none),
+                only with ``keep_queries=True``.
         """
         n_docs = weights.shape[0]
         if weights.shape[1] != self.n_bootstrap:

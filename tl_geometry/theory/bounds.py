@@ -494,8 +494,8 @@ def lower_envelopes(
     >>> alpha = torch.tensor([0.6, 0.3, 0.1])
     >>> values = torch.tensor([[0.1, 0.0], [0.0, 1.0], [1.0, 0.0]])
     >>> p, r = lower_envelopes(selection_margins(alpha, values, [1, 2, 3]), d_head=2)
-    >>> [round(x, 3) for x in p.tolist()]
-    [0.333, 0.667, 1.0]
+    >>> tuple(round(x, 3) for x in p.tolist())
+    (0.333, 0.667, 1.0)
     """
     _check_envelope_args(d_head, n_keys, kappa)
     delta, delta0, scale = _variant_terms(margins, variant)

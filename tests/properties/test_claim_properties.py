@@ -1,0 +1,73 @@
+"""The scorecard's verdict rule (tl_geometry.analysis.claims), for values and intervals drawn by hypothesis.
+
+The rule as docs/claims.md states it: "holds" when the statistic reaches the
+holds threshold and so does its whole interval; "partly" when it reaches the
+partly threshold (or reaches holds with an interval that crosses it);
+"does not hold" otherwise; "not measured" for NaN.
+"""
+
+import math
+
+import numpy as np
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tl_geometry import GeometryConfig, GeometryResult, claims
+from tl_geometry.analysis.claims import THRESHOLDS, verdict
+from tl_geometry.diagnostics.fields import FieldSpec
+from tl_geometry.results.accumulators import Accumulator
+from tl_geometry.results.result import REQUIRED_FIELDS
+
+RANK = {"does not hold": 0, "partly": 1, "holds": 2}
+values = st.floats(-2, 2, allow_nan=False)
+
+
+def reached(direction, value, threshold):
+    return value >= threshold if direction == ">=" else value <= threshold
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.sampled_from(sorted(THRESHOLDS)), value=values, other=values)
+def test_a_better_value_never_gets_a_worse_verdict(key, value, other):
+    t = THRESHOLDS[key]
+    better, worse = (max(value, other), min(value, other)) if t.direction == ">=" else (min(value, other), max(value, other))
+    assert RANK[verdict(better, t)] >= RANK[verdict(worse, t)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.sampled_from(sorted(THRESHOLDS)), value=values, a=values, b=values)
+def test_verdict_follows_the_stated_rule(key, value, a, b):
+    t = THRESHOLDS[key]
+    low, high = min(a, b), max(a, b)
+    got = verdict(value, t, low, high)
+    if reached(t.direction, value, t.holds):
+        inside = reached(t.direction, low, t.holds) and reached(t.direction, high, t.holds)
+        assert got == ("holds" if inside else "partly")
+    elif reached(t.direction, value, t.partly):
+        assert got == "partly"
+    else:
+        assert got == "does not hold"
+    assert verdict(math.nan, t, low, high) == "not measured"
+
+
+def one_document_result(fields):
+    specs = [FieldSpec(name, name, axes=("n",) * (np.ndim(v) - 2)) for name, v in fields.items()]
+    shape = next(iter(fields.values())).shape
+    acc = Accumulator(specs, layers=range(shape[0]), heads=range(shape[1]), n_grid=torch.tensor([1, 2]))
+    acc.add({k: torch.tensor(v, dtype=torch.float32)[None] for k, v in fields.items()}, torch.zeros(1, 0), n_tokens=3)
+    return GeometryResult.from_accumulator(acc, config=GeometryConfig(), model_name="drawn")
+
+
+@settings(max_examples=40, deadline=None)
+@given(cv=st.lists(st.floats(0.0, 0.25, width=32), min_size=2, max_size=12).filter(lambda x: len(x) % 2 == 0),
+       mae=st.floats(0.0, 0.5, width=32))
+def test_drawn_results_get_the_share_and_mean_the_rule_reads(cv, mae):
+    cv = np.array(cv, dtype=np.float32).reshape(2, -1)
+    fields = {name: np.ones(cv.shape + (2,)) for name in REQUIRED_FIELDS}
+    fields.update(value_norm_cv=cv, decay_mae=np.full(cv.shape, mae, dtype=np.float32))
+    table = claims(one_document_result(fields))
+    share = float(np.mean(cv.astype(np.float64) <= 0.05))  # the stored float32 value against 0.05
+    assert table.loc["stable_norms", "value"] == share
+    assert table.loc["stable_norms", "verdict"] == ("holds" if share >= 0.8 else "partly" if share >= 0.5 else "does not hold")
+    assert table.loc["exponential_decay", "value"] == np.float32(mae)

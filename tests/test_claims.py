@@ -1,0 +1,237 @@
+"""The claims scorecard (tl_geometry.analysis.claims) against statistics written here from the result's fields.
+
+The references read ``result.per_head`` / ``result.replicates`` and follow the
+rules as the module docstring (and docs/claims.md) state them, with numpy;
+they never call the module's own helpers.
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tests import tiny_models as tm
+from tl_geometry import GeometryConfig, GeometryError, GeometryResult, claims, run_with_geometry_hooks
+from tl_geometry.analysis import claims as claims_module
+from tl_geometry.diagnostics.fields import FieldSpec
+from tl_geometry.report.scorecard import scorecard_html
+from tl_geometry.results.accumulators import Accumulator
+from tl_geometry.results.result import REQUIRED_FIELDS
+
+KEYS = ["stable_norms", "compressed_sink", "exponential_decay", "four_phase_profile", "small_n_separability",
+        "sink_recall_correlation", "regimes_by_depth", "envelopes"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def result():
+    model = tm.make_model("bridge-llama")
+    tokens = tm.with_bos(tm.random_tokens(4, 40))
+    # precision and value_norm_cv keep replicates too, so that their claims get an interval.
+    return run_with_geometry_hooks(model, tokens, diagnostics="all", n_bootstrap=50,
+                                   bootstrap_fields=["precision", "recall", "rho0", "value_norm_cv", "decay_mae"])
+
+
+@pytest.fixture(scope="module")
+def table(result):
+    return claims(result)
+
+
+def _np(t):
+    return t.double().numpy()
+
+
+def _quantiles(values):
+    values = np.asarray(values, dtype=float)
+    values = values[~np.isnan(values)]
+    return np.quantile(values, 0.025), np.quantile(values, 0.975)
+
+
+def test_one_row_per_claim_with_the_documented_columns(table):
+    assert list(table.index) == KEYS
+    assert list(table.columns) == ["claim", "paper_ref", "paper_value", "statistic", "value", "low", "high",
+                                   "interval", "measured", "verdict", "rule", "option"]
+    assert set(table.verdict) <= {"holds", "partly", "does not hold", "not measured"}
+    assert table.loc["sink_recall_correlation", "paper_ref"].startswith("Figure 6")
+
+
+def test_stable_norms_is_the_share_of_heads_with_cv_at_most_005(result, table):
+    cv = _np(result.per_head("value_norm_cv")).ravel()
+    assert table.loc["stable_norms", "value"] == pytest.approx(np.mean(cv[~np.isnan(cv)] <= 0.05))
+    reps = _np(result.replicates("value_norm_cv")).reshape(result.n_bootstrap, -1)
+    shares = [np.mean(r[~np.isnan(r)] <= 0.05) for r in reps]
+    low, high = _quantiles(shares)
+    assert (table.loc["stable_norms", "low"], table.loc["stable_norms", "high"]) == pytest.approx((low, high))
+
+
+def test_sink_and_decay_statistics(result, table):
+    ratio = _np(result.per_head("sink_norm_ratio")).ravel()
+    defined = np.sort(ratio[~np.isnan(ratio)])
+    assert table.loc["compressed_sink", "value"] == pytest.approx(defined[(len(defined) - 1) // 2])  # lower median
+    mae = _np(result.per_head("decay_mae"))
+    assert table.loc["exponential_decay", "value"] == pytest.approx(np.nanmean(mae))
+    low, high = _quantiles([np.nanmean(r) for r in _np(result.replicates("decay_mae"))])
+    assert (table.loc["exponential_decay", "low"], table.loc["exponential_decay", "high"]) == pytest.approx((low, high))
+    assert math.isnan(table.loc["compressed_sink", "low"])  # sink_norm_ratio kept no replicates
+    assert "no bootstrap replicates of sink_norm_ratio" in table.loc["compressed_sink", "interval"]
+
+
+def test_four_phase_share(result, table):
+    f = {name: _np(result.per_head(f"profile_{name}")) for name in
+         ("p_sink", "p_base", "has_plateau", "has_oscillation", "has_recency")}
+    shows = ((f["p_sink"] >= 100 * f["p_base"]) & (f["has_plateau"] >= 0.5) & (f["has_oscillation"] >= 0.5)
+             & (f["has_recency"] >= 0.5))
+    defined = ~(np.isnan(f["p_sink"]) | np.isnan(f["p_base"]))
+    assert table.loc["four_phase_profile", "value"] == pytest.approx(shows[defined].mean())
+
+
+def _drop(precision, recall, grid):
+    small = (grid >= 2) & (grid <= 4)
+    mid = (grid >= 8) & (grid <= grid.max() / 4)
+    drops = []
+    for curve in (precision, recall):
+        mean = np.nanmean(curve.reshape(-1, curve.shape[-1]), axis=0)  # over layers and heads
+        drops.append(np.nanmean(mean[small]) - np.nanmean(mean[mid]))
+    return min(drops)
+
+
+def test_small_n_separability_is_the_smaller_drop_from_small_to_mid_n(result, table):
+    grid = result.n_grid.numpy()
+    value = _drop(_np(result.per_head("precision")), _np(result.per_head("recall")), grid)
+    assert table.loc["small_n_separability", "value"] == pytest.approx(value)
+    reps = [_drop(p, r, grid) for p, r in zip(_np(result.replicates("precision")), _np(result.replicates("recall")))]
+    low, high = _quantiles(reps)
+    row = table.loc["small_n_separability"]
+    assert (row.low, row.high) == pytest.approx((low, high))
+
+
+def test_sink_recall_correlation_is_the_largest_pearson_at_n_2_to_8(result, table):
+    recall = _np(result.per_head("recall")).reshape(-1, len(result.n_grid))
+    rho0 = _np(result.per_head("rho0")).ravel()
+    grid = result.n_grid.numpy()
+    best = -np.inf
+    for i, n in enumerate(grid):
+        ok = ~np.isnan(recall[:, i]) & ~np.isnan(rho0)
+        if 2 <= n <= 8 and ok.sum() >= 3 and np.std(recall[ok, i]) > 0:
+            best = max(best, np.corrcoef(recall[ok, i], rho0[ok])[0, 1])
+    assert table.loc["sink_recall_correlation", "value"] == pytest.approx(best, abs=1e-6)
+
+
+def test_envelope_share_counts_points_of_the_mean_curves_inside(result, table):
+    inside = defined = 0
+    for metric in ("precision", "recall"):
+        mean = lambda name: np.nanmean(_np(result.per_head(name)).reshape(-1, len(result.n_grid)), axis=0)  # noqa: E731
+        curve, lower, upper = mean(metric), mean(f"bound_{metric}_lower"), mean(f"bound_{metric}_upper")
+        ok = ~(np.isnan(curve) | np.isnan(lower) | np.isnan(upper))
+        inside += np.sum(ok & (curve >= lower - 1e-6) & (curve <= upper + 1e-6))
+        defined += ok.sum()
+    assert table.loc["envelopes", "value"] == pytest.approx(inside / defined)
+
+
+def test_a_result_without_a_diagnostic_shows_not_measured_with_the_option(result):
+    plain = dataclasses.replace(result, stats={k: v for k, v in result.stats.items() if k in REQUIRED_FIELDS})
+    table = claims(plain)
+    for key in ("stable_norms", "compressed_sink", "exponential_decay", "four_phase_profile",
+                "sink_recall_correlation"):
+        assert table.loc[key, "verdict"] == "not measured"
+        assert 'diagnostics=["assumptions"]' in table.loc[key, "option"]
+    assert 'diagnostics=["taxonomy"]' in table.loc["regimes_by_depth", "option"]
+    assert 'diagnostics=["bounds"]' in table.loc["envelopes", "option"]
+    assert math.isnan(table.loc["envelopes", "value"])
+    assert table.loc["small_n_separability", "verdict"] != "not measured"  # P and R are always measured
+    page = scorecard_html(plain)
+    assert page.count("not measured") >= 7 and "measure it with diagnostics=[&quot;assumptions&quot;]" in page
+
+
+def test_scorecard_shows_each_claim_value_interval_and_verdict(result, table):
+    page = scorecard_html(result)
+    assert page.startswith('<section id="claims-scorecard">') and "<script" not in page and "http" not in page
+    for key, row in table.iterrows():
+        assert f'id="claim-{key}"' in page and row.verdict in page
+        if not math.isnan(row.value):
+            assert f"<b>{row.value:.3g}</b>" in page
+        if not math.isnan(row.low):
+            assert f"[{row.low:.3g}, {row.high:.3g}]" in page
+
+
+def test_claims_refuses_what_is_not_a_result():
+    with pytest.raises(GeometryError, match="result: expected a GeometryResult"):
+        claims({"precision": 1})
+
+
+# ---- hand-built results: the verdict follows the rule ----
+
+
+def _hand_built(fields: dict[str, np.ndarray], n_grid=(1, 2)) -> GeometryResult:
+    """A result of one document whose per-head fields are the given ``[layer, head_index, ...]`` arrays."""
+    specs = [FieldSpec(name, name, axes=("n",) * (np.ndim(v) - 2)) for name, v in fields.items()]
+    first = next(iter(fields.values()))
+    acc = Accumulator(specs, layers=range(first.shape[0]), heads=range(first.shape[1]), n_grid=torch.tensor(n_grid))
+    acc.add({k: torch.tensor(v, dtype=torch.float32)[None] for k, v in fields.items()}, torch.zeros(1, 0), n_tokens=5)
+    return GeometryResult.from_accumulator(acc, config=GeometryConfig(), model_name="hand")
+
+
+def _with_required(fields, n_grid=(1, 2)):
+    shape = next(iter(fields.values())).shape[:2] + (len(n_grid),)
+    return {**{name: np.ones(shape) for name in REQUIRED_FIELDS if name not in fields}, **fields}
+
+
+@pytest.mark.parametrize("cv, expected", [([0.02] * 8 + [0.1] * 2, "holds"), ([0.02] * 6 + [0.1] * 4, "partly"),
+                                          ([0.02] * 4 + [0.1] * 6, "does not hold")])
+def test_stable_norms_verdict_on_hand_built_results(cv, expected):
+    fields = _with_required({"value_norm_cv": np.array(cv).reshape(2, 5)})
+    row = claims(_hand_built(fields)).loc["stable_norms"]
+    assert row.verdict == expected and row.value == pytest.approx(np.mean(np.array(cv) <= 0.05))
+
+
+@pytest.mark.parametrize("mae, expected", [(0.09, "holds"), (0.15, "partly"), (0.3, "does not hold")])
+def test_decay_verdict_on_hand_built_results(mae, expected):
+    fields = _with_required({"decay_mae": np.full((2, 3), mae)})
+    assert claims(_hand_built(fields)).loc["exponential_decay", "verdict"] == expected
+
+
+def test_small_n_drop_on_hand_built_curves():
+    grid = (1, 2, 4, 8, 16, 32, 64)
+    shape = (1, 2, len(grid))
+    precision = np.broadcast_to(np.array([1, 0.9, 0.8, 0.3, 0.3, 0.6, 1.0]), shape)
+    recall = np.broadcast_to(np.array([1, 0.9, 0.9, 0.88, 0.8, 0.9, 1.0]), shape)
+    result = _hand_built(_with_required({"precision": precision.copy(), "recall": recall.copy()}, grid), grid)
+    row = claims(result).loc["small_n_separability"]
+    # mid N: 8 and 16 (<= 64 / 4); drops: P 0.85 - 0.3 = 0.55, R 0.9 - 0.84 = 0.06
+    assert row.value == pytest.approx(0.06) and row.verdict == "holds"
+    short = _hand_built(_with_required({"precision": precision[..., :3].copy()}, grid[:3]), grid[:3])
+    row = claims(short).loc["small_n_separability"]
+    assert row.verdict == "not measured" and "N grid" in row.option
+
+
+@pytest.mark.parametrize("order, expected", [(("retriever", "reset", "mixer"), ("holds", 3.0)),
+                                             (("reset", "retriever", "mixer"), ("partly", 2.0)),
+                                             (("mixer", "reset", "retriever"), ("does not hold", 0.0))])
+def test_regimes_by_depth_counts_ordered_pairs(monkeypatch, result, order, expected):
+    from tl_geometry.analysis.taxonomy import REGIMES
+
+    taxonomy = claims_module.taxonomy_from_result(result)
+    n_layers, n_heads = taxonomy.labels.shape
+    # First layer order[0] (one head order[1]), last layer order[2] (one head order[1]), order[1] in between:
+    # mean depths 0 < x < 1 in the order given.
+    names = [[order[1]] * n_heads for _ in range(n_layers)]
+    names[0] = [order[0]] * (n_heads - 1) + [order[1]]
+    names[-1] = [order[1]] + [order[2]] * (n_heads - 1)
+    labels = torch.tensor([[REGIMES.index(name) for name in row] for row in names])
+    monkeypatch.setattr(claims_module, "taxonomy_from_result", lambda r: dataclasses.replace(taxonomy, labels=labels))
+    row = claims(result).loc["regimes_by_depth"]
+    assert (row.verdict, row.value) == expected
+
+
+def test_envelope_share_on_hand_built_curves():
+    grid = (1, 2, 4, 8)
+    shape = (1, 2, len(grid))
+    curve = np.broadcast_to(np.array([1.0, 0.5, 0.4, 0.9]), shape).copy()
+    lower = np.broadcast_to(np.array([0.9, 0.6, 0.1, 0.0]), shape).copy()  # N = 2 lies below the lower envelope
+    upper = np.broadcast_to(np.array([1.0, 0.9, 0.3, 1.0]), shape).copy()  # N = 4 lies above the upper envelope
+    fields = {"precision": curve, "recall": curve}
+    for metric in ("precision", "recall"):
+        fields.update({f"bound_{metric}_lower": lower, f"bound_{metric}_upper": upper})
+    row = claims(_hand_built(_with_required(fields, grid), grid)).loc["envelopes"]
+    assert row.value == pytest.approx(0.5) and row.verdict == "partly"

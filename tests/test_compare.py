@@ -1,0 +1,79 @@
+"""tl_geometry.compare and `tl-geometry compare OUT A B`: two results side by side, one figure per claim."""
+
+import dataclasses
+
+import pandas as pd
+import pytest
+
+from tests import tiny_models as tm
+from tl_geometry import GeometryError, claims, compare, run_with_geometry_hooks
+from tl_geometry.analysis.claims import SPECS
+from tl_geometry.cli import main
+from tl_geometry.results.result import REQUIRED_FIELDS
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Two saved results of different tiny models: A with every diagnostic, B with P and R only."""
+    folder = tmp_path_factory.mktemp("results")
+    tokens = tm.with_bos(tm.random_tokens(3, 30))
+    a = run_with_geometry_hooks(tm.make_model("bridge-llama"), tokens, diagnostics="all")
+    b = run_with_geometry_hooks(tm.make_model("bridge-llama", seed=1), tokens, diagnostics="all")
+    b = dataclasses.replace(b, model_name="other", stats={k: v for k, v in b.stats.items() if k in REQUIRED_FIELDS})
+    a.save(folder / "a" / "result")
+    b.save(folder / "b.npz")
+    return folder, a, b
+
+
+def test_compare_writes_one_figure_per_claim_and_both_tables(saved, tmp_path):
+    folder, a, b = saved
+    index = compare(folder / "a", folder / "b.npz", tmp_path / "out")
+    page = index.read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.count("plotly.js v") == 1 and "<script src=" not in page
+    for key in SPECS:
+        assert f'id="compare-{key}"' in page
+    assert "not measured" in page  # B lacks the assumptions
+    tables = sorted(p.name for p in (tmp_path / "out").glob("claims_*.csv"))
+    assert len(tables) == 2
+    read = pd.read_csv(tmp_path / "out" / f"claims_{b.model_name}.csv", index_col="key")
+    expected = claims(b)
+    assert list(read.index) == list(expected.index) and list(read.verdict) == list(expected.verdict)
+
+
+def test_compare_keeps_other_files_in_out(saved, tmp_path):
+    folder, a, b = saved
+    (tmp_path / "notes.txt").write_text("mine")
+    compare(a, b, tmp_path)
+    assert (tmp_path / "notes.txt").read_text() == "mine" and (tmp_path / "compare.html").is_file()
+
+
+def test_compare_names_a_missing_result(saved, tmp_path):
+    folder, a, b = saved
+    with pytest.raises(GeometryError, match=r"b: .*missing\.npz and .*missing\.json not found"):
+        compare(a, folder / "missing", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(GeometryError, match="a: expected a GeometryResult or the path of a saved result"):
+        compare(42, b, tmp_path / "out")
+
+
+def test_cli_compare_writes_the_page(saved, tmp_path, capsys):
+    folder, a, b = saved
+    assert main(["compare", str(tmp_path / "out"), str(folder / "a"), str(folder / "b")]) == 0
+    assert "compare.html" in capsys.readouterr().out
+    assert (tmp_path / "out" / "compare.html").is_file()
+
+
+def test_cli_compare_errors_before_any_work(saved, tmp_path, capsys):
+    folder, a, b = saved
+    out = tmp_path / "out"
+    assert main(["compare", str(out), str(folder / "a"), str(folder / "nothing")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("tl-geometry: error: compare: ") and "nothing.npz" in err and "not found" in err
+    assert not out.exists()  # nothing created
+    afile = tmp_path / "afile"
+    afile.write_text("keep")
+    assert main(["compare", str(afile), str(folder / "a"), str(folder / "b")]) == 1
+    assert "is a file, not a folder" in capsys.readouterr().err and afile.read_text() == "keep"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", str(out), str(folder / "a")])
+    assert exit_info.value.code == 2  # B missing on the command line

@@ -1,0 +1,521 @@
+"""The paper's empirical claims, checked on a result: one statistic, its interval and a verdict per claim.
+
+Every claim is reduced to one number read from the result (means over
+documents per head, as the run measured them), compared with two thresholds
+taken from the paper's wording. Nothing here recomputes what the run
+measured: the statistics are medians, means and shares over heads of the
+result's fields, and the analyses `tl_geometry.analysis.sink` (Figure 6) and
+`tl_geometry.analysis.taxonomy` (section 4.2) of the result.
+
+Verdict rule (the same for every claim):
+
+- ``"not measured"``: the result lacks the fields (``option`` says which run
+  option measures them) or the statistic is undefined (e.g. no N of the grid
+  in the range the claim is about);
+- ``"holds"``: the statistic reaches the claim's ``holds`` threshold (``>=``
+  for claims where more is better, ``<=`` where less is better), and, when
+  the statistic has a bootstrap interval, the whole interval does too;
+- ``"partly"``: it reaches the ``partly`` threshold, or it reaches ``holds``
+  but its interval crosses it, or (Figure 6) the correlation is strong at
+  small N but peaks elsewhere;
+- ``"does not hold"``: otherwise.
+
+The claims, their statistic and thresholds (``THRESHOLDS`` holds them):
+
+| claim | statistic | direction | holds | partly |
+|---|---|---|---|---|
+| Assumption 1, stable norms | share of heads whose non-sink CV is <= 0.05 | >= | 0.8 | 0.5 |
+| Assumption 1, sink | median over heads of lambda (sink value norm over the median non-sink norm) | <= | 0.5 | 0.9 |
+| Assumption 2 | mean over heads of the MAE of the exponential cosine fit | <= | 0.10 | 0.20 |
+| Assumption 3 | share of heads with the four-phase profile (below) | >= | 0.5 | 0.2 |
+| Figure 5 | smaller of the drops of mean P and mean R, small to mid N | >= | 0.05 | 0.01 |
+| Figure 6 | largest Pearson corr(R(r_min, N), rho_0) over 2 <= N <= 8 | >= | 0.3 | 0.1 |
+| Section 4.2 | ordered pairs in Retriever < Reset < Mixer mean depth | >= | 3 | 2 |
+| Envelopes | share of the (metric, N) points of the mean P and R curves inside the mean envelopes | >= | 0.95 | 0.5 |
+
+Details. Assumption 3: a head shows the four-phase profile when its fitted
+``p_sink`` is at least 100 times its ``p_base`` (the sink "two orders of
+magnitude" above content tokens) and the plateau, oscillation and recency
+phases are each present in at least half of the documents. Figure 5: "small
+N" is 2 <= N <= 4 (N = 1 scores P = R = 1 by construction), "mid N" the grid
+points from 8 to a quarter of the largest N; each drop is the mean of the
+global mean curve (over layers and heads) at small N minus its mean at mid N.
+Figure 6: the interval is the bootstrap interval of the correlation at the N
+where it is largest; "peaks elsewhere" means a larger correlation at some N >
+8. Section 4.2: a head's depth is its layer's index among the analysed
+layers divided by their number minus one (0 first, 1 last); a regime with no
+head counts as out of order. Envelopes: points where the curve or an envelope
+is NaN are left out; a point counts as inside within 1e-6. Medians over an
+even number of heads are the lower of the two middle values (as ``torch.median``).
+
+Intervals are percentile intervals (level 0.95) of the same statistic
+computed on each bootstrap replicate's per-head means, when every field the
+statistic reads kept replicates (``GeometryConfig.bootstrap_fields``);
+otherwise there is none and the ``interval`` column says which fields lack
+them.
+"""
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+import torch
+from torch import Tensor
+
+from tl_geometry.analysis.sink import sink_recall_correlation
+from tl_geometry.analysis.summaries import mean_over_heads
+from tl_geometry.analysis.taxonomy import NAMED, taxonomy_from_result
+from tl_geometry.diagnostics.taxonomy import TAXONOMY_FEATURES
+from tl_geometry.errors import GeometryError
+from tl_geometry.results.result import GeometryResult
+from tl_geometry.results.select import nanquantile
+
+Verdict = Literal["holds", "partly", "does not hold", "not measured"]
+VERDICTS: tuple[str, ...] = get_args(Verdict)
+"""The four verdicts, best first."""
+Direction = Literal[">=", "<="]
+
+LEVEL = 0.95  # coverage of the intervals
+CV_STABLE = 0.05  # "only a small fraction exceeding 0.05" (section 3.1)
+SINK_RATIO = 100.0  # "two orders of magnitude larger than content tokens" (section 3.3)
+PHASE_SHARE = 0.5  # a phase counts as present in a head when most documents' fits have it
+SMALL_N = (2, 4)  # the paper's operating regime N in [1, 4], without the trivial N = 1
+MID_N_FROM = 8  # "the mid-range (tens)" starts here ...
+MID_N_FRACTION = 0.25  # ... and ends at this fraction of the largest N on the grid
+CORR_SMALL_N = (2, 8)  # "peaking around N = 3"
+INSIDE_TOLERANCE = 1e-6
+
+ASSUMPTIONS = 'diagnostics=["assumptions"]'
+OPTIONS = {
+    "assumptions": ASSUMPTIONS + " (command line: --diagnostics assumptions)",
+    "taxonomy": 'diagnostics=["taxonomy"] (command line: --diagnostics taxonomy)',
+    "bounds": 'diagnostics=["bounds"] with distance="euclidean" (command line: --diagnostics bounds)',
+    "mid_n": "an N grid with points between 8 and a quarter of its largest N, e.g. the default grid on "
+    "windows of at least 64 tokens",
+}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a claim's statistic holds (``holds``) or partly holds (``partly``), compared with ``direction``."""
+
+    direction: str
+    holds: float
+    partly: float
+
+    def __post_init__(self) -> None:
+        if self.direction not in get_args(Direction):
+            raise GeometryError(f"Thresholds.direction: expected one of {get_args(Direction)}, got {self.direction!r}")
+        if not (self.holds >= self.partly if self.direction == ">=" else self.holds <= self.partly):
+            raise GeometryError(
+                f"Thresholds: 'holds' ({self.holds}) must be at least as strict as 'partly' ({self.partly}) "
+                f"for direction {self.direction!r}"
+            )
+
+    def reaches(self, value: float, threshold: float) -> bool:
+        return value >= threshold if self.direction == ">=" else value <= threshold
+
+
+THRESHOLDS: dict[str, Thresholds] = {
+    "stable_norms": Thresholds(">=", 0.8, 0.5),
+    "compressed_sink": Thresholds("<=", 0.5, 0.9),
+    "exponential_decay": Thresholds("<=", 0.10, 0.20),
+    "four_phase_profile": Thresholds(">=", 0.5, 0.2),
+    "small_n_separability": Thresholds(">=", 0.05, 0.01),
+    "sink_recall_correlation": Thresholds(">=", 0.3, 0.1),
+    "regimes_by_depth": Thresholds(">=", 3.0, 2.0),
+    "envelopes": Thresholds(">=", 0.95, 0.5),
+}
+
+
+def verdict(
+    value: float, thresholds: Thresholds, low: float = math.nan, high: float = math.nan, *, peaks_elsewhere: bool = False
+) -> str:
+    """The verdict of one claim by the module's rule (NaN value: ``"not measured"``).
+
+    >>> verdict(0.9, THRESHOLDS["stable_norms"]), verdict(0.9, THRESHOLDS["stable_norms"], 0.7, 0.95)
+    ('holds', 'partly')
+    >>> verdict(0.3, THRESHOLDS["stable_norms"]), verdict(math.nan, THRESHOLDS["stable_norms"])
+    ('does not hold', 'not measured')
+    """
+    if math.isnan(value):
+        return "not measured"
+    if thresholds.reaches(value, thresholds.holds):
+        bounds = [b for b in (low, high) if not math.isnan(b)]
+        if peaks_elsewhere or not all(thresholds.reaches(b, thresholds.holds) for b in bounds):
+            return "partly"
+        return "holds"
+    return "partly" if thresholds.reaches(value, thresholds.partly) else "does not hold"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of the paper checked on a result (a row of `claims`).
+
+    Attributes:
+        key: a short identifier (a key of ``THRESHOLDS``).
+        claim: the claim in words.
+        paper_ref: where the paper makes it (figure, section).
+        paper_value: what the paper reports.
+        statistic: what ``value`` is.
+        value: the statistic on this result (NaN when not measured).
+        low, high: its bootstrap interval (NaN when there is none).
+        interval: the interval in words, or why there is none.
+        measured: the value and the numbers behind it, in words.
+        verdict: one of ``VERDICTS``.
+        rule: the thresholds in words.
+        option: for "not measured", the run option that measures it ("" otherwise).
+        evidence: the curves or per-head values behind the statistic (for
+            figures), name -> ``(x, y)`` tensors.
+    """
+
+    key: str
+    claim: str
+    paper_ref: str
+    paper_value: str
+    statistic: str
+    value: float
+    low: float
+    high: float
+    interval: str
+    measured: str
+    verdict: str
+    rule: str
+    option: str = ""
+    evidence: Mapping[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Spec:
+    key: str
+    claim: str
+    paper_ref: str
+    paper_value: str
+    statistic: str
+
+
+SPECS: dict[str, _Spec] = {s.key: s for s in (
+    _Spec("stable_norms", "Assumption 1: non-sink value norms are stable", "Figure 2 (right), section 3.1",
+          "CV of the non-sink norms mostly 0.02-0.03, few heads above 0.05",
+          "share of heads with CV <= 0.05"),
+    _Spec("compressed_sink", "Assumption 1: the sink's value is compressed", "Figure 2 (left), Assumption 1",
+          "lambda = ||v_0|| / C << 1", "median lambda over heads"),
+    _Spec("exponential_decay", "Assumption 2: cosine similarity decays exponentially with lag",
+          "Figure 3, section 3.2", "MAE of the fit about 0.09 on average (most heads 0.05-0.10)",
+          "mean MAE over heads"),
+    _Spec("four_phase_profile", "Assumption 3: four-phase attention profile (sink, plateau, oscillation, recency)",
+          "Figure 4, section 3.3", "a consistent four-phase structure, sink two orders of magnitude above content",
+          "share of heads with all four phases"),
+    _Spec("small_n_separability", "Separability is strongest at small N and weakest at intermediate N",
+          "Figure 5, section 4", "P and R highest for N in [1, 4], lower in the mid-range (tens)",
+          "min over P, R of (mean at 2 <= N <= 4) - (mean at mid N)"),
+    _Spec("sink_recall_correlation", "corr(R(r_min, N), rho_0) is positive and peaks at small N",
+          "Figure 6, section 4.1", "peaks near N = 3 at about 0.6 (Gemma, Mistral); LLaMA about 0.25 by N = 6",
+          "largest Pearson correlation over 2 <= N <= 8"),
+    _Spec("regimes_by_depth", "Retriever -> Reset -> Mixer across depth", "Figure 8, section 4.2",
+          "Retrievers in the first layers, Reset heads early, Mixers from the lower-middle layers on",
+          "pairs in the order Retriever < Reset < Mixer of mean depth (of 3)"),
+    _Spec("envelopes", "The theoretical envelopes contain the measurements", "Figure 5, Theorems 1-2",
+          "the empirical P and R curves lie within the envelopes",
+          "share of (metric, N) points of the mean curves inside the mean envelopes"),
+)}  # fmt: skip
+
+
+def _rule(key: str) -> str:
+    t = THRESHOLDS[key]
+    return f"holds if {t.direction} {t.holds:g}, partly if {t.direction} {t.partly:g}"
+
+
+def _missing(result: GeometryResult, names: Sequence[str]) -> list[str]:
+    return [name for name in names if name not in result.fields]
+
+
+def _interval(
+    result: GeometryResult, names: Sequence[str], statistic: Callable[[Mapping[str, Tensor]], float]
+) -> tuple[float, float, str]:
+    """The percentile interval of ``statistic`` over the bootstrap replicates of ``names`` (NaN without them)."""
+    lacking = [name for name in names if not result.has_replicates(name)]
+    if lacking:
+        return math.nan, math.nan, (
+            f"none: no bootstrap replicates of {', '.join(lacking)} (analyse with "
+            f"GeometryConfig(bootstrap_fields=[{', '.join(map(repr, lacking))}]))"
+        )
+    if result.n_documents < 2:
+        return math.nan, math.nan, "none: one document"
+    replicates = {name: result.replicates(name) for name in names}
+    n = next(iter(replicates.values())).shape[0]
+    values = torch.tensor([statistic({name: r[b] for name, r in replicates.items()}) for b in range(n)],
+                          dtype=torch.float64)
+    tail = (1 - LEVEL) / 2
+    low, high = float(nanquantile(values, tail)), float(nanquantile(values, 1 - tail))
+    return low, high, f"{LEVEL:.0%} bootstrap interval over documents ({n} replicates)"
+
+
+def _fmt(x: float, digits: int = 3) -> str:
+    return "nan" if math.isnan(x) else f"{x:.{digits}g}"
+
+
+def _not_measured(key: str, option: str, why: str) -> Claim:
+    spec = SPECS[key]
+    return Claim(
+        key, spec.claim, spec.paper_ref, spec.paper_value, spec.statistic, math.nan, math.nan, math.nan,
+        "none", why, "not measured", _rule(key), option,
+    )
+
+
+def _claim(key: str, value: float, interval: tuple[float, float, str], measured: str,
+           evidence: Mapping[str, tuple[Tensor, Tensor]], peaks_elsewhere: bool = False) -> Claim:
+    spec = SPECS[key]
+    low, high, text = interval
+    return Claim(
+        key, spec.claim, spec.paper_ref, spec.paper_value, spec.statistic, value, low, high, text, measured,
+        verdict(value, THRESHOLDS[key], low, high, peaks_elsewhere=peaks_elsewhere), _rule(key), "", evidence,
+    )
+
+
+def _per_head_values(t: Tensor) -> tuple[Tensor, Tensor]:
+    """(head number 0.., value) of a ``[layer, head_index]`` tensor, for evidence."""
+    flat = t.flatten().double()
+    return torch.arange(len(flat)), flat
+
+
+# ---- the claims ----
+
+
+def _share_stable(f: Mapping[str, Tensor]) -> float:
+    cv = f["value_norm_cv"].flatten()
+    cv = cv[~cv.isnan()]
+    return float((cv <= CV_STABLE).double().mean()) if len(cv) else math.nan
+
+
+def _stable_norms(result: GeometryResult) -> Claim:
+    if _missing(result, ["value_norm_cv"]):
+        return _not_measured("stable_norms", OPTIONS["assumptions"], "the result has no value_norm_cv")
+    cv = result.per_head("value_norm_cv")
+    value = _share_stable({"value_norm_cv": cv})
+    measured = f"{value:.0%} of heads have CV <= {CV_STABLE}; median CV {_fmt(float(cv.nanmedian()))}"
+    return _claim("stable_norms", value, _interval(result, ["value_norm_cv"], _share_stable), measured,
+                  {"value_norm_cv": _per_head_values(cv)})
+
+
+def _median_ratio(f: Mapping[str, Tensor]) -> float:
+    return float(f["sink_norm_ratio"].double().nanmedian())
+
+
+def _compressed_sink(result: GeometryResult) -> Claim:
+    if _missing(result, ["sink_norm_ratio"]):
+        return _not_measured("compressed_sink", OPTIONS["assumptions"], "the result has no sink_norm_ratio")
+    ratio = result.per_head("sink_norm_ratio")
+    value = _median_ratio({"sink_norm_ratio": ratio})
+    below = float((ratio[~ratio.isnan()] < 1).double().mean())
+    measured = f"median lambda {_fmt(value)}; {below:.0%} of heads have lambda < 1"
+    return _claim("compressed_sink", value, _interval(result, ["sink_norm_ratio"], _median_ratio), measured,
+                  {"sink_norm_ratio": _per_head_values(ratio)})
+
+
+def _mean_mae(f: Mapping[str, Tensor]) -> float:
+    return float(torch.nanmean(f["decay_mae"].double()))
+
+
+def _exponential_decay(result: GeometryResult) -> Claim:
+    if _missing(result, ["decay_mae"]):
+        return _not_measured("exponential_decay", OPTIONS["assumptions"], "the result has no decay_mae")
+    mae = result.per_head("decay_mae")
+    value = _mean_mae({"decay_mae": mae})
+    flat = mae[~mae.isnan()]
+    within = float(((flat >= 0.05) & (flat <= 0.10)).double().mean()) if len(flat) else math.nan
+    measured = f"mean MAE {_fmt(value)}; median {_fmt(float(mae.nanmedian()))}; {within:.0%} of heads in 0.05-0.10"
+    return _claim("exponential_decay", value, _interval(result, ["decay_mae"], _mean_mae), measured,
+                  {"decay_mae": _per_head_values(mae)})
+
+
+PROFILE_FIELDS = ("profile_p_sink", "profile_p_base", "profile_has_plateau", "profile_has_oscillation",
+                  "profile_has_recency")  # fmt: skip
+
+
+def _four_phase(f: Mapping[str, Tensor]) -> Tensor:
+    """Per head: whether the fitted profile shows all four phases (NaN where the fit is undefined)."""
+    sink = f["profile_p_sink"] >= SINK_RATIO * f["profile_p_base"]
+    phases = [f[f"profile_has_{phase}"] >= PHASE_SHARE for phase in ("plateau", "oscillation", "recency")]
+    shows = (sink & phases[0] & phases[1] & phases[2]).double()
+    return torch.where(f["profile_p_sink"].isnan() | f["profile_p_base"].isnan(), math.nan, shows)
+
+
+def _share_four_phase(f: Mapping[str, Tensor]) -> float:
+    shows = _four_phase(f).flatten()
+    shows = shows[~shows.isnan()]
+    return float(shows.mean()) if len(shows) else math.nan
+
+
+def _four_phase_profile(result: GeometryResult) -> Claim:
+    if _missing(result, PROFILE_FIELDS):
+        return _not_measured("four_phase_profile", OPTIONS["assumptions"], "the result has no attention-profile fit")
+    fit = result.profile_fit
+    f = {name: getattr(fit, name.removeprefix("profile_")) for name in PROFILE_FIELDS}
+    value = _share_four_phase(f)
+    shares = ", ".join(
+        f"{phase} {float((getattr(fit, 'has_' + phase) >= PHASE_SHARE).double().mean()):.0%}"
+        for phase in ("plateau", "oscillation", "recency")
+    )
+    sink = float((fit.p_sink >= SINK_RATIO * fit.p_base).double().mean())
+    measured = f"{value:.0%} of heads show all four phases (sink >= 100 x plateau: {sink:.0%}; {shares})"
+    return _claim("four_phase_profile", value, _interval(result, PROFILE_FIELDS, _share_four_phase), measured,
+                  {"four_phase": _per_head_values(_four_phase(f))})
+
+
+def _ranges(grid: Tensor) -> tuple[Tensor, Tensor]:
+    """Masks of the small-N and mid-N grid points (Figure 5)."""
+    small = (grid >= SMALL_N[0]) & (grid <= SMALL_N[1])
+    mid = (grid >= MID_N_FROM) & (grid <= MID_N_FRACTION * grid.max())
+    return small, mid
+
+
+def _drops(f: Mapping[str, Tensor], grid: Tensor) -> dict[str, float]:
+    """Per metric, the mean over heads' curve at small N minus at mid N."""
+    small, mid = _ranges(grid)
+    out = {}
+    for name in ("precision", "recall"):
+        curve = torch.nanmean(f[name].double().flatten(0, 1), dim=0)  # as mean_over_heads
+        out[name] = float(curve[small].nanmean() - curve[mid].nanmean())
+    return out
+
+
+def _small_n_separability(result: GeometryResult) -> Claim:
+    small, mid = _ranges(result.n_grid)
+    if not bool(small.any()) or not bool(mid.any()):
+        return _not_measured("small_n_separability", OPTIONS["mid_n"],
+                             f"the grid {result.n_grid.tolist()} has no small N (2-4) or no mid N")
+    f = {name: result.per_head(name) for name in ("precision", "recall")}
+    drops = _drops(f, result.n_grid)
+    value = min(drops.values())
+
+    def statistic(g: Mapping[str, Tensor]) -> float:
+        return min(_drops(g, result.n_grid).values())
+
+    grid = result.n_grid
+    mid_grid = grid[mid]
+    measured = (f"P drops by {_fmt(drops['precision'])}, R by {_fmt(drops['recall'])} from N in 2-4 to N in "
+                f"{int(mid_grid.min())}-{int(mid_grid.max())}")
+    evidence = {name: (grid, mean_over_heads(result, name)) for name in ("precision", "recall")}
+    return _claim("small_n_separability", value, _interval(result, ["precision", "recall"], statistic), measured,
+                  evidence)
+
+
+def _sink_recall_correlation(result: GeometryResult) -> Claim:
+    if _missing(result, ["rho0", "recall"]):
+        return _not_measured("sink_recall_correlation", OPTIONS["assumptions"], "the result has no rho0")
+    corr = sink_recall_correlation(result)
+    grid, pearson = corr.n_grid, corr.pearson.double()
+    small = (grid >= CORR_SMALL_N[0]) & (grid <= CORR_SMALL_N[1]) & ~pearson.isnan()
+    if not bool(small.any()):
+        return _not_measured("sink_recall_correlation", OPTIONS["mid_n"],
+                             f"no correlation defined at N in 2-8 on the grid {grid.tolist()}")
+    masked = torch.where(small, pearson, -math.inf)
+    at = int(masked.argmax())
+    value = float(pearson[at])
+    beyond = pearson[(grid > CORR_SMALL_N[1]) & ~pearson.isnan()]
+    peak_beyond = float(beyond.max()) if len(beyond) else -math.inf
+    low, high = float(corr.pearson_low[at]), float(corr.pearson_high[at])
+    text = (f"{corr.confidence:.0%} bootstrap interval over documents at N = {int(grid[at])} "
+            f"({corr.n_bootstrap} replicates)" if corr.n_bootstrap else
+            "none: no bootstrap replicates of recall and rho0 (or one document)")
+    measured = f"corr {_fmt(value)} at N = {int(grid[at])}"
+    if len(beyond):
+        measured += f"; largest beyond N = 8: {_fmt(peak_beyond)}"
+    return _claim("sink_recall_correlation", value, (low, high, text), measured,
+                  {"pearson": (grid, corr.pearson), "pearson_low": (grid, corr.pearson_low),
+                   "pearson_high": (grid, corr.pearson_high)}, peaks_elsewhere=peak_beyond > value)
+
+
+def _regimes_by_depth(result: GeometryResult) -> Claim:
+    missing = _missing(result, [*TAXONOMY_FEATURES, "s_norm"])
+    if missing:
+        return _not_measured("regimes_by_depth", OPTIONS["taxonomy"], "the result has no taxonomy features")
+    taxonomy = taxonomy_from_result(result)
+    n_layers = len(result.layers)
+    depth = torch.arange(n_layers, dtype=torch.float64) / max(1, n_layers - 1)
+    counts = taxonomy.counts_by_layer().double()  # [layer, 4]
+    mean_depth = {
+        regime: float((counts[:, i] * depth).sum() / counts[:, i].sum()) if counts[:, i].sum() > 0 else math.nan
+        for i, regime in enumerate(NAMED)
+    }
+    order = ("retriever", "reset", "mixer")
+    pairs = [(a, b) for i, a in enumerate(order) for b in order[i + 1:]]
+    value = float(sum(mean_depth[a] < mean_depth[b] for a, b in pairs))  # NaN compares False: out of order
+    parts = [f"{r} {_fmt(mean_depth[r], 2)} ({int(counts[:, NAMED.index(r)].sum())} heads)" for r in order]
+    measured = "mean depth (0 first layer, 1 last): " + ", ".join(parts)
+    confidence = taxonomy.confidence.double()
+    if not bool(confidence.isnan().all()):
+        measured += f"; mean label confidence {_fmt(float(torch.nanmean(confidence)), 2)}"
+    evidence = {regime: (torch.tensor(result.layers), counts[:, NAMED.index(regime)]) for regime in order}
+    interval = (math.nan, math.nan, "none: a count of ordered pairs of regime labels (see the labels' confidence)")
+    return _claim("regimes_by_depth", value, interval, measured, evidence)
+
+
+ENVELOPE_FIELDS = tuple(f"bound_{m}_{side}" for m in ("precision", "recall") for side in ("lower", "upper"))
+
+
+def _envelopes(result: GeometryResult) -> Claim:
+    if _missing(result, ENVELOPE_FIELDS):
+        return _not_measured("envelopes", OPTIONS["bounds"], "the result has no envelopes")
+    grid = result.n_grid
+    inside, defined, evidence, parts = 0, 0, {}, []
+    for metric in ("precision", "recall"):
+        curve = mean_over_heads(result, metric).double()
+        lower = mean_over_heads(result, f"bound_{metric}_lower").double()
+        upper = mean_over_heads(result, f"bound_{metric}_upper").double()
+        ok = ~(curve.isnan() | lower.isnan() | upper.isnan())
+        within = ok & (curve >= lower - INSIDE_TOLERANCE) & (curve <= upper + INSIDE_TOLERANCE)
+        inside, defined = inside + int(within.sum()), defined + int(ok.sum())
+        parts.append(f"{metric} {int(within.sum())}/{int(ok.sum())}")
+        evidence.update({metric: (grid, curve), f"{metric}_lower": (grid, lower), f"{metric}_upper": (grid, upper)})
+    value = inside / defined if defined else math.nan
+    measured = f"{_fmt(value)} of the points inside ({', '.join(parts)} N)"
+    interval = (math.nan, math.nan, "none: a share of grid points of mean curves")
+    return _claim("envelopes", value, interval, measured, evidence)
+
+
+CHECKS: tuple[Callable[[GeometryResult], Claim], ...] = (
+    _stable_norms, _compressed_sink, _exponential_decay, _four_phase_profile, _small_n_separability,
+    _sink_recall_correlation, _regimes_by_depth, _envelopes,
+)  # fmt: skip
+
+COLUMNS = ("claim", "paper_ref", "paper_value", "statistic", "value", "low", "high", "interval", "measured",
+           "verdict", "rule", "option")  # fmt: skip
+
+
+def claim_list(result: object) -> list[Claim]:
+    """Every claim of the paper checked on ``result``, in the paper's order (see the module docstring)."""
+    if not isinstance(result, GeometryResult):
+        raise GeometryError(
+            f"result: expected a GeometryResult (from run_with_geometry_hooks, analyze_corpus or "
+            f"GeometryResult.load), got {type(result).__name__}"
+        )
+    return [check(result) for check in CHECKS]
+
+
+def claims(result: object) -> Any:
+    """The paper's empirical claims on this result, one row each, as a pandas DataFrame.
+
+    Columns: ``claim``, ``paper_ref`` (figure or section), ``paper_value``,
+    ``statistic`` (what ``value`` is), ``value``, ``low`` and ``high`` (its
+    bootstrap interval, NaN when there is none), ``interval`` (in words, or
+    why there is none), ``measured`` (the value and the numbers behind it),
+    ``verdict`` (holds / partly / does not hold / not measured), ``rule``
+    (the thresholds) and ``option`` (for "not measured": the run option that
+    measures it). The index is the claim's key. The verdict rule and every
+    statistic are in `tl_geometry.analysis.claims`.
+
+    Raises:
+        GeometryError: ``result`` is not a GeometryResult.
+    """
+    return claims_table(claim_list(result))
+
+
+def claims_table(rows: Sequence[Claim]) -> Any:
+    """Claims as the DataFrame `claims` returns (index: the key; ``evidence`` left out)."""
+    import pandas as pd
+
+    return pd.DataFrame([{c: getattr(row, c) for c in COLUMNS} for row in rows],
+                        index=pd.Index([row.key for row in rows], name="key"), columns=list(COLUMNS))

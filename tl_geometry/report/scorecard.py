@@ -1,0 +1,78 @@
+"""The claims scorecard: the paper's claims, measured on a result, as a self-contained HTML block.
+
+Only draws `tl_geometry.analysis.claims.claim_list`: no computation here. The
+block carries its own CSS (scoped under ``#claims-scorecard``) and no script
+or external resource, so it can sit at the top of any page.
+"""
+
+import html
+import math
+
+from tl_geometry.analysis.claims import Claim, claim_list
+from tl_geometry.results.result import GeometryResult
+
+VERDICT_COLOURS = {
+    "holds": ("#1b7837", "#e6f4ea"),
+    "partly": ("#8c6d00", "#fff4ce"),
+    "does not hold": ("#b2182b", "#fde0dd"),
+    "not measured": ("#555555", "#eeeeee"),
+}
+
+STYLE = """<style>
+#claims-scorecard table { border-collapse: collapse; width: 100%; font-size: 0.92em; }
+#claims-scorecard th, #claims-scorecard td { border-bottom: 1px solid #ddd; padding: 0.35em 0.6em; text-align: left;
+  vertical-align: top; }
+#claims-scorecard th { background: #f6f6f6; font-weight: 600; }
+#claims-scorecard .verdict { font-weight: 600; border-radius: 0.3em; padding: 0.1em 0.45em; white-space: nowrap; }
+#claims-scorecard .small { color: #555; font-size: 0.88em; }
+</style>"""
+
+
+def _number(x: float) -> str:
+    return "&ndash;" if math.isnan(x) else f"{x:.3g}"
+
+
+def _value_cell(claim: Claim) -> str:
+    if math.isnan(claim.value):
+        return f'<td class="value">&ndash;<div class="small">{html.escape(claim.measured)}</div></td>'
+    interval = (f" [{_number(claim.low)}, {_number(claim.high)}]" if not math.isnan(claim.low) else "")
+    return (
+        f'<td class="value"><b>{_number(claim.value)}</b>{interval}'
+        f'<div class="small">{html.escape(claim.statistic)}; {html.escape(claim.measured)}</div>'
+        f'<div class="small">interval: {html.escape(claim.interval)}</div></td>'
+    )
+
+
+def _verdict_cell(claim: Claim) -> str:
+    colour, background = VERDICT_COLOURS[claim.verdict]
+    extra = (f'<div class="small">measure it with {html.escape(claim.option)}</div>' if claim.option else
+             f'<div class="small">{html.escape(claim.rule)}</div>')
+    return (f'<td><span class="verdict" style="color:{colour};background:{background}">'
+            f"{html.escape(claim.verdict)}</span>{extra}</td>")
+
+
+def scorecard_html(result: GeometryResult) -> str:
+    """The claims scorecard of ``result`` as an HTML ``<section id="claims-scorecard">`` (own CSS, no script).
+
+    One row per claim of `tl_geometry.analysis.claims`: the claim and where
+    the paper makes it, the paper's value, the measured value with its
+    bootstrap interval, and the verdict with its rule (or, when not measured,
+    the option that would measure it).
+    """
+    rows = []
+    for claim in claim_list(result):
+        rows.append(
+            f'<tr id="claim-{claim.key}"><td>{html.escape(claim.claim)}'
+            f'<div class="small">{html.escape(claim.paper_ref)}</div></td>'
+            f"<td>{html.escape(claim.paper_value)}</td>{_value_cell(claim)}{_verdict_cell(claim)}</tr>"
+        )
+    return (
+        f'<section id="claims-scorecard">{STYLE}<h2>The paper\'s claims on this model</h2>'
+        "<p>Each claim of the paper reduced to one statistic of this result, with its bootstrap interval over "
+        "documents where the fields kept replicates. Verdict: <i>holds</i> when the statistic reaches the "
+        "claim's threshold (and so does its whole interval), <i>partly</i> when it reaches the weaker one, "
+        "<i>not measured</i> when the run lacks the diagnostic (tl_geometry.analysis.claims states every "
+        "rule).</p>"
+        "<table><thead><tr><th>claim (paper)</th><th>paper's value</th><th>measured [95% interval]</th>"
+        f"<th>verdict</th></tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
+    )
