@@ -21,6 +21,12 @@ def cli(*args: str, launcher: tuple[str, ...] = ()) -> subprocess.CompletedProce
     return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=900)
 
 
+def torchrun(processes: int) -> tuple[str, ...]:
+    """The torchrun launcher of ``processes`` ranks on a free port."""
+    return (sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes),
+            "--master-port", str(_free_port()))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_missing_device_is_refused_before_the_model_loads(tmp_path):
     start = time.perf_counter()
@@ -53,9 +59,7 @@ def test_torchrun_two_processes_write_the_one_process_result(tmp_path):
     common = ("analyze", "--windows", "3", "--context", "48", "--n-grid", "1,2,4,8", "--batch-size", "1", "--quiet")
     single = cli(*common, "--out", str(tmp_path / "one"))
     assert single.returncode == 0, single.stderr
-    launcher = (sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                "--master-port", str(_free_port()))
-    both = cli(*common, "--out", str(tmp_path / "two"), launcher=launcher)
+    both = cli(*common, "--out", str(tmp_path / "two"), launcher=torchrun(2))
     assert both.returncode == 0, both.stderr
     assert both.stdout.count("wrote") == 1  # rank 0 alone writes and prints
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["result.json", "result.npz"]  # no checkpoint left
@@ -72,9 +76,7 @@ def test_torchrun_two_processes_intervene_as_one(tmp_path):
               "--quiet")
     single = cli(*common, "--out", str(tmp_path / "one"))
     assert single.returncode == 0, single.stderr
-    launcher = (sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                "--master-port", str(_free_port()))
-    both = cli(*common, "--out", str(tmp_path / "two"), launcher=launcher)
+    both = cli(*common, "--out", str(tmp_path / "two"), launcher=torchrun(2))
     assert both.returncode == 0, both.stderr
     assert both.stdout.count("wrote") == 1  # rank 0 alone writes and prints
     one, two = InterventionResult.load(tmp_path / "one" / "sweep"), InterventionResult.load(tmp_path / "two" / "sweep")

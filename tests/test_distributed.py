@@ -152,7 +152,7 @@ def test_two_gloo_processes_sweep_as_one(tmp_path):
     close = {"equal_nan": True, "rtol": 1e-6, "atol": 1e-12}
     for rank in range(2):  # every rank ends with the whole sweep and the same search
         both = InterventionResult.load(tmp_path / f"rank{rank}" / "sweep")
-        assert (both.n_documents, both.n_tokens) == (sweep.n_documents, sweep.n_tokens) == (len(CORPUS), both.n_tokens)
+        assert both.n_documents == sweep.n_documents == len(CORPUS) and both.n_tokens == sweep.n_tokens
         assert list(both.stats) == list(sweep.stats)
         for name, s in sweep.stats.items():
             mine, theirs = s.stored().arrays(), both.stats[name].stored().arrays()

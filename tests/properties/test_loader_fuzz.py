@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests import tiny_models as tm
@@ -49,19 +49,30 @@ def load_or_refuse(stem: Path, kind: type = GeometryResult) -> GeometryResult | 
         return None
 
 
-@FUZZ
-@given(st.integers(0, len(NPZ) - 1))
-def test_truncated_npz_with_a_recomputed_checksum(length):
-    assert load_or_refuse(write(NPZ[:length], META)) is None
+# Every attack runs on a result's files and on an intervention sweep's.
+SAVED = {"result": (GeometryResult, NPZ, META), "sweep": (InterventionResult, SWEEP_NPZ, SWEEP_META)}
+KINDS = pytest.mark.parametrize("kind", sorted(SAVED))
 
 
+@KINDS
 @FUZZ
-@given(st.lists(st.tuples(st.integers(0, len(NPZ) - 1), st.integers(0, 7)), min_size=1, max_size=4))
-def test_bit_flipped_npz_with_a_recomputed_checksum(flips):
-    data = bytearray(NPZ)
-    for at, bit in flips:
-        data[at] ^= 1 << bit
-    load_or_refuse(write(bytes(data), META))
+@given(data=st.data())
+def test_truncated_npz_with_a_recomputed_checksum(kind, data):
+    loader, npz, meta = SAVED[kind]
+    length = data.draw(st.integers(0, len(npz) - 1))
+    assert load_or_refuse(write(npz[:length], meta), loader) is None
+
+
+@KINDS
+@FUZZ
+@given(data=st.data())
+def test_bit_flipped_npz_with_a_recomputed_checksum(kind, data):
+    loader, npz, meta = SAVED[kind]
+    flipped = bytearray(npz)
+    for at, bit in data.draw(st.lists(st.tuples(st.integers(0, len(npz) - 1), st.integers(0, 7)), min_size=1,
+                                      max_size=4)):
+        flipped[at] ^= 1 << bit
+    load_or_refuse(write(bytes(flipped), meta), loader)
 
 
 @FUZZ
@@ -80,21 +91,28 @@ JSON_VALUES = st.recursive(
 )
 
 
+@KINDS
 @FUZZ
-@given(st.sampled_from(sorted(META)), JSON_VALUES, st.booleans())
-@example(key="n_documents", value=1, drop=False)  # arrays that each read well but disagree with the count
-def test_altered_or_missing_json_keys(key, value, drop):
-    meta = {k: v for k, v in META.items() if k != key} if drop else {**META, key: value}
-    load_or_refuse(write(NPZ, meta))
+@given(data=st.data(), value=JSON_VALUES, drop=st.booleans())
+def test_altered_or_missing_json_keys(kind, data, value, drop):
+    loader, npz, meta = SAVED[kind]
+    key = data.draw(st.sampled_from(sorted(meta)))
+    altered = {k: v for k, v in meta.items() if k != key} if drop else {**meta, key: value}
+    load_or_refuse(write(npz, altered), loader)
 
 
+def test_a_document_count_that_disagrees_with_the_arrays():
+    load_or_refuse(write(NPZ, {**META, "n_documents": 1}))  # arrays that each read well but disagree with the count
+
+
+@KINDS
 @FUZZ
-@given(st.integers(0, len(META["fields"]) - 1), st.sampled_from(["trailing", "replicates", "axes", "name"]),
-       JSON_VALUES)
-def test_altered_field_declarations(index, key, value):
-    fields = [dict(f) for f in META["fields"]]
-    fields[index][key] = value
-    load_or_refuse(write(NPZ, {**META, "fields": fields}))
+@given(data=st.data(), key=st.sampled_from(["trailing", "replicates", "axes", "name"]), value=JSON_VALUES)
+def test_altered_field_declarations(kind, data, key, value):
+    loader, npz, meta = SAVED[kind]
+    fields = [dict(f) for f in meta["fields"]]
+    fields[data.draw(st.integers(0, len(fields) - 1))][key] = value
+    load_or_refuse(write(npz, {**meta, "fields": fields}), loader)
 
 
 @FUZZ
@@ -103,42 +121,8 @@ def test_damaged_json_bytes(data):
     assert load_or_refuse(write(NPZ, data)) is None
 
 
-# The same attacks on an intervention sweep's files.
-
-
-@FUZZ
-@given(st.integers(0, len(SWEEP_NPZ) - 1))
-def test_truncated_sweep_npz_with_a_recomputed_checksum(length):
-    assert load_or_refuse(write(SWEEP_NPZ[:length], SWEEP_META), InterventionResult) is None
-
-
-@FUZZ
-@given(st.lists(st.tuples(st.integers(0, len(SWEEP_NPZ) - 1), st.integers(0, 7)), min_size=1, max_size=4))
-def test_bit_flipped_sweep_npz_with_a_recomputed_checksum(flips):
-    data = bytearray(SWEEP_NPZ)
-    for at, bit in flips:
-        data[at] ^= 1 << bit
-    load_or_refuse(write(bytes(data), SWEEP_META), InterventionResult)
-
-
-@FUZZ
-@given(st.sampled_from(sorted(SWEEP_META)), JSON_VALUES, st.booleans())
-def test_altered_or_missing_sweep_json_keys(key, value, drop):
-    meta = {k: v for k, v in SWEEP_META.items() if k != key} if drop else {**SWEEP_META, key: value}
-    load_or_refuse(write(SWEEP_NPZ, meta), InterventionResult)
-
-
-@FUZZ
-@given(st.integers(0, len(SWEEP_META["fields"]) - 1), st.sampled_from(["trailing", "replicates", "axes", "name"]),
-       JSON_VALUES)
-def test_altered_sweep_field_declarations(index, key, value):
-    fields = [dict(f) for f in SWEEP_META["fields"]]
-    fields[index][key] = value
-    load_or_refuse(write(SWEEP_NPZ, {**SWEEP_META, "fields": fields}), InterventionResult)
-
-
 def test_a_sweep_announcing_small_arrays_cannot_unpack_large_ones():
-    """A field whose JSON announces one N but whose arrays hold a million: refused before they are read."""
+    """Fields whose JSON announces one N while their arrays hold two: refused before the arrays are read."""
     fields = [dict(f) for f in SWEEP_META["fields"]]
     for f in fields:
         if "n" in f["axes"]:
