@@ -24,6 +24,7 @@ from tl_geometry.analysis.interventions import (
     spearman,
 )
 from tl_geometry.capture.sweep import (
+    blocks_below_skipped,
     document_nll,
     effective_set_size,
     intervention_sweep,
@@ -128,6 +129,51 @@ def test_start_at_layer_reuse_gives_the_same_dnll(tokens):
     b = intervention_sweep(model, tokens, reuse_residual=True, **kwargs)
     for mode in a.modes:
         assert torch.allclose(a.dnll(mode), b.dnll(mode), atol=1e-10)
+
+
+@pytest.mark.skipif(tl_major_version() < 4, reason="transformer-lens 4 bridge's start_at_layer")
+@pytest.mark.parametrize("kind", ["bridge-llama", "compat-llama"])
+def test_reuse_runs_no_block_below_the_intervened_layer(tokens, kind):
+    """The bridge's start_at_layer would run every block and discard the lower ones: with the reuse, the blocks
+    below the intervened layer run in the clean pass only, and the wrapped layers get their own forward back."""
+    model = make_model(kind)
+    last = model.cfg.n_layers - 1
+    layers = [block.original_component for block in model.blocks]
+    calls = [0] * len(layers)
+
+    def count(i):
+        def hook(module, args):
+            calls[i] += 1
+        return hook
+
+    attention = [layer.self_attn.register_forward_pre_hook(count(i)) for i, layer in enumerate(layers)]
+    try:
+        kwargs = dict(n_grid=[1, 4], scope="layer", layers=[last], controls=1, batch_size=len(tokens), **QUIET)
+        intervention_sweep(model, tokens, reuse_residual=False, **kwargs)  # also checks once that edits take
+        calls[:] = [0] * len(layers)
+        intervention_sweep(model, tokens, reuse_residual=False, **kwargs)
+        settings = 2 * 2 * 2  # modes x N x (ranking + 1 control)
+        assert calls == [1 + settings] * len(layers)
+        calls[:] = [0] * len(layers)
+        intervention_sweep(model, tokens, reuse_residual=True, **kwargs)
+        assert calls[:last] == [1] * last  # the clean pass only
+        assert calls[last] == 1 + settings
+    finally:
+        for handle in attention:
+            handle.remove()
+    assert all("forward" not in layer.__dict__ for layer in layers)
+
+
+def test_skipped_blocks_get_their_forward_back_whatever_happens():
+    model = make_model("bridge-llama")
+    layers = [block.original_component for block in model.blocks]
+    own = layers[0].forward
+    layers[0].forward = own  # an instance-level forward (as accelerate installs) must survive
+    with pytest.raises(RuntimeError, match="inside"), blocks_below_skipped(model, len(layers)):
+        assert all(layer.forward is not own for layer in layers)
+        raise RuntimeError("inside")
+    assert layers[0].__dict__["forward"] is own
+    assert all("forward" not in layer.__dict__ for layer in layers[1:])
 
 
 @pytest.mark.tl3

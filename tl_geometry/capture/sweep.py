@@ -12,11 +12,15 @@ clean residual stream entering the intervened layer (``start_at_layer``)
 instead of the embeddings (``reuse_residual=True``, where the model's forward
 takes ``start_at_layer``): layers below it are untouched by the intervention,
 so their output is the clean one. TransformerBridge supports it from
-transformer-lens 4 (3.9's raises NotImplementedError, so reuse is off there);
-benchmarks/bench_interventions.py measures what it saves.
+transformer-lens 4 (3.9's raises NotImplementedError, so reuse is off there),
+but its ``start_at_layer`` still runs every block and discards the output of
+those below the start; `blocks_below_skipped` makes those blocks pass their
+input through for the duration of the pass, so the reuse saves their compute
+there too. benchmarks/bench_interventions.py measures what it saves.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, get_args
@@ -187,6 +191,39 @@ def supports_start_at_layer(model: Any) -> bool:
     return not is_bridge or transformer_lens_major_version() >= 4
 
 
+def _passes_input_through(*args: Any, **kwargs: Any) -> Any:
+    return args[0] if args else kwargs["hidden_states"]
+
+
+@contextmanager
+def blocks_below_skipped(model: Any, start: int) -> Iterator[None]:
+    """Blocks ``0..start-1`` of a TransformerBridge return their input unchanged while the context is open.
+
+    The bridge's ``start_at_layer`` runs the wrapped model's whole forward and swaps the caller's residual in at
+    block ``start``, so whatever the blocks below compute is thrown away; skipping them gives the same logits
+    for a fraction of the work. The wrapped layers get an instance-level ``forward`` that is removed (or the one
+    they had put back) on exit, whatever happens. HookedTransformer skips those blocks itself: nothing to do.
+    """
+    is_bridge = any(cls.__name__ == "TransformerBridge" for cls in type(model).__mro__)
+    if not is_bridge or start <= 0:
+        yield
+        return
+    missing = object()
+    patched: list[tuple[torch.nn.Module, Any]] = []
+    try:
+        for block in list(model.blocks)[:start]:
+            layer = block.original_component
+            patched.append((layer, layer.__dict__.get("forward", missing)))
+            layer.forward = _passes_input_through
+        yield
+    finally:
+        for layer, saved in reversed(patched):
+            if saved is missing:
+                del layer.forward
+            else:
+                layer.forward = saved
+
+
 def new_sweep_accumulator(plan: SweepPlan) -> Accumulator:
     """An empty accumulator for the fields of a sweep plan."""
     specs = sweep_specs(plan.modes, plan.n_controls)
@@ -307,7 +344,7 @@ def sweep_batch(model: HookableModel, prepared: PreparedTokens, plan: SweepPlan,
                 extra = {name: _repeat(t, len(group)) for name, t in kwargs.items()}
                 if start is not None:
                     extra["start_at_layer"] = start
-                with model.hooks(fwd_hooks=hooks):
+                with model.hooks(fwd_hooks=hooks), blocks_below_skipped(model, start or 0):
                     logits = model(_repeat(source, len(group)), **extra)
                 nll = document_nll(logits, _repeat(tokens, len(group)), _repeat(prepared.real, len(group)))
                 for (mode, k, _, control), part in zip(group, nll.view(len(group), rows), strict=True):
