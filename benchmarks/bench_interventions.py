@@ -9,6 +9,9 @@
 3. A model-scope sweep with random controls, one setting per forward pass
    against ``--settings-per-pass`` settings stacked along the batch (rounds
    take turns).
+4. A model-scope sweep with both modes and random controls on
+   ``--cache-grid``, each control's order ranked once for all its N and modes
+   (the default) against ranked in every pass (``control_cache_mib=0``).
 
 Run: ``PYTHONPATH=. python benchmarks/bench_interventions.py [--context 256] [--windows 1] [--rounds 3]``.
 TransformerBridge supports ``start_at_layer`` from transformer-lens 4;
@@ -41,7 +44,8 @@ def main() -> None:
     parser.add_argument("--sweep-layers", type=int, default=None, help="only the first L layers in the sweep")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--settings-per-pass", type=int, default=4, help="settings stacked per pass in part 3")
-    parser.add_argument("--controls", type=int, default=3, help="random controls of the part-3 sweep")
+    parser.add_argument("--controls", type=int, default=3, help="random controls of the part-3 and part-4 sweeps")
+    parser.add_argument("--cache-grid", default="1,4,16,64", help="N grid of the part-4 sweep")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -103,6 +107,21 @@ def main() -> None:
     print(f"  one setting per pass          {one:8.3f} s   1.00x")
     many = sorted(times[args.settings_per_pass])[args.rounds // 2]
     print(f"  {args.settings_per_pass} settings per pass          {many:8.3f} s   {many / one:.2f}x")
+
+    cache_grid = [int(n) for n in args.cache_grid.split(",")]
+    cache_kwargs = dict(scope="model", controls=args.controls, progress=False, n_bootstrap=0)
+    times = {0: [], 1024: []}
+    for _ in range(args.rounds):
+        for budget in times:
+            times[budget].append(timed(lambda: intervention_sweep(model, windows, cache_grid, control_cache_mib=budget,
+                                                                  **cache_kwargs), 1))
+    every = sorted(times[0])[args.rounds // 2]
+    once = sorted(times[1024])[args.rounds // 2]
+    settings = 2 * len(cache_grid) * (1 + args.controls)
+    print(f"model-scope sweep, both modes, N = {cache_grid}, {args.controls} controls ({settings} settings), "
+          f"median of {args.rounds} rounds:")
+    print(f"  controls ranked in every pass {every:8.3f} s   1.00x")
+    print(f"  each control ranked once      {once:8.3f} s   {once / every:.2f}x")
 
 
 if __name__ == "__main__":

@@ -327,6 +327,34 @@ def test_settings_stacked_in_one_pass_give_the_same_sweep(model, tokens, scope):
                 torch.testing.assert_close(y, x, equal_nan=True, rtol=1e-5, atol=1e-7, msg=f"{per_pass} {name}/{statistic}")
 
 
+@pytest.mark.parametrize("per_pass", [1, 3])
+def test_each_control_is_ranked_once_and_gives_the_sweep_ranked_every_pass(model, tokens, per_pass, monkeypatch):
+    """A random control's order is kept across its N and modes (the sweep's cache), with the same result as ranking
+    it in every pass. Mutants caught: the cache keyed without the control or without the layer (one order serves
+    several, so the dNLL change); a control's order dropped while its settings still run (ranked twice)."""
+    import tl_geometry.capture.interventions as interventions
+
+    drawn = []
+    original = interventions.random_scores
+
+    def counting(shape, **kwargs):
+        drawn.append((kwargs["layer"], kwargs["control"]))
+        return original(shape, **kwargs)
+
+    monkeypatch.setattr(interventions, "random_scores", counting)
+    kwargs = dict(n_grid=[1, 2, 5], layers=[0, 1], controls=3, settings_per_pass=per_pass, **QUIET)
+    cached = intervention_sweep(model, tokens, batch_size=len(tokens), **kwargs)
+    assert sorted(drawn) == [(layer, control) for layer in (0, 1) for control in (1, 2, 3)]
+    drawn.clear()
+    ranked = intervention_sweep(model, tokens, batch_size=len(tokens), control_cache_mib=0, **kwargs)
+    assert len(drawn) == 2 * 3 * 2 * 3  # layers x controls x modes x N: every pass ranks
+    for name, s in ranked.stats.items():
+        for statistic, x in s.stored().arrays().items():
+            torch.testing.assert_close(cached.stats[name].stored().arrays()[statistic], x, equal_nan=True, rtol=0, atol=0)
+    with pytest.raises(GeometryError, match=r"control_cache_mib: expected a memory budget in MiB >= 0"):
+        intervention_sweep(model, tokens, control_cache_mib=-1, **kwargs)
+
+
 def test_settings_per_pass_is_checked():
     with pytest.raises(GeometryError, match=r"settings_per_pass: expected an integer >= 1, got 0"):
         intervention_sweep(make_model("bridge-llama"), with_bos(random_tokens(1, 6)), [1], settings_per_pass=0)

@@ -105,6 +105,22 @@ def random_scores(
     return h.double() / 2.0**32
 
 
+def topn_ranks(scores: Float[Tensor, "*batch key"], visible: Bool[Tensor, "*batch key"]) -> Int[Tensor, "*batch key"]:
+    """Each key's place in the row's top-N order (0: highest score; ties: the earlier key first); hidden keys last.
+
+    The top-N set of a row is the keys whose place is below N (and visible).
+
+    >>> topn_ranks(torch.tensor([[0.2, 0.5, 0.5, 0.9]]), torch.tensor([[True, True, True, False]])).tolist()
+    [[2, 0, 1, 3]]
+    """
+    # The package's one top-N order: scores already hold the ranking's values, so rank them "by attention".
+    rows, n_keys = scores.reshape(-1, scores.shape[-1]), scores.shape[-1]
+    order = selection_order(rows, rows.new_ones((1, 1, 1)).expand(*rows.shape, 1), visible.reshape(-1, n_keys), "attention")
+    places = torch.arange(n_keys, device=order.device, dtype=torch.int16 if n_keys < 2**15 else torch.int32)
+    ranks = torch.empty_like(order, dtype=places.dtype).scatter_(-1, order, places.expand_as(order))
+    return ranks.reshape(visible.shape)
+
+
 def topn_keep(
     scores: Float[Tensor, "*batch key"], visible: Bool[Tensor, "*batch key"], n: int
 ) -> Bool[Tensor, "*batch key"]:
@@ -113,31 +129,30 @@ def topn_keep(
     >>> topn_keep(torch.tensor([[0.2, 0.5, 0.5, 0.9]]), torch.tensor([[True, True, True, False]]), 2).tolist()
     [[False, True, True, False]]
     """
-    # The package's one top-N order: scores already hold the ranking's values, so rank them "by attention".
-    rows, n_keys = scores.reshape(-1, scores.shape[-1]), scores.shape[-1]
-    seen = visible.reshape(-1, n_keys)
-    order = selection_order(rows, rows.new_ones((1, 1, 1)).expand(*rows.shape, 1), seen, "attention")
-    keep = torch.zeros_like(seen)
-    keep.scatter_(-1, order[:, :n], True)
-    return (keep & seen).reshape(visible.shape)
+    return (topn_ranks(scores, visible) < n) & visible
 
 
 def apply_topn(
     pattern: Float[Tensor, "batch head_index query_pos key_pos"],
-    scores: Float[Tensor, "batch head_index query_pos key_pos"],
+    scores: Float[Tensor, "batch head_index query_pos key_pos"] | None,
     visible: Bool[Tensor, "batch query_pos key_pos"],
     n: int,
     mode: str,
     heads: Int[Tensor, " head"] | None = None,
+    ranks: Int[Tensor, "batch head query_pos key_pos"] | None = None,
 ) -> Float[Tensor, "batch head_index query_pos key_pos"]:
     """The pattern with each row of ``heads`` cut to its top-N visible keys (a new tensor).
 
-    Rows that see N keys or fewer, and heads not in ``heads``, are copied unchanged.
+    The top N come from ``scores`` (of every head), or from ``ranks`` (`topn_ranks` of the chosen heads' scores,
+    computed once for several N). Rows that see N keys or fewer, and heads not in ``heads``, are copied unchanged.
     """
     sub = pattern if heads is None else pattern[:, heads]
-    sub_scores = scores if heads is None else scores[:, heads]
     seen = visible[:, None].expand(sub.shape)
-    keep = topn_keep(sub_scores, seen, n)
+    if ranks is None:
+        assert scores is not None
+        keep = topn_keep(scores if heads is None else scores[:, heads], seen, n)
+    else:
+        keep = (ranks < n) & seen
     edit = seen.sum(-1, keepdim=True) > n  # rows with more visible keys than N
     kept = sub.masked_fill(~keep, 0.0)
     if mode == "renormalise":
@@ -171,6 +186,7 @@ class TopNPatternHook:
         seed: int,
         layer: int,
         row_seeds: Tensor | None = None,
+        control_ranks: dict | None = None,
     ) -> None:
         self.n = _check_n(n)
         _check_choice("mode", mode, Mode)
@@ -182,6 +198,8 @@ class TopNPatternHook:
         self.window, self.attention_mask = window, attention_mask
         self.control, self.seed, self.layer = int(control), int(seed), int(layer)
         self.row_seeds = row_seeds
+        # A random control's order does not depend on N or the mode: hooks sharing this dict (a sweep's) rank once.
+        self.control_ranks = control_ranks if ranking == "random" else None
         self._values: Tensor | None = None
 
     def value_hook(self, v: Float[Tensor, "batch pos kv_head d_head"], *, hook: Any = None) -> None:
@@ -232,7 +250,16 @@ class TopNPatternHook:
                     f"heads: {list(self.heads)} out of range; the pattern has {pattern.shape[1]} heads"
                 )
             heads = torch.tensor(self.heads, device=pattern.device)
-        return apply_topn(pattern, self.scores(pattern), self.visible(pattern), self.n, self.mode, heads)  # type: ignore[arg-type]
+        visible = self.visible(pattern)
+        if self.control_ranks is None:
+            return apply_topn(pattern, self.scores(pattern), visible, self.n, self.mode, heads)  # type: ignore[arg-type]
+        key = (self.layer, self.control, self.heads, tuple(pattern.shape))
+        ranks = self.control_ranks.get(key)
+        if ranks is None:
+            scores = self.scores(pattern)
+            scores = scores if heads is None else scores[:, heads]
+            ranks = self.control_ranks[key] = topn_ranks(scores, visible[:, None].expand(scores.shape))
+        return apply_topn(pattern, None, visible, self.n, self.mode, heads, ranks=ranks)  # type: ignore[arg-type]
 
 
 def topn_pattern_hook(
@@ -248,6 +275,7 @@ def topn_pattern_hook(
     seed: int = 0,
     layer: int = 0,
     row_seeds: Tensor | None = None,
+    control_ranks: dict | None = None,
 ) -> TopNPatternHook:
     """A ``hook_pattern`` function that keeps, in every row of ``heads``, the N highest-ranked visible keys.
 
@@ -266,6 +294,10 @@ def topn_pattern_hook(
             hash of its document's tokens, as the sweep passes), so that a
             document's control does not depend on its batch; default 0.
         layer: the layer the hook is attached to (seeds the random control, names errors).
+        control_ranks: for ``ranking="random"``, a dict shared by the hooks of
+            several N and modes of the same controls (as the sweep does): each
+            control's order of a layer's rows is computed once and kept there
+            (an int16 per pattern element; empty it when done with a control).
 
     Returns:
         A callable ``fn(pattern, *, hook)`` for ``model.hooks(fwd_hooks=[(name, fn)])`` or ``run_with_hooks``.
@@ -276,7 +308,7 @@ def topn_pattern_hook(
         [[[[1.0, 0.0], [0.0, 0.75]]]]
     """
     return TopNPatternHook(n, mode, ranking, heads, window=window, attention_mask=attention_mask,
-                           control=control, seed=seed, layer=layer, row_seeds=row_seeds)
+                           control=control, seed=seed, layer=layer, row_seeds=row_seeds, control_ranks=control_ranks)
 
 
 def topn_hooks(

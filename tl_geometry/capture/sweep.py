@@ -90,6 +90,7 @@ class SweepPlan:
     reuse_residual: bool
     windows: tuple[int | None, ...]
     settings_per_pass: int = 1  # (mode, N, control) settings stacked along the batch of one forward pass
+    control_cache_mib: float = 1024.0  # memory for keeping a random control's order across its N and modes
 
     @property
     def unit_layers(self) -> tuple[int, ...]:
@@ -136,6 +137,7 @@ def make_plan(
     n_bootstrap: int,
     reuse_residual: bool | None,
     settings_per_pass: int = 1,
+    control_cache_mib: int | float = 1024,
 ) -> SweepPlan:
     """Check a sweep's arguments against the model and fix what it will run."""
     if scope not in get_args(Scope):
@@ -175,6 +177,7 @@ def make_plan(
         ranking=ranking, n_controls=_check_int("controls", controls, 0), seed=int(seed),
         n_bootstrap=_check_int("n_bootstrap", n_bootstrap, 0), reuse_residual=bool(reuse_residual and scope != "model"),
         windows=attention_windows(model), settings_per_pass=_check_int("settings_per_pass", settings_per_pass, 1),
+        control_cache_mib=_check_budget(control_cache_mib),
     )
 
 
@@ -262,15 +265,34 @@ def document_seeds(documents: Sequence[Tensor]) -> Int[Tensor, " doc"]:
 
 
 def _hooks_for(plan: SweepPlan, cut_layers: Sequence[int], cut_heads: Sequence[int] | None, n: int, mode: str,
-               ranking: str, control: int, mask: Tensor | None, row_seeds: Tensor) -> list[tuple[str, Any]]:
+               ranking: str, control: int, mask: Tensor | None, row_seeds: Tensor,
+               control_ranks: dict | None) -> list[tuple[str, Any]]:
     hooks: list[tuple[str, Any]] = []
     for layer in cut_layers:
         hook = topn_pattern_hook(n, mode, ranking, cut_heads, window=plan.windows[layer],  # type: ignore[arg-type]
-                                 attention_mask=mask, control=control, seed=plan.seed, layer=layer, row_seeds=row_seeds)
+                                 attention_mask=mask, control=control, seed=plan.seed, layer=layer, row_seeds=row_seeds,
+                                 control_ranks=control_ranks)
         if ranking == "contribution":
             hooks.append((value_hook(layer), hook.value_hook))
         hooks.append((pattern_hook(layer), hook))
     return hooks
+
+
+def _check_budget(mib: Any) -> float:
+    if isinstance(mib, bool) or not isinstance(mib, (int, float)) or not mib >= 0:
+        raise GeometryError(f"control_cache_mib: expected a memory budget in MiB >= 0, e.g. 1024, got {mib!r}")
+    return float(mib)
+
+
+def _control_ranks_fit(plan: SweepPlan, tokens: Tensor, cut_layers: Sequence[int], cut_heads: Sequence[int] | None) -> bool:
+    """Whether the orders of the controls one pass holds (int16 per pattern element of the cut heads) fit the budget."""
+    if not plan.n_controls:
+        return False
+    rows, pos = tokens.shape[:2]
+    heads = plan.n_heads if cut_heads is None else len(cut_heads)
+    controls = min(plan.settings_per_pass, plan.n_controls) + 1  # those a stacked group spans, and the next
+    size = 2 * rows * heads * pos * pos * len(cut_layers) * controls
+    return size <= plan.control_cache_mib * 2**20
 
 
 def _stacked_hooks(per_setting: list[list[tuple[str, Any]]], rows: int) -> list[tuple[str, Any]]:
@@ -327,17 +349,22 @@ def sweep_batch(model: HookableModel, prepared: PreparedTokens, plan: SweepPlan,
         shape = (n_docs, len(plan.unit_layers), len(plan.unit_heads), n_grid)
         dnll = {mode: torch.full(shape, float("nan"), dtype=torch.float64) for mode in plan.modes}
         ctrl = {mode: torch.full((*shape, plan.n_controls), float("nan"), dtype=torch.float64) for mode in plan.modes}
-        settings = [(mode, k, n, control) for mode in plan.modes for k, n in enumerate(plan.n_grid)
-                    for control in range(plan.n_controls + 1)]
+        # Control by control, so that a control's order is ranked once for all its N and modes, then dropped.
+        settings = [(mode, k, n, control) for control in range(plan.n_controls + 1) for mode in plan.modes
+                    for k, n in enumerate(plan.n_grid)]
         rows = len(tokens)
         for i, j, cut_layers, cut_heads in plan.units():
             start = min(cut_layers) if plan.reuse_residual else None
             source = residuals[start] if start is not None else tokens
+            control_ranks = {} if _control_ranks_fit(plan, tokens, cut_layers, cut_heads) else None
             for first in range(0, len(settings), plan.settings_per_pass):
                 group = settings[first : first + plan.settings_per_pass]
+                if control_ranks:
+                    for key in [key for key in control_ranks if key[1] < group[0][3]]:
+                        del control_ranks[key]
                 per_setting = [
                     _hooks_for(plan, cut_layers, cut_heads, n, mode, plan.ranking if control == 0 else "random",
-                               control, mask, row_seeds)
+                               control, mask, row_seeds, control_ranks)
                     for mode, _, n, control in group
                 ]
                 hooks = per_setting[0] if len(group) == 1 else _stacked_hooks(per_setting, rows)
@@ -392,6 +419,7 @@ def intervention_sweep(
     prepend_bos: bool = True,
     reuse_residual: bool | None = None,
     settings_per_pass: int = 1,
+    control_cache_mib: int | float = 1024,
     progress: bool = True,
 ) -> InterventionResult:
     """dNLL of top-N interventions, per scope unit, mode, N and random control, over a corpus.
@@ -426,6 +454,11 @@ def intervention_sweep(
             batches leave the hardware idle), with activation memory growing
             as ``settings_per_pass x batch_size`` windows. The results are the
             same up to float rounding.
+        control_cache_mib: memory (MiB) for keeping each random control's
+            order of the intervened rows while its N and modes run (ranked
+            once instead of once per pass); a unit whose orders would not fit
+            ranks in every pass instead. 0 turns the cache off; the results are
+            the same either way.
         progress: show a progress bar over the settings.
 
     Returns:
@@ -438,7 +471,7 @@ def intervention_sweep(
     check_pattern_edits(model)
     plan = make_plan(model, n_grid, modes=modes, scope=scope, layers=layers, heads=heads, ranking=ranking,
                      controls=controls, seed=seed, n_bootstrap=n_bootstrap, reuse_residual=reuse_residual,
-                     settings_per_pass=settings_per_pass)
+                     settings_per_pass=settings_per_pass, control_cache_mib=control_cache_mib)
     batches, ranks = _my_batches(model, corpus, plan, prepend_bos, batch_size)
     accumulator = new_sweep_accumulator(plan)
     total = plan.passes_per_batch * len(batches)
