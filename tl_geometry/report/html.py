@@ -276,7 +276,7 @@ def _position(key: str) -> float:
     keys = [f.key for f in FIGURES]
     if key.startswith(PICTURE_KEY):
         return keys.index("figure-1") + 0.5
-    return keys.index(key) if key in keys else len(keys)
+    return float(keys.index(key) if key in keys else len(keys))
 
 
 def _figure_section(figure: Figure, drawn: go.Figure) -> str:

@@ -166,7 +166,7 @@ class SelectionPicture:
         return {name: getattr(self, name) for name in SCALARS}
 
     @classmethod
-    def from_parts(cls, meta: Mapping[str, Any], arrays: Mapping[str, Tensor]) -> "SelectionPicture":
+    def from_parts(cls, meta: Mapping[str, Any], arrays: Mapping[str, Any]) -> "SelectionPicture":
         """Inverse of `metadata` and `arrays` (GeometryError if a part is missing or malformed)."""
         missing = [k for k in (*SCALARS, *ARRAYS) if k not in (*meta, *arrays)]
         if missing:
