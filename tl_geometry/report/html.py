@@ -8,6 +8,7 @@ or damages the earlier report.
 """
 
 import html
+import math
 import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
@@ -256,15 +257,17 @@ def picture_figures(result: GeometryResult) -> list[tuple[Figure, go.Figure]]:
     effective = effective_n(result) if "attention_mass" in result.fields else None
     for picture in result.pictures:
         offered = [n for n in picture.n_grid.tolist() if n <= min(16, picture.n_keys)]
-        n = float("nan") if effective is None else float(
+        n = math.nan if effective is None else float(
             effective[result.layers.index(picture.layer), result.heads.index(picture.head)])
-        chosen = int(n) if n == n and int(n) <= picture.n_keys else offered[-1]
+        has_effective = not math.isnan(n) and int(n) <= picture.n_keys
+        chosen = int(n) if has_effective else offered[-1]
+        opened = ("the head's effective N (the smallest N whose top-N set holds 90 % of its attention)" if has_effective
+                  else "the largest N up to 16 (the head has no effective N on this grid or this query sees fewer keys)")
         figure = Figure(
             f"{PICTURE_KEY}-{picture.layer}-{picture.head}",
             f"Figure 1 on the model: layer {picture.layer}, head {picture.head}",
             f"The toy's picture on the model's data: the last analysed query of one document (the one of the smallest "
-            f"token hash), opened at N = {chosen}, the head's effective N where it has one (the smallest N whose "
-            f"top-N set holds 90 % of its attention); the slider changes N. {plots.PICTURE_CAPTION}",
+            f"token hash), opened at N = {chosen}, {opened}; the slider changes N. {plots.PICTURE_CAPTION}",
             None,
         )
         out.append((figure, plots.selection_picture(picture, chosen, slider=offered)))
