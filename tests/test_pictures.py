@@ -127,9 +127,15 @@ def left_padded(rows):
     return tokens, mask
 
 
-def test_picture_equals_the_reference_with_left_padding_and_every_query_analysed():
+needs_hooked = [pytest.mark.tl3, pytest.mark.skipif(not tm.has_hooked_transformer(), reason="needs transformer-lens 3.x")]
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("kind", ["bridge-gpt2", "compat-llama", pytest.param("hooked", marks=needs_hooked)])
+def test_picture_equals_the_reference_with_left_padding_and_every_query_analysed(kind):
     # Every query analysed: the picture must be the last one (a picture of the first query would fail).
-    model = tm.make_model("bridge-gpt2")
+    # float32: a raw bridge over Llama in float64 turns fully masked pad rows into NaN (see test_hooks).
+    model = tm.make_model(kind, dtype=torch.float32)
     rows = [tm.with_bos(tm.random_tokens(1, n, seed=n))[0] for n in (7, 12, 9, 10)]
     tokens, mask = left_padded(rows)
     grid = [1, 2, 3, 5, 8, 11, 40]  # 40: beyond every query's keys (NaN, no member)
@@ -145,6 +151,7 @@ def test_picture_equals_the_reference_with_left_padding_and_every_query_analysed
     assert result.count("precision")[0, 1, 0] == len(rows)
 
 
+@pytest.mark.model
 def test_picture_equals_the_reference_on_a_sliding_window_layer():
     model = tiny_window_bridge("mistral", compat=False)  # window 3 on every layer
     tokens = tm.with_bos(tm.random_tokens(2, 11, seed=3))
