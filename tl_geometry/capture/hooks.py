@@ -227,7 +227,6 @@ class _LayerAnalysis:
         if self.config.keep_queries:
             self.queries[layer] = reduction.rows
 
-
     def _pictured_heads(self, layer: int, device: torch.device) -> Tensor | None:
         """Slots (on the analysed-head axis) of this layer's picture heads, or None."""
         wanted = [head for pictured_layer, head in self.config.picture_heads if pictured_layer == layer]
