@@ -16,7 +16,7 @@ from tests import tiny_models as tm
 from tests.browser import CHROMIUM, Browser, open_page
 from tl_geometry import run_with_geometry_hooks
 from tl_geometry.analysis.summaries import effective_n
-from tl_geometry.report.html import FIGURES, write_report
+from tl_geometry.report.html import FIGURES, PICTURE_KEY, write_report
 from tl_geometry.results.result import REQUIRED_FIELDS
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (make test installs it where apt-get is root)")
@@ -27,7 +27,8 @@ GRID = [1, 2, 4, 21]
 def result():
     model = tm.make_model("bridge-llama")
     tokens = tm.with_bos(tm.random_tokens(2, 20))
-    return run_with_geometry_hooks(model, tokens, n_grid=GRID, diagnostics="all", keep_queries=True, query_positions="all")
+    return run_with_geometry_hooks(model, tokens, n_grid=GRID, diagnostics="all", keep_queries=True, query_positions="all",
+                                   picture_heads=[(1, 2)])
 
 
 @pytest.fixture(scope="module")
@@ -70,9 +71,15 @@ def test_every_figure_renders_offline_with_an_empty_console(page):
     drawn = [f.key for f in FIGURES if f.draw is not None]
     rendered = _value(page, "return [...document.querySelectorAll('.js-plotly-plot')].filter("
                             "d => d.querySelector('.main-svg') && d._fullLayout).map(d => d.id);")
-    assert set(drawn) | {"head-curves", "head-rows", "head-queries"} <= set(rendered), rendered
+    assert set(drawn) | {"head-curves", "head-rows", "head-queries", f"{PICTURE_KEY}-1-2"} <= set(rendered), rendered
     assert _value(page, "return document.querySelector('#section-figure-9.not-drawn p.note').textContent;").startswith(
         "The paper's Figure 9 is a conceptual illustration")
+    # The picture's N slider: each step's update applies cleanly (the discs follow N).
+    discs = _value(page, f"""const d = document.getElementById('{PICTURE_KEY}-1-2'), out = [];
+        for (const step of d.layout.sliders[0].steps) {{ Plotly.update(d, step.args[0], step.args[1]);
+            out.push(d.layout.shapes.length); }}
+        return out;""")
+    assert discs == [2, 2, 2]  # N = 1, 2, 4 (the grid up to 16): both discs each time
     assert page.console() == []
 
 
@@ -130,7 +137,7 @@ def test_the_heads_table_sorts_and_selects(page, result):
 
 def test_a_result_without_diagnostics_shows_notes_instead(result, tmp_path):
     plain = dataclasses.replace(result, stats={k: v for k, v in result.stats.items() if k in REQUIRED_FIELDS},
-                                queries=None, query_positions=None)  # fmt: skip
+                                queries=None, query_positions=None, pictures=())  # fmt: skip
     index = write_report(plain, tmp_path / "report")
     browser = Browser(tmp_path / "profile")
     try:
@@ -139,7 +146,8 @@ def test_a_result_without_diagnostics_shows_notes_instead(result, tmp_path):
         for option in ("'chance'", "'bounds'", "'assumptions'", "'taxonomy'", "keep_queries=True"):
             assert option in notes
         missing = _value(browser, "return [...document.querySelectorAll('section.not-drawn')].map(s => s.id);")
-        assert set(missing) == {f"section-{f.key}" for f in FIGURES if f.needs is not None or f.draw is None}
+        expected = {f"section-{f.key}" for f in FIGURES if f.needs is not None or f.draw is None}
+        assert set(missing) == expected | {f"section-{PICTURE_KEY}"}  # no picture_heads: the note naming --picture
         _click_cell(browser, "heatmap-recall", 1, 2)
         assert _panel(browser) == (1, 2)
         assert browser.console() == []

@@ -56,14 +56,22 @@ def test_bad_checkpoint_every_is_one_line(tmp_path):
 @pytest.mark.slow
 @pytest.mark.model
 def test_torchrun_two_processes_write_the_one_process_result(tmp_path):
-    common = ("analyze", "--windows", "3", "--context", "48", "--n-grid", "1,2,4,8", "--batch-size", "1", "--quiet")
+    common = ("analyze", "--windows", "3", "--context", "48", "--n-grid", "1,2,4,8", "--batch-size", "1", "--quiet",
+              "--picture", "18.6", "--picture", "0.0")
     single = cli(*common, "--out", str(tmp_path / "one"))
     assert single.returncode == 0, single.stderr
     both = cli(*common, "--out", str(tmp_path / "two"), launcher=torchrun(2))
     assert both.returncode == 0, both.stderr
     assert both.stdout.count("wrote") == 1  # rank 0 alone writes and prints
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["result.json", "result.npz"]  # no checkpoint left
-    assert_equal_runs(GeometryResult.load(tmp_path / "two" / "result"), GeometryResult.load(tmp_path / "one" / "result"))
+    two, one = GeometryResult.load(tmp_path / "two" / "result"), GeometryResult.load(tmp_path / "one" / "result")
+    assert_equal_runs(two, one)
+    # The pictures are gathered: each head keeps the row of the same document as in one process.
+    assert [(p.layer, p.head, p.document, p.query_position) for p in two.pictures] == [
+        (p.layer, p.head, p.document, p.query_position) for p in one.pictures] and len(one.pictures) == 2
+    for a, b in zip(two.pictures, one.pictures):
+        torch.testing.assert_close(a.y, b.y, atol=1e-5, rtol=0)
+        assert a.order.tolist() == b.order.tolist()
 
 
 @pytest.mark.slow

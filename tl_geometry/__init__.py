@@ -37,6 +37,8 @@ from tl_geometry.analysis.interventions import EffectiveSetSize, geometry_vs_dnl
 # The paper's claims on a result, and two results side by side
 from tl_geometry.analysis.claims import claims
 from tl_geometry.report.compare import compare
+# Figure 1 on the model's data: one head's kept selection (draw with tl_geometry.report.plots.selection_picture)
+from tl_geometry.results.pictures import SelectionPicture
 
 __version__ = "0.1.0"
 
@@ -89,4 +91,6 @@ __all__ = [
     # The paper's claims on a result, and two results side by side
     "claims",
     "compare",
+    # Figure 1 on the model's data
+    "SelectionPicture",
 ]

@@ -61,6 +61,14 @@ def _queries_argument(text: str) -> str | list[int]:
     return text if text in ("last", "all") else _int_list(text)
 
 
+def _picture_argument(text: str) -> tuple[int, int]:
+    """``L.H``: a layer and a head, e.g. ``18.6``."""
+    layer, dot, head = text.partition(".")
+    if not dot or not layer.isdigit() or not head.isdigit():
+        raise argparse.ArgumentTypeError(f"expected LAYER.HEAD such as 18.6 (layer 18, head 6), got {text!r}")
+    return int(layer), int(head)
+
+
 def _diagnostics_argument(text: str) -> str | list[str]:
     """``all``, ``none`` or comma-separated diagnostic names."""
     if text in ("all", "none"):
@@ -108,6 +116,9 @@ def _add_analysis_options(run: argparse.ArgumentParser) -> None:
     analysis.add_argument("--keep-queries", action="store_true",
                           help="also keep every analysed query's row (P and R by query position in the report's head "
                           "panel; the file grows with the queries: for a few prompts, not a corpus)")
+    analysis.add_argument("--picture", type=_picture_argument, action="append", default=[], metavar="L.H",
+                          help="keep one query row of head H of layer L (e.g. 18.6; repeatable) and draw Figure 1 on "
+                          "the model's data in the report: the keys' y_i, s(N) and both balls (a few kB per head)")
     analysis.add_argument("--regime-confidence", action="store_true",
                           help="keep bootstrap replicates of the taxonomy rules' inputs, so that every regime label "
                           "gets its confidence (about 50 MB more per result on the default model)")
@@ -119,6 +130,7 @@ def config_from_args(args: argparse.Namespace) -> GeometryConfig:
         n_grid=args.n_grid, query_positions=args.queries, layers=args.layers, heads=args.heads,
         ranking=args.ranking, distance=args.distance, diagnostics=() if args.diagnostics is None else args.diagnostics,
         n_bootstrap=args.bootstrap, seed=args.seed, keep_queries=getattr(args, "keep_queries", False),
+        picture_heads=getattr(args, "picture", ()),
     )
     if args.diagnostics is None:  # the default: everything the report can draw, where it applies
         from tl_geometry.diagnostics.registry import REGISTRY

@@ -91,6 +91,12 @@ class GeometryConfig:
         keep_queries: also keep every analysed query's values
             (``result.queries``), for circuit work on a few prompts; these
             grow with the documents, everything else does not.
+        picture_heads: heads, as ``(layer, head)`` pairs, whose selection is
+            kept as a picture (`GeometryResult.picture`): the last analysed
+            query of one document (the smallest document hash), with its
+            y_i, top-N order, s(N) and both balls for every N. One row per
+            head however many documents; default none. The report draws them
+            next to the toy Figure 1.
 
     Example:
         >>> GeometryConfig(n_grid=[1, 2, 4], layers=[0]).n_grid
@@ -119,6 +125,7 @@ class GeometryConfig:
     bootstrap_fields: Sequence | None = None
     seed: int = 0
     keep_queries: bool = False
+    picture_heads: Sequence = ()
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -173,6 +180,7 @@ class GeometryConfig:
             set_(self, "bootstrap_fields", tuple(sorted(set(self.bootstrap_fields))))
         if not isinstance(self.keep_queries, bool):
             raise GeometryError(f"keep_queries: expected True or False, got {self.keep_queries!r}")
+        set_(self, "picture_heads", _picture_heads(self.picture_heads))
         from tl_geometry.diagnostics.registry import REGISTRY
 
         for name in self.diagnostics:
@@ -225,6 +233,25 @@ class GeometryConfig:
     def from_json(cls, data: dict[str, Any]) -> "GeometryConfig":
         """Inverse of `to_json`; unknown keys raise GeometryError."""
         return cls().with_overrides(**data)
+
+
+def _picture_heads(value: Any) -> tuple[tuple[int, int], ...]:
+    """``(layer, head)`` pairs, distinct and sorted; GeometryError naming the bad entry."""
+    example = "e.g. [(18, 6)] for layer 18, head 6"
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, Tensor, np.ndarray)):
+        raise GeometryError(f"picture_heads: expected a sequence of (layer, head) pairs, {example}; got {value!r}")
+    pairs = []
+    for item in value.tolist() if isinstance(value, (Tensor, np.ndarray)) else value:
+        ok = isinstance(item, (Sequence, Tensor, np.ndarray)) and not isinstance(item, (str, bytes)) and len(item) == 2
+        entries = list(item.tolist() if isinstance(item, (Tensor, np.ndarray)) else item) if ok else []
+        if not ok or any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 0 for i in entries):
+            raise GeometryError(
+                f"picture_heads: the entry {item!r} is not a (layer, head) pair of non-negative integers; {example}"
+            )
+        pairs.append((int(entries[0]), int(entries[1])))
+    if len(set(pairs)) != len(pairs):
+        raise GeometryError(f"picture_heads: {pairs} names a head twice; name each (layer, head) once")
+    return tuple(sorted(pairs))
 
 
 def _diagnostics(value: Any) -> tuple[str, ...]:

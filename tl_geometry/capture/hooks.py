@@ -33,10 +33,12 @@ from tl_geometry.capture.tokens import HookableModel, PreparedTokens, TokensLike
 from tl_geometry.capture.windows import attention_windows
 from tl_geometry.config import GeometryConfig, make_config
 from tl_geometry.diagnostics.registry import REGISTRY, Diagnostic
-from tl_geometry.engine.context import SelectionContext
+from tl_geometry.diagnostics.selection import picture_rows
+from tl_geometry.engine.context import SelectionChunk, SelectionContext
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.results.bootstrap import document_weights
+from tl_geometry.results.pictures import SelectionPicture, document_hash
 from tl_geometry.results.result import GeometryResult
 
 
@@ -69,6 +71,7 @@ def _model_shape(model: HookableModel, config: GeometryConfig) -> tuple[tuple[in
         raise GeometryError(f"model: n_heads = {n_heads} is not a multiple of n_key_value_heads = {n_kv}")
     layers = _resolve_indices("layers", config.layers, int(cfg.n_layers), "n_layers")
     heads = _resolve_indices("heads", config.heads, n_heads, "n_heads")
+    _check_picture_heads(config.picture_heads, layers, heads, int(cfg.n_layers), n_heads)
     hook_dict = model.hook_dict
     for layer in layers:
         for name in (value_hook(layer), pattern_hook(layer)):
@@ -80,6 +83,24 @@ def _model_shape(model: HookableModel, config: GeometryConfig) -> tuple[tuple[in
                     "these hooks (see model.hook_dict)"
                 )
     return layers, heads, n_heads, n_kv
+
+
+def _check_picture_heads(
+    pairs: Sequence[tuple[int, int]], layers: tuple[int, ...], heads: tuple[int, ...], n_layers: int, n_heads: int
+) -> None:
+    """GeometryError unless every ``(layer, head)`` of ``picture_heads`` exists and is analysed."""
+    for layer, head in pairs:
+        if layer >= n_layers or head >= n_heads:
+            raise GeometryError(
+                f"picture_heads: ({layer}, {head}) is not a head of this model, which has {n_layers} layers "
+                f"(cfg.n_layers) and {n_heads} heads per layer (cfg.n_heads); use layers 0..{n_layers - 1} and heads "
+                f"0..{n_heads - 1}"
+            )
+        if layer not in layers or head not in heads:
+            raise GeometryError(
+                f"picture_heads: ({layer}, {head}) is not analysed by this run (layers {list(layers)}, heads "
+                f"{list(heads)}); add layer {layer} and head {head} to layers / heads, or drop the picture"
+            )
 
 
 def _accepts_attention_mask(model: HookableModel) -> bool:
@@ -142,6 +163,8 @@ class _LayerAnalysis:
     values: dict[int, Tensor] = field(default_factory=dict)
     out: dict[int, dict[str, Tensor]] = field(default_factory=dict)
     queries: dict[int, dict[str, Tensor]] = field(default_factory=dict)
+    picture_document: tuple[int, int] | None = None  # (batch index, document hash) of the pictured document
+    pictures: list[SelectionPicture] = field(default_factory=list)
 
     def value_hook(self, v: Float[Tensor, "batch pos kv_head d_head"], *, hook: Any, layer: int) -> None:
         """Keep the analysed heads' value states (GQA-aligned) of the keys the queries can see."""
@@ -189,16 +212,43 @@ class _LayerAnalysis:
         n_batch, n_heads, n_queries, _ = context.shape
         reduction = _Reduction(n_batch, n_heads, n_queries, self.config.keep_queries)
         settings = {d.name: self.config.settings_for(d.name) for d in self.diagnostics}
+        pictured = self._pictured_heads(layer, device)
         for chunk in context.chunks():
             for diagnostic in self.diagnostics:
-                for name, t in diagnostic.rows(chunk, settings[diagnostic.name]).items():
+                rows = diagnostic.rows(chunk, settings[diagnostic.name])
+                for name, t in rows.items():
                     reduction.add(name, t, chunk.batch, chunk.head, chunk.query)
+                if pictured is not None and diagnostic.name == "selection":
+                    self._keep_pictures(layer, context, chunk, rows, pictured)
         out = reduction.means()
         for diagnostic in self.diagnostics:
             out.update(diagnostic.sequences(context, settings[diagnostic.name]))
         self.out[layer] = out
         if self.config.keep_queries:
             self.queries[layer] = reduction.rows
+
+    def _pictured_heads(self, layer: int, device: torch.device) -> Tensor | None:
+        """Slots (on the analysed-head axis) of this layer's picture heads, or None."""
+        wanted = [head for pictured_layer, head in self.config.picture_heads if pictured_layer == layer]
+        if not wanted or self.picture_document is None:
+            return None
+        return (self.heads[:, None] == torch.tensor(wanted)).any(-1).nonzero().squeeze(-1).to(device)
+
+    def _keep_pictures(
+        self, layer: int, context: SelectionContext, chunk: SelectionChunk, rows: dict[str, Tensor], slots: Tensor
+    ) -> None:
+        """Keep the pictured heads' rows of the chosen document's last analysed query, if in this chunk."""
+        batch, document = self.picture_document  # type: ignore[misc]
+        query = context.last_query_index()[batch]
+        chosen = ((chunk.batch == batch) & (chunk.query == query) & torch.isin(chunk.head, slots)).nonzero().squeeze(-1)
+        if len(chosen) == 0:
+            return
+        first = context.real[batch].int().argmax()
+        query_position = int(context.query_index[batch, query] - first)
+        for row, parts in zip(chosen.tolist(), picture_rows(chunk, rows, chosen, first.expand(len(chosen)))):
+            head = int(self.heads[int(chunk.head[row])])
+            self.pictures.append(SelectionPicture(layer=layer, head=head, document=document,
+                                                  query_position=query_position, **parts))
 
 
 def active_diagnostics(config: GeometryConfig) -> tuple[Diagnostic, ...]:
@@ -221,6 +271,7 @@ def new_accumulator(model: HookableModel, config: GeometryConfig, grid: Int[Tens
         n_bootstrap=config.n_bootstrap,
         replicate_fields=config.resolve_bootstrap_fields(specs),
         keep_queries=config.keep_queries,
+        picture_heads=config.picture_heads,
     )
 
 
@@ -240,6 +291,7 @@ def analyse_prepared(
         n_kv=n_kv,
         windows=attention_windows(model),
         diagnostics=active_diagnostics(config),
+        picture_document=_pictured_document(prepared) if config.picture_heads else None,
     )
     fwd_hooks: list[tuple[str, Callable[..., None]]] = []
     for layer in layers:
@@ -279,7 +331,17 @@ def analyse_prepared(
         n_tokens=sum(len(d) for d in documents),
         queries=queries,
         query_positions=_query_positions(prepared) if queries is not None else None,
+        pictures=state.pictures,
     )
+
+
+def _pictured_document(prepared: PreparedTokens) -> tuple[int, int] | None:
+    """The batch index and hash of the document whose rows become pictures: the smallest hash with a query."""
+    hashes = [(document_hash(d), i) for i, d in enumerate(prepared.documents()) if bool(prepared.query_valid[i].any())]
+    if not hashes:
+        return None
+    document, batch = min(hashes)
+    return batch, document
 
 
 def _query_positions(prepared: PreparedTokens) -> Int[Tensor, "batch query"]:

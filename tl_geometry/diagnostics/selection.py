@@ -8,13 +8,14 @@ from which a head's effective N is read after the run
 import math
 from typing import Any
 
-from jaxtyping import Float
+import torch
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.registry import Diagnostic
 from tl_geometry.engine.context import SelectionChunk
-from tl_geometry.engine.metrics import METRICS_COST, chunk_metrics
+from tl_geometry.engine.metrics import METRICS_COST, ball_members, chunk_metrics
 
 
 def top_n_attention_mass(chunk: SelectionChunk) -> Float[Tensor, "row n"]:
@@ -27,6 +28,48 @@ def top_n_attention_mass(chunk: SelectionChunk) -> Float[Tensor, "row n"]:
     cumulative = chunk.alpha.gather(-1, chunk.order).cumsum(-1)  # [row, key]: mass of the first p + 1 keys
     at = (chunk.grid - 1).clamp(max=cumulative.shape[-1] - 1)
     return cumulative[:, at].masked_fill(chunk.missing, math.nan)
+
+
+def picture_rows(
+    chunk: SelectionChunk, metrics: dict[str, Tensor], rows: Int[Tensor, " pick"], first_real: Int[Tensor, " pick"]
+) -> list[dict[str, Any]]:
+    """What a `tl_geometry.results.pictures.SelectionPicture` holds, for some rows of a chunk, on the CPU.
+
+    Read from the chunk and from this diagnostic's own per-row values
+    ``metrics`` (call right after `SelectionDiagnostic.rows` on the chunk, whose
+    proximity plane `ball_members` reads); nothing is recomputed. Keys are
+    the visible ones in increasing position (counted from ``first_real``, the
+    row's first real token).
+    """
+    inside_max, inside_min = ball_members(chunk, rows)
+    out = []
+    for i, row in enumerate(rows.tolist()):
+        keys = chunk.visible[row].nonzero().squeeze(-1)  # visible key indices, increasing
+        k = len(keys)
+        in_order = chunk.order[row, :k]  # the top-N order; hidden keys sort after the visible ones
+        local = torch.searchsorted(keys, in_order)  # each ranked key's index among the visible keys
+        y = torch.empty_like(chunk.y_sorted[row, :k])
+        y[local] = chunk.y_sorted[row, :k]
+        members = [torch.zeros(len(chunk.grid), k, dtype=torch.bool, device=keys.device) for _ in range(2)]
+        for plane, inside in zip(members, (inside_max[i], inside_min[i])):
+            plane[:, local] = inside[:, :k]
+            plane[chunk.missing[row]] = False
+        sink = int(chunk.sink[row])
+        out.append({
+            "sink": int(torch.searchsorted(keys, torch.tensor(sink, device=keys.device))) if sink >= 0 else -1,
+            "distance": chunk.distance,
+            "ranking": chunk.ranking,
+            "positions": (keys - first_real[i]).cpu(),
+            "alpha": chunk.alpha[row, keys].float().cpu(),
+            "y": y.float().cpu(),
+            "order": local.cpu(),
+            "n_grid": chunk.grid.cpu(),
+            "s": chunk.s[row].masked_fill(chunk.missing[row, :, None], math.nan).float().cpu(),
+            **{name: metrics[name][row].float().cpu() for name in ("r_max", "r_min", "precision", "recall")},
+            "in_r_max": members[0].cpu(),
+            "in_r_min": members[1].cpu(),
+        })  # fmt: skip
+    return out
 
 
 class SelectionDiagnostic(Diagnostic):

@@ -251,13 +251,16 @@ class SelectionContext:
             part = slice(start, start + size)
             yield self._chunk(self.row_batch[part], self.row_head[part], self.row_query[part], buffers)
 
+    def last_query_index(self) -> Int[Tensor, " batch"]:
+        """Each sequence's last analysed valid query, as an index on the context's query axis."""
+        positions = torch.arange(self.query_valid.shape[1], device=self.query_valid.device)
+        return (self.query_valid.long() * (positions + 1)).argmax(-1)
+
     def last_query(
         self,
     ) -> tuple[Float[Tensor, "batch head_index key"], Bool[Tensor, "batch key"], Int[Tensor, " batch"], Int[Tensor, " batch"]]:
         """Each sequence's last analysed valid query: its attention rows (hidden keys 0), visible keys, sink and position."""
-        n_queries = self.query_valid.shape[1]
-        positions = torch.arange(n_queries, device=self.query_valid.device)
-        last = (self.query_valid.long() * (positions + 1)).argmax(-1)  # [batch]
+        last = self.last_query_index()
         batch = torch.arange(self.visible.shape[0], device=self.pattern.device)
         visible = self.visible[batch, last]
         position = self.query_index[batch, last]

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, fields
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_geometry.engine.context import COSINE_EPS, RowCost, SelectionChunk, rows_context
@@ -110,6 +110,22 @@ def distance_to_rank(chunk: SelectionChunk, near: Float[Tensor, "row n key"], ra
     d_head = chunk.y_sorted.shape[-1]
     y_at = torch.gather(chunk.y_sorted, 1, rank.unsqueeze(-1).expand(*rank.shape, d_head))
     return torch.linalg.vector_norm(y_at.sub_(chunk.s), dim=-1)
+
+
+def ball_members(chunk: SelectionChunk, rows: Int[Tensor, " pick"]) -> tuple[Bool[Tensor, "pick n key"], Bool[Tensor, "pick n key"]]:
+    """Which keys (in selection order) lie in the closed r_max ball and in the open r_min ball, per (row, N).
+
+    The comparisons whose counts `chunk_metrics` returns as K_out + N and K_in,
+    read from the proximity plane it leaves in the chunk: call it right after
+    `chunk_metrics`, before anything else reuses the plane. Hidden keys (+inf)
+    are in neither ball; rows where N exceeds the visible keys are meaningless
+    (their metrics are NaN).
+    """
+    near = chunk.scratch("proximity", (len(chunk.grid), chunk.alpha.shape[-1]))[rows]
+    selected = torch.arange(near.shape[-1], device=near.device) < chunk.grid.unsqueeze(-1)  # [n, key]
+    far_in = torch.where(selected, near, -math.inf).amax(-1, keepdim=True)
+    near_out = torch.where(selected, math.inf, near).amin(-1, keepdim=True)
+    return near <= far_in, near < near_out
 
 
 def chunk_metrics(chunk: SelectionChunk) -> dict[str, Float[Tensor, "row n"]]:

@@ -8,6 +8,7 @@ or damages the earlier report.
 """
 
 import html
+import math
 import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +29,7 @@ from tl_geometry.results.files import Unit, commit_unit
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.analysis.sink import sink_recall_correlation
 from tl_geometry.theory.synthetic import toy_2d
-from tl_geometry.analysis.summaries import mean_over_heads
+from tl_geometry.analysis.summaries import effective_n, mean_over_heads
 from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy, taxonomy_from_result
 
 
@@ -69,8 +70,8 @@ FIGURES: tuple[Figure, ...] = (
         "Figure 1: top-N selection in a 2-D toy example",
         "Tokens on a circle (left) are scaled by their attention weights (middle); the selected ones (stars) "
         "sum to s(N). Precision counts non-selected tokens inside the r_max ball around s(N), Recall the "
-        "selected ones inside the r_min ball (right). Drawn from tl_geometry.theory.synthetic.toy_2d, not the model: "
-        "the same picture on the model's data would need each query's value vectors, which a result does not keep.",
+        "selected ones inside the r_min ball (right). Drawn from tl_geometry.theory.synthetic.toy_2d, not the model; "
+        "the same picture on the model's data follows when the run kept pictures of chosen heads.",
         lambda result, taxonomy: plots.toy_selection(toy_2d()),
     ),
     Figure(
@@ -225,7 +226,60 @@ def render_figures(result: GeometryResult) -> Rendered:
     drawable = [f for f in FIGURES if f.draw is not None and (f.needs is None or f.needs in present)]
     figures = [(f, f.draw(result, taxonomy)) for f in drawable]
     notes = [(f, missing_note(f)) for f in FIGURES if f not in drawable]
+    pictures = picture_figures(result)
+    if pictures:
+        figures += pictures
+    else:
+        notes.append((PICTURE_NOTE, PICTURE_NOTE.how_to_read))
     return Rendered(taxonomy, figures, notes)
+
+
+# Figure 1 on the model's data: one entry per kept picture, right after the toy.
+PICTURE_KEY = "figure-1-model"
+PICTURE_NOTE = Figure(
+    PICTURE_KEY,
+    "Figure 1 on the model: one head's selection in value space",
+    "Not drawn: this run kept no selection pictures. Name heads to keep one query row each (y_i, s(N) and both "
+    "balls for every N): tl-geometry --picture L.H (e.g. --picture 18.6, repeatable), or in Python "
+    "GeometryConfig(picture_heads=[(L, H)]).",
+    None,
+)
+
+
+def picture_figures(result: GeometryResult) -> list[tuple[Figure, go.Figure]]:
+    """Figure 1 on the model's data for every picture the result keeps, opened at the head's effective N.
+
+    The slider offers every N of the grid up to 16 and the effective N; where
+    the head has no effective N (or the picture's query sees fewer keys), the
+    largest such N the picture has.
+    """
+    out = []
+    effective = effective_n(result) if "attention_mass" in result.fields else None
+    for picture in result.pictures:
+        offered = [n for n in picture.n_grid.tolist() if n <= min(16, picture.n_keys)]
+        n = math.nan if effective is None else float(
+            effective[result.layers.index(picture.layer), result.heads.index(picture.head)])
+        has_effective = not math.isnan(n) and int(n) <= picture.n_keys
+        chosen = int(n) if has_effective else offered[-1]
+        opened = ("the head's effective N (the smallest N whose top-N set holds 90 % of its attention)" if has_effective
+                  else "the largest N up to 16 (the head has no effective N on this grid or this query sees fewer keys)")
+        figure = Figure(
+            f"{PICTURE_KEY}-{picture.layer}-{picture.head}",
+            f"Figure 1 on the model: layer {picture.layer}, head {picture.head}",
+            f"The toy's picture on the model's data: the last analysed query of one document (the one of the smallest "
+            f"token hash), opened at N = {chosen}, {opened}; the slider changes N. {plots.PICTURE_CAPTION}",
+            None,
+        )
+        out.append((figure, plots.selection_picture(picture, chosen, slider=offered)))
+    return out
+
+
+def _position(key: str) -> float:
+    """Where a figure goes in the page: the paper's order, the pictures right after the toy Figure 1."""
+    keys = [f.key for f in FIGURES]
+    if key.startswith(PICTURE_KEY):
+        return keys.index("figure-1") + 0.5
+    return float(keys.index(key) if key in keys else len(keys))
 
 
 def _figure_section(figure: Figure, drawn: go.Figure) -> str:
@@ -261,7 +315,8 @@ def render_html(
     heatmaps = "".join(_figure_section(f, d) for f, d in figures if f.key in HEATMAPS)
     body: dict[str, str] = {f.key: _figure_section(f, d) for f, d in figures if f.key not in HEATMAPS}
     body.update({f.key: _note_section(f, note) for f, note in notes})
-    order = [f for f in FIGURES if f.key in body] + [f for f, _ in extra_figures]
+    shown = [f for f, _ in figures if f.key not in HEATMAPS] + [f for f, _ in notes]
+    order = sorted(shown, key=lambda f: _position(f.key)) + [f for f, _ in extra_figures]
     body.update({f.key: _figure_section(f, d) for f, d in extra_figures})
     contents = "\n".join(f'<li><a href="#section-{f.key}">{html.escape(f.title)}</a></li>' for f in order)
     sections = [body[f.key] for f in order]

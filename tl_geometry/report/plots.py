@@ -17,6 +17,7 @@ from torch import Tensor
 
 from tl_geometry.errors import GeometryError
 from tl_geometry.diagnostics.profile_fit import ProfileFit
+from tl_geometry.results.pictures import SelectionPicture
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.analysis.sink import SinkRecallCorrelation
 from tl_geometry.theory.synthetic import Toy2D
@@ -430,3 +431,130 @@ def sink_recall(correlation: SinkRecallCorrelation) -> go.Figure:
     fig.update_xaxes(title="N (selected keys)")
     fig.update_yaxes(range=[-1, 1], title="corr(R(r_min, N), rho_0)")
     return _style(fig, f"Sink similarity and Recall, across {correlation.over}")
+
+
+# ---- Figure 1 on the model's data: one head's kept selection picture ----
+
+PICTURE_CLASSES = (  # (name, colour, plotly symbol) of each key: the balls' true membership in d_head dimensions
+    ("selected, inside the r_min ball", PURPLE, "star"),
+    ("selected, outside the r_min ball", PURPLE, "star-open"),
+    ("not selected, inside the r_max ball", VERMILLION, "circle"),
+    ("not selected, outside the r_max ball", GREY, "circle-open"),
+)
+PICTURE_CAPTION = (
+    "Each point is one key the query can see: y_i = alpha_i v_i projected onto the first two principal components "
+    "of the y_i (centred SVD, computed for display). The cross is s(N), the circles the r_max (dotted) and r_min "
+    "(dashed) balls. An orthogonal projection of a ball of radius r is a disc of radius r around the projected "
+    "centre, so keys inside a ball stay inside its disc, but keys outside it may land in the disc too: membership "
+    "is decided in all d_head dimensions, and the colours show the true membership the run measured."
+)
+
+
+def picture_projection(picture: SelectionPicture) -> tuple[Tensor, Tensor]:
+    """The display projection of a picture: the mean of its y_i and the first two principal directions.
+
+    Returns ``(centre [d_head], basis [2, d_head])`` (float64, orthonormal rows; a
+    zero row where the y_i span fewer than two dimensions): a point x is drawn
+    at ``basis @ (x - centre)``.
+    """
+    y = picture.y.double()
+    centre = y.mean(0)
+    _, _, vh = torch.linalg.svd(y - centre, full_matrices=False)
+    basis = torch.zeros(2, y.shape[-1], dtype=torch.float64)
+    basis[: min(2, len(vh))] = vh[:2]
+    return centre, basis
+
+
+def _picture_class(picture: SelectionPicture, n: int) -> Tensor:
+    """Each key's index into PICTURE_CLASSES at N."""
+    i = picture.n_index(n)
+    selected = picture.selected(n)
+    return torch.where(selected, torch.where(picture.in_r_min[i], 0, 1), torch.where(picture.in_r_max[i], 2, 3))
+
+
+def _disc(centre: Sequence[float], radius: float, colour: str, dash: str) -> dict:
+    return {"type": "circle", "xref": "x", "yref": "y", "x0": centre[0] - radius, "x1": centre[0] + radius,
+            "y0": centre[1] - radius, "y1": centre[1] + radius, "line": {"color": colour, "dash": dash}}
+
+
+def selection_picture(picture: SelectionPicture, n: int, slider: Sequence[int] = ()) -> go.Figure:
+    """Figure 1 on the model's data: one query's keys, s(N) and the two balls, projected to 2-D.
+
+    Args:
+        picture: a kept picture (``result.picture(layer, head)``).
+        n: the N shown first.
+        slider: other N values a slider offers (those the picture has no
+            top-N set for are left out); none: no slider.
+
+    The traces: the keys (``data[0]``, one marker per key in the order of
+    ``picture.positions``, hover: position, alpha, ||y_i||), the sink, then
+    s(N) for every N offered; the discs are layout shapes (r_min none when
+    every key is selected). With the cosine distance the balls are not
+    Euclidean, so no discs are drawn.
+    """
+    shown = [m for m in sorted({n, *slider}) if m in picture.n_grid.tolist() and m <= picture.n_keys]
+    picture.n_index(n)  # GeometryError naming the N this picture has
+    centre, basis = picture_projection(picture)
+    xy = (picture.y.double() - centre) @ basis.T  # [key, 2]
+    s_xy = (picture.s.double() - centre) @ basis.T  # [n, 2]
+    norms = torch.linalg.vector_norm(picture.y.double(), dim=-1)
+    custom = torch.stack([picture.positions.double(), picture.alpha.double(), norms], -1).tolist()
+
+    def styled(m: int) -> tuple[list[str], list[str]]:
+        classes = _picture_class(picture, m).tolist()
+        return [PICTURE_CLASSES[c][1] for c in classes], [PICTURE_CLASSES[c][2] for c in classes]
+
+    def shapes(m: int) -> list[dict]:
+        if picture.distance != "euclidean":
+            return []
+        i = picture.n_index(m)
+        at = s_xy[i].tolist()
+        out = [_disc(at, float(picture.r_max[i]), ORANGE, "dot")]
+        if math.isfinite(float(picture.r_min[i])):
+            out.append(_disc(at, float(picture.r_min[i]), GREEN, "dash"))
+        return out
+
+    def title(m: int) -> str:
+        i = picture.n_index(m)
+        return (f"layer {picture.layer}, head {picture.head}, query at position {picture.query_position} "
+                f"({picture.n_keys} keys): N = {m}, P = {float(picture.precision[i]):.2f}, "
+                f"R = {float(picture.recall[i]):.2f}")
+
+    colours, symbols = styled(n)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(
+        x=xy[:, 0].tolist(), y=xy[:, 1].tolist(), mode="markers", name="keys", showlegend=False, customdata=custom,
+        marker={"color": colours, "symbol": symbols, "size": 9, "line": {"width": 1}},
+        hovertemplate="position %{customdata[0]:.0f}<br>alpha %{customdata[1]:.4f}<br>||y_i|| %{customdata[2]:.4f}"
+                      "<extra></extra>"))  # fmt: skip
+    sink = [picture.sink] if picture.sink >= 0 else []
+    fig.add_trace(go.Scatter(x=xy[sink, 0].tolist(), y=xy[sink, 1].tolist(), mode="markers", name="sink",
+                             marker={"color": BLUE, "symbol": "diamond-open", "size": 18, "line": {"width": 2}},
+                             hoverinfo="skip"))
+    for m in shown:
+        i = picture.n_index(m)
+        fig.add_trace(go.Scatter(x=[float(s_xy[i, 0])], y=[float(s_xy[i, 1])], mode="markers", name="s(N)",
+                                 visible=m == n, marker={"color": VERMILLION, "symbol": "x", "size": 14}))
+    for name, colour, symbol in PICTURE_CLASSES:  # legend entries for the keys' classes
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
+                                 marker={"color": colour, "symbol": symbol, "size": 9}))
+    for name, colour, dash in (("r_max disc", ORANGE, "dot"), ("r_min disc", GREEN, "dash")):
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=name, line={"color": colour, "dash": dash}))
+    fig.update_layout(shapes=shapes(n))
+    fig.update_xaxes(title="first principal component of the y_i")
+    fig.update_yaxes(title="second principal component", scaleanchor="x")
+    _style(fig, title(n), height=560)
+    if len(shown) > 1:
+        fixed = len(fig.data) - 2 - len(shown)  # legend traces after the s(N) ones
+        steps = []
+        for j, m in enumerate(shown):
+            colours, symbols = styled(m)
+            visible = [True, True] + [k == j for k in range(len(shown))] + [True] * fixed
+            colour_of = [colours, BLUE] + [VERMILLION] * len(shown) + [t.marker.color for t in fig.data[2 + len(shown):]]
+            symbol_of = [symbols, "diamond-open"] + ["x"] * len(shown) + [t.marker.symbol for t in fig.data[2 + len(shown):]]
+            steps.append({"label": str(m), "method": "update",
+                          "args": [{"visible": visible, "marker.color": colour_of, "marker.symbol": symbol_of},
+                                   {"shapes": shapes(m), "title.text": title(m)}]})
+        fig.update_layout(sliders=[{"active": shown.index(n), "steps": steps, "currentvalue": {"prefix": "N = "},
+                                    "pad": {"t": 60}}])
+    return fig

@@ -3,7 +3,8 @@
 Each batch of per-document values is reduced to its `FieldStats` (float64)
 and merged into the running ones, so memory depends on the fields, layers,
 heads, grid, replicates and the longest sequence seen, never on the number of
-documents (the opt-in per-query rows excepted). Two accumulators over
+documents (the opt-in per-query rows excepted; the opt-in pictures keep one
+row per head, see `tl_geometry.results.pictures`). Two accumulators over
 disjoint documents merge into the accumulator of their union: counts
 exactly, sums up to float64 rounding, whatever the batching or order.
 
@@ -26,6 +27,7 @@ from torch import Tensor
 
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.errors import GeometryError
+from tl_geometry.results.pictures import SelectionPicture, pick
 from tl_geometry.results.queries import QueryRows, check_rows, join_rows
 from tl_geometry.results.stats import FieldStats, batch_stats, merge_stats
 
@@ -45,6 +47,9 @@ class Accumulator:
         replicate_fields: names of the fields that keep replicates (ignored when n_bootstrap is 0).
         keep_queries: also keep per-query rows (they grow with the documents).
         axis_sizes: sizes of fixed trailing axes other than ``"n"`` (e.g. ``{"control": 16}``).
+        picture_heads: the ``(layer, head)`` pairs whose pictures the run keeps
+            (`tl_geometry.results.pictures`); processes gather pictures only when
+            there are some.
     """
 
     def __init__(
@@ -58,6 +63,7 @@ class Accumulator:
         replicate_fields: Collection[str] = (),
         keep_queries: bool = False,
         axis_sizes: Mapping[str, int] | None = None,
+        picture_heads: Sequence[tuple[int, int]] = (),
     ) -> None:
         names = [spec.name for spec in specs]
         if not names or len(set(names)) != len(names):
@@ -84,6 +90,8 @@ class Accumulator:
             for name, spec in self.specs.items()
         }
         self.queries: QueryRows | None = None
+        self.picture_heads = tuple(picture_heads)
+        self.pictures: dict[tuple[int, int], SelectionPicture] = {}
 
     def _trailing(self, spec: FieldSpec, given: Sequence[int]) -> tuple[int, ...]:
         """Trailing sizes: the grid's for "n", the given ones (0 if none) for growing axes."""
@@ -98,6 +106,7 @@ class Accumulator:
         *,
         queries: Mapping[str, Tensor] | None = None,
         query_positions: Int[Tensor, "doc query"] | None = None,
+        pictures: Sequence[SelectionPicture] = (),
     ) -> None:
         """Add a batch of documents.
 
@@ -113,6 +122,8 @@ class Accumulator:
                 *trailing]``, only with ``keep_queries=True``.
             query_positions: their positions ``[doc, query]`` (-1: none),
                 only with ``keep_queries=True``.
+            pictures: the batch's pictures (at most one per head); each head
+                keeps the one of the smallest document hash seen so far.
         """
         n_docs = weights.shape[0]
         if weights.shape[1] != self.n_bootstrap:
@@ -145,6 +156,7 @@ class Accumulator:
         self.n_tokens += n_tokens
         if rows is not None:
             self.queries = rows if self.queries is None else join_rows([self.queries, rows])
+        self.pictures = pick(self.pictures.values(), pictures)
 
     def _query_rows(
         self, queries: Mapping[str, Tensor] | None, positions: Tensor | None, n_docs: int
@@ -190,6 +202,8 @@ class Accumulator:
         out.n_tokens = self.n_tokens + other.n_tokens
         parts = [rows for rows in (self.queries, other.queries) if rows is not None]
         out.queries = join_rows(parts) if parts else None
+        out.picture_heads = tuple(sorted(set(self.picture_heads) | set(other.picture_heads)))
+        out.pictures = pick(self.pictures.values(), other.pictures.values())
         return out
 
     @property
@@ -237,6 +251,7 @@ class Accumulator:
             "n_tokens": self.n_tokens,
             "stats": {name: {k: t.clone() for k, t in s.arrays().items()} for name, s in self.stats.items()},
             "queries": queries,
+            "pictures": [{**p.metadata(), **{k: t.clone() for k, t in p.arrays().items()}} for p in self.pictures.values()],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -262,6 +277,7 @@ class Accumulator:
         self.n_documents, self.n_tokens = int(state["n_documents"]), int(state["n_tokens"])
         queries = state["queries"]
         self.queries = None if queries is None else (dict(queries["values"]), queries["positions"])
+        self.pictures = pick(SelectionPicture.from_parts(p, p) for p in state.get("pictures", ()))
 
     def reduced(
         self,
@@ -280,7 +296,7 @@ class Accumulator:
             all_reduce: ``all_reduce(tensor, op)`` with op ``"sum"``, ``"min"`` or
                 ``"max"``: the elementwise reduction over processes, a new tensor.
             gather_queries: ``gather(obj)``: the list of every process's object,
-                in rank order (needed only with per-query rows).
+                in rank order (needed only with per-query rows or pictures).
         """
         names = list(self.specs)
         widths = torch.tensor([n for name in names for n in self.stats[name].trailing] or [0], dtype=torch.int64)
@@ -330,6 +346,11 @@ class Accumulator:
                 raise GeometryError("reduced: keep_queries=True needs gather_queries to collect the per-query rows")
             parts = [p for p in gather_queries(self.queries) if p is not None]
             result.queries = interleave_rows(parts) if parts else None
+        if self.picture_heads:  # every process has the same config, so all or none take part
+            if gather_queries is None:
+                raise GeometryError("reduced: picture_heads needs gather_queries to collect the pictures")
+            gathered = gather_queries([{**p.metadata(), **p.arrays()} for p in self.pictures.values()])
+            result.pictures = pick(SelectionPicture.from_parts(p, p) for part in gathered for p in part)
         return result
 
 

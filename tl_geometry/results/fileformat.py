@@ -1,10 +1,12 @@
 """The two files of a result (format 2), and reading those of format 1.
 
 ``<stem>.npz``: ``n_grid``, the statistics ``<field>/<statistic>`` (see
-`tl_geometry.results.storage`), and with per-query rows ``queries/<field>``
-and ``query_positions``; no pickle. ``<stem>.json``: format version, model
+`tl_geometry.results.storage`), with per-query rows ``queries/<field>``
+and ``query_positions``, and with pictures ``pictures/<layer>.<head>/<array>``
+(`tl_geometry.results.pictures`); no pickle. ``<stem>.json``: format version, model
 name, layers, heads, config, versions, documents, tokens, each field's
 declaration, trailing shape and replicates, the names of the per-query rows,
+each picture's scalars and sizes (``pictures``; files without it have none),
 the provenance (model, versions, corpus; see `tl_geometry.results.provenance`),
 and the SHA-256 of the ``.npz``. Both are committed as one unit
 (`tl_geometry.results.files`), and read with every array checked against the
@@ -26,6 +28,8 @@ from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.errors import GeometryError
 from tl_geometry.results import legacy
 from tl_geometry.results.files import Unit, commit_unit, committed_path
+from tl_geometry.results.pictures import ARRAYS as PICTURE_ARRAYS
+from tl_geometry.results.pictures import SelectionPicture
 from tl_geometry.results.storage import (
     MAX_RESULT_BYTES, announced_bytes, read_npz, sha256, stats_arrays, stats_from_arrays,
 )
@@ -33,6 +37,7 @@ from tl_geometry.results.storage import (
 FORMAT_VERSION = 2
 MAX_JSON_BYTES = 64 << 20  # metadata is a few kB; per-query runs add a name per field
 MAX_GRID = 1 << 20  # N values when no field has an N axis to announce their number
+MAX_D_HEAD = 1 << 16  # widest head a picture may announce
 
 
 def paths(path: str | os.PathLike) -> tuple[Path, Path]:
@@ -59,6 +64,8 @@ def stage(unit: Unit, result: Any, path: str | os.PathLike) -> tuple[Path, Path]
     if result.queries is not None:
         arrays.update({f"queries/{name}": t.contiguous().numpy() for name, t in result.queries.items()})
         arrays["query_positions"] = result.query_positions.contiguous().numpy()
+    for p in result.pictures:
+        arrays.update({f"{_picture_prefix(p.layer, p.head)}{name}": t.contiguous().numpy() for name, t in p.arrays().items()})
     unit.write(npz_path, lambda f: np.savez(f, **arrays))
     meta = {
         "format_version": FORMAT_VERSION,
@@ -77,11 +84,16 @@ def stage(unit: Unit, result: Any, path: str | os.PathLike) -> tuple[Path, Path]
         ],
         "queries": None if result.queries is None else list(result.queries),
         "provenance": None if result.provenance is None else dict(result.provenance),
+        "pictures": [{**p.metadata(), "n_keys": p.n_keys, "d_head": int(p.y.shape[-1])} for p in result.pictures],
         "npz_sha256": sha256(unit.staged[npz_path]),
     }
     text = json.dumps(meta, indent=2, sort_keys=True)
     unit.write(json_path, lambda f: f.write(text.encode()))
     return npz_path, json_path
+
+
+def _picture_prefix(layer: int, head: int) -> str:
+    return f"pictures/{layer}.{head}/"
 
 
 def read(path: str | os.PathLike, specs: Mapping[str, FieldSpec] | None) -> dict[str, Any]:
@@ -188,6 +200,15 @@ def array_limits(meta: Mapping[str, Any]) -> dict[str, int]:
         for name in meta["queries"]:  # at most every token of every document is a query
             limits[f"queries/{name}"] = announced_bytes((documents, layers, heads, tokens, *trailing_of[str(name)]))
         limits["query_positions"] = announced_bytes((documents, tokens))
+    for entry in _picture_entries(meta):
+        sizes = {"key": non_negative_int(entry["n_keys"], "pictures[...].n_keys"), "n": grid or MAX_GRID,
+                 "d_head": non_negative_int(entry["d_head"], "pictures[...].d_head")}
+        if sizes["key"] > non_negative_int(meta["n_tokens"], "n_tokens") or sizes["d_head"] > MAX_D_HEAD:
+            raise GeometryError(f"a picture announces {sizes['key']} keys of width {sizes['d_head']}, more than the "
+                                f"{meta['n_tokens']} tokens analysed or {MAX_D_HEAD} wide; the file was altered")
+        prefix = _picture_prefix(entry["layer"], entry["head"])
+        for name, (_, axes) in PICTURE_ARRAYS.items():
+            limits[prefix + name] = announced_bytes(tuple(sizes[a] for a in axes))
     if total > MAX_RESULT_BYTES:
         raise GeometryError(
             f"announces {total} bytes of statistics ({layers} layers x {heads} heads), more than the "
@@ -229,8 +250,27 @@ def _fields(
             raise GeometryError(f"load: {npz_path} has no array(s) {missing}; save the result again")
         rows = {name: torch.from_numpy(arrays[f"queries/{name}"].copy()) for name in meta["queries"]}
         positions = torch.from_numpy(arrays["query_positions"].copy())
+    pictures = []
+    for entry in _picture_entries(meta):
+        prefix = _picture_prefix(entry["layer"], entry["head"])
+        missing = [prefix + name for name in PICTURE_ARRAYS if prefix + name not in arrays]
+        if missing:
+            raise GeometryError(f"load: {npz_path} has no array(s) {missing}; save the result again")
+        tensors = {name: torch.from_numpy(arrays[prefix + name].copy()) for name in PICTURE_ARRAYS}
+        pictures.append(SelectionPicture.from_parts(entry, tensors))
     return {**out, "stats": stats, "n_documents": non_negative_int(meta["n_documents"], "n_documents"),
-            "n_tokens": non_negative_int(meta["n_tokens"], "n_tokens"), "queries": rows, "query_positions": positions}
+            "n_tokens": non_negative_int(meta["n_tokens"], "n_tokens"), "queries": rows, "query_positions": positions,
+            "pictures": tuple(pictures)}
+
+
+def _picture_entries(meta: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The JSON entries of the pictures (none in files written before pictures existed), type-checked."""
+    entries = of_json_type(meta.get("pictures", []), list, "pictures")
+    for entry in entries:
+        of_json_type(entry, dict, "pictures[...]")
+        for key in ("layer", "head", "n_keys", "d_head"):
+            non_negative_int(entry.get(key), f"pictures[...].{key}")
+    return entries
 
 
 def read_stats(

@@ -6,7 +6,8 @@ minimum and maximum for ``documents="moments"`` fields; Poisson-bootstrap
 weighted sums and counts for fields that keep replicates), each
 ``[layer, head_index, *trailing]``. Memory and files do not grow with the
 number of documents; the optional per-query rows (``keep_queries=True``) are
-the one exception. Results over disjoint documents merge exactly
+the one exception (the optional pictures, ``picture_heads``, keep one query
+row per head, however many documents). Results over disjoint documents merge exactly
 (`GeometryResult.merge`): a corpus analysed in one batch, many batches, or
 two halves merged later gives the same result (counts equal, sums up to
 rounding).
@@ -16,7 +17,8 @@ array per statistic, ``<field>/<statistic>`` (``count`` int64, ``total``
 and ``total_sq`` float64, ``total`` float32 for ``documents="mean"``
 fields, ``minimum``, ``maximum`` and the replicate arrays float32), stored
 with size 1 on the layer and/or head axis where constant along it, and, with
-per-query rows, ``queries/<field>`` and ``query_positions``; written with
+per-query rows, ``queries/<field>`` and ``query_positions``, and with
+pictures ``pictures/<layer>.<head>/<array>``; written with
 ``allow_pickle=False``. ``<stem>.json`` holds the field declarations and
 trailing shapes, the config, model name, layers, heads, documents, tokens,
 package versions and the SHA-256 of the ``.npz``. Files of format 1 (0.1:
@@ -49,6 +51,7 @@ from tl_geometry.errors import GeometryError
 from tl_geometry.results import fileformat, provenance
 from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.results.fileformat import FORMAT_VERSION  # noqa: F401 (where 0.1 defined it)
+from tl_geometry.results.pictures import SelectionPicture, pick
 from tl_geometry.results.queries import check_rows, join_rows
 from tl_geometry.results.select import nanquantile, take
 from tl_geometry.results.stats import FieldStats, merge_stats
@@ -93,6 +96,8 @@ class GeometryResult:
             implementation), ``versions`` of every package involved,
             ``corpus`` (files and their SHA-256, windows used and skipped);
             see `tl_geometry.results.provenance`.
+        pictures: one `SelectionPicture` per head of ``config.picture_heads``
+            (sorted by layer and head; ``result.picture(layer, head)``).
 
     Per-layer-head means: ``result.per_head(name)`` or ``result.precision``
     (any field name works as an attribute), ``[layer, head_index, ...]``;
@@ -122,6 +127,7 @@ class GeometryResult:
     queries: Mapping[str, Tensor] | None = None
     query_positions: Int[Tensor, "doc query"] | None = None
     provenance: Mapping[str, Any] | None = None
+    pictures: tuple[SelectionPicture, ...] = ()
 
     def __post_init__(self) -> None:
         shape = (len(self.layers), len(self.heads))
@@ -150,6 +156,41 @@ class GeometryResult:
             if unknown:
                 raise GeometryError(f"queries: {unknown} are not fields of this result {list(self.stats)}")
             check_rows(self.queries, self.query_positions, self.n_documents, shape)
+        self._check_pictures()
+
+    def _check_pictures(self) -> None:
+        if not isinstance(self.pictures, tuple) or not all(isinstance(p, SelectionPicture) for p in self.pictures):
+            raise GeometryError("pictures: expected a tuple of SelectionPicture")
+        keys = [(p.layer, p.head) for p in self.pictures]
+        if keys != sorted(set(keys)):
+            raise GeometryError(f"pictures: expected at most one per head, sorted by layer and head; got {keys}")
+        for p in self.pictures:
+            if p.layer not in self.layers or p.head not in self.heads:
+                raise GeometryError(f"pictures: layer {p.layer}, head {p.head} is not among the analysed layers "
+                                    f"{list(self.layers)} and heads {list(self.heads)}")
+            if not torch.equal(p.n_grid, self.n_grid):
+                raise GeometryError(f"pictures: the picture of layer {p.layer}, head {p.head} has the grid "
+                                    f"{p.n_grid.tolist()}, the result {self.n_grid.tolist()}")
+            if (p.distance, p.ranking) != (self.config.distance, self.config.ranking):
+                raise GeometryError(f"pictures: the picture of layer {p.layer}, head {p.head} was measured with "
+                                    f"{p.distance} / {p.ranking}, the result with {self.config.distance} / "
+                                    f"{self.config.ranking}")
+
+    def picture(self, layer: int, head: int) -> SelectionPicture:
+        """The kept selection picture of one head (draw it with `tl_geometry.report.plots.selection_picture`).
+
+        Raises:
+            GeometryError: the run kept no picture of this head (the message
+                names the option that keeps one).
+        """
+        for p in self.pictures:
+            if (p.layer, p.head) == (layer, head):
+                return p
+        kept = [(p.layer, p.head) for p in self.pictures]
+        raise GeometryError(
+            f"picture: this result keeps no picture of layer {layer}, head {head} (it keeps {kept}); analyse with "
+            f"picture_heads=[({layer}, {head})] (tl-geometry --picture {layer}.{head})"
+        )
 
     # ---- fields and their statistics ----
 
@@ -391,6 +432,7 @@ class GeometryResult:
             queries=rows,
             query_positions=positions,
             provenance=provenance,
+            pictures=tuple(pick(acc.pictures.values()).values()),
         )
 
     def merge(self, *others: "GeometryResult | Sequence[GeometryResult]") -> "GeometryResult":
@@ -399,8 +441,11 @@ class GeometryResult:
         Call as ``GeometryResult.merge(a, b)``, ``GeometryResult.merge([r1,
         r2, ...])`` or ``a.merge(b)``. Exact: counts add, sums add in
         float64, ranges combine; position and lag axes grow to the widest;
-        per-query rows are concatenated along documents. Versions that differ
-        are all recorded (``"2.1, 2.2"``).
+        per-query rows are concatenated along documents; pictures keep, per
+        head, the one of the smallest document hash (so the order of the parts
+        does not matter), and ``config.picture_heads`` becomes the union
+        (the only config field that may differ). Versions that differ are all
+        recorded (``"2.1, 2.2"``).
 
         Raises:
             GeometryError: the results differ in model_name, config, layers,
@@ -412,7 +457,7 @@ class GeometryResult:
         for other in parts[1:]:
             checks = {
                 "model_name": (first.model_name, other.model_name),
-                "config": (first.config, other.config),
+                "config": (replace(first.config, picture_heads=()), replace(other.config, picture_heads=())),
                 "layers": (first.layers, other.layers),
                 "heads": (first.heads, other.heads),
                 "n_grid": (first.n_grid.tolist(), other.n_grid.tolist()),
@@ -440,8 +485,11 @@ class GeometryResult:
         rows, positions = None, None
         if first.queries is not None:
             rows, positions = join_rows([(dict(p.queries), p.query_positions) for p in parts])
+        picture_heads = sorted({pair for p in parts for pair in p.config.picture_heads})
         return replace(
             first,
+            config=replace(first.config, picture_heads=picture_heads),
+            pictures=tuple(pick(*(p.pictures for p in parts)).values()),
             stats=stats,
             n_documents=sum(p.n_documents for p in parts),
             n_tokens=sum(p.n_tokens for p in parts),
@@ -518,6 +566,8 @@ class GeometryResult:
                 return False
             pairs += [(self.query_positions, other.query_positions)]
             pairs += [(t, other.queries[k]) for k, t in self.queries.items()]
+        if len(self.pictures) != len(other.pictures) or not all(a.equals(b) for a, b in zip(self.pictures, other.pictures)):
+            return False
         return all(_same(a, b) for a, b in pairs)
 
 
