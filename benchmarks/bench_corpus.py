@@ -190,9 +190,12 @@ def memory_section(args: argparse.Namespace) -> None:
     ratio = large["rss_peak_mib"] / small["rss_peak_mib"]
     print(f"peak RSS x{ratio:.3f} from {small['windows']} to {large['windows']} windows: "
           f"{'met' if ratio <= 1.1 else 'MISSED'} (target x1.1)")
-    print(f"file size {small['file_mb']:.2f} MB vs {large['file_mb']:.2f} MB: "
-          f"{'same' if abs(large['file_mb'] - small['file_mb']) < 0.01 else 'DIFFERENT'}; "
-          f"{'met' if large['file_mb'] <= 25 else 'MISSED'} (target <= 25 MB)")
+    # Arrays constant along the layer or head axis are stored once (results/storage.py), so the size moves a
+    # little with the content; what must not happen is growth with the number of windows.
+    growth = large["file_mb"] / small["file_mb"]
+    print(f"file size {small['file_mb']:.2f} MB vs {large['file_mb']:.2f} MB (x{growth:.3f}): "
+          f"{'flat' if growth <= 1.01 else 'GROWS'} (within 1 %); {'met' if large['file_mb'] <= 25 else 'MISSED'} "
+          "(target <= 25 MB)")
 
 
 def parallel_section(args: argparse.Namespace) -> None:
