@@ -14,7 +14,6 @@ one row per head however many documents are analysed.
 """
 
 import hashlib
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +23,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_geometry.errors import GeometryError
+from tl_geometry.results.stats import same_values
 
 _TAG = b"tl_geometry.picture/1"
 # Arrays of a picture, by name: (dtype kind, axes over "key", "n", "d_head").
@@ -155,7 +155,7 @@ class SelectionPicture:
         """Exact equality, NaN equal to NaN."""
         if any(getattr(self, s) != getattr(other, s) for s in SCALARS):
             return False
-        return all(_same(getattr(self, name), getattr(other, name)) for name in ARRAYS)
+        return all(same_values(getattr(self, name), getattr(other, name)) for name in ARRAYS)
 
     def arrays(self) -> dict[str, Tensor]:
         """The tensors, by name (``ARRAYS``)."""
@@ -174,15 +174,6 @@ class SelectionPicture:
         if not isinstance(meta["distance"], str) or not isinstance(meta["ranking"], str):
             raise GeometryError(f"picture: distance and ranking must be names, got {meta['distance']!r}, {meta['ranking']!r}")
         return cls(**{name: meta[name] for name in SCALARS}, **{name: arrays[name] for name in ARRAYS})
-
-
-def _same(a: Tensor, b: Tensor) -> bool:
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if not a.is_floating_point():
-        return torch.equal(a, b)
-    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0, math.inf, -math.inf),
-                                                             b.nan_to_num(0.0, math.inf, -math.inf))
 
 
 def pick(*groups: Iterable[SelectionPicture]) -> dict[tuple[int, int], SelectionPicture]:

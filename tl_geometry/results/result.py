@@ -32,7 +32,6 @@ scalars, 200 replicates of Precision, Recall and rho_0) saves about 32 MB,
 """
 
 import importlib.metadata
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
@@ -54,7 +53,7 @@ from tl_geometry.results.fileformat import FORMAT_VERSION  # noqa: F401 (where 0
 from tl_geometry.results.pictures import SelectionPicture, pick
 from tl_geometry.results.queries import check_rows, join_rows
 from tl_geometry.results.select import nanquantile, take
-from tl_geometry.results.stats import FieldStats, merge_stats
+from tl_geometry.results.stats import FieldStats, merge_stats, same_values
 # The selection metrics (every model run measures them), by name.
 REQUIRED_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(SelectionMetrics) if f.name != "n_grid")
 STATS = ("mean", "std", "sem", "count", "min", "max")
@@ -568,16 +567,7 @@ class GeometryResult:
             pairs += [(t, other.queries[k]) for k, t in self.queries.items()]
         if len(self.pictures) != len(other.pictures) or not all(a.equals(b) for a, b in zip(self.pictures, other.pictures)):
             return False
-        return all(_same(a, b) for a, b in pairs)
-
-
-def _same(a: Tensor, b: Tensor) -> bool:
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if not a.is_floating_point():
-        return torch.equal(a, b)
-    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0, math.inf, -math.inf),
-                                                             b.nan_to_num(0.0, math.inf, -math.inf))
+        return all(same_values(a, b) for a, b in pairs)
 
 
 def _flatten(first: Any, others: tuple[Any, ...]) -> list[GeometryResult]:

@@ -248,3 +248,13 @@ def merge_stats(a: FieldStats, b: FieldStats) -> FieldStats:
         else:
             out[statistic] = (t.double() + u.double()).to(t.dtype)
     return FieldStats(spec=a.spec, **out)
+
+
+def same_values(a: Tensor, b: Tensor) -> bool:
+    """Equal dtype, shape and values, NaN equal to NaN (the bitwise sense in which saved results round-trip)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0, math.inf, -math.inf),
+                                                             b.nan_to_num(0.0, math.inf, -math.inf))
