@@ -141,23 +141,13 @@ def test_default_grid_reaches_the_visible_keys(model):
     assert torch.equal(result.precision[..., -1], torch.ones_like(result.precision[..., -1]))
 
 
-def left_padded(rows):
-    width = max(len(r) for r in rows)
-    tokens = torch.full((len(rows), width), tm.PAD_ID, dtype=torch.long)
-    mask = torch.zeros_like(tokens)
-    for i, r in enumerate(rows):
-        tokens[i, width - len(r) :] = r
-        mask[i, width - len(r) :] = 1
-    return tokens, mask
-
-
 @pytest.mark.parametrize("kind", KIND_PARAMS)
 def test_left_padding_with_mask_equals_unpadded(kind):
     # float32: a raw TransformerBridge over Llama in float64 turns fully masked pad rows into NaN
     # that spread to real rows (see test_left_padding_nan_is_reported).
     model = tm.make_model(kind, dtype=torch.float32)
     rows = token_rows(model, TEXTS)
-    tokens, mask = left_padded(rows)
+    tokens, mask = tm.left_padded(rows)
     config = GeometryConfig(query_positions="all", n_grid=[1, 2, 3, 4], keep_queries=True)
     result = run_with_geometry_hooks(model, tokens, attention_mask=mask, config=config)
     assert_metrics_close(per_sequence(result), reference(model, rows, config, result.n_grid))
@@ -168,7 +158,7 @@ def test_left_padding_with_mask_equals_unpadded(kind):
 def test_left_padding_nan_is_reported():
     model = tm.make_model("bridge-llama", dtype=torch.float64)
     rows = token_rows(model, TEXTS)
-    tokens, mask = left_padded(rows)
+    tokens, mask = tm.left_padded(rows)
     config = GeometryConfig(n_grid=[1, 2, 3], keep_queries=True)
     try:
         result = run_with_geometry_hooks(model, tokens, attention_mask=mask, config=config)

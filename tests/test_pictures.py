@@ -117,16 +117,6 @@ def assert_matches(picture: SelectionPicture, ref: dict) -> None:
                                    msg=name)  # fmt: skip
 
 
-def left_padded(rows):
-    width = max(len(r) for r in rows)
-    tokens = torch.full((len(rows), width), tm.PAD_ID, dtype=torch.long)
-    mask = torch.zeros_like(tokens)
-    for i, r in enumerate(rows):
-        tokens[i, width - len(r):] = r
-        mask[i, width - len(r):] = 1
-    return tokens, mask
-
-
 needs_hooked = [pytest.mark.tl3, pytest.mark.skipif(not tm.has_hooked_transformer(), reason="needs transformer-lens 3.x")]
 
 
@@ -137,7 +127,7 @@ def test_picture_equals_the_reference_with_left_padding_and_every_query_analysed
     # float32: a raw bridge over Llama in float64 turns fully masked pad rows into NaN (see test_hooks).
     model = tm.make_model(kind, dtype=torch.float32)
     rows = [tm.with_bos(tm.random_tokens(1, n, seed=n))[0] for n in (7, 12, 9, 10)]
-    tokens, mask = left_padded(rows)
+    tokens, mask = tm.left_padded(rows)
     grid = [1, 2, 3, 5, 8, 11, 40]  # 40: beyond every query's keys (NaN, no member)
     config = GeometryConfig(picture_heads=[(0, 1), (1, 3)], n_grid=grid, query_positions="all")
     result = run_with_geometry_hooks(model, tokens, attention_mask=mask, config=config)

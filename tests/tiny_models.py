@@ -156,6 +156,17 @@ def with_bos(tokens: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.full((tokens.shape[0], 1), BOS_ID, dtype=tokens.dtype), tokens], dim=1)
 
 
+def left_padded(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of different lengths left-padded with PAD into one ``[batch, pos]`` tensor, and its attention mask."""
+    width = max(len(r) for r in rows)
+    tokens = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
+    mask = torch.zeros_like(tokens)
+    for i, r in enumerate(rows):
+        tokens[i, width - len(r) :] = r
+        mask[i, width - len(r) :] = 1
+    return tokens, mask
+
+
 def hook_counts(model: torch.nn.Module) -> dict[str, int]:
     """Number of forward/backward hooks on every submodule (HookPoint or not), by name."""
     counts = {}
