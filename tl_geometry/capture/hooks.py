@@ -189,8 +189,9 @@ class _LayerAnalysis:
                 f"pos >= {p.n_keys}, got {list(pattern.shape)}"
             )
         device = pattern.device
-        real_keys = p.real[:, : p.n_keys, None, None].to(device)
-        values = self.values.pop(layer).masked_fill(~real_keys, 0.0)
+        values = self.values.pop(layer)
+        if p.padded:  # padding keys get zero vectors (the indexing in value_hook made a copy of our own)
+            values.masked_fill_(~p.real[:, : p.n_keys, None, None].to(device), 0.0)
         visible = p.visible(self.windows[layer]).to(device)
         context = SelectionContext(
             pattern,

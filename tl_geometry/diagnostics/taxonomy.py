@@ -69,7 +69,7 @@ def chunk_features(chunk: SelectionChunk) -> dict[str, Tensor]:
     grid = chunk.grid
     sink_in = (chunk.sink_rank().unsqueeze(-1) < grid).unsqueeze(-1)  # [row, n, 1]; never for no sink
     last_in = (chunk.rank[rows, last].unsqueeze(-1) < grid).unsqueeze(-1)
-    total = chunk.prefix[rows, (chunk.n_visible - 1).clamp(min=0)]
+    total = chunk.y_sorted.sum(1)  # hidden keys carry alpha = 0: the sum over the visible keys
     rest = total - y_sink * has_sink.unsqueeze(-1) - y_last * (last != chunk.sink).unsqueeze(-1)
     curves = {
         "s_norm_without_sink": torch.linalg.vector_norm(chunk.s - sink_in * y_sink.unsqueeze(1), dim=-1),

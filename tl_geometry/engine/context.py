@@ -4,7 +4,7 @@ For every analysed (sequence, head, query) row it holds the attention row,
 the GQA-aligned value vectors, the keys the query can see (causal, padding,
 sliding window), the sink (the sequence's first real token when the query
 can see it, else none), and, chunk by chunk, the top-N order under the
-config's ranking with the prefix sums of y_i = alpha_i v_i. The order is
+config's ranking with the sums s(N) of y_i = alpha_i v_i. The order is
 computed once per row here; metrics, bounds and taxonomy features read it,
 and none of them sorts or chunks on its own.
 
@@ -58,8 +58,8 @@ class RowCost:
         return self.key_d * n_keys * d_head + self.n_key * n_grid * n_keys + self.key_key * n_keys * n_keys
 
 
-# The chunk's own tensors: contributions, sorted and prefix-summed (3 x key x d_head), s(N) (n x d_head).
-CORE_COST = RowCost(key_d=3)
+# The chunk's own tensors: its value vectors and y sorted (2 x key x d_head), s(N) (n x d_head).
+CORE_COST = RowCost(key_d=2)
 
 
 @dataclass
@@ -79,7 +79,6 @@ class SelectionChunk:
             hidden keys last, ``[row, key]``.
         rank: the inverse of ``order``: each key's rank, ``[row, key]``.
         y_sorted: y_i = alpha_i v_i in selection order, ``[row, key, d_head]``.
-        prefix: prefix sums of ``y_sorted`` (``prefix[:, p]`` = s(p + 1)), ``[row, key, d_head]``.
         s: s(N) for every N of the grid (clamped to the keys), ``[row, n, d_head]``.
         s_norm: ||s(N)||, ``[row, n]``.
         missing: N exceeds the visible keys (no top-N set), ``[row, n]``.
@@ -100,7 +99,6 @@ class SelectionChunk:
     order: Int[Tensor, "row key"]
     rank: Int[Tensor, "row key"]
     y_sorted: Float[Tensor, "row key d_head"]
-    prefix: Float[Tensor, "row key d_head"]
     s: Float[Tensor, "row n d_head"]
     s_norm: Float[Tensor, "row n"]
     missing: Bool[Tensor, "row n"]
@@ -219,6 +217,11 @@ class SelectionContext:
         self.row_batch = b.repeat_interleave(n_heads)
         self.row_head = heads.repeat(len(b))
         self.row_query = q.repeat_interleave(n_heads)
+        # s(N) by grid segment: rank p belongs to the segment of the smallest N > p (the grid may be unsorted
+        # or repeat values); the segment after the largest N holds the ranks never selected.
+        bounds, self._segment_of_n = torch.unique(self.grid.clamp(max=n_keys), sorted=True, return_inverse=True)
+        self._segment_of_rank = torch.bucketize(torch.arange(n_keys, device=device), bounds - 1)
+        self.n_segments = len(bounds) + 1
 
     @property
     def n_rows(self) -> int:
@@ -246,7 +249,8 @@ class SelectionContext:
     def chunks(self) -> Iterator[SelectionChunk]:
         """The rows in chunks, each sorted once; buffers are reused from one chunk to the next."""
         size = self.chunk_rows()
-        buffers = _Buffers(min(size, self.n_rows), self.n_keys, self.d_head, len(self.grid), self.dtype, self.pattern.device)
+        buffers = _Buffers(min(size, self.n_rows), self.n_keys, self.d_head, len(self.grid), self.n_segments, self.dtype,
+                           self.pattern.device)
         for start in range(0, self.n_rows, size):
             part = slice(start, start + size)
             yield self._chunk(self.row_batch[part], self.row_head[part], self.row_query[part], buffers)
@@ -309,11 +313,13 @@ class SelectionContext:
         order = selection_order(alpha, values, visible, self.ranking)  # type: ignore[arg-type]
         keys = torch.arange(n_keys, device=order.device)
         rank = torch.empty_like(order).scatter_(1, order, keys.expand_as(order))
-        y = torch.mul(alpha.unsqueeze(-1), values, out=buffers.y[:n_rows])
-        y_sorted = torch.gather(y, 1, order.unsqueeze(-1).expand_as(y), out=buffers.y_sorted[:n_rows])
-        prefix = torch.cumsum(y_sorted, dim=1, out=buffers.prefix[:n_rows])
-        # s(N) is the prefix sum up to rank N - 1; N beyond the keys is marked missing.
-        s = torch.index_select(prefix, 1, self.grid.clamp(max=n_keys) - 1, out=buffers.s[:n_rows])
+        # Indexing reads the sorted vectors several times faster than torch.gather with an expanded index.
+        rows = torch.arange(n_rows, device=order.device).unsqueeze(-1)
+        y_sorted = torch.mul(alpha.gather(1, order).unsqueeze(-1), values[rows, order], out=buffers.y_sorted[:n_rows])
+        # s(N): the sums over the ranks between consecutive grid values (one pass over the keys, where a
+        # prefix sum over the key axis took three times as long), accumulated; N beyond the keys is missing.
+        segments = buffers.segments[:n_rows].zero_().index_add_(1, self._segment_of_rank, y_sorted)
+        s = torch.index_select(segments.cumsum(1), 1, self._segment_of_n, out=buffers.s[:n_rows])
         n_visible = visible.sum(-1)
         last_key = (visible.long() * (keys + 1)).argmax(-1)
         return SelectionChunk(
@@ -329,7 +335,6 @@ class SelectionContext:
             order=order,
             rank=rank,
             y_sorted=y_sorted,
-            prefix=prefix,
             s=s,
             s_norm=torch.linalg.vector_norm(s, dim=-1),
             missing=self.grid.unsqueeze(0) > n_visible.unsqueeze(-1),
@@ -348,11 +353,12 @@ class _Buffers:
     their own reused planes through `SelectionChunk.scratch`.
     """
 
-    def __init__(self, rows: int, n_keys: int, d_head: int, n: int, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self, rows: int, n_keys: int, d_head: int, n: int, n_segments: int, dtype: torch.dtype, device: torch.device
+    ):
         self.rows, self.dtype, self.device = rows, dtype, device
-        self.y = torch.empty((rows, n_keys, d_head), dtype=dtype, device=device)
-        self.y_sorted = torch.empty_like(self.y)
-        self.prefix = torch.empty_like(self.y)
+        self.y_sorted = torch.empty((rows, n_keys, d_head), dtype=dtype, device=device)
+        self.segments = torch.empty((rows, n_segments, d_head), dtype=dtype, device=device)
         self.s = torch.empty((rows, n, d_head), dtype=dtype, device=device)
         self.extra: dict[str, Tensor] = {}
 
