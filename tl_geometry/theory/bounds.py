@@ -76,6 +76,7 @@ from torch import Tensor
 
 from tl_geometry.engine.context import RowCost, SelectionChunk, rows_context
 from tl_geometry.engine.inputs import NGridLike, as_rows, resolve_n_grid
+from tl_geometry.engine.metrics import DEFAULT_MEMORY_BUDGET_MIB
 from tl_geometry.errors import GeometryError
 from tl_geometry.theory.synthetic import AttentionProfile, attention_profile
 
@@ -85,8 +86,6 @@ from tl_geometry.theory.synthetic import AttentionProfile, attention_profile
 # least 99% of simulated (row, N) cells in every setting and seed, and under every Monte
 # Carlo mean.
 DEFAULT_KAPPA = 1000.0
-
-DEFAULT_MEMORY_BUDGET_MIB = 128
 
 
 @dataclass(frozen=True)
