@@ -1,6 +1,7 @@
 """``tl-geometry intervene`` on the real default model, at a tiny size."""
 
 import json
+import math
 
 import pytest
 
@@ -13,17 +14,41 @@ pytestmark = [pytest.mark.slow, pytest.mark.model]
 def test_intervene_writes_the_sweep_n_star_and_the_page(tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["intervene", "--windows", "2", "--context", "12", "--n-grid", "1,4", "--controls", "1",
-                 "--scope", "layer", "--layers", "0,1", "--n-star", "--taus", "0.05", "--bootstrap", "4",
+                 "--scope", "layer", "--layers", "0,1,2", "--n-star", "--taus", "0.05", "--bootstrap", "4",
                  "--quiet", "--out", str(out)])
     assert code == 0
     sweep = InterventionResult.load(out / "sweep")
-    assert sweep.layers == (0, 1) and sweep.n_grid.tolist() == [1, 4] and sweep.n_documents == 2
+    assert sweep.layers == (0, 1, 2) and sweep.n_grid.tolist() == [1, 4] and sweep.n_documents == 2
     n_star = json.loads((out / "n_star.json").read_text())
-    assert n_star["layers"] == [0, 1] and len(n_star["taus"]["0.05"]["n_star"]) == 2
+    assert n_star["layers"] == [0, 1, 2] and len(n_star["taus"]["0.05"]["n_star"]) == 3
+    correlation = json.loads((out / "correlation.json").read_text())
+    assert correlation["n_grid"] == [1, 4] and correlation["units"] == [[0, -1], [1, -1], [2, -1]]
+    # The saved dNLL is the sweep's, and each saved rho is the Spearman of the saved columns.
+    saved = [value for row in correlation["dnll"] for value in row]
+    assert saved == pytest.approx(sweep.dnll("renormalise").reshape(-1).tolist(), rel=1e-6)
+    for column, rho in enumerate(correlation["spearman"]):
+        want = reference_spearman([row[column] for row in correlation["geometry"]],
+                                  [row[column] for row in correlation["dnll"]])
+        assert (math.isnan(want) and math.isnan(rho)) or rho == pytest.approx(want, abs=1e-6)
     page = (out / "interventions.html").read_text()
     for key in ("interventions-dnll", "interventions-nstar", "interventions-geometry"):
         assert f'id="section-{key}"' in page
-    assert "relative dNLL (renormalise)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "relative dNLL (renormalise)" in printed and "correlation.json" in printed
+
+
+def reference_spearman(xs: list[float], ys: list[float]) -> float:
+    """Pearson correlation of average ranks over the pairs with no NaN (NaN when a side is constant)."""
+    pairs = [(x, y) for x, y in zip(xs, ys) if not (math.isnan(x) or math.isnan(y))]
+
+    def ranks(values: list[float]) -> list[float]:
+        return [sum(v < w for v in values) + (sum(v == w for v in values) + 1) / 2 for w in values]
+
+    rx, ry = ranks([x for x, _ in pairs]), ranks([y for _, y in pairs])
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+    return cov / var if var > 0 else math.nan
 
 
 def test_intervene_refuses_every_n(tmp_path, capsys):

@@ -267,7 +267,8 @@ def _add_intervene_parser(commands, run: argparse.ArgumentParser) -> None:
         help="top-N interventions: how many keys the model, each layer or head needs",
         description="Keep only the top-N keys of every attention row (delete or renormalise) and measure the change "
         "in next-token NLL with random-ranking controls; optionally search N*_tau and correlate the geometry with "
-        "dNLL. Writes OUT/sweep.npz + .json, OUT/interventions.html and, with --n-star, OUT/n_star.json.",
+        "dNLL. Writes OUT/sweep.npz + .json, OUT/interventions.html, with --n-star OUT/n_star.json, and with a "
+        "layer or head scope OUT/correlation.json (Spearman of F_N against dNLL across the units, by N).",
     )
     intervene.add_argument("--modes", default="renormalise,delete", help="renormalise and/or delete (default: both)")
     intervene.add_argument("--scope", default="model", choices=["model", "layer", "head"], help="default: model")
@@ -326,6 +327,12 @@ def _intervene(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.scope != "model":
         correlation = geometry_vs_dnll(geometry, sweep, mode=modes[0])
+        write_text(args.out / "correlation.json", json.dumps({
+            "field": correlation.field, "mode": correlation.mode, "n_grid": correlation.n_grid.tolist(),
+            "spearman": correlation.rho.tolist(), "low": correlation.low.tolist(), "high": correlation.high.tolist(),
+            "units": [list(unit) for unit in correlation.units],
+            "geometry": correlation.x.tolist(), "dnll": correlation.y.tolist(),
+        }, indent=2))
     tau = 0.05 if n_star is None or 0.05 in n_star.taus else n_star.taus[0]
     figures = intervention_figures(sweep, n_star, correlation, tau=tau)
     page = render_html(geometry, {"interventions": sweep.describe().splitlines()[0]}, extra_figures=figures)
@@ -336,7 +343,9 @@ def _intervene(args: argparse.Namespace) -> int:
             f"N={n}: {v:.4f}" for n, v in zip(sweep.n_grid.tolist(), sweep.relative(mode)[0, 0].tolist())))
     if n_star is not None:
         print("N*_tau, first unit: " + ", ".join(f"{tau:g}: {n_star.n_star[t, 0, 0].item():g}" for t, tau in enumerate(n_star.taus)))
-    print(f"wrote {args.out / 'sweep.npz'}, {args.out / 'interventions.html'}")
+    written = [args.out / "sweep.npz", args.out / "interventions.html"]
+    written += [args.out / name for name, made in (("n_star.json", n_star), ("correlation.json", correlation)) if made]
+    print("wrote " + ", ".join(str(path) for path in written))
     return EXIT_OK
 
 
