@@ -1,5 +1,7 @@
 """run_with_geometry_hooks on tiny random models of every kind, against the slow run_with_cache way."""
 
+import functools
+
 import pytest
 import torch
 
@@ -207,6 +209,22 @@ def test_one_forward_pass_and_no_run_with_cache(model, monkeypatch):
     finally:
         handle.remove()
     assert calls == [1]
+
+
+def test_hook_names_do_not_format_the_runs_tensors(model, monkeypatch):
+    """TransformerLens names each hook after repr(hook.func); the state's repr must not format tokens or grids."""
+    from transformer_lens.hook_points import HookPoint
+
+    names = []
+    add_hook = HookPoint.add_hook
+
+    def recording(self, hook, *args, **kwargs):
+        names.append(repr(hook.func) if isinstance(hook, functools.partial) else repr(hook))
+        return add_hook(self, hook, *args, **kwargs)
+
+    monkeypatch.setattr(HookPoint, "add_hook", recording)
+    run_with_geometry_hooks(model, ["a long enough text to have many token ids in its prepared tensor " * 4])
+    assert names and all("tensor(" not in name and len(name) < 200 for name in names), max(names, key=len)[:300]
 
 
 def test_model_left_exactly_as_it_was(model):

@@ -147,7 +147,9 @@ class _Reduction:
         }
 
 
-@dataclass
+# repr=False: TransformerLens names every hook after repr(hook.func), and a dataclass repr of this state
+# formats its tensors, which cost about 55 ms per pass on SmolLM2 (2 % of a 1024-token pass).
+@dataclass(repr=False)
 class _LayerAnalysis:
     """State shared by the hooks of one pass; the layer is bound per hook with functools.partial."""
 
