@@ -148,7 +148,7 @@ class _Reduction:
 
 
 # repr=False: TransformerLens names every hook after repr(hook.func), and a dataclass repr of this state
-# formats its tensors, which cost about 55 ms per pass on SmolLM2 (2 % of a 1024-token pass).
+# formats its tensors, which cost about 25 ms per pass on SmolLM2 (1 % of a 1024-token pass).
 @dataclass(repr=False)
 class _LayerAnalysis:
     """State shared by the hooks of one pass; the layer is bound per hook with functools.partial."""
