@@ -26,6 +26,7 @@ def test_intervene_writes_the_sweep_n_star_and_the_page(tmp_path, capsys):
     # The saved dNLL is the sweep's, and each saved rho is the Spearman of the saved columns.
     saved = [value for row in correlation["dnll"] for value in row]
     assert saved == pytest.approx(sweep.dnll("renormalise").reshape(-1).tolist(), rel=1e-6)
+    assert all(0 <= value <= 1 for row in correlation["geometry"] for value in row)  # F_N, a layer's mean over heads
     for column, rho in enumerate(correlation["spearman"]):
         want = reference_spearman([row[column] for row in correlation["geometry"]],
                                   [row[column] for row in correlation["dnll"]])
