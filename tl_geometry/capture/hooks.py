@@ -29,6 +29,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
+from tl_geometry.capture.query_sample import offsets_from_first, sample_queries
 from tl_geometry.capture.tokens import HookableModel, PreparedTokens, TokensLike, prepare_tokens
 from tl_geometry.capture.windows import attention_windows
 from tl_geometry.config import GeometryConfig, make_config
@@ -38,6 +39,7 @@ from tl_geometry.engine.context import SelectionChunk, SelectionContext
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.results.bootstrap import document_weights
+from tl_geometry.results.bootstrap import query_weights as query_weights_of
 from tl_geometry.results.pictures import SelectionPicture, document_hash
 from tl_geometry.results.result import GeometryResult
 
@@ -116,9 +118,14 @@ class _Reduction:
     n_heads: int
     n_queries: int
     keep_queries: bool
+    # Two-stage bootstrap of the fields in `resampled`: each query row's Poisson weights, [batch, query, replicate].
+    query_weights: Tensor | None = None
+    resampled: frozenset[str] = frozenset()
     sums: dict[str, Tensor] = field(default_factory=dict)
     counts: dict[str, Tensor] = field(default_factory=dict)
     rows: dict[str, Tensor] = field(default_factory=dict)
+    replicate_sums: dict[str, Tensor] = field(default_factory=dict)
+    replicate_counts: dict[str, Tensor] = field(default_factory=dict)
 
     def add(self, name: str, values: Tensor, batch: Tensor, head: Tensor, query: Tensor) -> None:
         """Add per-row values ``[row, *trailing]`` of rows (batch, head, query)."""
@@ -136,6 +143,23 @@ class _Reduction:
         self.counts[name].index_add_(0, slot, defined.to(values.dtype))
         if self.keep_queries:
             self.rows[name][batch, head, query] = values
+        if name in self.resampled and self.query_weights is not None:
+            u = self.query_weights[batch, query].to(values.dtype).T  # [replicate, row]
+            u = u.reshape(*u.shape, *([1] * (values.ndim - 1)))
+            if name not in self.replicate_sums:
+                shape = (u.shape[0], self.n_batch * self.n_heads, *values.shape[1:])
+                self.replicate_sums[name] = values.new_zeros(shape)
+                self.replicate_counts[name] = values.new_zeros(shape)
+            self.replicate_sums[name].index_add_(1, slot, u * values.nan_to_num(nan=0.0).unsqueeze(0))
+            self.replicate_counts[name].index_add_(1, slot, u * defined.to(values.dtype).unsqueeze(0))
+
+    def replicate_means(self) -> dict[str, Tensor]:
+        """The query-resampled means of the ``resampled`` fields per replicate, ``[batch, replicate, head_index, *trailing]``."""
+        out = {}
+        for name, total in self.replicate_sums.items():
+            mean = (total / self.replicate_counts[name]).masked_fill(self.replicate_counts[name] == 0, math.nan)
+            out[name] = mean.reshape(mean.shape[0], self.n_batch, self.n_heads, *mean.shape[2:]).transpose(0, 1)
+        return out
 
     def means(self) -> dict[str, Tensor]:
         """Each field's nanmean over the analysed queries of each sequence, ``[batch, head_index, *trailing]``."""
@@ -167,6 +191,13 @@ class _LayerAnalysis:
     queries: dict[int, dict[str, Tensor]] = field(default_factory=dict)
     picture_document: tuple[int, int] | None = None  # (batch index, document hash) of the pictured document
     pictures: list[SelectionPicture] = field(default_factory=list)
+    # The taxonomy's own query rows (None: it reads the analysed queries) and the diagnostics run on them.
+    sample: PreparedTokens | None = None
+    sampled: tuple[Diagnostic, ...] = ()
+    # Per-row Poisson weights [batch, query, replicate] of the rows the resampled fields are measured on.
+    query_weights: Tensor | None = None
+    resampled: frozenset[str] = frozenset()
+    replicates: dict[int, dict[str, Tensor]] = field(default_factory=dict)
 
     def value_hook(self, v: Float[Tensor, "batch pos kv_head d_head"], *, hook: Any, layer: int) -> None:
         """Keep the analysed heads' value states (GQA-aligned) of the keys the queries can see."""
@@ -194,41 +225,68 @@ class _LayerAnalysis:
         values = self.values.pop(layer)
         if p.padded:  # padding keys get zero vectors (the indexing in value_hook made a copy of our own)
             values.masked_fill_(~p.real[:, : p.n_keys, None, None].to(device), 0.0)
-        visible = p.visible(self.windows[layer]).to(device)
-        context = SelectionContext(
+        settings = {d.name: self.config.settings_for(d.name) for d in self.diagnostics}
+        on_sample = self.sample is not None
+        main = tuple(d for d in self.diagnostics if not (on_sample and d in self.sampled))
+        context = self._context(pattern, values, p, layer)
+        reduction = self._reduce(context, main, settings, None if on_sample else self.query_weights, layer)
+        out = reduction.means()
+        replicates = reduction.replicate_means()
+        if on_sample:
+            sample = self._context(pattern, values[:, : self.sample.n_keys], self.sample, layer)
+            sampled = self._reduce(sample, self.sampled, settings, self.query_weights, None)
+            out.update(sampled.means())
+            replicates.update(sampled.replicate_means())
+        for diagnostic in self.diagnostics:
+            out.update(diagnostic.sequences(context, settings[diagnostic.name]))
+        self.out[layer] = out
+        self.replicates[layer] = replicates
+        if self.config.keep_queries:
+            self.queries[layer] = reduction.rows
+
+    def _context(self, pattern: Tensor, values: Tensor, prepared: PreparedTokens, layer: int) -> SelectionContext:
+        """The selection context of ``prepared``'s query rows in this layer."""
+        device = pattern.device
+        visible = prepared.visible(self.windows[layer]).to(device)
+        return SelectionContext(
             pattern,
             values,
             visible,
-            p.sink(visible).to(device),
-            p.query_valid.to(device),
+            prepared.sink(visible).to(device),
+            prepared.query_valid.to(device),
             self.grid,
             ranking=self.config.ranking,  # type: ignore[arg-type]
             distance=self.config.distance,  # type: ignore[arg-type]
             memory_budget_mib=self.config.memory_budget_mib,
             costs=[d.cost for d in self.diagnostics],
-            query_index=p.query_index.to(device),
-            real=p.real[:, : p.n_keys].to(device),
+            query_index=prepared.query_index.to(device),
+            real=prepared.real[:, : prepared.n_keys].to(device),
             kv_heads=self.kv_heads.to(device),
             heads=self.heads.to(device),
             label=pattern_hook(layer),
         )
+
+    def _reduce(
+        self,
+        context: SelectionContext,
+        diagnostics: Sequence[Diagnostic],
+        settings: dict[str, Any],
+        query_weights: Tensor | None,
+        picture_layer: int | None,
+    ) -> "_Reduction":
+        """Run the diagnostics' per-row computations on every chunk of the context, reduced per sequence."""
         n_batch, n_heads, n_queries, _ = context.shape
-        reduction = _Reduction(n_batch, n_heads, n_queries, self.config.keep_queries)
-        settings = {d.name: self.config.settings_for(d.name) for d in self.diagnostics}
-        pictured = self._pictured_heads(layer, device)
+        weights = None if query_weights is None else query_weights.to(context.pattern.device)
+        reduction = _Reduction(n_batch, n_heads, n_queries, self.config.keep_queries, weights, self.resampled)
+        pictured = None if picture_layer is None else self._pictured_heads(picture_layer, context.pattern.device)
         for chunk in context.chunks():
-            for diagnostic in self.diagnostics:
+            for diagnostic in diagnostics:
                 rows = diagnostic.rows(chunk, settings[diagnostic.name])
                 for name, t in rows.items():
                     reduction.add(name, t, chunk.batch, chunk.head, chunk.query)
                 if pictured is not None and diagnostic.name == "selection":
-                    self._keep_pictures(layer, context, chunk, rows, pictured)
-        out = reduction.means()
-        for diagnostic in self.diagnostics:
-            out.update(diagnostic.sequences(context, settings[diagnostic.name]))
-        self.out[layer] = out
-        if self.config.keep_queries:
-            self.queries[layer] = reduction.rows
+                    self._keep_pictures(picture_layer, context, chunk, rows, pictured)
+        return reduction
 
     def _pictured_heads(self, layer: int, device: torch.device) -> Tensor | None:
         """Slots (on the analysed-head axis) of this layer's picture heads, or None."""
@@ -284,6 +342,21 @@ def analyse_prepared(
     """One forward pass with the geometry hooks on prepared tokens; its documents are added to ``accumulator``."""
     layers, heads, n_heads, n_kv = _model_shape(model, config)
     heads_t = torch.tensor(heads, dtype=torch.long)
+    diagnostics = active_diagnostics(config)
+    documents = prepared.documents()
+    sampled = tuple(d for d in diagnostics if d.name == "taxonomy" and config.settings_for(d.name).queries == "sample")
+    sample = None
+    if sampled:
+        taxonomy = config.settings_for("taxonomy")
+        sample = sample_queries(prepared, taxonomy.n_queries, taxonomy.seed)
+    resampled = frozenset(
+        spec.name for d in diagnostics for spec in d.fields
+        if spec.resample_queries and spec.name in accumulator.replicate_fields
+    )  # fmt: skip
+    query_weights = None
+    if resampled:
+        rows = offsets_from_first(sample if sample is not None else prepared)
+        query_weights = query_weights_of([d.cpu() for d in documents], rows, config.n_bootstrap, config.seed)
     state = _LayerAnalysis(
         prepared=prepared,
         config=config,
@@ -293,8 +366,12 @@ def analyse_prepared(
         n_heads=n_heads,
         n_kv=n_kv,
         windows=attention_windows(model),
-        diagnostics=active_diagnostics(config),
+        diagnostics=diagnostics,
         picture_document=_pictured_document(prepared) if config.picture_heads else None,
+        sample=sample,
+        sampled=sampled,
+        query_weights=query_weights,
+        resampled=resampled,
     )
     fwd_hooks: list[tuple[str, Callable[..., None]]] = []
     for layer in layers:
@@ -326,15 +403,18 @@ def analyse_prepared(
             name: torch.stack([state.queries[layer][name] for layer in layers], dim=1).cpu()
             for name in state.queries[layers[0]]
         }
-    documents = prepared.documents()
     weights = document_weights([d.cpu() for d in documents], config.n_bootstrap, config.seed)
+    within = {
+        name: torch.stack([state.replicates[layer][name] for layer in layers], dim=2).cpu() for name in resampled
+    }  # [doc, replicate, layer, head_index, *trailing]
     accumulator.add(
         values,
         weights,
         n_tokens=sum(len(d) for d in documents),
         queries=queries,
-        query_positions=_query_positions(prepared) if queries is not None else None,
+        query_positions=offsets_from_first(prepared) if queries is not None else None,
         pictures=state.pictures,
+        resampled=within,
     )
 
 
@@ -345,12 +425,6 @@ def _pictured_document(prepared: PreparedTokens) -> tuple[int, int] | None:
         return None
     document, batch = min(hashes)
     return batch, document
-
-
-def _query_positions(prepared: PreparedTokens) -> Int[Tensor, "batch query"]:
-    """Each analysed query's position counted from its sequence's first real token; -1 where there is none."""
-    first = prepared.real.int().argmax(-1, keepdim=True)
-    return (prepared.query_index - first).masked_fill(~prepared.query_valid, -1).cpu()
 
 
 def most_visible_keys(model: HookableModel, prepared: Sequence[PreparedTokens], config: GeometryConfig) -> int:

@@ -54,6 +54,10 @@ class FieldSpec:
         bootstrap: keep Poisson-bootstrap replicates by default, so that
             ``result.ci(name)`` works (other fields only when asked for in
             ``GeometryConfig.bootstrap_fields``).
+        resample_queries: the replicates also resample the query rows within
+            each document (a two-stage bootstrap: a Poisson weight per
+            document, then one per query row), so that a field measured on
+            many queries per document gets the spread of both.
     """
 
     name: str
@@ -62,6 +66,7 @@ class FieldSpec:
     queries: str = "mean"
     documents: str = "moments"
     bootstrap: bool = False
+    resample_queries: bool = False
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -72,6 +77,10 @@ class FieldSpec:
         if self.queries not in get_args(QueryReduction):
             raise GeometryError(
                 f"FieldSpec {self.name!r}: queries={self.queries!r} is not one of {get_args(QueryReduction)}"
+            )
+        if self.resample_queries and self.queries != "mean":
+            raise GeometryError(
+                f"FieldSpec {self.name!r}: resample_queries needs per-query rows (queries='mean'), got {self.queries!r}"
             )
         if self.documents not in get_args(DocumentReduction):
             raise GeometryError(

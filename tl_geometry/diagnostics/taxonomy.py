@@ -19,13 +19,38 @@ ranking, ties by increasing key index). Per row:
 - for Figure 10, ||y_i|| and cos(v_i, v_L) by key position (counted from the
   sink) for the last analysed query of each sequence, NaN at keys it does not see.
 
+The role features (read by `tl_geometry.analysis.taxonomy`), per row, with
+o = sum of y_i over the visible keys (the head's output before W_O):
+
+- composition: the shares of the sink, of the query's own token and of the
+  rest in o, as projections <y_k, o> / ||o||^2 (they sum to 1; a part that
+  points against o has a negative share), and the leave-one-out norms
+  ||o - y_sink|| / ||o|| and ||o - y_L|| / ||o|| (Figure 7 at N = all keys);
+- concentration of the rest (visible keys other than the sink and the query's
+  own): p_i = alpha_i / (their total weight); the effective number of keys
+  exp(-sum p_i log p_i), and as a share of the rest's keys; the top rest key's
+  share p_max, its lag L - i (1 for the previous token), the indicator that
+  this lag is 1, and a one-hot of the lag (averaged: the distribution of the
+  top rest key's lag);
+- alignment over chance: cos(s(N), v) - c(N) for v = v_sink and v = v_L,
+  where c(N) = E<S, v> / (sqrt(E||S||^2) ||v||) and S is the sum of y_i over
+  a uniformly random N-subset of the visible keys (the same weights, a random
+  set). Both expectations are exact for sampling without replacement:
+  E<S, v> = (N/n) <o, v> and E||S||^2 = (N/n) sum ||y_i||^2 + N(N-1)/(n(n-1))
+  (||o||^2 - sum ||y_i||^2), n the visible keys. The row's mean excess over
+  the grid's N with 1 <= N < n (at N = n both sums are o and the excess is 0
+  by construction), and its shift: the least-squares slope of the excess
+  against ln N over the same N, the point where the top-N set is the sink
+  alone left out (as for the ``_mixed`` cosines).
+
 Rows that see a single key (sink and last token coincide) carry no
 information about the regime and are NaN. Where a query cannot see the sink
 (a sliding window that has moved past it), every sink quantity is NaN.
 """
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
 import einops
 import torch
@@ -35,6 +60,10 @@ from torch import Tensor
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.registry import Diagnostic
 from tl_geometry.engine.context import COSINE_EPS, SelectionChunk, SelectionContext, rows_context
+from tl_geometry.errors import GeometryError
+
+# Query positions sampled per sequence for the role features (docs: how to read a head, the stability figure).
+DEFAULT_QUERY_SAMPLE = 16
 
 CURVE_FEATURES = ("s_norm_without_sink", "s_norm_without_last", "cos_s_sink", "cos_s_last", "cos_s_sink_mixed", "cos_s_last_mixed")
 SCALAR_FEATURES = (
@@ -45,8 +74,16 @@ SCALAR_FEATURES = (
     "taxonomy_attention_last",
 )
 POSITION_FEATURES = ("contribution_by_position", "cos_last_by_position")
+# What the role rules read: one value per row, kept with two-stage bootstrap replicates (documents, then
+# the query rows within each document), so that every head gets role probabilities.
+ROLE_FEATURES = (
+    "share_sink", "share_self", "share_rest", "rest_effective_share", "top_rest_share", "previous_token",
+    "align_sink_excess", "align_self_excess", "shift_sink", "shift_self",
+)  # fmt: skip
+ROLE_EXTRAS = ("loo_sink", "loo_self", "rest_effective_keys", "top_rest_lag_share")
+ROLE_CURVES = ("excess_cos_sink", "excess_cos_self")
 # Every name the taxonomy diagnostic declares; classify_heads checks a result for these.
-TAXONOMY_FEATURES = CURVE_FEATURES + SCALAR_FEATURES + POSITION_FEATURES
+TAXONOMY_FEATURES = CURVE_FEATURES + SCALAR_FEATURES + POSITION_FEATURES + ROLE_FEATURES + ROLE_EXTRAS + ROLE_CURVES
 
 
 def _cosine(a: Float[Tensor, "*#batch d"], b: Float[Tensor, "*#batch d"]) -> Float[Tensor, "*#batch"]:
@@ -94,7 +131,84 @@ def chunk_features(chunk: SelectionChunk) -> dict[str, Tensor]:
         "taxonomy_attention_last": chunk.alpha[rows, last],
     }
     out.update({name: t.masked_fill(single, math.nan) for name, t in scalars.items()})
+    out.update(role_features(chunk, y_sink, y_last, total))
     return out
+
+
+def _slope(y: Float[Tensor, "row n"], x: Float[Tensor, " n"], use: Bool[Tensor, "row n"]) -> Float[Tensor, " row"]:
+    """Least-squares slope of y against x over the points in ``use`` (NaN with fewer than two distinct x)."""
+    w = use.to(y.dtype)
+    count = w.sum(-1)
+    x_mean = (w * x).sum(-1) / count
+    y_mean = (w * y.nan_to_num(0.0)).sum(-1) / count
+    dx = (x - x_mean.unsqueeze(-1)) * w
+    spread = (dx * dx).sum(-1)
+    slope = (dx * (y.nan_to_num(0.0) - y_mean.unsqueeze(-1))).sum(-1) / spread
+    return slope.masked_fill(spread <= 0, math.nan)
+
+
+def role_features(chunk: SelectionChunk, y_sink: Tensor, y_last: Tensor, total: Tensor) -> dict[str, Tensor]:
+    """Composition, concentration of the rest and alignment over chance of every row (module docstring)."""
+    rows = torch.arange(chunk.n_rows, device=chunk.alpha.device)
+    sink, last, has_sink = chunk.sink.clamp(min=0), chunk.last_key, chunk.has_sink
+    o_sq = (total * total).sum(-1)
+    defined = o_sq > 0
+    o_norm = o_sq.sqrt()
+    share_sink = ((y_sink * total).sum(-1) / o_sq).masked_fill(~has_sink, math.nan)
+    share_self = (y_last * total).sum(-1) / o_sq
+    rest = total - y_sink * has_sink.unsqueeze(-1) - y_last
+    out = {
+        "share_sink": share_sink,
+        "share_self": share_self,
+        "share_rest": (rest * total).sum(-1) / o_sq,
+        "loo_sink": (torch.linalg.vector_norm(total - y_sink, dim=-1) / o_norm).masked_fill(~has_sink, math.nan),
+        "loo_self": torch.linalg.vector_norm(total - y_last, dim=-1) / o_norm,
+    }
+    out = {name: t.masked_fill(~defined, math.nan) for name, t in out.items()}
+    # The rest: visible keys other than the sink and the query's own.
+    keys = torch.arange(chunk.alpha.shape[-1], device=rows.device)
+    is_rest = chunk.visible & (keys != last.unsqueeze(-1)) & ~((keys == sink.unsqueeze(-1)) & has_sink.unsqueeze(-1))
+    alpha_rest = chunk.alpha.masked_fill(~is_rest, 0.0)
+    mass = alpha_rest.sum(-1, keepdim=True)
+    p = alpha_rest / mass
+    entropy = -torch.special.xlogy(p, p).sum(-1)
+    n_rest = is_rest.sum(-1).to(p.dtype)
+    has_rest = mass.squeeze(-1) > 0
+    top = alpha_rest.masked_fill(~is_rest, -1.0).argmax(-1)  # ties: the smallest key index
+    lag = (last - top).masked_fill(~has_rest, 0)
+    out["rest_effective_keys"] = entropy.exp()
+    out["rest_effective_share"] = entropy.exp() / n_rest
+    out["top_rest_share"] = p[rows, top]
+    out["previous_token"] = (lag == 1).to(p.dtype)
+    out["top_rest_lag_share"] = torch.nn.functional.one_hot(lag, chunk.alpha.shape[-1]).to(p.dtype)
+    for name in ("rest_effective_keys", "rest_effective_share", "top_rest_share", "previous_token", "top_rest_lag_share"):
+        undefined = ~has_rest if out[name].ndim == 1 else ~has_rest.unsqueeze(-1)
+        out[name] = out[name].masked_fill(undefined, math.nan)
+    # Alignment over chance: exact expectations over uniformly random N-subsets of the visible keys.
+    n = chunk.n_visible.to(p.dtype).unsqueeze(-1)
+    size = chunk.grid.to(p.dtype).clamp(max=n)  # [row, n]
+    y_sq = (chunk.y_sorted * chunk.y_sorted).sum((-1, -2)).unsqueeze(-1)
+    pairs = size * (size - 1) / (n * (n - 1)).clamp(min=1)
+    expected_sq = size / n * y_sq + pairs * (o_sq.unsqueeze(-1) - y_sq)
+    single = chunk.n_visible < 2
+    usable = ~chunk.missing & (chunk.grid < chunk.n_visible.unsqueeze(-1)) & ~single.unsqueeze(-1)
+    sink_alone = (chunk.sink_rank() == 0).unsqueeze(-1) & (chunk.grid == 1)
+    log_n = chunk.grid.to(p.dtype).log()
+    for part, key in (("sink", sink), ("self", last)):
+        v = chunk.values[rows, key]
+        chance = size / n * (total * v).sum(-1, keepdim=True) / (
+            expected_sq.clamp(min=0).sqrt() * torch.linalg.vector_norm(v, dim=-1, keepdim=True) + COSINE_EPS
+        )
+        excess = _cosine(chunk.s, v.unsqueeze(1)) - chance
+        curve = excess.masked_fill(chunk.missing | single.unsqueeze(-1), math.nan)
+        mean = torch.where(usable, excess, 0.0).sum(-1) / usable.sum(-1)
+        slope = _slope(excess, log_n, usable & ~sink_alone)
+        if part == "sink":
+            curve, mean, slope = (t.masked_fill(~has_sink.view(-1, *([1] * (t.ndim - 1))), math.nan) for t in (curve, mean, slope))
+        out[f"excess_cos_{part}"] = curve
+        out[f"align_{part}_excess"] = mean.masked_fill(~defined, math.nan)
+        out[f"shift_{part}"] = slope.masked_fill(~defined, math.nan)
+    return {name: t.masked_fill(single.view(-1, *([1] * (t.ndim - 1))), math.nan) for name, t in out.items()}
 
 
 def position_features(
@@ -142,15 +256,51 @@ def row_features(
     return {name: torch.cat(ts) for name, ts in parts.items()}
 
 
+QuerySample = Literal["sample", "analysed"]
+
+
+@dataclass(frozen=True)
+class TaxonomySettings:
+    """Settings of the taxonomy diagnostic.
+
+    Attributes:
+        queries: ``"sample"`` (default): the features are measured on a seeded
+            sample of ``n_queries`` query positions per sequence, one drawn
+            uniformly in each of ``n_queries`` equal strata of the positions
+            1..(the sequence's last analysed query), whatever
+            ``query_positions`` the selection metrics use; ``"analysed"``: on
+            the run's analysed queries (e.g. only the last one).
+        n_queries: the sample's size per sequence (>= 1); fewer where a
+            sequence has fewer positions.
+        seed: the sample's seed (>= 0); the positions of a sequence depend
+            only on it, the seed and the sequence's tokens.
+    """
+
+    queries: str = "sample"
+    n_queries: int = DEFAULT_QUERY_SAMPLE
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.queries not in get_args(QuerySample):
+            raise GeometryError(
+                f"settings['taxonomy'].queries: expected one of {get_args(QuerySample)}, got {self.queries!r}"
+            )
+        if isinstance(self.n_queries, bool) or not isinstance(self.n_queries, int) or self.n_queries < 1:
+            raise GeometryError(
+                f"settings['taxonomy'].n_queries: expected a positive integer (query positions sampled per "
+                f"sequence), got {self.n_queries!r}"
+            )
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise GeometryError(f"settings['taxonomy'].seed: expected an integer >= 0, got {self.seed!r}")
+
+
 class TaxonomyDiagnostic(Diagnostic):
     name = "taxonomy"
+    Settings = TaxonomySettings
     fields = (
         FieldSpec("s_norm_without_sink", "||s(N)|| with the sink left out of the top-N set", ("n",)),
         FieldSpec("s_norm_without_last", "||s(N)|| with the query's own token left out of the top-N set", ("n",)),
         FieldSpec("cos_s_sink", "cos(s(N), v_sink)", ("n",)),
-        # The fields the regime rules read. A label's confidence needs their bootstrap replicates, which
-        # classify_heads(model, ...) keeps; other runs ask for them with bootstrap_fields (three N curves
-        # of replicates would triple the size of a default result file).
         FieldSpec("cos_s_last", "cos(s(N), v_L), L the query's own position", ("n",)),
         FieldSpec("cos_s_sink_mixed", "cos(s(N), v_sink), NaN where the top-N set is the sink alone", ("n",)),
         FieldSpec("cos_s_last_mixed", "cos(s(N), v_L), NaN where the top-N set is the sink alone", ("n",)),
@@ -161,6 +311,23 @@ class TaxonomyDiagnostic(Diagnostic):
         FieldSpec("taxonomy_attention_last", "attention weight on the query's own token"),
         FieldSpec("contribution_by_position", "||alpha_i v_i|| by key position (last analysed query)", ("position",), queries="last", documents="mean"),
         FieldSpec("cos_last_by_position", "cos(v_i, v_L) by key position (last analysed query)", ("position",), queries="last", documents="mean"),
+        # The role rules' inputs: replicates by default, resampling documents and the query rows within them.
+        FieldSpec("share_sink", "<y_sink, o> / ||o||^2: the sink's share of the head's output o", bootstrap=True, resample_queries=True),
+        FieldSpec("share_self", "<y_L, o> / ||o||^2: the query's own token's share of o", bootstrap=True, resample_queries=True),
+        FieldSpec("share_rest", "the other visible keys' share of o (the three shares sum to 1)", bootstrap=True, resample_queries=True),
+        FieldSpec("rest_effective_share", "effective number of rest keys (exp of the entropy of their weights) over their count", bootstrap=True, resample_queries=True),
+        FieldSpec("top_rest_share", "the top rest key's weight over the rest's total weight", bootstrap=True, resample_queries=True),
+        FieldSpec("previous_token", "1 where the top rest key is the previous token (lag 1), else 0", bootstrap=True, resample_queries=True),
+        FieldSpec("align_sink_excess", "mean over 1 <= N < n of cos(s(N), v_sink) minus its random-set expectation", bootstrap=True, resample_queries=True),
+        FieldSpec("align_self_excess", "mean over 1 <= N < n of cos(s(N), v_L) minus its random-set expectation", bootstrap=True, resample_queries=True),
+        FieldSpec("shift_sink", "slope against ln N of the excess of cos(s(N), v_sink)", bootstrap=True, resample_queries=True),
+        FieldSpec("shift_self", "slope against ln N of the excess of cos(s(N), v_L)", bootstrap=True, resample_queries=True),
+        FieldSpec("loo_sink", "||o - y_sink|| / ||o|| (Figure 7, every key selected)"),
+        FieldSpec("loo_self", "||o - y_L|| / ||o|| (Figure 7, every key selected)"),
+        FieldSpec("rest_effective_keys", "effective number of rest keys: exp of the entropy of their weights"),
+        FieldSpec("top_rest_lag_share", "share of query rows whose top rest key is at each lag behind the query", ("lag",), documents="mean"),
+        FieldSpec("excess_cos_sink", "cos(s(N), v_sink) minus its expectation over random N-subsets", ("n",)),
+        FieldSpec("excess_cos_self", "cos(s(N), v_L) minus its expectation over random N-subsets", ("n",)),
     )  # fmt: skip
 
     def rows(self, chunk: SelectionChunk, settings: Any) -> dict[str, Tensor]:

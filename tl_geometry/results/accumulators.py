@@ -107,6 +107,7 @@ class Accumulator:
         queries: Mapping[str, Tensor] | None = None,
         query_positions: Int[Tensor, "doc query"] | None = None,
         pictures: Sequence[SelectionPicture] = (),
+        resampled: Mapping[str, Tensor] | None = None,
     ) -> None:
         """Add a batch of documents.
 
@@ -124,6 +125,11 @@ class Accumulator:
                 only with ``keep_queries=True``.
             pictures: the batch's pictures (at most one per head); each head
                 keeps the one of the smallest document hash seen so far.
+            resampled: for fields declared with ``resample_queries`` that keep
+                replicates, each document's query-resampled means per
+                replicate, ``[doc, replicate, layer, head_index, *trailing]``
+                (the second stage of the bootstrap); replicate b adds
+                w[d, b] times its own mean b instead of the document's mean.
         """
         n_docs = weights.shape[0]
         if weights.shape[1] != self.n_bootstrap:
@@ -149,7 +155,8 @@ class Accumulator:
                     f"values[{name!r}]: expected a float tensor [{axes}] = {list(expected)} (position and lag "
                     f"axes any width), got {t.dtype} {list(t.shape)}"
                 )
-            batch[name] = batch_stats(spec, t, weights if name in self.replicate_fields else None)
+            within = self._resampled(name, resampled, t)
+            batch[name] = batch_stats(spec, t, weights if name in self.replicate_fields else None, within)
         rows = self._query_rows(queries, query_positions, n_docs)
         self.stats = {name: merge_stats(self.stats[name], batch[name]) for name in self.specs}
         self.n_documents += n_docs
@@ -157,6 +164,24 @@ class Accumulator:
         if rows is not None:
             self.queries = rows if self.queries is None else join_rows([self.queries, rows])
         self.pictures = pick(self.pictures.values(), pictures)
+
+    def _resampled(self, name: str, resampled: Mapping[str, Tensor] | None, values: Tensor) -> Tensor | None:
+        """The query-resampled replicate means of field ``name``, checked; None for the other fields."""
+        wanted = self.specs[name].resample_queries and name in self.replicate_fields
+        given = resampled is not None and name in resampled
+        if wanted != given:
+            raise GeometryError(
+                f"resampled: field {name!r} {'needs' if wanted else 'takes no'} query-resampled replicate means "
+                f"(declared resample_queries={self.specs[name].resample_queries}, keeps replicates: "
+                f"{name in self.replicate_fields})"
+            )
+        if not given:
+            return None
+        t = resampled[name]  # type: ignore[index]
+        expected = (values.shape[0], self.n_bootstrap, *values.shape[1:])
+        if tuple(t.shape) != expected:
+            raise GeometryError(f"resampled[{name!r}]: expected [doc, replicate, layer, head_index, ...] = {list(expected)}, got {list(t.shape)}")
+        return t
 
     def _query_rows(
         self, queries: Mapping[str, Tensor] | None, positions: Tensor | None, n_docs: int

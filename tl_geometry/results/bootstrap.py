@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.errors import GeometryError
@@ -91,3 +91,40 @@ def sequence_index_weights(n_sequences: int, n_bootstrap: int, seed: int) -> Flo
         for i in range(n_sequences)
     ]
     return torch.stack(rows) if rows else torch.zeros(0, n_bootstrap, dtype=torch.float64)
+
+
+_QUERY_TAG = b"tl_geometry.bootstrap/query/1"
+
+
+def query_weights(
+    documents: Sequence[Tensor], positions: Int[Tensor, "document query"], n_bootstrap: int, seed: int
+) -> Float[Tensor, "document query replicate"]:
+    """Poisson(1) weights of each query row within its document: the second stage of a two-stage bootstrap.
+
+    A row's weights come from a hash of the tag ``tl_geometry.bootstrap/query/1``,
+    the seed, its position (counted from the document's first real token) and
+    the document's tokens, so that they do not depend on the batch, the
+    padding or the process.
+
+    Args:
+        documents: each document's real token ids, as in `document_weights`.
+        positions: the positions of its query rows, ``[document, query]`` (-1: no row).
+        n_bootstrap: replicates.
+        seed: the bootstrap seed of the run.
+
+    Returns:
+        ``[document, query, replicate]`` float64 integer-valued weights (0 where there is no row).
+
+    >>> w = query_weights([torch.tensor([1, 2, 3])], torch.tensor([[1, 2, -1]]), 4, seed=0)
+    >>> w.shape, w[0, 2].tolist()
+    (torch.Size([1, 3, 4]), [0.0, 0.0, 0.0, 0.0])
+    """
+    _check_n_bootstrap(n_bootstrap)
+    out = torch.zeros(*positions.shape, n_bootstrap, dtype=torch.float64)
+    for i, tokens in enumerate(documents):
+        body = tokens.detach().cpu().to(torch.int64).numpy().astype("<i8").tobytes()
+        digest = hashlib.sha256(_QUERY_TAG + int(seed).to_bytes(8, "little", signed=True) + body).digest()
+        for j, position in enumerate(positions[i].tolist()):
+            if position >= 0:
+                out[i, j] = _poisson_row(digest + int(position).to_bytes(8, "little"), n_bootstrap)
+    return out

@@ -183,8 +183,14 @@ def batch_stats(
     spec: FieldSpec,
     values: Float[Tensor, "doc layer head_index *trailing"],
     weights: Float[Tensor, "doc replicate"] | None,
+    within: Float[Tensor, "doc replicate layer head_index *trailing"] | None = None,
 ) -> FieldStats:
-    """The float64 statistics of one batch of per-document values (NaN: not defined for that document)."""
+    """The float64 statistics of one batch of per-document values (NaN: not defined for that document).
+
+    ``within`` (with ``weights``): each document's own value per replicate (a
+    two-stage bootstrap that also resamples inside the document); replicate b
+    then sums w[d, b] within[d, b] instead of w[d, b] values[d].
+    """
     x = values.detach().to("cpu", torch.float64)
     if x.shape[0] == 0:  # amin / amax refuse empty axes
         return FieldStats.empty(spec, tuple(x.shape[1:]), None if weights is None else weights.shape[1])
@@ -197,7 +203,14 @@ def batch_stats(
         nothing = count == 0
         out["minimum"] = torch.where(defined, x, math.inf).amin(0).masked_fill(nothing, math.nan)
         out["maximum"] = torch.where(defined, x, -math.inf).amax(0).masked_fill(nothing, math.nan)
-    if weights is not None:
+    if weights is not None and within is not None:
+        w = weights.detach().to("cpu", torch.float64)  # [doc, replicate]
+        r = within.detach().to("cpu", torch.float64)
+        w = w.reshape(*w.shape, *([1] * (r.ndim - 2)))
+        r_defined = ~r.isnan()
+        out["replicate_total"] = (w * torch.where(r_defined, r, 0.0)).sum(0)
+        out["replicate_count"] = (w * r_defined).sum(0)
+    elif weights is not None:
         w = weights.detach().to("cpu", torch.float64).T  # [replicate, doc]
         shape = (w.shape[0], *x.shape[1:])
         # A zero weight times an infinite value would give NaN: weight the finite part, add the infinities after.
