@@ -24,8 +24,9 @@ from tl_geometry.models import load_model
 from tl_geometry.diagnostics.profile_fit import ProfileFit, fit_attention_profile
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.analysis.sink import SinkRecallCorrelation, sink_recall_correlation
-from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy, Regime, TaxonomyConfig, classify_heads, detect_regime
+from tl_geometry.analysis.taxonomy import REGIMES, ROLES, HeadTaxonomy, Regime, TaxonomyConfig
 from tl_geometry.analysis.taxonomy import classify_queries, threshold_sensitivity
+from tl_geometry.capture.roles import classify_heads, detect_regime
 from tl_geometry.text import default_text, read_text_files, text_windows
 from tl_geometry.capture.readers import CorpusReport
 from tl_geometry.capture.sources import Window, WindowStream, read_corpus, window_documents
@@ -53,6 +54,7 @@ __all__ = [
     "HookableModel",
     "ProfileFit",
     "REGIMES",
+    "ROLES",
     "REGISTRY",
     "Regime",
     "SelectionMetrics",

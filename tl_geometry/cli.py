@@ -119,9 +119,6 @@ def _add_analysis_options(run: argparse.ArgumentParser) -> None:
     analysis.add_argument("--picture", type=_picture_argument, action="append", default=[], metavar="L.H",
                           help="keep one query row of head H of layer L (e.g. 18.6; repeatable) and draw Figure 1 on "
                           "the model's data in the report: the keys' y_i, s(N) and both balls (a few kB per head)")
-    analysis.add_argument("--regime-confidence", action="store_true",
-                          help="keep bootstrap replicates of the taxonomy rules' inputs, so that every regime label "
-                          "gets its confidence (about 50 MB more per result on the default model)")
 
 
 def config_from_args(args: argparse.Namespace) -> GeometryConfig:
@@ -143,12 +140,6 @@ def config_from_args(args: argparse.Namespace) -> GeometryConfig:
                 continue
             applies.append(name)
         config = config.with_overrides(diagnostics=applies)
-    if getattr(args, "regime_confidence", False):
-        from tl_geometry.analysis.taxonomy import with_regime_replicates
-
-        if "taxonomy" not in config.diagnostics:
-            raise GeometryError("--regime-confidence: the taxonomy diagnostic is off; add taxonomy to --diagnostics")
-        config = with_regime_replicates(config)
     return config
 
 

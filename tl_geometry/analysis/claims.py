@@ -435,7 +435,7 @@ def _regimes_by_depth(result: GeometryResult) -> Claim:
     taxonomy = taxonomy_from_result(result)
     n_layers = len(result.layers)
     depth = torch.arange(n_layers, dtype=torch.float64) / max(1, n_layers - 1)
-    counts = taxonomy.counts_by_layer().double()  # [layer, 4]
+    counts = taxonomy.counts_by_layer().double()  # [layer, label], roles first (NAMED order), uncertain last
     mean_depth = {
         regime: float((counts[:, i] * depth).sum() / counts[:, i].sum()) if counts[:, i].sum() > 0 else math.nan
         for i, regime in enumerate(NAMED)
@@ -445,9 +445,9 @@ def _regimes_by_depth(result: GeometryResult) -> Claim:
     value = float(sum(mean_depth[a] < mean_depth[b] for a, b in pairs))  # NaN compares False: out of order
     parts = [f"{r} {_fmt(mean_depth[r], 2)} ({int(counts[:, NAMED.index(r)].sum())} heads)" for r in order]
     measured = "mean depth (0 first layer, 1 last): " + ", ".join(parts)
-    confidence = taxonomy.confidence.double()
+    confidence = taxonomy.probabilities.double().amax(-1)
     if not bool(confidence.isnan().all()):
-        measured += f"; mean label confidence {_fmt(float(torch.nanmean(confidence)), 2)}"
+        measured += f"; mean probability of the most probable role {_fmt(float(torch.nanmean(confidence)), 2)}"
     evidence = {regime: (torch.tensor(result.layers), counts[:, NAMED.index(regime)]) for regime in order}
     interval = (math.nan, math.nan, "none: a count of ordered pairs of regime labels (see the labels' confidence)")
     return _claim("regimes_by_depth", value, interval, measured, evidence)

@@ -1,43 +1,55 @@
-"""Retriever / Mixer / Reset: the paper's head taxonomy (section 4.2) as literal rules, and "unclassified".
+"""Head roles: the paper's Retriever / Mixer / Reset (section 4.2), plus Content, with probabilities.
 
-Notation. For one query row, L is the query's own position (the last key
-it sees; for the default ``query_positions="last"`` the sequence's last
-token), the sink is the sequence's first real token, y_i = alpha_i v_i and
-s(N) the sum of y_i over the top-N keys. The rules read five features of
-`tl_geometry.diagnostics.taxonomy`, averaged over queries and documents:
-c_0 = ||y_sink||, c_L = ||y_L||, c_R = ||sum of the other y_i||,
-cos(s(N), v_L) and cos(s(N), v_0). The Mixer reads both cosines without the
-N where the top-N set is the sink alone (written cos*): there s(N) is the
-sink's own y_0, cos(s, v_0) = 1 and cos(s, v_L) = cos(v_0, v_L) by
-construction, and a shift measured from there could not fail.
+The rules read the role features of `tl_geometry.diagnostics.taxonomy`, measured
+on a seeded sample of query positions per sequence and averaged over the
+sample and the documents. For one query row, o = sum_i alpha_i v_i is the
+head's output before W_O, y_i = alpha_i v_i, L the query's own position and
+s(N) the sum of y_i over the top-N keys.
 
-Ranges of N, over the grid points where cos(s, v_L) is defined: "early" is
-N <= n_small, "late" is N >= late_fraction x (largest defined N), "below late"
-the rest. A mean over an empty range is NaN.
+- share_sink, share_self, share_rest: the shares <y_k, o> / ||o||^2 of the sink,
+  the query's own token and the other visible keys ("the rest") in o; they sum
+  to 1. This makes the paper's "relative magnitudes" (Figure 10) exact.
+- align_self_excess, align_sink_excess: cos(s(N), v_L) and cos(s(N), v_0) minus
+  their expectation when the top-N set is replaced by a random N-subset with
+  the same weights, averaged over 1 <= N < n (n the visible keys).
+- shift_self, shift_sink: the slope of those excesses against ln N.
+- rest_effective_share: the effective number of the rest's keys (exp of the
+  entropy of their weights) over their count; top_rest_share, previous_token
+  (the share of rows whose top rest key is the previous token) and the lag of
+  the rest's top key.
 
-Each rule is a conjunction of conditions, each condition a slack that is
-positive when it holds; a rule's margin is its smallest slack:
+z-scores are a head's mean over its bootstrap standard error (the standard
+deviation of its replicates over documents and, within them, query rows).
+The rules, in order; the first that holds gives the role:
 
-Retriever ("last token dominates: ||alpha_L v_L|| is largest; s(N) stays
-strongly aligned with v_L across N"):
-    (c_L - max(c_0, c_R)) / (c_L + max(c_0, c_R))
-    mean over every N of cos(s, v_L) - align_high
-Mixer ("last token intermediate between sink and rest: alignment shifts from
-v_0 at small N towards v_L as N increases"):
-    min(c_L - min(c_0, c_R), max(c_0, c_R) - c_L) / (c_0 + c_R)
-    [cos*(s, v_L)]_late - [cos*(s, v_L)]_early - shift_min          (rising)
-    [cos*(s, v_0)]_early - [cos*(s, v_0)]_late - shift_min          (falling)
-Reset ("||alpha_0 v_0|| comparable to or exceeds the others; weak cos(s, v_L)
-except at very large N"):
-    (c_0 - comparable x max(c_L, c_R)) / (c_0 + max(c_L, c_R))
-    align_low - mean below late N of cos(s, v_L)
+1. Mixer. Paper: "the last token's contribution is intermediate between the
+   sink and the rest; alignment shifts from v_0 at small N toward v_L as N
+   increases". share_self lies between share_sink and share_rest, the z of
+   shift_self exceeds ``z_shift`` and the z of shift_sink is below -``z_shift``.
+2. Retriever. Paper: "the last token dominates, s(N) remains strongly aligned
+   with v_L across N". share_self is the largest share and the z of
+   align_self_excess exceeds ``z_align`` (aligned beyond chance, not merely
+   high: random sets already reach a cosine of 0.5 in many heads).
+3. Reset. Paper: "the sink dominates, or mass is broadly spread with no
+   dominant token". share_sink is at least share_rest; or the rest dominates
+   but is broadly spread: its top key holds less than ``concentrated`` of the
+   rest's weight (top_rest_share, averaged over rows).
+4. Content (not in the paper): the rest dominates and is concentrated: its top
+   key holds at least ``concentrated`` of the rest's weight. Previous-token heads,
+   induction and copy heads attend to one specific earlier token, which none
+   of the paper's regimes describes. Its sub-type: ``"previous-token"`` where
+   previous_token >= ``previous_token``, otherwise the modal lag of the top
+   rest key (``top_lag``): on a random token sequence repeated with period
+   T, an induction head's top key is at lag T - 1 (the token after the
+   previous occurrence of the query's token).
 
-A rule is met when its margin exceeds ``min_margin``. The label is the one
-rule met; otherwise the head is ``"unclassified"``, with a reason:
-``"undefined"`` (some rule cannot be evaluated: NaN features, no early or no
-late N on the grid, no visible sink), ``"weak"`` (no rule met) or
-``"contradictory"`` (more than one met). Nothing undefined becomes a named
-regime.
+A head whose share_self is largest but not aligned beyond chance falls
+through to rules 3-4 (its sink and rest decide).
+
+Probabilities: the share of bootstrap replicates whose feature means give
+each role (the z-scores keep the head's standard errors). The label is the
+most probable role where it beats the runner-up by ``margin``, else
+``"uncertain"`` (the two candidates are in ``probabilities`` and ``runner_up``).
 """
 
 import math
@@ -46,204 +58,154 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Float, Int
 from torch import Tensor
 
-from tl_geometry.config import GeometryConfig
+from tl_geometry.diagnostics.taxonomy import ROLE_FEATURES, TAXONOMY_FEATURES
 from tl_geometry.errors import GeometryError
-from tl_geometry.diagnostics.taxonomy import CURVE_FEATURES, TAXONOMY_FEATURES
-from tl_geometry.capture.hooks import HookableModel, run_with_geometry_hooks
 from tl_geometry.results.result import GeometryResult
 
-Regime = Literal["retriever", "mixer", "reset", "unclassified"]
-"""The name of a head regime; ``"unclassified"`` when the evidence does not decide."""
+Role = Literal["retriever", "mixer", "reset", "content"]
+"""A head role: the paper's three regimes and Content (a specific earlier token)."""
+ROLES: tuple[str, ...] = get_args(Role)
+"""The four roles, in probability order: ``HeadTaxonomy.probabilities[..., i]`` is ROLES[i]."""
+Regime = Literal["retriever", "mixer", "reset", "content", "uncertain"]
+"""A head's label: a role, or ``"uncertain"`` when no role beats the runner-up by the margin."""
 REGIMES: tuple[str, ...] = get_args(Regime)
-"""The four outcomes, in label order: ``HeadTaxonomy.labels`` index into this tuple."""
-NAMED: tuple[str, ...] = REGIMES[:-1]
-"""The three regimes with a rule (retriever, mixer, reset)."""
-UNCLASSIFIED = REGIMES.index("unclassified")
-Reason = Literal["met", "undefined", "weak", "contradictory"]
-REASONS: tuple[str, ...] = get_args(Reason)
-"""Why a head has its label: ``HeadTaxonomy.reason`` index into this tuple."""
-# The conditions of each rule, in NAMED order (names of `rule_conditions`' outputs).
-CONDITIONS: dict[str, tuple[str, ...]] = {
-    "retriever": ("last_largest", "last_aligned"),
-    "mixer": ("last_between", "last_rising", "sink_falling"),
-    "reset": ("sink_comparable", "last_weak"),
-}
-# The per-head values the rules read; a label's confidence needs their replicates (see `with_regime_replicates`).
-REGIME_INPUTS: tuple[str, ...] = (
-    "contribution_sink", "contribution_last", "contribution_rest", "cos_s_last", "cos_s_sink_mixed", "cos_s_last_mixed",
-)  # fmt: skip
-EPS = 1e-12
+"""The five labels, in label order: ``HeadTaxonomy.labels`` index into this tuple."""
+NAMED: tuple[str, ...] = ROLES
+UNCERTAIN = REGIMES.index("uncertain")
+MIXER, RETRIEVER, RESET, CONTENT = (ROLES.index(r) for r in ("mixer", "retriever", "reset", "content"))
 # The thresholds `threshold_sensitivity` moves by +-10 %.
-THRESHOLDS: tuple[str, ...] = ("align_high", "align_low", "shift_min", "comparable", "late_fraction", "n_small")
+THRESHOLDS: tuple[str, ...] = ("z_align", "z_shift", "concentrated", "margin", "previous_token")
+PREVIOUS_TOKEN = "previous-token"
 
 
 @dataclass(frozen=True)
 class TaxonomyConfig:
-    """Thresholds of the taxonomy rules (see the module docstring).
+    """Thresholds of the role rules (see the module docstring).
 
     Attributes:
-        n_small: "early" N are N <= n_small (the paper's small-N regime, N in [1, 4]).
-        late_fraction: "late" N are N >= late_fraction times the largest N
-            defined for the head; in (0, 1].
-        align_high: Retriever: the mean cos(s, v_L) over N must exceed it.
-        align_low: Reset: the mean cos(s, v_L) below late N must stay under it.
-        shift_min: Mixer: cos(s, v_L) must rise, and cos(s, v_0) fall, by
-            more than this between early and late N.
-        comparable: Reset: c_0 must reach ``comparable`` times both c_L and
-            c_R ("comparable to or exceeds"); in (0, 1].
-        min_margin: a rule is met when its margin exceeds this (>= 0).
-        min_confidence: labels whose bootstrap confidence is below this are
-            flagged ``low_confidence``; in [0, 1].
+        z_align: Retriever: the z of align_self_excess (alignment with v_L
+            beyond random sets of the same weights) must exceed it.
+        z_shift: Mixer: the z of shift_self must exceed it and the z of
+            shift_sink fall below its negative (a shift counts where its
+            slope against ln N differs from zero by this many standard errors).
+        concentrated: Content: top_rest_share (the top rest key's share of the
+            rest's weight, averaged over rows) at least this; below it a
+            rest-dominated head is broadly spread (Reset). In (0, 1].
+        margin: the most probable role is the label when its probability beats
+            the runner-up's by at least this; else "uncertain". In [0, 1].
+        previous_token: a Content head is previous-token when at least this
+            share of its rows have their top rest key at lag 1. In (0, 1].
 
-    >>> TaxonomyConfig(align_high=2.0)
+    >>> TaxonomyConfig(margin=2.0)
     Traceback (most recent call last):
     ...
-    tl_geometry.errors.GeometryError: align_high: expected a number in [-1, 1] (a cosine), got 2.0
+    tl_geometry.errors.GeometryError: margin: expected a number in [0, 1], got 2.0
     """
 
-    n_small: int = 4
-    late_fraction: float = 0.25
-    align_high: float = 0.5
-    align_low: float = 0.3
-    shift_min: float = 0.05
-    comparable: float = 0.8
-    min_margin: float = 0.0
-    min_confidence: float = 0.8
+    z_align: float = 2.0
+    z_shift: float = 2.0
+    concentrated: float = 0.3
+    margin: float = 0.5
+    previous_token: float = 0.5
 
     def __post_init__(self) -> None:
-        if isinstance(self.n_small, bool) or not isinstance(self.n_small, int) or self.n_small < 1:
-            raise GeometryError(f"n_small: expected an integer >= 1, got {self.n_small!r}")
-        names = ("late_fraction", "align_high", "align_low", "shift_min", "comparable", "min_margin", "min_confidence")
-        for name in names:
+        for name in ("z_align", "z_shift", "concentrated", "margin", "previous_token"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise GeometryError(f"{name}: expected a finite number, got {value!r}")
-        ranges = {
-            "late_fraction": (0, 1, "a number in (0, 1]", False),
-            "comparable": (0, 1, "a number in (0, 1]", False),
-            "align_high": (-1, 1, "a number in [-1, 1] (a cosine)", True),
-            "align_low": (-1, 1, "a number in [-1, 1] (a cosine)", True),
-            "min_confidence": (0, 1, "a number in [0, 1]", True),
-        }
-        for name, (low, high, text, closed) in ranges.items():
-            value = getattr(self, name)
-            if not (low <= value <= high if closed else low < value <= high):
-                raise GeometryError(f"{name}: expected {text}, got {value!r}")
-        for name in ("shift_min", "min_margin"):
+        for name in ("z_align", "z_shift"):
             if getattr(self, name) < 0:
-                raise GeometryError(f"{name}: expected a number >= 0, got {getattr(self, name)!r}")
+                raise GeometryError(f"{name}: expected a number of standard errors >= 0, got {getattr(self, name)!r}")
+        if not 0 <= self.margin <= 1:
+            raise GeometryError(f"margin: expected a number in [0, 1], got {self.margin!r}")
+        for name in ("concentrated", "previous_token"):
+            if not 0 < getattr(self, name) <= 1:
+                raise GeometryError(f"{name}: expected a share in (0, 1], got {getattr(self, name)!r}")
 
 
-def _masked_mean(x: Float[Tensor, "*batch n"], mask: Bool[Tensor, "*batch n"]) -> Float[Tensor, "*batch"]:
-    """Mean of x over the grid points in mask (NaN where mask is empty)."""
-    count = mask.sum(-1)
-    total = torch.where(mask, x, torch.zeros((), dtype=x.dtype)).sum(-1)
-    return torch.where(count > 0, total / count.clamp(min=1), torch.full((), math.nan, dtype=x.dtype))
-
-
-def rule_conditions(
-    features: Mapping[str, Tensor], grid: Int[Tensor, " n"], config: TaxonomyConfig
-) -> dict[str, Tensor]:
-    """The slack of every condition of every rule: positive where it holds, NaN where undefined.
+def role_of(
+    features: Mapping[str, Tensor], se: Mapping[str, Tensor], config: TaxonomyConfig
+) -> Int[Tensor, "*batch"]:
+    """The role (index into ROLES) the rules give, -1 where the shares are undefined.
 
     Args:
-        features: ``REGIME_INPUTS``: the curves ``[*batch, n]`` and the
-            contributions ``[*batch]`` (per head, per bootstrap replicate and
-            head, or per query row).
-        grid: the selection sizes N of the curves.
+        features: every name of ``ROLE_FEATURES`` -> ``[*batch]`` (head means,
+            replicate means or single query rows).
+        se: their standard errors, broadcastable to ``[*batch]`` (only the
+            z-scored features are read: align_self_excess, shift_self, shift_sink).
         config: the thresholds.
 
-    Returns:
-        Every name of ``CONDITIONS`` -> ``[*batch]``.
+    >>> one = lambda v: torch.tensor([v], dtype=torch.float64)
+    >>> f = {"share_sink": one(0.1), "share_self": one(0.8), "share_rest": one(0.1), "align_self_excess": one(0.3),
+    ...      "shift_self": one(0.0), "shift_sink": one(0.0), "top_rest_share": one(0.5)}
+    >>> ROLES[int(role_of(f, {k: one(0.1) for k in f}, TaxonomyConfig()))]
+    'retriever'
     """
-    f = {name: features[name].double() for name in REGIME_INPUTS}
-    c0, cl, cr = f["contribution_sink"], f["contribution_last"], f["contribution_rest"]
-    cos_last, cos_sink, cos_last_mixed = f["cos_s_last"], f["cos_s_sink_mixed"], f["cos_s_last_mixed"]
-    grid = grid.to(cos_last.device).double()
-    valid = ~torch.isnan(cos_last)
-    n_max = torch.where(valid, grid, torch.zeros((), dtype=grid.dtype)).amax(-1, keepdim=True)
-    early, late = grid <= config.n_small, grid >= config.late_fraction * n_max
-    sink_valid, mixed_valid = ~torch.isnan(cos_sink), ~torch.isnan(cos_last_mixed)
-    lo, hi = torch.minimum(c0, cr), torch.maximum(c0, cr)
-    others_last = torch.maximum(cl, cr)
-    rising = _masked_mean(cos_last_mixed, mixed_valid & late) - _masked_mean(cos_last_mixed, mixed_valid & early)
-    falling = _masked_mean(cos_sink, sink_valid & early) - _masked_mean(cos_sink, sink_valid & late)
-    return {
-        "last_largest": (cl - hi) / (cl + hi + EPS),
-        "last_aligned": _masked_mean(cos_last, valid) - config.align_high,
-        "last_between": torch.minimum(cl - lo, hi - cl) / (c0 + cr + EPS),
-        "last_rising": rising - config.shift_min,
-        "sink_falling": falling - config.shift_min,
-        "sink_comparable": (c0 - config.comparable * others_last) / (c0 + others_last + EPS),
-        "last_weak": config.align_low - _masked_mean(cos_last, valid & ~late),
-    }
+    sink = features["share_sink"].double().nan_to_num(-math.inf)  # no visible sink: it cannot dominate
+    own, rest = features["share_self"].double(), features["share_rest"].double()
+    z = {name: features[name].double() / se[name].double() for name in ("align_self_excess", "shift_self", "shift_sink")}
+    between = (own > torch.minimum(sink, rest)) & (own < torch.maximum(sink, rest))
+    mixer = between & (z["shift_self"] > config.z_shift) & (z["shift_sink"] < -config.z_shift)
+    retriever = (own >= sink) & (own >= rest) & (z["align_self_excess"] > config.z_align)
+    concentrated = features["top_rest_share"].double() >= config.concentrated
+    content = (rest > sink) & concentrated
+    role = torch.where(content, CONTENT, RESET)
+    role = torch.where(retriever, RETRIEVER, role)
+    role = torch.where(mixer, MIXER, role)
+    return role.masked_fill(own.isnan() | rest.isnan(), -1)
 
 
-def rule_margins(conditions: Mapping[str, Tensor]) -> Float[Tensor, "*batch 3"]:
-    """Each rule's margin (its smallest slack; NaN if any is undefined), ``[*batch, 3]`` in NAMED order."""
-    margins = []
-    for regime in NAMED:
-        stacked = torch.stack([conditions[name] for name in CONDITIONS[regime]], dim=-1)
-        # amin propagates NaN: one undefined condition leaves the rule undefined.
-        margins.append(stacked.amin(-1))
-    return torch.stack(margins, dim=-1)
+def labels_from_probabilities(
+    probabilities: Float[Tensor, "*batch role"], margin: float
+) -> tuple[Int[Tensor, "*batch"], Int[Tensor, "*batch"], Float[Tensor, "*batch"]]:
+    """The label (index into REGIMES), the runner-up (index into ROLES) and p_first - p_second.
 
-
-def labels_from_margins(
-    margins: Float[Tensor, "*batch 3"], min_margin: float = 0.0
-) -> tuple[Int[Tensor, "*batch"], Int[Tensor, "*batch"]]:
-    """The label (index into REGIMES) and the reason (index into REASONS) of every head.
-
-    The one rule whose margin exceeds ``min_margin`` gives the label; a NaN
-    margin, no rule met or several met give ``"unclassified"``.
-
-    >>> labels, reasons = labels_from_margins(torch.tensor([[0.2, -0.1, -0.3], [0.2, 0.1, -1.0], [0.5, float("nan"), 0.0]]))
-    >>> [REGIMES[i] for i in labels.tolist()], [REASONS[i] for i in reasons.tolist()]
-    (['retriever', 'unclassified', 'unclassified'], ['met', 'contradictory', 'undefined'])
+    >>> labels, runner_up, gap = labels_from_probabilities(torch.tensor([[0.9, 0.1, 0, 0], [0.5, 0.4, 0.1, 0]]), 0.5)
+    >>> [REGIMES[i] for i in labels.tolist()], [ROLES[i] for i in runner_up.tolist()]
+    (['retriever', 'uncertain'], ['mixer', 'mixer'])
     """
-    undefined = margins.isnan().any(-1)
-    met = margins > min_margin
-    n_met = met.sum(-1)
-    labels = torch.where(n_met == 1, met.long().argmax(-1), UNCLASSIFIED)
-    labels = torch.where(undefined, UNCLASSIFIED, labels)
-    reasons = torch.where(n_met == 1, 0, torch.where(n_met == 0, REASONS.index("weak"), REASONS.index("contradictory")))
-    reasons = torch.where(undefined, REASONS.index("undefined"), reasons)
-    return labels, reasons
+    top = probabilities.topk(2, dim=-1)
+    gap = top.values[..., 0] - top.values[..., 1]
+    labels = torch.where(gap >= margin - 1e-12, top.indices[..., 0], UNCERTAIN)
+    labels = labels.masked_fill(probabilities.isnan().any(-1), UNCERTAIN)
+    return labels, top.indices[..., 1], gap
 
 
-def _labels(features: Mapping[str, Tensor], grid: Tensor, config: TaxonomyConfig) -> tuple[dict[str, Tensor], Tensor, Tensor, Tensor]:
-    conditions = rule_conditions(features, grid, config)
-    margins = rule_margins(conditions)
-    labels, reasons = labels_from_margins(margins, config.min_margin)
-    return conditions, margins, labels, reasons
+def _standard_errors(result: GeometryResult) -> dict[str, Tensor]:
+    """Each role feature's bootstrap standard error (replicate std), else its sem over documents."""
+    out = {}
+    for name in ROLE_FEATURES:
+        if result.has_replicates(name):
+            reps = result.replicates(name)
+            mean = torch.nanmean(reps, 0, keepdim=True)
+            count = (~reps.isnan()).sum(0)
+            out[name] = ((reps - mean).nan_to_num(0.0).pow(2).sum(0) / (count - 1).clamp(min=1)).sqrt()
+        else:
+            out[name] = result.sem(name)
+    return out
 
 
 @dataclass(frozen=True)
 class HeadTaxonomy:
-    """Regime labels of every analysed head, with the evidence behind them.
+    """The role of every analysed head, with its probability, runner-up and evidence.
 
     Attributes:
-        labels: index into ``REGIMES`` per head, ``[layer, head_index]``.
-        reason: index into ``REASONS`` per head (``"met"`` for a named
-            regime; ``"undefined"``, ``"weak"`` or ``"contradictory"`` for
-            ``"unclassified"``), ``[layer, head_index]``.
-        scores: each rule's margin (its smallest slack; > ``min_margin``
-            when met, NaN when undefined), ``[layer, head_index, 3]`` in
-            ``NAMED`` order.
-        margin: the largest of the three rule margins, ``[layer, head_index]``.
-        confidence: the share of document-bootstrap replicates whose own
-            feature means give the same label (``"unclassified"`` included),
-            ``[layer, head_index]``; replicates that draw no document are left
-            out. NaN where the result keeps no replicates of ``REGIME_INPUTS``
-            (``n_bootstrap=0``).
-        low_confidence: confidence below ``config.min_confidence``
-            (False where the confidence is NaN), ``[layer, head_index]``.
-        conditions: the slack of every condition, name -> ``[layer, head_index]``.
-        features: the taxonomy features averaged over sequences, name ->
-            ``[layer, head_index, ...]``.
+        labels: index into ``REGIMES`` per head (a role, or ``"uncertain"``),
+            ``[layer, head_index]``.
+        point: the role the rules give on the head's feature means (index into
+            ROLES), ``[layer, head_index]``.
+        probabilities: each role's share of bootstrap replicates, ``[layer,
+            head_index, role]`` in ROLES order (NaN without replicates).
+        runner_up: the second most probable role (index into ROLES).
+        margin: the top probability minus the runner-up's.
+        top_lag: the modal lag (L - key) of the rest's top key, ``[layer,
+            head_index]`` (-1 where undefined); 1 is the previous token.
+        top_lag_share: the share of rows with that lag.
+        features: the role features' head means, name -> ``[layer, head_index, ...]``.
+        se: their standard errors (bootstrap), name -> ``[layer, head_index]``.
         precision, recall: the selection metrics, ``[layer, head_index, n]``.
         n_grid: the selection sizes N, ``[n]``.
         layers, heads: the analysed layers and heads (axes of every tensor).
@@ -251,13 +213,14 @@ class HeadTaxonomy:
     """
 
     labels: Int[Tensor, "layer head_index"]
-    reason: Int[Tensor, "layer head_index"]
-    scores: Float[Tensor, "layer head_index 3"]
+    point: Int[Tensor, "layer head_index"]
+    probabilities: Float[Tensor, "layer head_index role"]
+    runner_up: Int[Tensor, "layer head_index"]
     margin: Float[Tensor, "layer head_index"]
-    confidence: Float[Tensor, "layer head_index"]
-    low_confidence: Bool[Tensor, "layer head_index"]
-    conditions: Mapping[str, Tensor]
+    top_lag: Int[Tensor, "layer head_index"]
+    top_lag_share: Float[Tensor, "layer head_index"]
     features: Mapping[str, Tensor]
+    se: Mapping[str, Tensor]
     precision: Float[Tensor, "layer head_index n"]
     recall: Float[Tensor, "layer head_index n"]
     n_grid: Int[Tensor, " n"]
@@ -266,60 +229,87 @@ class HeadTaxonomy:
     config: TaxonomyConfig = field(default_factory=TaxonomyConfig)
 
     def label_names(self) -> list[list[str]]:
-        """The labels as regime names, ``[layer][head_index]``."""
+        """The labels as names, ``[layer][head_index]``."""
         return [[REGIMES[i] for i in row] for row in self.labels.tolist()]
 
-    def counts_by_layer(self) -> Int[Tensor, "layer 4"]:
-        """Heads of each outcome per layer (Figure 8), columns in REGIMES order (unclassified last)."""
+    def subtype(self, layer: int, head: int) -> str | None:
+        """A Content head's sub-type: ``"previous-token"`` or ``"lag k"`` (None for other labels)."""
+        i, j = self.layers.index(layer), self.heads.index(head)
+        if int(self.labels[i, j]) != CONTENT:
+            return None
+        if float(self.features["previous_token"][i, j]) >= self.config.previous_token:
+            return PREVIOUS_TOKEN
+        return f"lag {int(self.top_lag[i, j])}"
+
+    def counts_by_layer(self) -> Int[Tensor, "layer 5"]:
+        """Heads of each label per layer (Figure 8), columns in REGIMES order (uncertain last)."""
         return torch.nn.functional.one_hot(self.labels, len(REGIMES)).sum(1)
 
+    def describe(self, layer: int, head: int) -> str:
+        """What kind of head is ``layer.head``, in one line with its evidence."""
+        i, j = self.layers.index(layer), self.heads.index(head)
+        p = self.probabilities[i, j]
+        label = REGIMES[int(self.labels[i, j])]
+        f = {name: float(t[i, j]) for name, t in self.features.items() if t.ndim == 2}
+        odds = ", ".join(f"{r} {float(p[k]):.2f}" for k, r in enumerate(ROLES))
+        if label == "uncertain":
+            first = ROLES[int(p.nan_to_num(-1).argmax())]
+            head_line = f"{layer}.{head}: uncertain between {first} and {ROLES[int(self.runner_up[i, j])]}"
+        else:
+            sub = self.subtype(layer, head)
+            head_line = f"{layer}.{head}: {label}" + (f" ({sub})" if sub else "")
+        return (
+            f"{head_line}; probabilities {odds}; shares of the output: sink {f['share_sink']:.2f}, own token "
+            f"{f['share_self']:.2f}, rest {f['share_rest']:.2f} (effective share of rest keys "
+            f"{f['rest_effective_share']:.3f}); alignment with v_L over chance {f['align_self_excess']:+.3f}"
+        )
+
     def table(self) -> list[dict[str, Any]]:
-        """One row per head: layer, head, label, reason, margin, confidence, low_confidence."""
+        """One row per head: layer, head, label, subtype, runner_up, margin and each role's probability."""
         rows = []
         for i, layer in enumerate(self.layers):
             for j, head in enumerate(self.heads):
-                rows.append({
-                    "layer": layer, "head": head, "label": REGIMES[int(self.labels[i, j])],
-                    "reason": REASONS[int(self.reason[i, j])], "margin": float(self.margin[i, j]),
-                    "confidence": float(self.confidence[i, j]), "low_confidence": bool(self.low_confidence[i, j]),
-                })  # fmt: skip
+                row = {"layer": layer, "head": head, "label": REGIMES[int(self.labels[i, j])],
+                       "subtype": self.subtype(layer, head), "runner_up": ROLES[int(self.runner_up[i, j])],
+                       "margin": float(self.margin[i, j])}  # fmt: skip
+                row.update({f"p_{role}": float(self.probabilities[i, j, k]) for k, role in enumerate(ROLES)})
+                rows.append(row)
         return rows
 
-    def curves_by_regime(self, name: str = "precision") -> Float[Tensor, "4 n"]:
-        """Mean curve over the heads of each outcome (Figure 11), NaN for an empty one.
+    def curves_by_regime(self, name: str = "precision") -> Float[Tensor, "5 n"]:
+        """Mean curve over the heads of each label (Figure 11), NaN for an empty one.
 
         Args:
-            name: ``"precision"``, ``"recall"`` or a curve feature (e.g. ``"cos_s_last"``).
+            name: ``"precision"``, ``"recall"`` or a curve feature of ``features``.
         """
         if name in ("precision", "recall"):
             curve = getattr(self, name)
-        elif name in CURVE_FEATURES or name == "s_norm":
+        elif name in self.features and self.features[name].ndim == 3:
             curve = self.features[name]
         else:
-            raise GeometryError(f"name: expected 'precision', 'recall' or one of {CURVE_FEATURES}, got {name!r}")
-        member = torch.nn.functional.one_hot(self.labels, len(REGIMES)).bool()  # [layer, head, 4]
+            curves = [k for k, t in self.features.items() if t.ndim == 3]
+            raise GeometryError(f"name: expected 'precision', 'recall' or one of {curves}, got {name!r}")
+        member = torch.nn.functional.one_hot(self.labels, len(REGIMES)).bool()  # [layer, head, 5]
         masked = torch.where(member.unsqueeze(-1), curve.unsqueeze(-2), torch.full((), math.nan, dtype=curve.dtype))
         return torch.nanmean(masked.flatten(0, 1), dim=0)
 
     def example_heads(self) -> dict[str, tuple[int, int] | None]:
-        """Per outcome, the (layer, head) with that label and the largest margin (None if none).
-
-        For ``"unclassified"``: the one whose best rule came closest (undefined heads last).
-        """
+        """Per label, the (layer, head) with the largest probability of it (None if no head has the label)."""
         out: dict[str, tuple[int, int] | None] = {}
         for index, regime in enumerate(REGIMES):
-            margin = self.scores[..., index] if index < len(NAMED) else self.margin
-            score = torch.where(self.labels == index, torch.nan_to_num(margin.double(), nan=-1e9), -math.inf)
-            flat = int(score.argmax())
-            row, col = divmod(flat, score.shape[1])
+            score = self.margin if index == UNCERTAIN else self.probabilities[..., index]
+            if index == UNCERTAIN:
+                score = -score  # the closest call
+            score = torch.where(self.labels == index, score.double().nan_to_num(-1e9), -math.inf)
+            row, col = divmod(int(score.argmax()), score.shape[1])
             out[regime] = (self.layers[row], self.heads[col]) if bool(self.labels[row, col] == index) else None
         return out
 
     def contributions_by_regime(self) -> dict[str, Float[Tensor, " key"] | None]:
-        """||alpha_i v_i|| by key position of each outcome's example head (Figure 10), None if it is empty."""
+        """||alpha_i v_i|| by key position of each label's example head (Figure 10), None if it is empty."""
         out: dict[str, Tensor | None] = {}
         for regime, where in self.example_heads().items():
-            if where is None:
+            if where is None or "contribution_by_position" not in self.features:
                 out[regime] = None
             else:
                 layer, head = self.layers.index(where[0]), self.heads.index(where[1])
@@ -327,47 +317,64 @@ class HeadTaxonomy:
         return out
 
 
-def _confidence(result: GeometryResult, labels: Tensor, config: TaxonomyConfig) -> Float[Tensor, "layer head_index"]:
-    """The share of bootstrap replicates whose label equals ``labels``; NaN without replicates."""
-    if not all(result.has_replicates(name) for name in REGIME_INPUTS):
-        return torch.full(labels.shape, math.nan, dtype=torch.float64)
-    replicates = {name: result.replicates(name) for name in REGIME_INPUTS}  # [replicate, layer, head, ...]
-    replicate_labels = _labels(replicates, result.n_grid, config)[2]
-    # A replicate whose weights leave no document of a head has no features there: no vote, not "undefined".
-    drawn = ~torch.stack([replicates[name].reshape(*replicates[name].shape[:3], -1).isnan().all(-1) for name in REGIME_INPUTS]).all(0)
-    agree = (replicate_labels == labels) & drawn
-    return agree.sum(0).double() / drawn.sum(0).double()  # NaN where no replicate draws a document
+def _require_roles(result: GeometryResult) -> None:
+    if not isinstance(result, GeometryResult):
+        raise GeometryError(f"result: expected a GeometryResult, got {type(result).__name__}")
+    missing = [name for name in ROLE_FEATURES if name not in result.fields]
+    if not missing:
+        return
+    if any(name in result.fields for name in TAXONOMY_FEATURES):
+        raise GeometryError(
+            f"result: it was analysed by an older taxonomy diagnostic that did not measure the role features "
+            f"{missing} (composition shares and alignment over chance), so its heads cannot be given roles; "
+            "analyse the model again with diagnostics=['taxonomy']"
+        )
+    raise GeometryError(
+        f"result: the GeometryResult lacks the taxonomy features {missing}; run it with diagnostics=['taxonomy'] "
+        "(e.g. run_with_geometry_hooks(model, tokens, diagnostics=['taxonomy'])) or call "
+        "tl_geometry.classify_heads(model, tokens)"
+    )
+
+
+def _probabilities(result: GeometryResult, se: Mapping[str, Tensor], config: TaxonomyConfig) -> Tensor:
+    """Each role's share of the replicates whose feature means are defined; NaN without replicates."""
+    layer_head = result.per_head("share_self").shape
+    if not all(result.has_replicates(name) for name in ROLE_FEATURES):
+        return torch.full((*layer_head, len(ROLES)), math.nan, dtype=torch.float64)
+    replicates = {name: result.replicates(name) for name in ROLE_FEATURES}  # [replicate, layer, head]
+    roles = role_of(replicates, se, config)
+    votes = torch.nn.functional.one_hot(roles.clamp(min=0), len(ROLES)).double() * (roles >= 0).unsqueeze(-1)
+    return votes.sum(0) / votes.sum((0, -1)).unsqueeze(-1)  # NaN where no replicate is defined
 
 
 def taxonomy_from_result(result: GeometryResult, config: TaxonomyConfig | None = None) -> HeadTaxonomy:
-    """Classify the heads of a result computed with the ``"taxonomy"`` diagnostic."""
+    """The role of every head of a result computed with the ``"taxonomy"`` diagnostic (no model runs)."""
     config = config or TaxonomyConfig()
-    missing = [name for name in TAXONOMY_FEATURES if name not in result.fields]
-    if missing:
-        raise GeometryError(
-            f"result_or_model: the GeometryResult lacks the taxonomy features {missing}; run it with "
-            "diagnostics=['taxonomy'] (e.g. run_with_geometry_hooks(model, tokens, diagnostics=['taxonomy'])) "
-            "or pass the model and tokens to classify_heads"
-        )
-    per_head = {name: result.per_head(name) for name in (*TAXONOMY_FEATURES, "s_norm")}
-    conditions, margins, labels, reasons = _labels(per_head, result.n_grid, config)
-    confidence = _confidence(result, labels, config)
+    if not isinstance(config, TaxonomyConfig):
+        raise GeometryError(f"config: expected a TaxonomyConfig or None, got {type(config).__name__}")
+    _require_roles(result)
+    features = {name: result.per_head(name) for name in (*TAXONOMY_FEATURES, "s_norm") if name in result.fields}
+    se = _standard_errors(result)
+    point = role_of(features, se, config)
+    probabilities = _probabilities(result, se, config)
+    if bool(probabilities.isnan().all()):  # no replicates: the point role, with no probability to beat
+        labels = torch.where(point >= 0, point, UNCERTAIN)
+        runner_up, gap = torch.zeros_like(point), torch.full(point.shape, math.nan, dtype=torch.float64)
+    else:
+        labels, runner_up, gap = labels_from_probabilities(probabilities, config.margin)
+    lags = features.get("top_rest_lag_share")
+    if lags is None:
+        top_lag = torch.full(point.shape, -1)
+        top_lag_share = torch.full(point.shape, math.nan, dtype=torch.float64)
+    else:
+        top_lag_share, top_lag = lags.nan_to_num(-1.0).max(-1)
+        top_lag = top_lag.masked_fill(lags.isnan().all(-1), -1)
     return HeadTaxonomy(
-        labels=labels,
-        reason=reasons,
-        scores=margins.float(),
-        margin=margins.amax(-1).float(),  # NaN where some rule is undefined
-        confidence=confidence.float(),
-        low_confidence=confidence < config.min_confidence,
-        conditions={name: t.float() for name, t in conditions.items()},
-        features=per_head,
-        precision=result.per_head("precision"),
-        recall=result.per_head("recall"),
-        n_grid=result.n_grid,
-        layers=tuple(result.layers),
-        heads=tuple(result.heads),
-        config=config,
-    )
+        labels=labels, point=point, probabilities=probabilities, runner_up=runner_up, margin=gap,
+        top_lag=top_lag, top_lag_share=top_lag_share, features=features, se=se,
+        precision=result.per_head("precision"), recall=result.per_head("recall"), n_grid=result.n_grid,
+        layers=tuple(result.layers), heads=tuple(result.heads), config=config,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -376,9 +383,9 @@ class SensitivityRow:
 
     Attributes:
         threshold: the TaxonomyConfig field moved.
-        value: its moved value (the default times 0.9 or 1.1; n_small moves by 1).
+        value: its moved value (the default times 1 -+ step, clipped to its range).
         changed: heads whose label differs from the labels at the defaults.
-        counts: heads per outcome at the moved value, in REGIMES order.
+        counts: heads per label at the moved value, in REGIMES order.
     """
 
     threshold: str
@@ -392,36 +399,26 @@ def threshold_sensitivity(
 ) -> list[SensitivityRow]:
     """Labels changed when each threshold of ``THRESHOLDS`` moves by -step and +step (relative).
 
-    ``n_small`` is an integer: 10 % of 4 rounds to no change, so it moves by
-    -1 and +1. A moved value outside the threshold's allowed range is clipped
-    to the range (e.g. late_fraction and comparable stay <= 1).
-
     Args:
-        result: a result with the taxonomy features.
+        result: a result with the role features.
         config: the thresholds to move from (default ``TaxonomyConfig()``).
         step: the relative move, in (0, 1).
 
     Returns:
-        Two rows per threshold (down, then up), plus none for the defaults.
+        Two rows per threshold (down, then up).
     """
     if isinstance(step, bool) or not isinstance(step, (int, float)) or not 0 < step < 1:
         raise GeometryError(f"step: expected a relative move in (0, 1), e.g. 0.1, got {step!r}")
     config = config or TaxonomyConfig()
     base = taxonomy_from_result(result, config).labels
-    per_head = {name: result.per_head(name) for name in REGIME_INPUTS}
     rows = []
     for name in THRESHOLDS:
         value = getattr(config, name)
-        if name == "n_small":
-            moved_values: Sequence[float] = (max(1, value - 1), value + 1)
-        else:
-            moved_values = tuple(value * (1 + sign * step) for sign in (-1, 1))
-            if name in ("late_fraction", "comparable"):
-                moved_values = tuple(min(v, 1.0) for v in moved_values)
-            if name in ("align_high", "align_low"):
-                moved_values = tuple(max(-1.0, min(v, 1.0)) for v in moved_values)
-        for moved in moved_values:
-            labels = _labels(per_head, result.n_grid, replace(config, **{name: moved}))[2]
+        for sign in (-1, 1):
+            moved = value * (1 + sign * step)
+            if name != "z_align" and name != "z_shift":
+                moved = min(moved, 1.0)
+            labels = taxonomy_from_result(result, replace(config, **{name: moved})).labels
             counts = torch.bincount(labels.flatten(), minlength=len(REGIMES))
             rows.append(SensitivityRow(name, float(moved), int((labels != base).sum()), tuple(counts.tolist())))
     return rows
@@ -429,13 +426,11 @@ def threshold_sensitivity(
 
 @dataclass(frozen=True)
 class QueryTaxonomy:
-    """Labels of every head at every kept query position of every prompt (``keep_queries=True``).
+    """The role of every head at every kept query position of every prompt (``keep_queries=True``).
 
     Attributes:
-        labels: index into ``REGIMES``, ``[doc, layer, head_index, query]``;
-            ``"unclassified"`` at padded queries.
-        reason: index into ``REASONS``, same shape.
-        scores: each rule's margin, ``[doc, layer, head_index, query, 3]``.
+        labels: index into ``ROLES``, ``[doc, layer, head_index, query]``; -1
+            at padded or undefined queries.
         query_positions: the position of each query counted from the
             sequence's first real token, ``[doc, query]`` (-1 where a prompt
             has fewer queries).
@@ -444,15 +439,13 @@ class QueryTaxonomy:
     """
 
     labels: Int[Tensor, "doc layer head_index query"]
-    reason: Int[Tensor, "doc layer head_index query"]
-    scores: Float[Tensor, "doc layer head_index query 3"]
     query_positions: Int[Tensor, "doc query"]
     layers: tuple[int, ...]
     heads: tuple[int, ...]
     config: TaxonomyConfig
 
-    def at(self, doc: int, position: int) -> list[list[str]]:
-        """The label names of every head for one prompt's query at ``position``, ``[layer][head_index]``."""
+    def at(self, doc: int, position: int) -> list[list[str | None]]:
+        """The role names of every head for one prompt's query at ``position``, ``[layer][head_index]``."""
         where = (self.query_positions[doc] == position).nonzero().flatten()
         if len(where) == 0:
             kept = [p for p in self.query_positions[doc].tolist() if p >= 0]
@@ -461,170 +454,61 @@ class QueryTaxonomy:
                 "(analyse with query_positions including it)"
             )
         labels = self.labels[doc, :, :, int(where[0])]
-        return [[REGIMES[i] for i in row] for row in labels.tolist()]
+        return [[ROLES[i] if i >= 0 else None for i in row] for row in labels.tolist()]
 
 
 def classify_queries(result: GeometryResult, config: TaxonomyConfig | None = None) -> QueryTaxonomy:
-    """Label every head at every kept query position of every prompt, each query on its own.
+    """The role of every head at every kept query position of every prompt, each query on its own.
 
-    The rules are those of `classify_heads`, applied to one query row's
-    features instead of the means over queries and documents: the variant for
-    circuit studies where the interesting position (e.g. the IO name in IOI)
-    differs from prompt to prompt. A single row has no bootstrap, so these
-    labels carry no confidence: read them as a description of that forward
-    pass, and prefer `classify_heads` over many prompts for a head's role.
+    The rules of `taxonomy_from_result` applied to one query row's features,
+    with the head's standard errors for the z-scores: the variant for circuit
+    studies where the interesting position (e.g. the IO name in IOI) differs
+    from prompt to prompt. A single row has no bootstrap, so these roles carry
+    no probability: read them as a description of that forward pass.
 
     Args:
-        result: a result analysed with ``diagnostics=["taxonomy"]`` and
-            ``keep_queries=True`` (and the ``query_positions`` of interest,
-            e.g. ``"all"`` or a list).
+        result: analysed with ``diagnostics=["taxonomy"]``, ``keep_queries=True``
+            and ``settings={"taxonomy": {"queries": "analysed"}}`` (so that the
+            features are measured on the kept queries), and the
+            ``query_positions`` of interest.
         config: the thresholds (default ``TaxonomyConfig()``).
-
-    Returns:
-        QueryTaxonomy, labels ``[doc, layer, head_index, query]``.
     """
     config = config or TaxonomyConfig()
+    _require_roles(result)
     if result.queries is None or result.query_positions is None:
         raise GeometryError(
-            "result: keeps no per-query rows; analyse with keep_queries=True and diagnostics=['taxonomy'], e.g. "
-            "run_with_geometry_hooks(model, prompts, diagnostics=['taxonomy'], keep_queries=True, query_positions='all')"
+            "result: keeps no per-query rows; analyse with keep_queries=True, e.g. run_with_geometry_hooks("
+            "model, prompts, diagnostics=['taxonomy'], keep_queries=True, query_positions='all', "
+            "settings={'taxonomy': {'queries': 'analysed'}})"
         )
-    missing = [name for name in REGIME_INPUTS if name not in result.queries]
+    missing = [name for name in ROLE_FEATURES if name not in result.queries]
     if missing:
-        raise GeometryError(f"result: its per-query rows lack the taxonomy features {missing}; analyse with diagnostics=['taxonomy']")
-    rows = {name: result.queries[name] for name in REGIME_INPUTS}  # [doc, layer, head, query, *trailing]
-    _, margins, labels, reasons = _labels(rows, result.n_grid, config)
+        raise GeometryError(
+            f"result: its per-query rows lack the role features {missing}: the taxonomy measured its own query "
+            "sample; analyse with settings={'taxonomy': {'queries': 'analysed'}} and keep_queries=True"
+        )
+    se = {name: t.unsqueeze(0).unsqueeze(-1) for name, t in _standard_errors(result).items()}
+    rows = {name: result.queries[name] for name in ROLE_FEATURES}  # [doc, layer, head, query]
     return QueryTaxonomy(
-        labels=labels, reason=reasons, scores=margins.float(), query_positions=result.query_positions,
+        labels=role_of(rows, se, config), query_positions=result.query_positions,
         layers=tuple(result.layers), heads=tuple(result.heads), config=config,
     )  # fmt: skip
 
 
-def _with_taxonomy(config: GeometryConfig | None) -> GeometryConfig:
-    """The run's config with the taxonomy diagnostic, keeping replicates of the rules' inputs (for confidence)."""
-    if config is None:
-        config = GeometryConfig(diagnostics=("taxonomy",))
-    if not isinstance(config, GeometryConfig):
-        raise GeometryError(f"config: expected a GeometryConfig or None, got {type(config).__name__}")
-    if "taxonomy" not in config.diagnostics:
-        config = config.with_overrides(diagnostics=(*config.diagnostics, "taxonomy"))
-    return with_regime_replicates(config)
+def role_counts(taxonomy: HeadTaxonomy) -> dict[str, int]:
+    """Heads per label over every layer, in REGIMES order."""
+    return dict(zip(REGIMES, taxonomy.counts_by_layer().sum(0).tolist()))
 
 
-def with_regime_replicates(config: GeometryConfig) -> GeometryConfig:
-    """``config`` also keeping bootstrap replicates of ``REGIME_INPUTS``, so that labels get a confidence.
-
-    >>> from tl_geometry import GeometryConfig
-    >>> "cos_s_last" in with_regime_replicates(GeometryConfig(diagnostics=["taxonomy"])).bootstrap_fields
-    True
-    """
-    from tl_geometry.capture.hooks import active_diagnostics
-
-    if config.bootstrap_fields is None:
-        declared = [spec.name for d in active_diagnostics(config) for spec in d.fields if spec.bootstrap]
-    else:
-        declared = list(config.bootstrap_fields)
-    return config.with_overrides(bootstrap_fields=(*declared, *REGIME_INPUTS))
+def agreement(first: HeadTaxonomy, second: HeadTaxonomy) -> tuple[float, int]:
+    """Share of heads that both label (not uncertain) with the same role, and how many both label."""
+    both = (first.labels != UNCERTAIN) & (second.labels != UNCERTAIN)
+    n = int(both.sum())
+    return (float((first.labels[both] == second.labels[both]).double().mean()) if n else math.nan), n
 
 
-def classify_heads(
-    result_or_model: Any, tokens: Any = None, config: GeometryConfig | None = None, *, taxonomy: Any = None
-) -> HeadTaxonomy:
-    """Label every analysed head Retriever, Mixer, Reset or unclassified, with the evidence behind it.
-
-    Args:
-        result_or_model: a GeometryResult computed with ``diagnostics`` including
-            ``"taxonomy"``, or a TransformerLens model (then ``tokens`` is required).
-        tokens: for a model: token ids ``[batch, pos]``, a string or a list of strings.
-        config: for a model: the GeometryConfig of the run (``"taxonomy"`` is
-            added to its diagnostics).
-        taxonomy: the TaxonomyConfig (thresholds); default ``TaxonomyConfig()``.
-
-    Returns:
-        HeadTaxonomy with ``labels`` ``[layer, head_index]`` indexing ``REGIMES``
-        and the bootstrap ``confidence`` of each label: a run on a model keeps
-        the replicates it needs; a result has them if it was computed with
-        ``with_regime_replicates(config)`` (else, or with ``n_bootstrap=0``, NaN).
-
-    Raises:
-        GeometryError: a result without the taxonomy features, a model without
-            tokens, tokens or config given with a result, or any bad input.
-    """
-    if taxonomy is not None and not isinstance(taxonomy, TaxonomyConfig):
-        raise GeometryError(f"taxonomy: expected a TaxonomyConfig or None, got {type(taxonomy).__name__}")
-    if isinstance(result_or_model, GeometryResult):
-        if tokens is not None or config is not None:
-            raise GeometryError(
-                "tokens/config: only used with a model; the GeometryResult is already computed, call "
-                "classify_heads(result) alone"
-            )
-        return taxonomy_from_result(result_or_model, taxonomy)
-    if isinstance(result_or_model, HookableModel):
-        if tokens is None:
-            raise GeometryError(
-                "tokens: required when classify_heads gets a model; pass text or token ids, "
-                "e.g. classify_heads(model, 'some text')"
-            )
-        result = run_with_geometry_hooks(result_or_model, tokens, config=_with_taxonomy(config))
-        return taxonomy_from_result(result, taxonomy)
-    raise GeometryError(
-        f"result_or_model: expected a GeometryResult or a TransformerLens model, got {type(result_or_model).__name__}"
-    )
-
-
-def detect_regime(
-    model: Any,
-    seq: Any,
-    regime: str,
-    heads: list[tuple[int, int]] | dict[int, list[int]] | None = None,
-    *,
-    config: GeometryConfig | None = None,
-    taxonomy: TaxonomyConfig | None = None,
-) -> Float[Tensor, "n_layers n_heads"]:
-    """Every head's margin for one regime's rule, shaped like ``transformer_lens.head_detector.detect_head``.
-
-    Args:
-        model: a TransformerLens model.
-        seq: a string, a list of strings (scored on the features averaged over
-            them, where ``detect_head`` averages the scores) or token ids.
-        regime: one of ``NAMED`` (retriever, mixer, reset).
-        heads: as in ``detect_head``: a list of (layer, head) or a dict
-            layer -> heads; other heads are NaN. Default: every head.
-        config: the GeometryConfig of the run.
-        taxonomy: the TaxonomyConfig.
-
-    Returns:
-        The rule's margin per head, ``[n_layers, n_heads]``: > 0 (the default
-        ``min_margin``) where the rule holds, NaN where it cannot be
-        evaluated and for heads not asked for. A head can meet a rule and
-        still be unclassified (another rule holds too): `classify_heads`
-        gives the labels.
-
-    Raises:
-        GeometryError: unknown regime, bad heads or any bad input of classify_heads.
-    """
-    if regime not in NAMED:
-        raise GeometryError(f"regime: expected one of {NAMED}, got {regime!r}")
-    if not isinstance(model, HookableModel):
-        raise GeometryError(f"model: expected a TransformerLens model, got {type(model).__name__}")
-    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    if heads is None:
-        pairs = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
-    elif isinstance(heads, dict):
-        pairs = [(int(layer), int(head)) for layer, hs in heads.items() for head in hs]
-    elif isinstance(heads, list):
-        pairs = [(int(layer), int(head)) for layer, head in heads]
-    else:
-        raise GeometryError(f"heads: expected a list of (layer, head), a dict layer -> heads or None, got {heads!r}")
-    if not pairs:
-        raise GeometryError("heads: got no heads; pass None for every head")
-    overrides = {"layers": sorted({p[0] for p in pairs}), "heads": sorted({p[1] for p in pairs})}
-    base = _with_taxonomy(config).with_overrides(**overrides)
-    found = classify_heads(model, seq, base, taxonomy=taxonomy)
-    scores = torch.full((n_layers, n_heads), math.nan)
-    index = NAMED.index(regime)
-    layer_at = torch.tensor([found.layers.index(layer) for layer, _ in pairs])
-    head_at = torch.tensor([found.heads.index(head) for _, head in pairs])
-    wanted = torch.tensor(pairs)
-    scores[wanted[:, 0], wanted[:, 1]] = found.scores[layer_at, head_at, index]
-    return scores
+__all__: Sequence[str] = (
+    "ROLES", "REGIMES", "NAMED", "Role", "Regime", "TaxonomyConfig", "HeadTaxonomy", "QueryTaxonomy",
+    "SensitivityRow", "role_of", "labels_from_probabilities", "taxonomy_from_result",
+    "threshold_sensitivity", "classify_queries", "role_counts", "agreement",
+)  # fmt: skip

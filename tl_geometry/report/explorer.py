@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from tl_geometry.analysis.summaries import EFFECTIVE_MASS, at_each_head, by_query_position, effective_n
-from tl_geometry.analysis.taxonomy import NAMED, REASONS, REGIMES, HeadTaxonomy
+from tl_geometry.analysis.taxonomy import NAMED, REGIMES, ROLES, HeadTaxonomy
 from tl_geometry.results.result import GeometryResult
 
 HEATMAPS = ("heatmap-precision", "heatmap-recall")
@@ -102,7 +102,7 @@ def explorer_data(result: GeometryResult, taxonomy: HeadTaxonomy | None = None) 
         ``layers``, ``heads``, ``grid``; ``curves`` (fields against N, with
         ``precision_low/high`` and ``recall_low/high`` where the result keeps
         bootstrap replicates), ``rows`` (per-position fields), ``table``
-        (per-head scalars: regime, confidence, effective N, P and R and their
+        (per-head scalars: role, its probabilities and runner-up, effective N, P and R and their
         excess over chance at the effective N), ``queries`` (P and R by query
         position, or None), ``notes`` (why a part is missing and which option
         adds it), ``selected`` and ``n_index`` (the first head and N shown).
@@ -142,13 +142,13 @@ def explorer_data(result: GeometryResult, taxonomy: HeadTaxonomy | None = None) 
                                 "version); analyse again to record it.")
     if taxonomy is not None:
         table["regime"] = taxonomy.label_names()
-        table["reason"] = [[REASONS[i] for i in row] for row in taxonomy.reason.tolist()]
-        table["confidence"] = _nested(taxonomy.confidence)
-        table["scores"] = _nested(taxonomy.scores)
-        if bool(taxonomy.confidence.isnan().all()):
-            notes["confidence"] = ("No confidence: the run kept no bootstrap replicates of the rules' inputs; analyse "
-                                   "with with_regime_replicates(config), classify_heads on the model, or "
-                                   "tl-geometry --regime-confidence.")
+        table["probabilities"] = _nested(taxonomy.probabilities)
+        table["runner_up"] = [[ROLES[i] for i in row] for row in taxonomy.runner_up.tolist()]
+        table["confidence"] = _nested(taxonomy.probabilities.nan_to_num(-1).amax(-1).clamp(min=0))
+        table["describe"] = [[taxonomy.describe(layer, head) for head in taxonomy.heads] for layer in taxonomy.layers]
+        if bool(taxonomy.probabilities.isnan().all()):
+            notes["confidence"] = ("No role probabilities: the run kept no bootstrap replicates (n_bootstrap=0); "
+                                   "analyse with the default n_bootstrap=200 (tl-geometry --bootstrap 200).")
     else:
         notes["regime"] = "No regime: it " + _note("taxonomy") + "."
 
@@ -175,7 +175,7 @@ def explorer_data(result: GeometryResult, taxonomy: HeadTaxonomy | None = None) 
                             "query_positions='all' or a list (tl-geometry --keep-queries --queries all).")
     return {
         "layers": list(result.layers), "heads": list(result.heads), "grid": result.n_grid.tolist(),
-        "mass": EFFECTIVE_MASS, "named": list(NAMED), "regimes": list(REGIMES),
+        "mass": EFFECTIVE_MASS, "named": list(NAMED), "roles": list(ROLES), "regimes": list(REGIMES),
         "curves": curves, "rows": rows, "table": table, "queries": queries, "notes": notes,
         "selected": list(default_head(result, taxonomy)), "n_index": default_n_index(result),
     }  # fmt: skip
@@ -340,10 +340,7 @@ window.addEventListener("load", function () {
   function describe() {
     const parts = [];
     if (T.regime) {
-      const regime = T.regime[layer][head], reason = T.reason[layer][head], scores = T.scores[layer][head];
-      parts.push("<b>Regime: " + regime + "</b>" + (regime === "unclassified" ? " (" + reason + ")" : "") +
-                 ", bootstrap confidence " + num(T.confidence[layer][head], 2) + ". Rule margins (a rule holds above 0): " +
-                 D.named.map((name, k) => name + " " + signed(scores[k])).join(", ") + ".");
+      parts.push("<b>What kind of head is this?</b> " + T.describe[layer][head] + ".");
     }
     if (T.effective_n) {
       const eff = T.effective_n[layer][head];
@@ -391,7 +388,8 @@ window.addEventListener("load", function () {
 
   function buildTable() {
     const columns = [["layer", (i, j) => D.layers[i]], ["head", (i, j) => D.heads[j]]];
-    if (T.regime) columns.push(["regime", (i, j) => T.regime[i][j]], ["confidence", (i, j) => T.confidence[i][j]]);
+    if (T.regime) columns.push(["regime", (i, j) => T.regime[i][j]], ["probability", (i, j) => T.confidence[i][j]],
+                                 ["runner-up", (i, j) => T.runner_up[i][j]]);
     if (T.effective_n) columns.push(
       ["effective N", (i, j) => T.effective_n[i][j]], ["P at eff. N", (i, j) => T.precision_at_effective_n[i][j]],
       ["R at eff. N", (i, j) => T.recall_at_effective_n[i][j]],

@@ -35,7 +35,7 @@ BLUE, ORANGE, GREEN, VERMILLION, SKY, PURPLE, GREY = (
     "#CC79A7",
     "#7F7F7F",
 )
-REGIME_COLOURS = {"retriever": BLUE, "mixer": ORANGE, "reset": PURPLE, "unclassified": GREY}
+REGIME_COLOURS = {"retriever": BLUE, "mixer": ORANGE, "reset": PURPLE, "content": GREEN, "uncertain": GREY}
 TEMPLATE = "plotly_white"
 
 
@@ -193,7 +193,7 @@ def _example_head_label(where: tuple[int, int] | None, regime: str) -> str:
 
 def regime_diagnostics(taxonomy: HeadTaxonomy) -> go.Figure:
     """Figure 7: for one example head per regime, ||s(N)|| and its leave-one-out norms (top)
-    and the alignment of s(N) with the sink v_0 and the last token v_L (bottom), against N."""
+    and the alignment of s(N) with the sink v_0 and the last token v_L over chance (bottom), against N."""
     examples = taxonomy.example_heads()
     fig = make_subplots(rows=2, cols=len(REGIMES), shared_xaxes=True, vertical_spacing=0.12,
                         subplot_titles=[_example_head_label(examples[r], r) for r in REGIMES] + [""] * len(REGIMES))
@@ -202,8 +202,8 @@ def regime_diagnostics(taxonomy: HeadTaxonomy) -> go.Figure:
         (1, "s_norm", "||s(N)||", "solid"),
         (1, "s_norm_without_sink", "||s(N) without the sink||", "dashdot"),
         (1, "s_norm_without_last", "||s(N) without the last token||", "dash"),
-        (2, "cos_s_sink", "cos(s(N), v_0)", "solid"),
-        (2, "cos_s_last", "cos(s(N), v_L)", "dash"),
+        (2, "excess_cos_sink", "cos(s(N), v_0) over chance", "solid"),
+        (2, "excess_cos_self", "cos(s(N), v_L) over chance", "dash"),
     )
     for col, regime in enumerate(REGIMES, start=1):
         where = examples[regime]
@@ -223,8 +223,8 @@ def regime_diagnostics(taxonomy: HeadTaxonomy) -> go.Figure:
     _n_axes(fig, grid)
     fig.update_xaxes(title="N (selected keys)", row=2)
     fig.update_yaxes(title="norm", row=1, col=1)
-    fig.update_yaxes(title="cosine", range=[-1.05, 1.05], row=2)
-    fig = _style(fig, "Regime diagnostics of one example head per regime (colour: regime; line style: see legend)",
+    fig.update_yaxes(title="cosine minus its random-set mean", range=[-1.05, 1.05], row=2)
+    fig = _style(fig, "Role diagnostics of one example head per label (colour: regime; line style: see legend)",
                  height=620)
     fig.update_layout(legend={"orientation": "h", "y": -0.15})
     return fig

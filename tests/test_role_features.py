@@ -1,0 +1,144 @@
+"""The role features against a float64 reference written from their definitions (docs: Head roles).
+
+The chance level of the alignment is computed by enumerating every N-subset
+of the visible keys (the package uses the closed form for sampling without
+replacement); everything else one row and one key at a time.
+
+Mutants and the test that catches each (run by hand):
+- the chance expectation's pair term with N^2/n^2 (sampling with replacement): test_role_features_match_reference;
+- the shift's slope including the N where the top-N set is the sink alone: test_role_features_match_reference;
+- the top rest key taken as the last index among ties: test_role_features_match_reference (ties=True).
+"""
+
+import itertools
+import math
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tl_geometry.diagnostics.taxonomy import ROLE_CURVES, ROLE_EXTRAS, ROLE_FEATURES, row_features
+
+
+def _cos(a, b):
+    return float(a @ b) / (float(a.norm()) * float(b.norm()) + 1e-12)
+
+
+def _slope(xs, ys):
+    if len(set(xs)) < 2:
+        return math.nan
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def reference_roles(alpha, values, visible, grid, n_keys):
+    """One query row's role features; sink the first visible key, L the last."""
+    keys = [i for i in range(len(alpha)) if visible[i]]
+    nan_row = {name: math.nan for name in ROLE_FEATURES + ("loo_sink", "loo_self", "rest_effective_keys")}
+    nan_row.update({name: [math.nan] * len(grid) for name in ROLE_CURVES})
+    nan_row["top_rest_lag_share"] = [math.nan] * n_keys
+    if len(keys) < 2:
+        return nan_row
+    sink, last = keys[0], keys[-1]
+    y = {i: alpha[i] * values[i] for i in keys}
+    o = sum(y.values())
+    o_sq = float(o @ o)
+    out = {
+        "share_sink": float(y[sink] @ o) / o_sq,
+        "share_self": float(y[last] @ o) / o_sq,
+        "share_rest": sum(float(y[i] @ o) for i in keys if i not in (sink, last)) / o_sq,
+        "loo_sink": float((o - y[sink]).norm()) / math.sqrt(o_sq),
+        "loo_self": float((o - y[last]).norm()) / math.sqrt(o_sq),
+    }
+    rest = [i for i in keys if i not in (sink, last)]
+    mass = sum(float(alpha[i]) for i in rest)
+    if not rest or mass <= 0:
+        for name in ("rest_effective_keys", "rest_effective_share", "top_rest_share", "previous_token"):
+            out[name] = math.nan
+        out["top_rest_lag_share"] = [math.nan] * n_keys
+    else:
+        p = {i: float(alpha[i]) / mass for i in rest}
+        entropy = -sum(q * math.log(q) for q in p.values() if q > 0)
+        top = max(rest, key=lambda i: (p[i], -i))  # ties: the smallest index
+        out["rest_effective_keys"] = math.exp(entropy)
+        out["rest_effective_share"] = math.exp(entropy) / len(rest)
+        out["top_rest_share"] = p[top]
+        out["previous_token"] = float(last - top == 1)
+        out["top_rest_lag_share"] = [float(k == last - top) for k in range(n_keys)]
+    n = len(keys)
+    order = sorted(keys, key=lambda i: (-float(alpha[i]), i))
+    for part, key in (("sink", sink), ("self", last)):
+        v = values[key]
+        curve, usable, for_slope = [], [], []
+        for size in grid:
+            if size > n:
+                curve.append(math.nan)
+                continue
+            s = sum(y[i] for i in order[:size])
+            subsets = list(itertools.combinations(keys, size))
+            inner = sum(float(sum(y[i] for i in c) @ v) for c in subsets) / len(subsets)
+            sq = sum(float(sum(y[i] for i in c) @ sum(y[i] for i in c)) for c in subsets) / len(subsets)
+            excess = _cos(s, v) - inner / (math.sqrt(max(sq, 0.0)) * float(v.norm()) + 1e-12)
+            curve.append(excess)
+            if size < n:
+                usable.append(excess)
+                if not (size == 1 and order[0] == sink):
+                    for_slope.append((math.log(size), excess))
+        out[f"excess_cos_{part}"] = curve
+        out[f"align_{part}_excess"] = sum(usable) / len(usable) if usable else math.nan
+        out[f"shift_{part}"] = _slope([x for x, _ in for_slope], [e for _, e in for_slope])
+    return out
+
+
+def random_rows(seed, rows=4, keys=7, d=3, ties=False):
+    gen = torch.Generator().manual_seed(seed)
+    alpha = torch.rand(rows, keys, generator=gen, dtype=torch.float64)
+    if ties:
+        alpha = (alpha * 3).round() / 3 + 1e-3  # ties, but no zero weights (an empty rest is its own case)
+    values = torch.randn(rows, keys, d, generator=gen, dtype=torch.float64)
+    lengths = torch.randint(1, keys + 1, (rows,), generator=gen)
+    starts = torch.randint(0, keys, (rows,), generator=gen) % (keys - lengths + 1)
+    span = torch.arange(keys)
+    mask = (span >= starts[:, None]) & (span < (starts + lengths)[:, None])
+    return alpha * mask, values, mask
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), ties=st.booleans())
+def test_role_features_match_reference(seed, ties):
+    alpha, values, mask = random_rows(seed, ties=ties)
+    grid = torch.tensor([1, 2, 3, 4, 6, 9])
+    fast = row_features(alpha, values, mask, grid)
+    for r in range(len(alpha)):
+        want = reference_roles(alpha[r], values[r], mask[r].tolist(), grid.tolist(), alpha.shape[-1])
+        for name in ROLE_FEATURES + ROLE_EXTRAS + ROLE_CURVES:
+            expected = torch.tensor(want[name], dtype=torch.float64)
+            torch.testing.assert_close(fast[name][r].double(), expected, equal_nan=True, msg=f"{name}, row {r}")
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_shares_sum_to_one_and_a_random_set_has_no_excess(seed):
+    alpha, values, mask = random_rows(seed, rows=6, keys=9)
+    grid = torch.tensor([1, 2, 4, 8, 9])
+    f = row_features(alpha, values, mask, grid)
+    defined = ~f["share_self"].isnan() & ~f["share_sink"].isnan()
+    total = f["share_sink"] + f["share_self"] + f["share_rest"]
+    torch.testing.assert_close(total[defined], torch.ones_like(total[defined]))
+    # At N = n the top-N set is every key: s = o, and the random set is o too, so the excess is 0.
+    n = mask.sum(-1)
+    for r in range(len(alpha)):
+        if n[r] >= 2 and int(n[r]) in grid.tolist():
+            at = grid.tolist().index(int(n[r]))
+            assert abs(float(f["excess_cos_self"][r, at])) < 1e-9
+
+
+def test_a_previous_token_row_has_lag_one():
+    keys = 12
+    alpha = torch.full((1, keys), 0.01, dtype=torch.float64)
+    alpha[0, keys - 2] = 0.9
+    values = torch.randn(1, keys, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    f = row_features(alpha, values, torch.ones(1, keys, dtype=torch.bool), torch.tensor([1, 2, 4]))
+    assert float(f["previous_token"][0]) == 1.0
+    assert int(f["top_rest_lag_share"][0].argmax()) == 1
+    assert float(f["top_rest_share"][0]) > 0.85

@@ -1,0 +1,280 @@
+"""Head roles on a model: the run behind `classify_heads`, and prompt sets whose mechanism the field knows.
+
+`tl_geometry.analysis.taxonomy` reads a result; this module runs the model.
+To check the roles against heads whose mechanism is known, it builds three
+prompt sets and scores every head with detectors written from their
+definitions, on ``hook_pattern`` alone (independent of the role features):
+
+- natural text (the default text): the previous-token score, the mean weight
+  of a query on the key just before it; the duplicate-token score, the weight
+  on earlier keys holding the query's own token (over queries that have one);
+- repeated random tokens: BOS followed by T random tokens, then the same T
+  again. The induction score is the mean weight of a second-copy query on the
+  key after the previous occurrence of its token (lag T - 1);
+- every prompt: the BOS score, the mean weight on the first real token.
+
+Scores average over queries at positions >= 2 (the first rows see too few
+keys to say anything) and over prompts, ``[layer, head]``.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from tl_geometry.analysis.taxonomy import CONTENT, NAMED, HeadTaxonomy, TaxonomyConfig, taxonomy_from_result
+from tl_geometry.capture.hook_names import pattern_hook
+from tl_geometry.capture.hooks import run_with_geometry_hooks
+from tl_geometry.capture.sources import text_windows
+from tl_geometry.capture.tokens import HookableModel, check_model
+from tl_geometry.config import GeometryConfig
+from tl_geometry.errors import GeometryError
+from tl_geometry.results.result import GeometryResult
+from tl_geometry.text import default_text
+
+DETECTORS = ("previous_token", "duplicate_token", "induction", "bos")
+
+
+def _with_taxonomy(config: GeometryConfig | None) -> GeometryConfig:
+    if config is None:
+        return GeometryConfig(diagnostics=("taxonomy",))
+    if not isinstance(config, GeometryConfig):
+        raise GeometryError(f"config: expected a GeometryConfig or None, got {type(config).__name__}")
+    if "taxonomy" not in config.diagnostics:
+        config = config.with_overrides(diagnostics=(*config.diagnostics, "taxonomy"))
+    return config
+
+
+def classify_heads(
+    result_or_model: Any, tokens: Any = None, config: GeometryConfig | None = None, *, taxonomy: Any = None
+) -> HeadTaxonomy:
+    """The role of every analysed head (Retriever, Mixer, Reset, Content or uncertain), with its probabilities.
+
+    Args:
+        result_or_model: a GeometryResult computed with ``"taxonomy"`` in its
+            diagnostics, or a TransformerLens model (then ``tokens`` is required).
+        tokens: for a model: token ids ``[batch, pos]``, a string or a list of
+            strings; each sequence is one document of the bootstrap.
+        config: for a model: the GeometryConfig of the run (``"taxonomy"`` is added).
+        taxonomy: the TaxonomyConfig (thresholds); default ``TaxonomyConfig()``.
+
+    Returns:
+        HeadTaxonomy: ``labels`` ``[layer, head_index]`` indexing ``REGIMES``,
+        ``probabilities`` ``[layer, head_index, role]``.
+    """
+    if taxonomy is not None and not isinstance(taxonomy, TaxonomyConfig):
+        raise GeometryError(f"taxonomy: expected a TaxonomyConfig or None, got {type(taxonomy).__name__}")
+    if isinstance(result_or_model, GeometryResult):
+        if tokens is not None or config is not None:
+            raise GeometryError(
+                "tokens/config: only used with a model; the GeometryResult is already computed, call "
+                "classify_heads(result) alone"
+            )
+        return taxonomy_from_result(result_or_model, taxonomy)
+    if isinstance(result_or_model, HookableModel):
+        if tokens is None:
+            raise GeometryError(
+                "tokens: required when classify_heads gets a model; pass text or token ids, "
+                "e.g. classify_heads(model, 'some text')"
+            )
+        result = run_with_geometry_hooks(result_or_model, tokens, config=_with_taxonomy(config))
+        return taxonomy_from_result(result, taxonomy)
+    raise GeometryError(
+        f"result_or_model: expected a GeometryResult or a TransformerLens model, got {type(result_or_model).__name__}"
+    )
+
+
+def detect_regime(
+    model: Any,
+    seq: Any,
+    regime: str,
+    heads: list[tuple[int, int]] | dict[int, list[int]] | None = None,
+    *,
+    config: GeometryConfig | None = None,
+    taxonomy: TaxonomyConfig | None = None,
+) -> Float[Tensor, "n_layers n_heads"]:
+    """Every head's probability of one role, shaped like ``transformer_lens.head_detector.detect_head``.
+
+    Args:
+        model: a TransformerLens model.
+        seq: a string, a list of strings or token ids.
+        regime: one of ``NAMED`` (retriever, mixer, reset, content).
+        heads: as in ``detect_head``: a list of (layer, head) or a dict
+            layer -> heads; other heads are NaN. Default: every head.
+        config: the GeometryConfig of the run.
+        taxonomy: the TaxonomyConfig.
+
+    Returns:
+        The bootstrap probability of the role per head, ``[n_layers, n_heads]``.
+    """
+    if regime not in NAMED:
+        raise GeometryError(f"regime: expected one of {NAMED}, got {regime!r}")
+    check_model(model)
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    if heads is None:
+        pairs = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
+    elif isinstance(heads, dict):
+        pairs = [(int(layer), int(head)) for layer, hs in heads.items() for head in hs]
+    elif isinstance(heads, list):
+        pairs = [(int(layer), int(head)) for layer, head in heads]
+    else:
+        raise GeometryError(f"heads: expected a list of (layer, head), a dict layer -> heads or None, got {heads!r}")
+    if not pairs:
+        raise GeometryError("heads: got no heads; pass None for every head")
+    overrides = {"layers": sorted({p[0] for p in pairs}), "heads": sorted({p[1] for p in pairs})}
+    found = classify_heads(model, seq, _with_taxonomy(config).with_overrides(**overrides), taxonomy=taxonomy)
+    scores = torch.full((n_layers, n_heads), math.nan)
+    layer_at = torch.tensor([found.layers.index(layer) for layer, _ in pairs])
+    head_at = torch.tensor([found.heads.index(head) for _, head in pairs])
+    wanted = torch.tensor(pairs)
+    scores[wanted[:, 0], wanted[:, 1]] = found.probabilities[layer_at, head_at, NAMED.index(regime)].float()
+    return scores
+
+
+def repeated_random_tokens(model: HookableModel, n_prompts: int = 8, period: int = 64, seed: int = 0) -> Int[Tensor, "prompt pos"]:
+    """BOS, then ``period`` random tokens, then the same ``period`` tokens again (induction prompts).
+
+    The tokens are drawn uniformly from the vocabulary's ordinary ids (the
+    tokenizer's special ids left out), with a generator seeded by ``seed``.
+    """
+    check_model(model)
+    if n_prompts < 1 or period < 2:
+        raise GeometryError(f"n_prompts, period: expected n_prompts >= 1 and period >= 2, got {n_prompts}, {period}")
+    tokenizer = model.tokenizer
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    vocab = int(model.cfg.d_vocab)
+    ordinary = torch.tensor([i for i in range(vocab) if i not in special])
+    generator = torch.Generator().manual_seed(seed)
+    random = ordinary[torch.randint(len(ordinary), (n_prompts, period), generator=generator)]
+    bos = torch.full((n_prompts, 1), int(tokenizer.bos_token_id if tokenizer.bos_token_id is not None else random[0, 0]))
+    return torch.cat([bos, random, random], dim=1)
+
+
+def natural_text(model: HookableModel, n_prompts: int = 8, context: int = 256) -> Int[Tensor, "prompt pos"]:
+    """``n_prompts`` consecutive windows of the default text, BOS first."""
+    return text_windows(model, default_text(), context=context, n_windows=n_prompts)
+
+
+def detector_scores(model: HookableModel, tokens: Int[Tensor, "prompt pos"], period: int | None = None) -> dict[str, Tensor]:
+    """The detectors of the module docstring for every head, from ``hook_pattern``; ``{name: [layer, head]}``.
+
+    Args:
+        model: a TransformerLens model (left as it was).
+        tokens: unpadded prompts ``[prompt, pos]``, BOS first.
+        period: for repeated prompts (`repeated_random_tokens`), T; then the
+            induction score is computed (NaN otherwise).
+    """
+    check_model(model)
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    device = next(model.parameters()).device
+    tokens = tokens.to(device)
+    pos = tokens.shape[1]
+    q = torch.arange(pos, device=device)
+    counted = q >= 2
+    same = (tokens.unsqueeze(2) == tokens.unsqueeze(1)) & (q.view(1, 1, -1) < q.view(1, -1, 1))  # [prompt, q, k]
+    has_duplicate = same.any(-1) & counted
+    out = {name: torch.full((n_layers, n_heads), math.nan, dtype=torch.float64) for name in DETECTORS}
+
+    def reduce(pattern: Tensor, layer: int) -> None:
+        p = pattern.detach().double()  # [prompt, head, q, k]
+        out["bos"][layer] = p[:, :, counted, 0].mean((0, 2)).cpu()
+        previous = p[:, :, q[2:], q[2:] - 1]
+        out["previous_token"][layer] = previous.mean((0, 2)).cpu()
+        on_duplicates = (p * same.unsqueeze(1)).sum(-1)  # [prompt, head, q]
+        weights = has_duplicate.unsqueeze(1).double()
+        out["duplicate_token"][layer] = ((on_duplicates * weights).sum((0, 2)) / weights.sum((0, 2))).cpu()
+        if period is not None:
+            second = q[period + 1 :]
+            out["induction"][layer] = p[:, :, second, second - period + 1].mean((0, 2)).cpu()
+
+    hooks = [(pattern_hook(layer), lambda t, hook, layer=layer: reduce(t, layer)) for layer in range(n_layers)]
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        model(tokens, return_type=None)
+    return out
+
+
+@dataclass(frozen=True)
+class PromptSetCheck:
+    """One prompt set: detector scores and the roles found on the same prompts.
+
+    Attributes:
+        name: ``"natural"`` or ``"repeated"``.
+        scores: detector name -> ``[layer, head]``.
+        taxonomy: the roles on these prompts.
+        period: T for repeated prompts, else None.
+    """
+
+    name: str
+    scores: dict[str, Tensor]
+    taxonomy: HeadTaxonomy
+    period: int | None
+
+    def top_heads(self, detector: str, k: int = 10) -> list[tuple[int, int]]:
+        """The k heads with the highest score of ``detector`` (NaN last)."""
+        flat = self.scores[detector].nan_to_num(-math.inf).flatten()
+        n_heads = self.scores[detector].shape[1]
+        return [divmod(int(i), n_heads) for i in flat.topk(min(k, flat.numel())).indices]
+
+    def matches(self, detector: str, k: int = 10) -> int:
+        """Of the top-k heads of ``detector``, how many the roles place as expected.
+
+        previous_token: Content / previous-token; induction: Content with its
+        top rest key at lag T - 1; other detectors: not defined (ValueError).
+        """
+        found = 0
+        for layer, head in self.top_heads(detector, k):
+            sub = self.taxonomy.subtype(layer, head)
+            if detector == "previous_token":
+                found += sub == "previous-token"
+            elif detector == "induction":
+                found += sub == f"lag {self.period - 1}"
+            else:
+                raise GeometryError(f"detector: matches is defined for previous_token and induction, got {detector!r}")
+        return found
+
+    def cross_tab(self, detector: str, k: int = 10) -> list[dict[str, Any]]:
+        """The top-k heads of ``detector``: score, label, sub-type and the role probabilities."""
+        rows = []
+        for layer, head in self.top_heads(detector, k):
+            i, j = self.taxonomy.layers.index(layer), self.taxonomy.heads.index(head)
+            rows.append({
+                "head": f"{layer}.{head}", "score": float(self.scores[detector][layer, head]),
+                "label": self.taxonomy.label_names()[i][j], "subtype": self.taxonomy.subtype(layer, head),
+                "top_lag": int(self.taxonomy.top_lag[i, j]),
+                "p_content": float(self.taxonomy.probabilities[i, j, CONTENT]),
+            })  # fmt: skip
+        return rows
+
+
+def check_known_mechanisms(
+    model: HookableModel,
+    *,
+    n_prompts: int = 8,
+    context: int = 256,
+    period: int = 64,
+    config: GeometryConfig | None = None,
+    taxonomy: TaxonomyConfig | None = None,
+    seed: int = 0,
+) -> dict[str, PromptSetCheck]:
+    """Detector scores and roles on natural text and on repeated random tokens.
+
+    On natural text the roles come from the default query sample; on the
+    repeated prompts from every query of the second copy (where induction
+    can act), ``settings={"taxonomy": {"queries": "analysed"}}``.
+    """
+    base = _with_taxonomy(config)
+    natural = natural_text(model, n_prompts, context)
+    repeated = repeated_random_tokens(model, n_prompts, period, seed)
+    second_copy = list(range(period + 1, 2 * period + 1))
+    on_repeated = base.with_overrides(
+        query_positions=second_copy, settings={**dict(base.settings), "taxonomy": {"queries": "analysed"}}
+    )
+    out = {}
+    for name, tokens, run_config, t in (("natural", natural, base, None), ("repeated", repeated, on_repeated, period)):
+        scores = detector_scores(model, tokens, t)
+        result = run_with_geometry_hooks(model, tokens, config=run_config)
+        out[name] = PromptSetCheck(name, scores, taxonomy_from_result(result, taxonomy), t)
+    return out
