@@ -24,12 +24,14 @@ The rules, in order; the first that holds gives the role:
 
 1. Mixer. Paper: "the last token's contribution is intermediate between the
    sink and the rest; alignment shifts from v_0 at small N toward v_L as N
-   increases". share_self lies between share_sink and share_rest, the z of
-   shift_self exceeds ``z_shift`` and the z of shift_sink is below -``z_shift``.
+   increases". share_self lies between share_sink and share_rest, shift_self
+   rises (its z above ``z_shift``, its size at least ``shift_min``) and
+   shift_sink falls (z below -``z_shift``, size at least ``shift_min``).
 2. Retriever. Paper: "the last token dominates, s(N) remains strongly aligned
-   with v_L across N". share_self is the largest share and the z of
-   align_self_excess exceeds ``z_align`` (aligned beyond chance, not merely
-   high: random sets already reach a cosine of 0.5 in many heads).
+   with v_L across N". share_self is the largest share and align_self_excess
+   is above chance: its z exceeds ``z_align`` and it reaches ``align_min``
+   (aligned beyond random sets, not merely high: random sets already reach a
+   cosine of 0.5 in many heads).
 3. Reset. Paper: "the sink dominates, or mass is broadly spread with no
    dominant token". share_sink is at least share_rest; or the rest dominates
    but is broadly spread: its top key holds less than ``concentrated`` of the
@@ -77,7 +79,7 @@ NAMED: tuple[str, ...] = ROLES
 UNCERTAIN = REGIMES.index("uncertain")
 MIXER, RETRIEVER, RESET, CONTENT = (ROLES.index(r) for r in ("mixer", "retriever", "reset", "content"))
 # The thresholds `threshold_sensitivity` moves by +-10 %.
-THRESHOLDS: tuple[str, ...] = ("z_align", "z_shift", "concentrated", "margin", "previous_token")
+THRESHOLDS: tuple[str, ...] = ("z_align", "align_min", "z_shift", "shift_min", "concentrated", "margin", "previous_token")
 PREVIOUS_TOKEN = "previous-token"
 
 
@@ -88,9 +90,15 @@ class TaxonomyConfig:
     Attributes:
         z_align: Retriever: the z of align_self_excess (alignment with v_L
             beyond random sets of the same weights) must exceed it.
+        align_min: Retriever: align_self_excess must also reach this (a
+            cosine over chance): with enough rows a consistent excess of 0.001
+            is significant, and still no alignment.
         z_shift: Mixer: the z of shift_self must exceed it and the z of
             shift_sink fall below its negative (a shift counts where its
             slope against ln N differs from zero by this many standard errors).
+        shift_min: Mixer: the slopes must also reach this in size (cosine
+            over chance per unit of ln N; 0.01 is a change of 0.07 from N = 1
+            to N = 1024).
         concentrated: Content: top_rest_share (the top rest key's share of the
             rest's weight, averaged over rows) at least this; below it a
             rest-dominated head is broadly spread (Reset). In (0, 1].
@@ -106,19 +114,24 @@ class TaxonomyConfig:
     """
 
     z_align: float = 2.0
+    align_min: float = 0.05
     z_shift: float = 2.0
+    shift_min: float = 0.01
     concentrated: float = 0.3
     margin: float = 0.5
     previous_token: float = 0.5
 
     def __post_init__(self) -> None:
-        for name in ("z_align", "z_shift", "concentrated", "margin", "previous_token"):
+        for name in ("z_align", "align_min", "z_shift", "shift_min", "concentrated", "margin", "previous_token"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise GeometryError(f"{name}: expected a finite number, got {value!r}")
         for name in ("z_align", "z_shift"):
             if getattr(self, name) < 0:
                 raise GeometryError(f"{name}: expected a number of standard errors >= 0, got {getattr(self, name)!r}")
+        for name in ("align_min", "shift_min"):
+            if getattr(self, name) < 0:
+                raise GeometryError(f"{name}: expected a number >= 0, got {getattr(self, name)!r}")
         if not 0 <= self.margin <= 1:
             raise GeometryError(f"margin: expected a number in [0, 1], got {self.margin!r}")
         for name in ("concentrated", "previous_token"):
@@ -148,8 +161,11 @@ def role_of(
     own, rest = features["share_self"].double(), features["share_rest"].double()
     z = {name: features[name].double() / se[name].double() for name in ("align_self_excess", "shift_self", "shift_sink")}
     between = (own > torch.minimum(sink, rest)) & (own < torch.maximum(sink, rest))
-    mixer = between & (z["shift_self"] > config.z_shift) & (z["shift_sink"] < -config.z_shift)
-    retriever = (own >= sink) & (own >= rest) & (z["align_self_excess"] > config.z_align)
+    rising = (z["shift_self"] > config.z_shift) & (features["shift_self"].double() >= config.shift_min)
+    falling = (z["shift_sink"] < -config.z_shift) & (features["shift_sink"].double() <= -config.shift_min)
+    mixer = between & rising & falling
+    aligned = (z["align_self_excess"] > config.z_align) & (features["align_self_excess"].double() >= config.align_min)
+    retriever = (own >= sink) & (own >= rest) & aligned
     concentrated = features["top_rest_share"].double() >= config.concentrated
     content = (rest > sink) & concentrated
     role = torch.where(content, CONTENT, RESET)
@@ -416,7 +432,7 @@ def threshold_sensitivity(
         value = getattr(config, name)
         for sign in (-1, 1):
             moved = value * (1 + sign * step)
-            if name != "z_align" and name != "z_shift":
+            if name in ("concentrated", "margin", "previous_token"):
                 moved = min(moved, 1.0)
             labels = taxonomy_from_result(result, replace(config, **{name: moved})).labels
             counts = torch.bincount(labels.flatten(), minlength=len(REGIMES))

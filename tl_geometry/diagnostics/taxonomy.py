@@ -33,11 +33,13 @@ o = sum of y_i over the visible keys (the head's output before W_O):
   this lag is 1, and a one-hot of the lag (averaged: the distribution of the
   top rest key's lag);
 - alignment over chance: cos(s(N), v) - c(N) for v = v_sink and v = v_L,
-  where c(N) = E<S, v> / (sqrt(E||S||^2) ||v||) and S is the sum of y_i over
-  a uniformly random N-subset of the visible keys (the same weights, a random
-  set). Both expectations are exact for sampling without replacement:
-  E<S, v> = (N/n) <o, v> and E||S||^2 = (N/n) sum ||y_i||^2 + N(N-1)/(n(n-1))
-  (||o||^2 - sum ||y_i||^2), n the visible keys. The row's mean excess over
+  where c(N) is the mean of cos(S_c(N), v) over ``ROLE_CONTROLS`` random
+  rankings c of the visible keys, S_c(N) the sum of y_i over the first N keys
+  of ranking c (the same weights, a random set; the rankings are the chance
+  diagnostic's, nested across N and seeded by the taxonomy's seed). The mean
+  of a cosine, not the cosine of mean sums: where every y_i points the same
+  way, a random set is as aligned as the top-N set and the excess is 0. The
+  row's mean excess over
   the grid's N with 1 <= N < n (at N = n both sums are o and the excess is 0
   by construction), and its shift: the least-squares slope of the excess
   against ln N over the same N, the point where the top-N set is the sink
@@ -57,13 +59,16 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from tl_geometry.diagnostics.chance import control_orders
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.registry import Diagnostic
-from tl_geometry.engine.context import COSINE_EPS, SelectionChunk, SelectionContext, rows_context
+from tl_geometry.engine.context import COSINE_EPS, RowCost, SelectionChunk, SelectionContext, rows_context
 from tl_geometry.errors import GeometryError
 
 # Query positions sampled per sequence for the role features (docs: how to read a head, the stability figure).
 DEFAULT_QUERY_SAMPLE = 16
+# Random rankings per row for the alignment's chance level: few suffice, the excess is averaged over many rows.
+ROLE_CONTROLS = 4
 
 CURVE_FEATURES = ("s_norm_without_sink", "s_norm_without_last", "cos_s_sink", "cos_s_last", "cos_s_sink_mixed", "cos_s_last_mixed")
 SCALAR_FEATURES = (
@@ -92,7 +97,7 @@ def _cosine(a: Float[Tensor, "*#batch d"], b: Float[Tensor, "*#batch d"]) -> Flo
     return (a * b).sum(-1) / (norms + COSINE_EPS)
 
 
-def chunk_features(chunk: SelectionChunk) -> dict[str, Tensor]:
+def chunk_features(chunk: SelectionChunk, seed: int = 0) -> dict[str, Tensor]:
     """The curve and scalar features of every row of a chunk, for every N at once.
 
     The leave-one-out curves subtract y_sink (y_L) where the sink (last key)
@@ -131,7 +136,7 @@ def chunk_features(chunk: SelectionChunk) -> dict[str, Tensor]:
         "taxonomy_attention_last": chunk.alpha[rows, last],
     }
     out.update({name: t.masked_fill(single, math.nan) for name, t in scalars.items()})
-    out.update(role_features(chunk, y_sink, y_last, total))
+    out.update(role_features(chunk, y_sink, y_last, total, seed))
     return out
 
 
@@ -147,7 +152,7 @@ def _slope(y: Float[Tensor, "row n"], x: Float[Tensor, " n"], use: Bool[Tensor, 
     return slope.masked_fill(spread <= 0, math.nan)
 
 
-def role_features(chunk: SelectionChunk, y_sink: Tensor, y_last: Tensor, total: Tensor) -> dict[str, Tensor]:
+def role_features(chunk: SelectionChunk, y_sink: Tensor, y_last: Tensor, total: Tensor, seed: int = 0) -> dict[str, Tensor]:
     """Composition, concentration of the rest and alignment over chance of every row (module docstring)."""
     rows = torch.arange(chunk.n_rows, device=chunk.alpha.device)
     sink, last, has_sink = chunk.sink.clamp(min=0), chunk.last_key, chunk.has_sink
@@ -184,21 +189,19 @@ def role_features(chunk: SelectionChunk, y_sink: Tensor, y_last: Tensor, total: 
     for name in ("rest_effective_keys", "rest_effective_share", "top_rest_share", "previous_token", "top_rest_lag_share"):
         undefined = ~has_rest if out[name].ndim == 1 else ~has_rest.unsqueeze(-1)
         out[name] = out[name].masked_fill(undefined, math.nan)
-    # Alignment over chance: exact expectations over uniformly random N-subsets of the visible keys.
-    n = chunk.n_visible.to(p.dtype).unsqueeze(-1)
-    size = chunk.grid.to(p.dtype).clamp(max=n)  # [row, n]
-    y_sq = (chunk.y_sorted * chunk.y_sorted).sum((-1, -2)).unsqueeze(-1)
-    pairs = size * (size - 1) / (n * (n - 1)).clamp(min=1)
-    expected_sq = size / n * y_sq + pairs * (o_sq.unsqueeze(-1) - y_sq)
+    # Alignment over chance: the mean cosine of random top-N sets, drawn as the chance diagnostic draws them
+    # (nested random rankings of the visible keys; hidden keys rank last, so N < n never reaches them).
+    places = control_orders(chunk, ROLE_CONTROLS, seed)  # [row, control, key], ranks in chunk.order
+    y_placed = chunk.y_sorted[rows[:, None, None], places]  # [row, control, key, d]
+    sizes = chunk.grid.clamp(max=chunk.alpha.shape[-1]) - 1
+    s_random = y_placed.cumsum(2)[:, :, sizes]  # [row, control, n, d]: each control's s(N)
     single = chunk.n_visible < 2
     usable = ~chunk.missing & (chunk.grid < chunk.n_visible.unsqueeze(-1)) & ~single.unsqueeze(-1)
     sink_alone = (chunk.sink_rank() == 0).unsqueeze(-1) & (chunk.grid == 1)
     log_n = chunk.grid.to(p.dtype).log()
     for part, key in (("sink", sink), ("self", last)):
         v = chunk.values[rows, key]
-        chance = size / n * (total * v).sum(-1, keepdim=True) / (
-            expected_sq.clamp(min=0).sqrt() * torch.linalg.vector_norm(v, dim=-1, keepdim=True) + COSINE_EPS
-        )
+        chance = _cosine(s_random, v[:, None, None, :]).mean(1)
         excess = _cosine(chunk.s, v.unsqueeze(1)) - chance
         curve = excess.masked_fill(chunk.missing | single.unsqueeze(-1), math.nan)
         mean = torch.where(usable, excess, 0.0).sum(-1) / usable.sum(-1)
@@ -272,8 +275,9 @@ class TaxonomySettings:
             the run's analysed queries (e.g. only the last one).
         n_queries: the sample's size per sequence (>= 1); fewer where a
             sequence has fewer positions.
-        seed: the sample's seed (>= 0); the positions of a sequence depend
-            only on it, the seed and the sequence's tokens.
+        seed: the seed (in [0, 2^32)) of the sample and of the random
+            rankings behind the alignment's chance level; the positions of a
+            sequence depend only on it, the seed and the sequence's tokens.
     """
 
     queries: str = "sample"
@@ -290,13 +294,15 @@ class TaxonomySettings:
                 f"settings['taxonomy'].n_queries: expected a positive integer (query positions sampled per "
                 f"sequence), got {self.n_queries!r}"
             )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise GeometryError(f"settings['taxonomy'].seed: expected an integer >= 0, got {self.seed!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+            raise GeometryError(f"settings['taxonomy'].seed: expected an integer in [0, 2^32), got {self.seed!r}")
 
 
 class TaxonomyDiagnostic(Diagnostic):
     name = "taxonomy"
     Settings = TaxonomySettings
+    # Per row: the random rankings' y by place and their running sums (the alignment's chance level).
+    cost = RowCost(key_d=2 * ROLE_CONTROLS)
     fields = (
         FieldSpec("s_norm_without_sink", "||s(N)|| with the sink left out of the top-N set", ("n",)),
         FieldSpec("s_norm_without_last", "||s(N)|| with the query's own token left out of the top-N set", ("n",)),
@@ -331,7 +337,7 @@ class TaxonomyDiagnostic(Diagnostic):
     )  # fmt: skip
 
     def rows(self, chunk: SelectionChunk, settings: Any) -> dict[str, Tensor]:
-        return chunk_features(chunk)
+        return chunk_features(chunk, settings.seed)
 
     def sequences(self, context: SelectionContext, settings: Any) -> dict[str, Tensor]:
         alpha, visible, _, _ = context.last_query()
