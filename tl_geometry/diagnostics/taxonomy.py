@@ -66,9 +66,10 @@ from tl_geometry.engine.context import COSINE_EPS, RowCost, SelectionChunk, Sele
 from tl_geometry.errors import GeometryError
 
 # Query positions sampled per sequence for the role features (docs: how to read a head, the stability figure).
-DEFAULT_QUERY_SAMPLE = 16
-# Random rankings per row for the alignment's chance level: few suffice, the excess is averaged over many rows.
-ROLE_CONTROLS = 4
+DEFAULT_QUERY_SAMPLE = 8
+# Random rankings per row for the alignment's chance level: one is unbiased, and the excess is averaged over
+# every sampled row of every document (docs: Head roles, what the taxonomy costs).
+ROLE_CONTROLS = 1
 
 CURVE_FEATURES = ("s_norm_without_sink", "s_norm_without_last", "cos_s_sink", "cos_s_last", "cos_s_sink_mixed", "cos_s_last_mixed")
 SCALAR_FEATURES = (
@@ -191,10 +192,19 @@ def role_features(chunk: SelectionChunk, y_sink: Tensor, y_last: Tensor, total: 
         out[name] = out[name].masked_fill(undefined, math.nan)
     # Alignment over chance: the mean cosine of random top-N sets, drawn as the chance diagnostic draws them
     # (nested random rankings of the visible keys; hidden keys rank last, so N < n never reaches them).
-    places = control_orders(chunk, ROLE_CONTROLS, seed)  # [row, control, key], ranks in chunk.order
-    y_placed = chunk.y_sorted[rows[:, None, None], places]  # [row, control, key, d]
-    sizes = chunk.grid.clamp(max=chunk.alpha.shape[-1]) - 1
-    s_random = y_placed.cumsum(2)[:, :, sizes]  # [row, control, n, d]: each control's s(N)
+    places = control_orders(chunk, ROLE_CONTROLS, seed)  # [row, control, place] -> rank in chunk.order
+    n_rows, n_keys = chunk.alpha.shape
+    place_of_rank = torch.empty_like(places).scatter_(
+        -1, places, torch.arange(n_keys, device=places.device).expand_as(places)
+    )
+    # Each rank goes to the first grid N above its place; s_c(N_k) is the running sum of those bins up to k
+    # (one pass over y, where gathering y by place and summing it all the way would pass three times).
+    bins = torch.searchsorted(chunk.grid.to(places.device).contiguous(), place_of_rank, right=True)
+    d_head = chunk.y_sorted.shape[-1]
+    binned = chunk.y_sorted.new_zeros(n_rows, ROLE_CONTROLS, len(chunk.grid) + 1, d_head).scatter_add_(
+        2, bins.unsqueeze(-1).expand(-1, -1, -1, d_head), chunk.y_sorted.unsqueeze(1).expand(-1, ROLE_CONTROLS, -1, -1)
+    )
+    s_random = binned.cumsum(2)[:, :, : len(chunk.grid)]  # [row, control, n, d]: each control's s(N)
     single = chunk.n_visible < 2
     usable = ~chunk.missing & (chunk.grid < chunk.n_visible.unsqueeze(-1)) & ~single.unsqueeze(-1)
     sink_alone = (chunk.sink_rank() == 0).unsqueeze(-1) & (chunk.grid == 1)
@@ -301,8 +311,8 @@ class TaxonomySettings:
 class TaxonomyDiagnostic(Diagnostic):
     name = "taxonomy"
     Settings = TaxonomySettings
-    # Per row: the random rankings' y by place and their running sums (the alignment's chance level).
-    cost = RowCost(key_d=2 * ROLE_CONTROLS)
+    # Per row: the random rankings' places and bins (the alignment's chance level), key x control each.
+    cost = RowCost(key_d=ROLE_CONTROLS)
     fields = (
         FieldSpec("s_norm_without_sink", "||s(N)|| with the sink left out of the top-N set", ("n",)),
         FieldSpec("s_norm_without_last", "||s(N)|| with the query's own token left out of the top-N set", ("n",)),
