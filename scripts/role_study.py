@@ -1,0 +1,125 @@
+"""The figures of the head roles (docs/circuits.md), printed as Markdown for the bundled models.
+
+Run from the repository root (a few minutes per model on a 2-core CPU; Gemma-3-270M
+needs its package and about 6 GB):
+
+    PYTHONPATH=. python scripts/role_study.py [smollm2-135m] [gemma3-270m] [--windows 16] [--context 1024]
+
+For each model, on the report's default input (``--windows`` windows of
+``--context`` tokens of the bundled text) with the ``"taxonomy"`` diagnostic
+and its default query sample:
+
+- the labels: counts by role, the share of "uncertain" heads, and that every
+  head has a role or "uncertain";
+- stability: the roles of the first and the second half of the windows,
+  analysed separately, agree on the heads both label; the default sample and
+  a sample with another seed agree;
+- the known mechanisms (`tl_geometry.capture.roles.check_known_mechanisms`):
+  the ten heads with the highest previous-token score on natural text, and
+  the ten with the highest induction score on repeated random tokens, and
+  their roles;
+- the threshold sensitivity (+-10 % on each threshold);
+- Gaussian mixtures over the per-head features for k = 1..6 and their BIC.
+
+``STUDY_SAVE=DIR`` keeps the results (DIR/<model>-first, -second, -seed1).
+"""
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+
+import tl_geometry as tg
+from tl_geometry.analysis.mixture import MIXTURE_FEATURES, mixture_bic, role_feature_matrix
+from tl_geometry.analysis.taxonomy import REGIMES, UNCERTAIN, agreement, role_counts, taxonomy_from_result, threshold_sensitivity
+from tl_geometry.capture.roles import check_known_mechanisms
+
+
+def _analyse(model, windows, config, save: str | None, tag: str):
+    result = tg.analyze_corpus(model, windows, config, batch_size=1, progress=True)
+    if save:
+        result.save(Path(save) / tag)
+    return result
+
+
+def study(name: str, n_windows: int, context: int) -> None:
+    save = os.environ.get("STUDY_SAVE")
+    model = tg.load_model(name, progress=False)
+    windows = tg.text_windows(model, tg.default_text(), context=context, n_windows=n_windows)
+    config = tg.GeometryConfig(diagnostics=["taxonomy"])
+    half = n_windows // 2
+    first = _analyse(model, windows[:half], config, save, f"{name}-first")
+    second = _analyse(model, windows[half:], config, save, f"{name}-second")
+    full = tg.GeometryResult.merge([first, second])
+    reseeded = _analyse(model, windows, config.with_overrides(settings={"taxonomy": {"seed": 1}}), save, f"{name}-seed1")
+    roles = taxonomy_from_result(full)
+    n_heads = roles.labels.numel()
+    counts = role_counts(roles)
+    print(f"\n### {name}: {n_windows} windows of {context} tokens, {n_heads} heads\n")
+    print("| " + " | ".join(REGIMES) + " |\n|" + "---|" * len(REGIMES))
+    print("| " + " | ".join(str(counts[r]) for r in REGIMES) + " |\n")
+    print(f"- uncertain: {counts['uncertain']} of {n_heads} ({100 * counts['uncertain'] / n_heads:.1f} %); "
+          f"heads without a role or 'uncertain': {int(((roles.labels < 0) | (roles.labels > UNCERTAIN)).sum())}")
+    share, both = agreement(taxonomy_from_result(first), taxonomy_from_result(second))
+    print(f"- halves: windows 1-{half} and {half + 1}-{n_windows} agree on {100 * share:.1f} % of the {both} heads both label")
+    share, both = agreement(roles, taxonomy_from_result(reseeded))
+    print(f"- query sample: seed 0 and seed 1 agree on {100 * share:.1f} % of the {both} heads both label")
+    probability = roles.probabilities.amax(-1)
+    print(f"- probability of the label: median {float(probability.median()):.2f}; "
+          f"margin p1 - p2 below {roles.config.margin} for {int((roles.margin < roles.config.margin).sum())} heads")
+
+    checks = check_known_mechanisms(model)
+    for detector, set_name in (("previous_token", "natural"), ("induction", "repeated")):
+        check = checks[set_name]
+        print(f"\n{detector} score on the {set_name} prompts: the top ten heads "
+              f"({check.matches(detector)} of 10 placed as expected on these prompts)\n")
+        print("| head | score | role on these prompts | sub-type | p(content) | role on the default input |\n|---|---|---|---|---|---|")
+        for row in check.cross_tab(detector):
+            layer, head = (int(x) for x in row["head"].split("."))
+            default = roles.label_names()[roles.layers.index(layer)][roles.heads.index(head)]
+            sub = roles.subtype(layer, head)
+            print(f"| {row['head']} | {row['score']:.2f} | {row['label']} | {row['subtype'] or '-'} | "
+                  f"{row['p_content']:.2f} | {default}{f' ({sub})' if sub else ''} |")
+        if detector == "previous_token":
+            top = check.top_heads(detector)
+            on_default = sum(roles.subtype(layer, head) == "previous-token" for layer, head in top)
+            print(f"\nOn the default input: {on_default} of 10 are Content / previous-token.")
+
+    print("\nMean detector score by role on the default input's labels (natural prompts; repeated for induction)\n")
+    print("| role | heads | previous-token | duplicate-token | induction | BOS |\n|---|---|---|---|---|---|")
+    for index, regime in enumerate(REGIMES):
+        member = roles.labels == index
+        if not bool(member.any()):
+            continue
+        scores = [checks["natural"].scores[d][member].mean() for d in ("previous_token", "duplicate_token")]
+        scores += [checks["repeated"].scores["induction"][member].mean(), checks["natural"].scores["bos"][member].mean()]
+        print(f"| {regime} | {int(member.sum())} | " + " | ".join(f"{float(s):.2f}" for s in scores) + " |")
+
+    print("\nThreshold sensitivity (labels changed when one threshold moves by 10 %)\n")
+    print("| threshold | moved to | labels changed | " + ", ".join(REGIMES) + " |\n|---|---|---|---|")
+    for row in threshold_sensitivity(full):
+        print(f"| {row.threshold} | {row.value:.3g} | {row.changed} | {', '.join(map(str, row.counts))} |")
+
+    fits = mixture_bic(role_feature_matrix(roles.features))
+    best = min(fits, key=lambda f: f.bic)
+    print(f"\nGaussian mixtures over {', '.join(MIXTURE_FEATURES)} (standardised): BIC by k; best k = {best.k}\n")
+    print("| k | log-likelihood | parameters | BIC | BIC - best |\n|---|---|---|---|---|")
+    for fit in fits:
+        print(f"| {fit.k} | {fit.log_likelihood:.1f} | {fit.n_parameters} | {fit.bic:.1f} | {fit.bic - best.bic:.1f} |")
+    sizes = torch.bincount(best.assignment, minlength=best.k).tolist()
+    print(f"\nComponent sizes at k = {best.k}: {sizes}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=["smollm2-135m", "gemma3-270m"])
+    parser.add_argument("--windows", type=int, default=16)
+    parser.add_argument("--context", type=int, default=1024)
+    args = parser.parse_args()
+    for name in args.models:
+        study(name, args.windows, args.context)
+
+
+if __name__ == "__main__":
+    main()
