@@ -80,15 +80,6 @@ def _config(*args):
     return config_from_args(build_parser().parse_args(["analyze", *args]))
 
 
-def test_regime_confidence_keeps_the_rules_inputs_replicated():
-    from tl_geometry.analysis.taxonomy import REGIME_INPUTS
-
-    assert not set(REGIME_INPUTS) & set(_config().bootstrap_fields or ())
-    assert set(REGIME_INPUTS) <= set(_config("--regime-confidence").bootstrap_fields)
-    with pytest.raises(GeometryError, match="--regime-confidence: the taxonomy diagnostic is off"):
-        _config("--diagnostics", "bounds", "--regime-confidence")
-
-
 @pytest.mark.parametrize(
     ("args", "field", "expected"),
     [

@@ -134,7 +134,7 @@ def test_taxonomy_features_of_every_valid_query_row_and_the_last_query_by_positi
     seen = set()
     for chunk in context.chunks():
         out = TAXONOMY.rows(chunk, TAXONOMY.Settings())
-        assert set(out) == set(CURVE_FEATURES + SCALAR_FEATURES)
+        assert set(out) == set(TAXONOMY_FEATURES) - set(POSITION_FEATURES)  # role features: tests/test_role_features.py
         for r, (b, h, q) in enumerate(zip(chunk.batch.tolist(), chunk.head.tolist(), chunk.query.tolist(), strict=True)):
             assert context.query_valid[b, q], (b, q)  # only valid queries become rows
             seen.add((b, h, q))
@@ -167,12 +167,15 @@ def test_taxonomy_features_of_every_valid_query_row_and_the_last_query_by_positi
 def test_features_through_the_hooks_do_not_depend_on_batching():
     model = tm.make_model("bridge-llama")
     texts = ["the cat sat on the mat and ran", "a dog", "one two three four five six seven"]
-    config = dict(diagnostics=["taxonomy"], n_grid=[1, 2, 4, 8], keep_queries=True)
+    # The features on the analysed queries (kept per query); the default query sample has tests/test_taxonomy.py.
+    config = dict(diagnostics=["taxonomy"], n_grid=[1, 2, 4, 8], keep_queries=True, settings={"taxonomy": {"queries": "analysed"}})
     together = run_with_geometry_hooks(model, texts, **config)
     alone = [run_with_geometry_hooks(model, [text], **config) for text in texts]
     for i, one in enumerate(alone):
-        for name in CURVE_FEATURES + SCALAR_FEATURES:
-            torch.testing.assert_close(together.queries[name][i], one.queries[name][0], equal_nan=True, msg=name)
+        for name in set(TAXONOMY_FEATURES) - set(POSITION_FEATURES):
+            alone_rows = one.queries[name][0]
+            rows = together.queries[name][i][..., : alone_rows.shape[-1]] if name == "top_rest_lag_share" else together.queries[name][i]
+            torch.testing.assert_close(rows, alone_rows, equal_nan=True, msg=name)  # the lag axis: as wide as the keys
     # The per-position features belong to each sequence's last query: one sequence per run gives its own
     # values; together, position p averages the sequences that reach p, and padding is never counted.
     width = max(one.per_head("contribution_by_position").shape[-1] for one in alone)

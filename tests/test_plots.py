@@ -158,7 +158,7 @@ def test_figure_7_names_its_line_styles_in_the_legend_not_the_title(taxonomy):
     legend = [t for t in fig.data if t.showlegend is not False]
     assert [t.name for t in legend] == [
         "||s(N)|| (top)", "||s(N) without the sink|| (top)", "||s(N) without the last token|| (top)",
-        "cos(s(N), v_0) (bottom)", "cos(s(N), v_L) (bottom)",
+        "cos(s(N), v_0) over chance (bottom)", "cos(s(N), v_L) over chance (bottom)",
     ]  # fmt: skip
     assert [t.line.dash for t in legend] == ["solid", "dashdot", "dash", "solid", "dash"]
     for entry in legend:  # an entry toggles the curves it names in every panel

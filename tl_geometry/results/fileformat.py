@@ -78,8 +78,8 @@ def stage(unit: Unit, result: Any, path: str | os.PathLike) -> tuple[Path, Path]
         "n_tokens": result.n_tokens,
         "fields": [
             {"name": s.spec.name, "doc": s.spec.doc, "axes": list(s.spec.axes), "queries": s.spec.queries,
-             "documents": s.spec.documents, "bootstrap": s.spec.bootstrap, "trailing": list(s.trailing),
-             "replicates": s.n_replicates}
+             "documents": s.spec.documents, "bootstrap": s.spec.bootstrap,
+             "resample_queries": s.spec.resample_queries, "trailing": list(s.trailing), "replicates": s.n_replicates}
             for s in result.stats.values()
         ],
         "queries": None if result.queries is None else list(result.queries),
@@ -285,9 +285,13 @@ def read_stats(
         if not all(isinstance(a, str) for a in axes) or not isinstance(entry["bootstrap"], bool):
             raise GeometryError(f"field {entry.get('name')!r}: axes {axes!r} or bootstrap {entry['bootstrap']!r} "
                                 "is not a list of names or a bool")
+        resample = entry.get("resample_queries", False)  # files before the two-stage bootstrap lack it
+        if not isinstance(resample, bool):
+            raise GeometryError(f"field {entry.get('name')!r}: resample_queries {resample!r} is not a bool")
         spec = FieldSpec(name=of_json_type(entry["name"], str, "fields[...].name"),
                          doc=of_json_type(entry["doc"], str, "fields[...].doc"), axes=tuple(axes),
-                         queries=entry["queries"], documents=entry["documents"], bootstrap=entry["bootstrap"])
+                         queries=entry["queries"], documents=entry["documents"], bootstrap=entry["bootstrap"],
+                         resample_queries=resample)
         shape = (len(layers), len(heads), *(int(i) for i in entry["trailing"]))
         stats[spec.name] = stats_from_arrays(spec, arrays, shape, int(entry["replicates"]), npz_path)
     return stats
