@@ -388,7 +388,7 @@ def _corpus(args: argparse.Namespace, model: Any, prompts: list[str] | None) -> 
 
 
 def _analyse(args: argparse.Namespace):
-    """Load the model and text, analyse the windows; the result and the summary-table details."""
+    """Load the model and text, analyse the windows; the result, the summary-table details and the model."""
     from tl_geometry.capture.checkpoint import CheckpointEvery
     from tl_geometry.capture.corpus import analyze_corpus
     from tl_geometry.capture.sources import WindowStream
@@ -407,7 +407,7 @@ def _analyse(args: argparse.Namespace):
         details["corpus"] = corpus.report.summary()
         if args.windows is not None and result.n_documents < args.windows:
             details["note"] = f"the corpus gave {result.n_documents} of the {args.windows} windows asked for"
-    return result, details
+    return result, details, model
 
 
 def _load_model_on_every_rank(args: argparse.Namespace) -> tuple[Any, bool]:
@@ -467,7 +467,7 @@ def run_command(args: argparse.Namespace) -> int:
         index = write_report(result, args.out, {"source": str(args.result)}, png=args.png)
         print(f"wrote {index}")
         return EXIT_OK
-    result, details = _analyse(args)
+    result, details, model = _analyse(args)
     if not _is_main_process():
         return EXIT_OK  # every rank holds the result; rank 0 writes it
     print(_summary(result, time.perf_counter() - start))
@@ -475,7 +475,13 @@ def run_command(args: argparse.Namespace) -> int:
         if key in details:
             print(f"{key}: {details[key]}")
     if args.command == "report":
-        index = write_report(result, args.out, details, png=args.png)
+        mechanisms = None
+        if "taxonomy" in result.config.diagnostics:
+            from tl_geometry.capture.roles import check_known_mechanisms
+
+            print("checking the head roles against known mechanisms (previous-token, induction prompts)")
+            mechanisms = check_known_mechanisms(model)
+        index = write_report(result, args.out, details, png=args.png, mechanisms=mechanisms)
         print(f"wrote {index} (open it in a browser; it works offline)")
     else:
         npz_path, json_path = result.save(args.out / "result")

@@ -249,13 +249,24 @@ class HeadTaxonomy:
         return [[REGIMES[i] for i in row] for row in self.labels.tolist()]
 
     def subtype(self, layer: int, head: int) -> str | None:
-        """A Content head's sub-type: ``"previous-token"`` or ``"lag k"`` (None for other labels)."""
+        """A Content head's sub-type: ``"previous-token"``, else ``"lag k"`` (the top rest key's modal lag), else None.
+
+        None for other labels.
+        """
         i, j = self.layers.index(layer), self.heads.index(head)
         if int(self.labels[i, j]) != CONTENT:
             return None
         if float(self.features["previous_token"][i, j]) >= self.config.previous_token:
             return PREVIOUS_TOKEN
         return f"lag {int(self.top_lag[i, j])}"
+
+    def subtype_text(self, layer: int, head: int) -> str | None:
+        """`subtype` with the share of rows behind a lag, e.g. ``"lag 63, 81 % of rows"``."""
+        sub = self.subtype(layer, head)
+        if sub is None or sub == PREVIOUS_TOKEN:
+            return sub
+        share = float(self.top_lag_share[self.layers.index(layer), self.heads.index(head)])
+        return f"{sub}, {100 * share:.0f} % of rows"
 
     def counts_by_layer(self) -> Int[Tensor, "layer 5"]:
         """Heads of each label per layer (Figure 8), columns in REGIMES order (uncertain last)."""
@@ -272,7 +283,7 @@ class HeadTaxonomy:
             first = ROLES[int(p.nan_to_num(-1).argmax())]
             head_line = f"{layer}.{head}: uncertain between {first} and {ROLES[int(self.runner_up[i, j])]}"
         else:
-            sub = self.subtype(layer, head)
+            sub = self.subtype_text(layer, head)
             head_line = f"{layer}.{head}: {label}" + (f" ({sub})" if sub else "")
         return (
             f"{head_line}; probabilities {odds}; shares of the output: sink {f['share_sink']:.2f}, own token "

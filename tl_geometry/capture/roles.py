@@ -18,14 +18,14 @@ keys to say anything) and over prompts, ``[layer, head]``.
 """
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from tl_geometry.analysis.taxonomy import CONTENT, NAMED, HeadTaxonomy, TaxonomyConfig, taxonomy_from_result
+from tl_geometry.analysis.mechanisms import DETECTORS, PromptSetCheck
+from tl_geometry.analysis.taxonomy import NAMED, HeadTaxonomy, TaxonomyConfig, taxonomy_from_result
 from tl_geometry.capture.hook_names import pattern_hook
 from tl_geometry.capture.hooks import run_with_geometry_hooks
 from tl_geometry.capture.sources import text_windows
@@ -34,9 +34,6 @@ from tl_geometry.config import GeometryConfig
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.text import default_text
-
-DETECTORS = ("previous_token", "duplicate_token", "induction", "bos")
-
 
 def _with_taxonomy(config: GeometryConfig | None) -> GeometryConfig:
     if config is None:
@@ -194,59 +191,6 @@ def detector_scores(model: HookableModel, tokens: Int[Tensor, "prompt pos"], per
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         model(tokens, return_type=None)
     return out
-
-
-@dataclass(frozen=True)
-class PromptSetCheck:
-    """One prompt set: detector scores and the roles found on the same prompts.
-
-    Attributes:
-        name: ``"natural"`` or ``"repeated"``.
-        scores: detector name -> ``[layer, head]``.
-        taxonomy: the roles on these prompts.
-        period: T for repeated prompts, else None.
-    """
-
-    name: str
-    scores: dict[str, Tensor]
-    taxonomy: HeadTaxonomy
-    period: int | None
-
-    def top_heads(self, detector: str, k: int = 10) -> list[tuple[int, int]]:
-        """The k heads with the highest score of ``detector`` (NaN last)."""
-        flat = self.scores[detector].nan_to_num(-math.inf).flatten()
-        n_heads = self.scores[detector].shape[1]
-        return [divmod(int(i), n_heads) for i in flat.topk(min(k, flat.numel())).indices]
-
-    def matches(self, detector: str, k: int = 10) -> int:
-        """Of the top-k heads of ``detector``, how many the roles place as expected.
-
-        previous_token: Content / previous-token; induction: Content with its
-        top rest key at lag T - 1; other detectors: not defined (ValueError).
-        """
-        found = 0
-        for layer, head in self.top_heads(detector, k):
-            sub = self.taxonomy.subtype(layer, head)
-            if detector == "previous_token":
-                found += sub == "previous-token"
-            elif detector == "induction":
-                found += sub == f"lag {self.period - 1}"
-            else:
-                raise GeometryError(f"detector: matches is defined for previous_token and induction, got {detector!r}")
-        return found
-
-    def cross_tab(self, detector: str, k: int = 10) -> list[dict[str, Any]]:
-        """The top-k heads of ``detector``: score, label, sub-type and the role probabilities."""
-        rows = []
-        for layer, head in self.top_heads(detector, k):
-            i, j = self.taxonomy.layers.index(layer), self.taxonomy.heads.index(head)
-            rows.append({
-                "head": f"{layer}.{head}", "score": float(self.scores[detector][layer, head]),
-                "label": self.taxonomy.label_names()[i][j], "subtype": self.taxonomy.subtype(layer, head),
-                "top_lag": int(self.taxonomy.top_lag[i, j]),
-                "p_content": float(self.taxonomy.probabilities[i, j, CONTENT]),
-            })  # fmt: skip
-        return rows
 
 
 def check_known_mechanisms(

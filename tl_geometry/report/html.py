@@ -21,6 +21,7 @@ from plotly.offline import get_plotlyjs
 
 from tl_geometry.report import plots
 from tl_geometry.report.explorer import HEATMAPS, default_n_index, explorer_html, explorer_script
+from tl_geometry.report.roles import roles_html
 from tl_geometry.report.scorecard import scorecard_html
 from tl_geometry.errors import GeometryError
 from tl_geometry.diagnostics.registry import REGISTRY
@@ -30,6 +31,7 @@ from tl_geometry.results.result import GeometryResult
 from tl_geometry.analysis.sink import sink_recall_correlation
 from tl_geometry.theory.synthetic import toy_2d
 from tl_geometry.analysis.summaries import effective_n, mean_over_heads
+from tl_geometry.analysis.mechanisms import PromptSetCheck
 from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy, taxonomy_from_result
 
 
@@ -298,12 +300,15 @@ def render_html(
     details: Mapping[str, str] | None = None,
     rendered: Rendered | None = None,
     extra_figures: Sequence[tuple[Figure, go.Figure]] = (),
+    mechanisms: Mapping[str, PromptSetCheck] | None = None,
 ) -> str:
     """The whole report as one HTML document (plotly.js embedded once).
 
     Figures that need a diagnostic (taxonomy, assumptions) are drawn when the
     result carries its fields. ``rendered`` reuses figures already drawn.
     ``extra_figures`` (e.g. `intervention_figures` of a sweep) follow them.
+    ``mechanisms`` (`tl_geometry.capture.roles.check_known_mechanisms`) adds
+    the detector cross-tab to the head roles' section.
     """
     details = details or {}
     taxonomy, figures, notes = render_figures(result) if rendered is None else rendered
@@ -341,6 +346,7 @@ th[data-order=descending]::after {{ content: " \\25BC"; }} th[data-order=ascendi
 <table id="summary">
 {table}
 </table>
+{roles_html(taxonomy, mechanisms)}
 {scorecard_html(result)}
 {explorer_html(result, taxonomy, heatmaps)}
 <h2>Figures</h2><ul>{contents}</ul>
@@ -391,6 +397,7 @@ def write_report(
     *,
     png: bool = False,
     extra_figures: Sequence[tuple[Figure, go.Figure]] = (),
+    mechanisms: Mapping[str, PromptSetCheck] | None = None,
 ) -> Path:
     """Write ``out_dir/index.html`` and the result files ``out_dir/result.npz`` + ``.json``.
 
@@ -400,6 +407,7 @@ def write_report(
         details: extra rows for the summary table, e.g. the text analysed.
         png: also write a PNG of every figure (needs kaleido and a Chromium).
         extra_figures: drawn figures appended to the report (`intervention_figures` of a sweep).
+        mechanisms: detector scores and roles on known-mechanism prompts (the head roles' cross-tab).
 
     Returns:
         The path of ``index.html``.
@@ -412,7 +420,7 @@ def write_report(
     if png:
         _browser_for_png()  # fail before writing anything
     rendered = render_figures(result)
-    page = render_html(result, details, rendered, extra_figures)  # everything is drawn before anything is written
+    page = render_html(result, details, rendered, extra_figures, mechanisms)  # everything is drawn before anything is written
     index = out / "index.html"
     # One commit: a reader sees the old page with the old result or the new page with the new one.
     with commit_unit(out) as unit:

@@ -1,0 +1,68 @@
+"""Detector scores against a slow reference from their definitions; the roles' cross-tab and its report section."""
+
+import math
+
+import pytest
+import torch
+
+from tests import tiny_models as tm
+from tl_geometry.capture.roles import check_known_mechanisms, detector_scores, repeated_random_tokens
+from tl_geometry.report.roles import roles_html
+
+
+def reference_scores(model, tokens, period):
+    """One prompt, head and query at a time, from run_with_cache's attention patterns."""
+    _, cache = model.run_with_cache(tokens)
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    out = {name: torch.zeros(n_layers, n_heads, dtype=torch.float64) for name in ("previous_token", "duplicate_token", "induction", "bos")}
+    pos = tokens.shape[1]
+    for layer in range(n_layers):
+        pattern = cache[f"blocks.{layer}.attn.hook_pattern"].double()
+        for head in range(n_heads):
+            prev, dup, ind, bos, dup_rows = [], [], [], [], 0
+            for p in range(tokens.shape[0]):
+                for q in range(2, pos):
+                    row = pattern[p, head, q]
+                    prev.append(float(row[q - 1]))
+                    bos.append(float(row[0]))
+                    earlier = [k for k in range(q) if tokens[p, k] == tokens[p, q]]
+                    if earlier:
+                        dup.append(sum(float(row[k]) for k in earlier))
+                    if q >= period + 1:
+                        ind.append(float(row[q - period + 1]))
+            out["previous_token"][layer, head] = sum(prev) / len(prev)
+            out["bos"][layer, head] = sum(bos) / len(bos)
+            out["duplicate_token"][layer, head] = sum(dup) / len(dup) if dup else math.nan
+            out["induction"][layer, head] = sum(ind) / len(ind)
+    return out
+
+
+@pytest.mark.model
+def test_detector_scores_match_the_reference():
+    model = tm.tiny_bridge("llama")
+    tokens = repeated_random_tokens(model, n_prompts=2, period=9, seed=3)
+    assert tokens.shape == (2, 19) and torch.equal(tokens[:, 1:10], tokens[:, 10:])
+    assert (tokens[:, 0] == model.tokenizer.bos_token_id).all()
+    assert not set(tokens[:, 1:].flatten().tolist()) & set(model.tokenizer.all_special_ids)
+    hooks_before = tm.hook_counts(model)
+    fast = detector_scores(model, tokens, period=9)
+    want = reference_scores(model, tokens, 9)
+    for name, expected in want.items():
+        torch.testing.assert_close(fast[name], expected, equal_nan=True, msg=name, atol=1e-6, rtol=1e-6)
+    assert tm.hook_counts(model) == hooks_before  # the model is left as it was
+
+
+@pytest.mark.model
+def test_known_mechanisms_and_their_report_section():
+    model = tm.tiny_bridge("gpt2")
+    checks = check_known_mechanisms(model, n_prompts=2, context=24, period=10)
+    assert set(checks) == {"natural", "repeated"} and checks["repeated"].period == 10
+    natural = checks["natural"]
+    top = natural.top_heads("previous_token", k=3)
+    scores = natural.scores["previous_token"]
+    assert [float(scores[layer, head]) for layer, head in top] == sorted(scores.flatten().tolist(), reverse=True)[:3]
+    expected = sum(natural.taxonomy.subtype(layer, head) == "previous-token" for layer, head in natural.top_heads("previous_token"))
+    assert natural.matches("previous_token") == expected
+    page = roles_html(natural.taxonomy, checks)
+    assert "What kind of head is L.H?" in page and "Induction score" in page and "Every head" in page
+    assert "No detector cross-tab" in roles_html(natural.taxonomy, None)

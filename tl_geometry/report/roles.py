@@ -1,0 +1,68 @@
+"""The report's "What kind of head is L.H?" section: roles, their probabilities, and the known mechanisms."""
+
+import html
+from collections.abc import Mapping
+
+from tl_geometry.analysis.mechanisms import PromptSetCheck
+from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy, role_counts
+
+INTRO = (
+    "Each head's role is read from its output o = sum of alpha_i v_i over a seeded sample of query positions: "
+    "<b>retriever</b> (its own token dominates o and s(N) is aligned with v_L beyond random sets of the same "
+    "weights), <b>mixer</b> (its own token between the sink and the rest, alignment shifting from v_0 to v_L as "
+    "N grows), <b>reset</b> (the sink dominates, or the rest dominates but is broadly spread), and <b>content</b> "
+    "(not in the paper: the rest dominates and is concentrated on a specific earlier token; previous-token, "
+    "induction and copy heads). The probability of each role is its share of bootstrap replicates over "
+    "documents and query positions; a head is <b>uncertain</b> where the most probable role does not beat the "
+    "runner-up by {margin}."
+)
+TOP_K = 10
+
+
+def _cross_tab(check: PromptSetCheck, detector: str, roles: HeadTaxonomy, what: str) -> str:
+    rows = []
+    for row in check.cross_tab(detector, TOP_K):
+        layer, head = (int(x) for x in row["head"].split("."))
+        here = roles.label_names()[roles.layers.index(layer)][roles.heads.index(head)]
+        sub = roles.subtype_text(layer, head)
+        cells = [row["head"], f"{row['score']:.2f}", row["label"], row["subtype"] or "-", f"{row['p_content']:.2f}",
+                 here + (f" ({sub})" if sub else "")]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    head = "".join(f"<th>{c}</th>" for c in ("head", "score", "role on these prompts", "sub-type", "p(content)",
+                                                   "role on the analysed text"))
+    expected, shown = check.matches(detector, TOP_K), len(rows)
+    return (f"<h3>{html.escape(what)}</h3><p class='how'>The {shown} heads with the highest score; {expected} of "
+            f"{shown} come out as expected on these prompts (Content, {'previous-token' if detector == 'previous_token' else 'top key at the induction lag'}).</p><table><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table>")
+
+
+def roles_html(roles: HeadTaxonomy | None, checks: Mapping[str, PromptSetCheck] | None = None) -> str:
+    """The section, or a note saying which option adds it (no taxonomy features)."""
+    if roles is None:
+        return ("<section id='head-roles'><h2>What kind of head is L.H?</h2><p class='note'>No roles: analyse with "
+                "the 'taxonomy' diagnostic (the tl-geometry default).</p></section>")
+    counts = role_counts(roles)
+    n_heads = roles.labels.numel()
+    count_row = "".join(f"<td>{counts[r]}</td>" for r in REGIMES)
+    parts = [
+        "<section id='head-roles'><h2>What kind of head is L.H?</h2>",
+        f"<p class='how'>{INTRO.format(margin=roles.config.margin)}</p>",
+        "<table><thead><tr>" + "".join(f"<th>{r}</th>" for r in REGIMES) + f"</tr></thead><tbody><tr>{count_row}"
+        f"</tr></tbody></table><p class='how'>{n_heads} heads. The head panel below describes the head you pick; "
+        "every head is listed at the end of this section.</p>",
+    ]
+    if checks:
+        parts.append("<p class='how'>Checked against mechanisms the field already knows: detector scores written "
+                     "from their definitions on the attention pattern alone, on prompts where the mechanism acts.</p>")
+        parts.append(_cross_tab(checks["natural"], "previous_token", roles,
+                                "Previous-token score (weight on the key just before the query), natural text"))
+        period = checks["repeated"].period
+        parts.append(_cross_tab(checks["repeated"], "induction", roles,
+                                f"Induction score (weight on the key after the previous occurrence of the query's "
+                                f"token, lag {period - 1 if period else '?'}), random tokens repeated twice"))
+    else:
+        parts.append("<p class='note'>No detector cross-tab: it runs the model on its own prompts, which "
+                     "tl-geometry report does and tl-geometry plot (saved results only) cannot.</p>")
+    lines = "".join(f"<li>{html.escape(roles.describe(layer, head))}</li>" for layer in roles.layers for head in roles.heads)
+    parts.append(f"<details><summary>Every head</summary><ul>{lines}</ul></details></section>")
+    return "\n".join(parts)
