@@ -44,12 +44,13 @@ def test_detector_scores_match_the_reference():
     assert tokens.shape == (2, 19) and torch.equal(tokens[:, 1:10], tokens[:, 10:])
     assert (tokens[:, 0] == model.tokenizer.bos_token_id).all()
     assert not set(tokens[:, 1:].flatten().tolist()) & set(model.tokenizer.all_special_ids)
+    model(tokens, return_type=None)  # a bridge's first forward installs hooks of its own
     hooks_before = tm.hook_counts(model)
     fast = detector_scores(model, tokens, period=9)
-    want = reference_scores(model, tokens, 9)
+    assert tm.hook_counts(model) == hooks_before  # the model is left as it was
+    want = reference_scores(model, tokens, 9)  # (run_with_cache on a bridge leaves hooks of its own behind)
     for name, expected in want.items():
         torch.testing.assert_close(fast[name], expected, equal_nan=True, msg=name, atol=1e-6, rtol=1e-6)
-    assert tm.hook_counts(model) == hooks_before  # the model is left as it was
 
 
 @pytest.mark.model
