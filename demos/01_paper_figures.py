@@ -173,12 +173,14 @@ print(f"corr(R(r_min, N), rho_0): peak {pearson[peak]:.2f} at N={grid[peak]}; "
       f"second-largest N {pearson[-2]:.2f} (N={grid[-2]})")
 
 # %% [markdown]
-# ## Figures 7, 8, 10, 11: the head regimes
+# ## Figures 7, 8, 10, 11: the head roles
 #
-# Each head is labelled Retriever, Mixer or Reset by the explicit rules of
-# `tl_geometry.analysis.taxonomy` (see the Concepts page). The paper (Llama-2-7B) finds
-# Retrievers in the first layers, Reset heads early and Mixers from the
-# lower-middle layers on.
+# Each head gets a role by the rules of `tl_geometry.analysis.taxonomy`: the
+# paper's Retriever, Mixer and Reset, plus Content (a specific earlier token
+# dominates the output, as in previous-token and induction heads), or
+# "uncertain" when the bootstrap does not decide (see the page "Head roles for
+# a circuit study"). The paper (Llama-2-7B) finds Retrievers in the first
+# layers, Reset heads early and Mixers from the lower-middle layers on.
 
 # %%
 show(plots.regime_diagnostics(taxonomy))
@@ -191,7 +193,7 @@ layers = torch.tensor(taxonomy.layers, dtype=torch.float)
 
 
 def mean_layer(index: int) -> float:
-    """Mean depth of the heads of one regime (NaN if the regime is empty)."""
+    """Mean depth of the heads with one label (NaN if none has it)."""
     weights = counts[:, index].float()
     return (weights @ layers / weights.sum()).item() if weights.sum() > 0 else math.nan
 
@@ -223,8 +225,9 @@ for row in table.itertuples():
 # on the envelopes (95% / 93% of (layer, head, N) inside), and disagrees on
 # Assumptions 1-3 (CV 0.08-0.44, sink ratio median 0.28 but 12% of heads above
 # 1, decay MAE median 0.15, four-phase fits poor) and on the progression of
-# regimes (mostly Mixers, Reset heads spread over the deeper layers, few
-# Retrievers). The small run of the test suite gives noisier numbers.
+# roles: the sink rarely dominates a head's output, most heads are Reset by
+# the paper's "broadly spread" branch or Content, with few Retrievers and
+# fewer Mixers. The small run of the test suite gives noisier numbers.
 
 # %% [markdown]
 # ## Gemma-3-270M, when installed

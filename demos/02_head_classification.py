@@ -17,11 +17,12 @@
 # Circuit studies start from heads found by a behaviour: previous-token heads,
 # induction heads. This tutorial finds them with TransformerLens's own head
 # detector on a repeated-sequence prompt, then asks what the geometry says
-# about them: which regime (Retriever, Mixer, Reset) each one is in, how
-# confidently, and how well it separates its top keys (Precision and Recall at
-# small N). It ends with the patterns for using labels and scores in an
-# analysis: filtering heads, comparing groups, and `detect_regime`, which scores
-# heads in the same shape as `detect_head`.
+# about them: which role (the paper's Retriever, Mixer and Reset, plus Content:
+# a head whose output comes from a specific earlier token) each one has, with
+# what probability, and how well it separates its top keys (Precision and
+# Recall at small N). It ends with the patterns for using roles in an
+# analysis: filtering heads, comparing groups, and `detect_regime`, which
+# scores heads in the same shape as `detect_head`.
 #
 # Runs in under two minutes on 2 CPU cores (`TL_GEOMETRY_DEMO_SMALL=1` uses a
 # shorter prompt).
@@ -34,7 +35,7 @@ import torch
 from transformer_lens.head_detector import detect_head
 
 import tl_geometry as tg
-from tl_geometry.analysis.taxonomy import NAMED, REASONS, REGIMES
+from tl_geometry.analysis.taxonomy import NAMED, ROLES
 from tl_geometry.report import plots
 
 SMALL = os.environ.get("TL_GEOMETRY_DEMO_SMALL") == "1"
@@ -87,47 +88,49 @@ print("previous-token heads:", [(h, round(previous_token[h].item(), 2)) for h in
 print("induction heads:     ", [(h, round(induction[h].item(), 2)) for h in induction_heads])
 
 # %% [markdown]
-# ## Their regimes, from the same prompt
+# ## Their roles, from the same prompt
 #
 # The queries analysed are the positions of the second copy, where induction
 # happens (positions are counted from the first real token; 0 is the sink).
-# `diagnostics=["taxonomy"]` computes the regime features in the same pass.
+# By default the taxonomy measures its features on a seeded sample of query
+# positions spread over each sequence; `settings={"taxonomy": {"queries":
+# "analysed"}}` measures them on the analysed queries instead, here the second
+# copy. `diagnostics=["taxonomy"]` computes the role features in the same pass.
 
 # %%
 second_copy = list(range(first_copy + 1, n_tokens))
-result = tg.run_with_geometry_hooks(model, tokens, query_positions=second_copy, diagnostics=["taxonomy"])
+result = tg.run_with_geometry_hooks(model, tokens, query_positions=second_copy, diagnostics=["taxonomy"],
+                                    settings={"taxonomy": {"queries": "analysed"}})
 taxonomy = tg.classify_heads(result)
 names = taxonomy.label_names()
 grid = result.n_grid.tolist()
 at = {n: grid.index(n) for n in (2, 4)}  # at N = 1, P = R = 1 for every head
 
-reasons = [[REASONS[i] for i in row] for row in taxonomy.reason.tolist()]
-print(f"{'head':>8} {'found as':>15} {'regime':>12} {'reason':>13} {'margin':>7} {'P(N=2)':>7} {'R(N=2)':>7} {'R(N=4)':>7}")
+print(f"{'head':>8} {'found as':>15} {'role':>10} {'sub-type':>16} {'p(role)':>8} {'P(N=2)':>7} {'R(N=2)':>7} {'R(N=4)':>7}")
 for label, heads in (("previous-token", prev_heads), ("induction", induction_heads)):
     for layer, head in heads:
-        print(f"{f'L{layer}H{head}':>8} {label:>15} {names[layer][head]:>12} {reasons[layer][head]:>13} "
-              f"{taxonomy.margin[layer, head]:7.2f} "
-              f"{taxonomy.precision[layer, head, at[2]]:7.2f} {taxonomy.recall[layer, head, at[2]]:7.2f} "
+        p = taxonomy.probabilities[layer, head].max()
+        print(f"{f'L{layer}H{head}':>8} {label:>15} {names[layer][head]:>10} {taxonomy.subtype(layer, head) or '-':>16} "
+              f"{p:8.2f} {taxonomy.precision[layer, head, at[2]]:7.2f} {taxonomy.recall[layer, head, at[2]]:7.2f} "
               f"{taxonomy.recall[layer, head, at[4]]:7.2f}")
+print(f"the top key of a Content head at the induction offset sits at lag {first_copy - 1}")
 
 # %% [markdown]
-# The labels come with their evidence: `taxonomy.scores` (each rule's margin:
-# its weakest condition's slack, positive where the rule holds),
-# `taxonomy.reason` (why an `"unclassified"` head is one: undefined, weak or
-# contradictory evidence), `taxonomy.conditions` (the slack of every
-# condition) and `taxonomy.confidence` (the share of document-bootstrap
-# replicates whose label agrees; with this single prompt there is one
-# document, so every replicate agrees or draws nothing: the confidence means
-# something over many documents). Report the margin with the label: a head at
-# margin 0.02 is not "a Mixer" in any strong sense. The docs page "What a
-# regime means for a circuit" says what the labels do and do not claim.
+# The roles come with their evidence: `taxonomy.probabilities` (each role's
+# share of the bootstrap replicates over documents and query positions; with
+# this single prompt there is one document, so only the query positions vary),
+# `taxonomy.runner_up` and `taxonomy.margin` (the top probability minus the
+# runner-up's: below `TaxonomyConfig.margin` the head is `"uncertain"`), and
+# `taxonomy.features` (the shares of the output, the concentration of the rest,
+# the alignment with v_L over chance). `taxonomy.describe(layer, head)` says it
+# in one line. The docs page "Head roles for a circuit study" says what the
+# roles do and do not claim.
 
 # %%
 show(plots.regimes_by_layer(taxonomy))
 show(plots.metric_heatmap(result, "recall", 2, names))
-for name, values in taxonomy.conditions.items():
-    layer, head = prev_heads[0]
-    print(f"L{layer}H{head} {name:>16}: {values[layer, head]:.2f}")
+layer, head = prev_heads[0]
+print(taxonomy.describe(layer, head))
 
 # %% [markdown]
 # ## Using labels and scores in an analysis
@@ -135,19 +138,19 @@ for name, values in taxonomy.conditions.items():
 # Labels and scores are `[layer, head_index]` tensors, like `detect_head`'s
 # output, so they combine with it directly. Three common patterns:
 #
-# 1. **Filter**: the heads of one regime, as the `{layer: [heads]}` dict that
+# 1. **Filter**: the heads of one role, as the `{layer: [heads]}` dict that
 #    `detect_head`, `detect_regime` and `GeometryConfig(layers=..., heads=...)`
 #    style code accept.
 # 2. **Compare groups**: a metric's mean over the heads found by a behaviour
 #    against the rest.
-# 3. **Correlate**: a behaviour score against a regime score across heads
-#    (rank correlation; the scores are not on comparable scales).
+# 3. **Correlate**: a behaviour score against a role's probability across
+#    heads (rank correlation; the scores are not on comparable scales).
 
 # %%
-mixers: dict[int, list[int]] = {}
-for layer, head in (taxonomy.labels == tg.REGIMES.index("mixer")).nonzero().tolist():
-    mixers.setdefault(layer, []).append(head)
-print(f"{sum(map(len, mixers.values()))} Mixer heads in {len(mixers)} layers")
+content: dict[int, list[int]] = {}
+for layer, head in (taxonomy.labels == tg.REGIMES.index("content")).nonzero().tolist():
+    content.setdefault(layer, []).append(head)
+print(f"{sum(map(len, content.values()))} Content heads in {len(content)} layers")
 
 recall_n2 = taxonomy.recall[..., at[2]]
 is_prev = torch.zeros_like(recall_n2, dtype=torch.bool)
@@ -162,38 +165,38 @@ def spearman(x: torch.Tensor, y: torch.Tensor) -> float:
     return torch.corrcoef(torch.stack([rx, ry]))[0, 1].item()
 
 
-for index, regime in enumerate(NAMED):
-    score = torch.nan_to_num(taxonomy.scores[..., index], nan=-2.0)  # an undefined rule ranks lowest
-    print(f"rank corr with {regime:>9} score: previous-token {spearman(previous_token, score):+.2f}, "
+for index, role in enumerate(NAMED):
+    score = taxonomy.probabilities[..., index].float()
+    print(f"rank corr with p({role:>9}): previous-token {spearman(previous_token, score):+.2f}, "
           f"induction {spearman(induction, score):+.2f}")
 
 # %% [markdown]
 # ## `detect_regime`: a drop-in for `detect_head`
 #
-# For code written around `detect_head`, `detect_regime(model, seq, regime,
-# heads)` returns a `[n_layers, n_heads]` map of the rule's margin (NaN for
-# heads not asked for, and where the rule cannot be evaluated). Here it scores only the previous-token heads,
-# which runs only their layers. It analyses the default query (the last
-# position), not the second copy as above, so its scores can differ from the
-# table's: a head's regime depends on the queries it is measured at.
+# For code written around `detect_head`, `detect_regime(model, seq, role,
+# heads)` returns a `[n_layers, n_heads]` map of the role's probability (NaN
+# for heads not asked for). Here it scores only the previous-token heads,
+# which runs only their layers, on the default query sample of the prompt.
 
 # %%
-retriever = tg.detect_regime(model, prompt, "retriever", heads=prev_heads)
-assert retriever.shape == previous_token.shape
+content_probability = tg.detect_regime(model, prompt, "content", heads=prev_heads)
+assert content_probability.shape == previous_token.shape
 for layer, head in prev_heads:
-    print(f"L{layer}H{head}: previous-token {previous_token[layer, head]:.2f}, retriever {retriever[layer, head]:.2f}")
+    print(f"L{layer}H{head}: previous-token {previous_token[layer, head]:.2f}, p(content) {content_probability[layer, head]:.2f}")
 
 # %% [markdown]
-# ## Labels per query position
+# ## Roles per query position
 #
 # In IOI-style studies the interesting position differs from prompt to
-# prompt. `classify_queries` labels every head at every kept query of every
-# prompt, each query on its own (`keep_queries=True`). One row has no
-# bootstrap: these labels describe one forward pass, not a head's role.
+# prompt. `classify_queries` gives every head's role at every kept query of
+# every prompt, each query on its own (`keep_queries=True`, features on the
+# analysed queries). One row has no bootstrap: these roles describe one
+# forward pass, not a head's role.
 
 # %%
-per_query = tg.run_with_geometry_hooks(model, tokens, query_positions=second_copy, diagnostics=["taxonomy"], keep_queries=True)
+per_query = tg.run_with_geometry_hooks(model, tokens, query_positions=second_copy, diagnostics=["taxonomy"],
+                                       keep_queries=True, settings={"taxonomy": {"queries": "analysed"}})
 queries = tg.classify_queries(per_query)
 layer, head = induction_heads[0] if induction_heads else prev_heads[0]
 print(f"L{layer}H{head} at each query of the second copy:",
-      [REGIMES[i] for i in queries.labels[0, layer, head, : len(second_copy)].tolist()])
+      [ROLES[i] if i >= 0 else None for i in queries.labels[0, layer, head, : len(second_copy)].tolist()])

@@ -79,7 +79,7 @@ def _note(diagnostic: str) -> str:
 
 
 def default_head(result: GeometryResult, taxonomy: HeadTaxonomy | None) -> tuple[int, int]:
-    """Indices of the head shown first: the example Retriever, Mixer or Reset head, else the first head."""
+    """Indices of the head shown first: the example head of the first role that has one, else the first head."""
     if taxonomy is not None:
         examples = taxonomy.example_heads()
         for regime in NAMED:

@@ -134,20 +134,20 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         "figure-7",
         "Figure 7: regime diagnostics",
-        "One example head per regime (colour), line styles in the legend. Top: ||s(N)|| and the norms left when "
-        "the sink or the last token is removed; a Retriever drops without the last token, a Reset head without the "
-        "sink. Bottom: alignment of s(N) with the sink v_0 and the last token v_L; in a Mixer it moves from v_0 to "
-        "v_L as N grows.",
+        "One example head per role (colour: the most probable head of each), line styles in the legend. Top: "
+        "||s(N)|| and the norms left when the sink or the last token is removed; a Retriever drops without the last "
+        "token, a sink-dominated Reset head without the sink. Bottom: alignment of s(N) with the sink v_0 and the "
+        "last token v_L over random sets of the same weights; in a Mixer it moves from v_0 to v_L as N grows.",
         lambda result, taxonomy: plots.regime_diagnostics(taxonomy),
         needs="taxonomy",
     ),
     Figure(
         "figure-8",
-        "Figure 8: regimes by depth",
-        "How many heads of each layer fall into each regime, by the rules of tl_geometry.analysis.taxonomy; grey "
-        "heads are unclassified (evidence undefined, too weak, or meeting two rules). The paper "
-        "(Llama-2-7B) finds Retrievers in the first two layers, Reset heads early and Mixers from the "
-        "lower-middle layers on.",
+        "Figure 8: roles by depth",
+        "How many heads of each layer have each role, by the rules of tl_geometry.analysis.taxonomy; green is "
+        "Content (not in the paper: a specific earlier token), grey is uncertain (the most probable role does not "
+        "beat the runner-up by the margin). The paper (Llama-2-7B) finds Retrievers in the first two layers, Reset "
+        "heads early and Mixers from the lower-middle layers on.",
         lambda result, taxonomy: plots.regimes_by_layer(taxonomy),
         needs="taxonomy",
     ),
@@ -162,14 +162,15 @@ FIGURES: tuple[Figure, ...] = (
         "figure-10",
         "Figure 10: contributions by regime",
         "||alpha_i v_i|| of every key for the final query of the example heads, coloured by the cosine of v_i "
-        "with the last token's value: Retrievers are dominated by the last token, Reset heads by the sink.",
+        "with the last token's value: Retrievers are dominated by the last token, Reset heads by the sink or by "
+        "many keys at once, Content heads by a few earlier keys.",
         lambda result, taxonomy: plots.contributions_by_regime(taxonomy),
         needs="taxonomy",
     ),
     Figure(
         "figure-11",
         "Figure 11: Precision and Recall by regime",
-        "Mean Precision(r_max) and Recall(r_min) against N over the heads of each regime.",
+        "Mean Precision(r_max) and Recall(r_min) against N over the heads of each role.",
         lambda result, taxonomy: plots.precision_recall_by_regime(taxonomy, result),
         needs="taxonomy",
     ),
