@@ -7,6 +7,7 @@ import torch
 
 from tests import tiny_models as tm
 from tl_geometry.capture.roles import check_known_mechanisms, detector_scores, repeated_random_tokens
+from tl_geometry.analysis.taxonomy import SensitivityRow
 from tl_geometry.report.roles import roles_html
 
 
@@ -67,3 +68,5 @@ def test_known_mechanisms_and_their_report_section():
     page = roles_html(natural.taxonomy, checks)
     assert "What kind of head is L.H?" in page and "Induction score" in page and "Every head" in page
     assert "No detector cross-tab" in roles_html(natural.taxonomy, None)
+    rows = [SensitivityRow("margin", 0.45, 3, (1, 0, 2, 4, 1))]
+    assert "<td>margin</td><td>0.45</td><td>3</td><td>1</td>" in roles_html(natural.taxonomy, None, rows)

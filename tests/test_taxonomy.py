@@ -346,6 +346,9 @@ def test_errors_and_old_results(gpt2, built):
     assert any(name in old.fields for name in TAXONOMY_FEATURES)
     with pytest.raises(GeometryError, match="older taxonomy diagnostic .* analyse the model again"):
         taxonomy_from_result(old)
+    from tl_geometry.report.html import render_figures
+
+    assert render_figures(old).taxonomy is None  # the report of an old result draws the rest and says why not
     with pytest.raises(GeometryError, match="tokens: required when classify_heads gets a model"):
         classify_heads(gpt2)
     with pytest.raises(GeometryError, match="only used with a model"):

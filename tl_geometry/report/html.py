@@ -32,7 +32,7 @@ from tl_geometry.analysis.sink import sink_recall_correlation
 from tl_geometry.theory.synthetic import toy_2d
 from tl_geometry.analysis.summaries import effective_n, mean_over_heads
 from tl_geometry.analysis.mechanisms import PromptSetCheck
-from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy, taxonomy_from_result
+from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy, taxonomy_from_result, threshold_sensitivity
 
 
 @dataclass(frozen=True)
@@ -347,7 +347,7 @@ th[data-order=descending]::after {{ content: " \\25BC"; }} th[data-order=ascendi
 <table id="summary">
 {table}
 </table>
-{roles_html(taxonomy, mechanisms)}
+{roles_html(taxonomy, mechanisms, threshold_sensitivity(result, taxonomy.config) if taxonomy else ())}
 {scorecard_html(result)}
 {explorer_html(result, taxonomy, heatmaps)}
 <h2>Figures</h2><ul>{contents}</ul>

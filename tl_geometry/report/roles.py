@@ -1,10 +1,10 @@
 """The report's "What kind of head is L.H?" section: roles, their probabilities, and the known mechanisms."""
 
 import html
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from tl_geometry.analysis.mechanisms import PromptSetCheck
-from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy, role_counts
+from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy, SensitivityRow, role_counts
 
 INTRO = (
     "Each head's role is read from its output o = sum of alpha_i v_i over a seeded sample of query positions: "
@@ -36,7 +36,22 @@ def _cross_tab(check: PromptSetCheck, detector: str, roles: HeadTaxonomy, what: 
             f"<tbody>{''.join(rows)}</tbody></table>")
 
 
-def roles_html(roles: HeadTaxonomy | None, checks: Mapping[str, PromptSetCheck] | None = None) -> str:
+def _sensitivity(rows: Sequence[SensitivityRow]) -> str:
+    head = "".join(f"<th>{c}</th>" for c in ("threshold", "moved to", "labels changed", *REGIMES))
+    body = "".join(
+        f"<tr><td>{row.threshold}</td><td>{row.value:.3g}</td><td>{row.changed}</td>"
+        + "".join(f"<td>{n}</td>" for n in row.counts) + "</tr>"
+        for row in rows
+    )
+    return (f"<details><summary>How the roles move when each threshold moves by 10 % (TaxonomyConfig)</summary>"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></details>")
+
+
+def roles_html(
+    roles: HeadTaxonomy | None,
+    checks: Mapping[str, PromptSetCheck] | None = None,
+    sensitivity: Sequence[SensitivityRow] = (),
+) -> str:
     """The section, or a note saying which option adds it (no taxonomy features)."""
     if roles is None:
         return ("<section id='head-roles'><h2>What kind of head is L.H?</h2><p class='note'>No roles: analyse with "
@@ -63,6 +78,8 @@ def roles_html(roles: HeadTaxonomy | None, checks: Mapping[str, PromptSetCheck] 
     else:
         parts.append("<p class='note'>No detector cross-tab: it runs the model on its own prompts, which "
                      "tl-geometry report does and tl-geometry plot (saved results only) cannot.</p>")
+    if sensitivity:
+        parts.append(_sensitivity(sensitivity))
     lines = "".join(f"<li>{html.escape(roles.describe(layer, head))}</li>" for layer in roles.layers for head in roles.heads)
     parts.append(f"<details><summary>Every head</summary><ul>{lines}</ul></details></section>")
     return "\n".join(parts)
