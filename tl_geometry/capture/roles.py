@@ -207,9 +207,16 @@ def check_known_mechanisms(
 
     On natural text the roles come from the default query sample; on the
     repeated prompts from every query of the second copy (where induction
-    can act), ``settings={"taxonomy": {"queries": "analysed"}}``.
+    can act), ``settings={"taxonomy": {"queries": "analysed"}}``. Prompts are
+    cut to the model's context (``cfg.n_ctx``) where it is shorter.
+
+    Returns:
+        ``{"natural": PromptSetCheck, "repeated": PromptSetCheck}``.
     """
     base = _with_taxonomy(config)
+    n_ctx = getattr(model.cfg, "n_ctx", None)
+    if n_ctx:  # a model with a short context gets prompts that fit it
+        context, period = min(context, int(n_ctx)), min(period, (int(n_ctx) - 1) // 2)
     natural = natural_text(model, n_prompts, context)
     repeated = repeated_random_tokens(model, n_prompts, period, seed)
     second_copy = list(range(period + 1, 2 * period + 1))
