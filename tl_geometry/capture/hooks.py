@@ -344,11 +344,12 @@ def analyse_prepared(
     heads_t = torch.tensor(heads, dtype=torch.long)
     diagnostics = active_diagnostics(config)
     documents = prepared.documents()
-    sampled = tuple(d for d in diagnostics if d.name == "taxonomy" and config.settings_for(d.name).queries == "sample")
+    # A diagnostic whose settings ask for a query sample (the taxonomy) runs its rows on that sample.
+    sampled = tuple(d for d in diagnostics if getattr(config.settings_for(d.name), "queries", None) == "sample")
     sample = None
     if sampled:
-        taxonomy = config.settings_for("taxonomy")
-        sample = sample_queries(prepared, taxonomy.n_queries, taxonomy.seed)
+        own = config.settings_for(sampled[0].name)
+        sample = sample_queries(prepared, own.n_queries, own.seed)
     resampled = frozenset(
         spec.name for d in diagnostics for spec in d.fields
         if spec.resample_queries and spec.name in accumulator.replicate_fields
