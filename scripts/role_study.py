@@ -15,9 +15,10 @@ and its default query sample:
   analysed separately, agree on the heads both label; the default sample and
   a sample with another seed agree;
 - the known mechanisms (`tl_geometry.capture.roles.check_known_mechanisms`):
-  the ten heads with the highest previous-token score on natural text, and
-  the ten with the highest induction score on repeated random tokens, and
-  their roles;
+  the ten heads with the highest previous-token score on natural text, the
+  ten with the highest induction score on repeated random tokens, and the ten
+  with the highest duplicate-token and BOS scores on natural text, and their
+  roles;
 - the threshold sensitivity (+-10 % on each threshold);
 - Gaussian mixtures over the per-head features for k = 1..6 and their BIC.
 
@@ -70,10 +71,12 @@ def study(name: str, n_windows: int, context: int) -> None:
           f"margin p1 - p2 below {roles.config.margin} for {int((roles.margin < roles.config.margin).sum())} heads")
 
     checks = check_known_mechanisms(model)
-    for detector, set_name in (("previous_token", "natural"), ("induction", "repeated")):
+    sets = (("previous_token", "natural"), ("induction", "repeated"), ("duplicate_token", "natural"), ("bos", "natural"))
+    for detector, set_name in sets:
         check = checks[set_name]
-        print(f"\n{detector} score on the {set_name} prompts: the top ten heads "
-              f"({check.matches(detector)} of 10 placed as expected on these prompts)\n")
+        expected = (f" ({check.matches(detector)} of 10 placed as expected on these prompts)"
+                    if detector in ("previous_token", "induction") else "")
+        print(f"\n{detector} score on the {set_name} prompts: the top ten heads{expected}\n")
         print("| head | score | role on these prompts | sub-type | p(content) | role on the default input |\n|---|---|---|---|---|---|")
         for row in check.cross_tab(detector):
             layer, head = (int(x) for x in row["head"].split("."))
