@@ -39,11 +39,12 @@ The rules, in order; the first that holds gives the role:
 4. Content (not in the paper): the rest dominates and is concentrated: its top
    key holds at least ``concentrated`` of the rest's weight. Previous-token heads,
    induction and copy heads attend to one specific earlier token, which none
-   of the paper's regimes describes. Its sub-type: ``"previous-token"`` where
-   previous_token >= ``previous_token``, otherwise the modal lag of the top
-   rest key (``top_lag``): on a random token sequence repeated with period
-   T, an induction head's top key is at lag T - 1 (the token after the
-   previous occurrence of the query's token).
+   of the paper's regimes describes. Its sub-type: the modal lag of the top
+   rest key (``top_lag``) where at least ``lag_min`` of the rows share it
+   (by chance, one over the rest's keys), ``"previous-token"`` for lag 1.
+   On a random token sequence repeated with period T, an induction head's
+   top key is at lag T - 1 (the token after the previous occurrence of the
+   query's token).
 
 A head whose share_self is largest but not aligned beyond chance falls
 through to rules 3-4 (its sink and rest decide).
@@ -76,10 +77,11 @@ Regime = Literal["retriever", "mixer", "reset", "content", "uncertain"]
 REGIMES: tuple[str, ...] = get_args(Regime)
 """The five labels, in label order: ``HeadTaxonomy.labels`` index into this tuple."""
 NAMED: tuple[str, ...] = ROLES
+"""The labels that name a role (every label but "uncertain"), as `detect_regime` accepts them."""
 UNCERTAIN = REGIMES.index("uncertain")
 MIXER, RETRIEVER, RESET, CONTENT = (ROLES.index(r) for r in ("mixer", "retriever", "reset", "content"))
 # The thresholds `threshold_sensitivity` moves by +-10 %.
-THRESHOLDS: tuple[str, ...] = ("z_align", "align_min", "z_shift", "shift_min", "concentrated", "margin", "previous_token")
+THRESHOLDS: tuple[str, ...] = ("z_align", "align_min", "z_shift", "shift_min", "concentrated", "margin", "lag_min")
 PREVIOUS_TOKEN = "previous-token"
 
 
@@ -104,8 +106,10 @@ class TaxonomyConfig:
             rest-dominated head is broadly spread (Reset). In (0, 1].
         margin: the most probable role is the label when its probability beats
             the runner-up's by at least this; else "uncertain". In [0, 1].
-        previous_token: a Content head is previous-token when at least this
-            share of its rows have their top rest key at lag 1. In (0, 1].
+        lag_min: a Content head's sub-type is the modal lag of its top rest
+            key (previous-token for lag 1) when at least this share of its rows
+            have their top rest key there; by chance the share is one over the
+            rest's keys (under 1 % in a 1024-token window). In (0, 1].
 
     >>> TaxonomyConfig(margin=2.0)
     Traceback (most recent call last):
@@ -119,10 +123,10 @@ class TaxonomyConfig:
     shift_min: float = 0.01
     concentrated: float = 0.3
     margin: float = 0.5
-    previous_token: float = 0.5
+    lag_min: float = 0.1
 
     def __post_init__(self) -> None:
-        for name in ("z_align", "align_min", "z_shift", "shift_min", "concentrated", "margin", "previous_token"):
+        for name in ("z_align", "align_min", "z_shift", "shift_min", "concentrated", "margin", "lag_min"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise GeometryError(f"{name}: expected a finite number, got {value!r}")
@@ -134,7 +138,7 @@ class TaxonomyConfig:
                 raise GeometryError(f"{name}: expected a number >= 0, got {getattr(self, name)!r}")
         if not 0 <= self.margin <= 1:
             raise GeometryError(f"margin: expected a number in [0, 1], got {self.margin!r}")
-        for name in ("concentrated", "previous_token"):
+        for name in ("concentrated", "lag_min"):
             if not 0 < getattr(self, name) <= 1:
                 raise GeometryError(f"{name}: expected a share in (0, 1], got {getattr(self, name)!r}")
 
@@ -249,22 +253,22 @@ class HeadTaxonomy:
         return [[REGIMES[i] for i in row] for row in self.labels.tolist()]
 
     def subtype(self, layer: int, head: int) -> str | None:
-        """A Content head's sub-type: ``"previous-token"``, else ``"lag k"`` (the top rest key's modal lag), else None.
+        """A Content head's sub-type: ``"previous-token"`` or ``"lag k"`` (the top rest key's modal lag).
 
-        None for other labels.
+        None for other labels, and for a Content head whose modal lag holds
+        less than ``config.lag_min`` of its rows (its top key moves).
         """
         i, j = self.layers.index(layer), self.heads.index(head)
-        if int(self.labels[i, j]) != CONTENT:
+        if int(self.labels[i, j]) != CONTENT or not float(self.top_lag_share[i, j]) >= self.config.lag_min:
             return None
-        if float(self.features["previous_token"][i, j]) >= self.config.previous_token:
-            return PREVIOUS_TOKEN
-        return f"lag {int(self.top_lag[i, j])}"
+        lag = int(self.top_lag[i, j])
+        return PREVIOUS_TOKEN if lag == 1 else f"lag {lag}"
 
     def subtype_text(self, layer: int, head: int) -> str | None:
-        """`subtype` with the share of rows behind a lag, e.g. ``"lag 63, 81 % of rows"``."""
+        """`subtype` with the share of rows behind it, e.g. ``"lag 63, 81 % of rows"``."""
         sub = self.subtype(layer, head)
-        if sub is None or sub == PREVIOUS_TOKEN:
-            return sub
+        if sub is None:
+            return None
         share = float(self.top_lag_share[self.layers.index(layer), self.heads.index(head)])
         return f"{sub}, {100 * share:.0f} % of rows"
 
@@ -443,7 +447,7 @@ def threshold_sensitivity(
         value = getattr(config, name)
         for sign in (-1, 1):
             moved = value * (1 + sign * step)
-            if name in ("concentrated", "margin", "previous_token"):
+            if name in ("concentrated", "margin", "lag_min"):
                 moved = min(moved, 1.0)
             labels = taxonomy_from_result(result, replace(config, **{name: moved})).labels
             counts = torch.bincount(labels.flatten(), minlength=len(REGIMES))
