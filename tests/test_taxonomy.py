@@ -303,7 +303,7 @@ def test_summaries_and_sensitivity(built):
         moved = taxonomy_from_result(built, TaxonomyConfig(**{row.threshold: row.value}))
         assert row.changed == int((moved.labels != found.labels).sum())
         assert list(row.counts) == moved.counts_by_layer().sum(0).tolist()
-    assert "0.0: retriever" in found.describe(0, 0) and "0.3: content (previous-token)" in found.describe(0, 3)
+    assert "0.0: retriever" in found.describe(0, 0) and "0.3: content (previous-token, 100 % of rows)" in found.describe(0, 3)
     table = found.table()
     assert len(table) == tm.N_LAYERS * tm.N_HEADS and all(abs(sum(r[f"p_{k}"] for k in ROLES) - 1) < 1e-9 for r in table)
 

@@ -126,6 +126,7 @@ class _Reduction:
     rows: dict[str, Tensor] = field(default_factory=dict)
     replicate_sums: dict[str, Tensor] = field(default_factory=dict)
     replicate_counts: dict[str, Tensor] = field(default_factory=dict)
+    stacks: dict[str, tuple[str, ...]] = field(default_factory=dict)  # a stack's key -> its fields, in order
 
     def add(self, name: str, values: Tensor, batch: Tensor, head: Tensor, query: Tensor) -> None:
         """Add per-row values ``[row, *trailing]`` of rows (batch, head, query)."""
@@ -153,22 +154,50 @@ class _Reduction:
             self.replicate_sums[name].index_add_(1, slot, u * values.nan_to_num(nan=0.0).unsqueeze(0))
             self.replicate_counts[name].index_add_(1, slot, u * defined.to(values.dtype).unsqueeze(0))
 
+    def add_all(self, rows: dict[str, Tensor], batch: Tensor, head: Tensor, query: Tensor) -> None:
+        """`add` every field of one chunk; one-value fields go in stacks (one index_add for many fields)."""
+        scalars: dict[bool, list[str]] = {True: [], False: []}
+        for name, values in rows.items():
+            if values.ndim == 1:
+                scalars[name in self.resampled].append(name)
+            else:
+                self.add(name, values, batch, head, query)
+        for resampled, names in scalars.items():
+            if names:
+                key = "+".join(names)
+                self.stacks[key] = tuple(names)
+                if resampled:
+                    self.resampled = self.resampled | {key}
+                self.add(key, torch.stack([rows[name] for name in names], dim=-1), batch, head, query)
+
+    def _unstacked(self, out: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``out`` with every stack split back into its fields (the stacked axis is the last)."""
+        for key, names in self.stacks.items():
+            if key in out:
+                stacked = out.pop(key)
+                out.update({name: stacked[..., i] for i, name in enumerate(names)})
+        return out
+
     def replicate_means(self) -> dict[str, Tensor]:
         """The query-resampled means of the ``resampled`` fields per replicate, ``[batch, replicate, head_index, *trailing]``."""
         out = {}
         for name, total in self.replicate_sums.items():
             mean = (total / self.replicate_counts[name]).masked_fill(self.replicate_counts[name] == 0, math.nan)
             out[name] = mean.reshape(mean.shape[0], self.n_batch, self.n_heads, *mean.shape[2:]).transpose(0, 1)
-        return out
+        return self._unstacked(out)
 
     def means(self) -> dict[str, Tensor]:
         """Each field's nanmean over the analysed queries of each sequence, ``[batch, head_index, *trailing]``."""
-        return {
+        return self._unstacked({
             name: (total / self.counts[name]).masked_fill(self.counts[name] == 0, math.nan).reshape(
                 self.n_batch, self.n_heads, *total.shape[1:]
             )
             for name, total in self.sums.items()
-        }
+        })
+
+    def query_rows(self) -> dict[str, Tensor]:
+        """Every field's per-query values (``keep_queries``), ``[batch, head_index, query, *trailing]``."""
+        return self._unstacked(dict(self.rows))
 
 
 # repr=False: TransformerLens names every hook after repr(hook.func), and a dataclass repr of this state
@@ -242,7 +271,7 @@ class _LayerAnalysis:
         self.out[layer] = out
         self.replicates[layer] = replicates
         if self.config.keep_queries:
-            self.queries[layer] = reduction.rows
+            self.queries[layer] = reduction.query_rows()
 
     def _context(self, pattern: Tensor, values: Tensor, prepared: PreparedTokens, layer: int) -> SelectionContext:
         """The selection context of ``prepared``'s query rows in this layer."""
@@ -282,8 +311,7 @@ class _LayerAnalysis:
         for chunk in context.chunks():
             for diagnostic in diagnostics:
                 rows = diagnostic.rows(chunk, settings[diagnostic.name])
-                for name, t in rows.items():
-                    reduction.add(name, t, chunk.batch, chunk.head, chunk.query)
+                reduction.add_all(rows, chunk.batch, chunk.head, chunk.query)
                 if pictured is not None and diagnostic.name == "selection":
                     self._keep_pictures(picture_layer, context, chunk, rows, pictured)
         return reduction
