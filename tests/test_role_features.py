@@ -68,7 +68,7 @@ def reference_roles(alpha, values, visible, grid, n_keys):
         out["rest_effective_share"] = math.exp(entropy) / len(rest)
         out["top_rest_share"] = p[top]
         out["previous_token"] = float(last - top == 1)
-        out["top_rest_lag_share"] = [float(k == last - top) for k in range(n_keys)]
+        out["top_rest_lag_share"] = [float(k == last - top) if k < len(keys) else math.nan for k in range(n_keys)]
     n = len(keys)
     order = sorted(keys, key=lambda i: (-float(alpha[i]), i))
     for part, key in (("sink", sink), ("self", last)):

@@ -30,8 +30,9 @@ o = sum of y_i over the visible keys (the head's output before W_O):
   own): p_i = alpha_i / (their total weight); the effective number of keys
   exp(-sum p_i log p_i), and as a share of the rest's keys; the top rest key's
   share p_max, its lag L - i (1 for the previous token), the indicator that
-  this lag is 1, and a one-hot of the lag (averaged: the distribution of the
-  top rest key's lag);
+  this lag is 1, and a one-hot of the lag, NaN at lags beyond the row's
+  visible keys (averaged: the share of the rows that reach lag k whose top
+  rest key is there);
 - alignment over chance: cos(s(N), v) - c(N) for v = v_sink and v = v_L,
   where c(N) is the mean of cos(S_c(N), v) over ``ROLE_CONTROLS`` random
   rankings c of the visible keys, S_c(N) the sum of y_i over the first N keys
@@ -186,7 +187,10 @@ def role_features(chunk: SelectionChunk, y_sink: Tensor, y_last: Tensor, total: 
     out["rest_effective_share"] = entropy.exp() / n_rest
     out["top_rest_share"] = p[rows, top]
     out["previous_token"] = (lag == 1).to(p.dtype)
-    out["top_rest_lag_share"] = torch.nn.functional.one_hot(lag, chunk.alpha.shape[-1]).to(p.dtype)
+    # Lags the row cannot reach (beyond its visible keys) are undefined, not 0: the share at lag k is over the
+    # rows that see k keys back, whatever the batch's padding.
+    reach = torch.arange(chunk.alpha.shape[-1], device=rows.device) < chunk.n_visible.unsqueeze(-1)
+    out["top_rest_lag_share"] = torch.nn.functional.one_hot(lag, chunk.alpha.shape[-1]).to(p.dtype).masked_fill(~reach, math.nan)
     for name in ("rest_effective_keys", "rest_effective_share", "top_rest_share", "previous_token", "top_rest_lag_share"):
         undefined = ~has_rest if out[name].ndim == 1 else ~has_rest.unsqueeze(-1)
         out[name] = out[name].masked_fill(undefined, math.nan)
