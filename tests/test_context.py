@@ -126,6 +126,7 @@ def test_bounds_and_features_read_the_rows_and_ranking_of_the_metrics(distance):
     config = GeometryConfig(
         diagnostics=["bounds", "taxonomy"] if distance == "euclidean" else ["taxonomy"], n_grid=GRID,
         query_positions="all", ranking="contribution", distance=distance, keep_queries=True, n_bootstrap=0,
+        settings={"taxonomy": {"queries": "analysed"}},  # the features of the kept rows, not of the role sample
     )  # fmt: skip
     text = TEXTS[2]
     result = run_with_geometry_hooks(model, text, config=config)
@@ -193,7 +194,7 @@ def test_a_window_past_the_sink_leaves_no_sink_and_nan_sink_quantities():
     assert chunk.sink.tolist() == [0, -1]  # query 2 sees keys 0-2; query 5 sees keys 3-5 only
     assert chunk.n_visible.tolist() == [3, 3]
     assert chunk.visible[1].tolist() == [False, False, False, True, True, True]
-    feats = taxonomy.rows(chunk, None)
+    feats = taxonomy.rows(chunk, taxonomy.Settings())
     for name in ("contribution_sink", "taxonomy_attention_sink"):
         assert not math.isnan(float(feats[name][0])) and math.isnan(float(feats[name][1])), name
     assert feats["cos_s_sink"][1].isnan().all() and not feats["cos_s_sink"][0, :3].isnan().any()

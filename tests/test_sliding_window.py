@@ -101,7 +101,9 @@ def reference(hf_bundle, tokens):
 def package(tokens):
     model = models.load_model("gemma3-270m", progress=False)
     # Every diagnostic on: the whole pipeline must run on windowed layers, not only the metrics.
-    return run_with_geometry_hooks(model, tokens, layers=list(LAYERS), n_grid=list(N_GRID), diagnostics="all")
+    # The taxonomy on the analysed (last) query, not its sample of positions, where the sink is still visible.
+    return run_with_geometry_hooks(model, tokens, layers=list(LAYERS), n_grid=list(N_GRID), diagnostics="all",
+                                   settings={"taxonomy": {"queries": "analysed"}})
 
 
 def test_the_last_query_of_a_local_layer_has_no_sink(package):
