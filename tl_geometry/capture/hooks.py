@@ -29,6 +29,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
+from tl_geometry.capture.rows import RowsCapture, run_rows_pass
 from tl_geometry.capture.tokens import HookableModel, PreparedTokens, TokensLike, prepare_tokens
 from tl_geometry.capture.windows import attention_windows
 from tl_geometry.config import GeometryConfig, make_config
@@ -190,8 +191,21 @@ class _LayerAnalysis:
                 f"{pattern_hook(layer)}: expected [batch, n_heads={self.n_heads}, query_pos, key_pos] with "
                 f"pos >= {p.n_keys}, got {list(pattern.shape)}"
             )
+        self.analyse_layer(layer, pattern, self.values.pop(layer), p.query_index)
+
+    def rows_hook(self, layer: int, rows: Float[Tensor, "batch pattern_head query key_pos"],
+                  v: Float[Tensor, "batch key_pos kv_head d_head"]) -> None:
+        """The rows path's callback (`tl_geometry.capture.rows`): the analysed query rows only, and the values."""
+        self.value_hook(v, hook=None, layer=layer)
+        n_queries = self.prepared.query_index.shape[1]
+        self.analyse_layer(layer, rows, self.values.pop(layer),
+                           torch.arange(n_queries, device=rows.device).expand(rows.shape[0], -1))
+
+    def analyse_layer(self, layer: int, pattern: Float[Tensor, "batch pattern_head query_pos key_pos"],
+                      values: Float[Tensor, "batch key head_index d_head"], query_index: Int[Tensor, "batch query"]) -> None:
+        """Run every active diagnostic on one layer's attention rows (at ``query_index`` of the pattern's query axis)."""
+        p = self.prepared
         device = pattern.device
-        values = self.values.pop(layer)
         if p.padded:  # padding keys get zero vectors (the indexing in value_hook made a copy of our own)
             values.masked_fill_(~p.real[:, : p.n_keys, None, None].to(device), 0.0)
         visible = p.visible(self.windows[layer]).to(device)
@@ -206,7 +220,7 @@ class _LayerAnalysis:
             distance=self.config.distance,  # type: ignore[arg-type]
             memory_budget_mib=self.config.memory_budget_mib,
             costs=[d.cost for d in self.diagnostics],
-            query_index=p.query_index.to(device),
+            query_index=query_index.to(device),
             real=p.real[:, : p.n_keys].to(device),
             kv_heads=self.kv_heads.to(device),
             heads=self.heads.to(device),
@@ -247,7 +261,7 @@ class _LayerAnalysis:
         if len(chosen) == 0:
             return
         first = context.real[batch].int().argmax()
-        query_position = int(context.query_index[batch, query] - first)
+        query_position = int(self.prepared.query_index[batch, query].to(first.device) - first)
         for row, parts in zip(chosen.tolist(), picture_rows(chunk, rows, chosen, first.expand(len(chosen)))):
             head = int(self.heads[int(chunk.head[row])])
             self.pictures.append(SelectionPicture(layer=layer, head=head, document=document,
@@ -310,8 +324,12 @@ def analyse_prepared(
             )
         kwargs["attention_mask"] = prepared.real.long() if device is None else prepared.real.long().to(device)
     tokens = prepared.tokens if device is None else prepared.tokens.to(device)
-    with torch.inference_mode(), model.hooks(fwd_hooks=fwd_hooks):
-        model(tokens, **kwargs)
+    if config.capture == "rows":
+        capture = RowsCapture(prepared.query_index, state.rows_hook, layers)
+        run_rows_pass(model, tokens, kwargs.get("attention_mask"), capture)
+    else:
+        with torch.inference_mode(), model.hooks(fwd_hooks=fwd_hooks):
+            model(tokens, **kwargs)
     silent = [layer for layer in layers if layer not in state.out]
     if silent:
         raise GeometryError(
