@@ -206,3 +206,10 @@ def test_rows_equal_pattern_on_smollm2(smollm2):
     for queries in ("last", "all"):
         pattern, rows = _both(smollm2, padded, mask, query_positions=queries, layers=[0, 14, 29])
         assert_close_results(pattern, rows, rtol=2e-3)
+
+
+@pytest.mark.parametrize(("args", "expected"), [(("--capture", "rows"), "rows"), ((), "pattern")])
+def test_cli_capture_option_reaches_the_config(args, expected):
+    from tests.test_cli import _config
+
+    assert _config(*args).capture == expected
