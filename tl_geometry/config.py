@@ -24,6 +24,7 @@ from tl_geometry.engine.inputs import resolve_n_grid
 
 GridMode = Literal["default", "all"]
 QueryMode = Literal["last", "all"]
+Capture = Literal["pattern", "rows"]
 DEFAULT_BOOTSTRAP = 200
 # Element types are checked in __post_init__, with a message naming the field.
 IntSequence = Sequence | Tensor | np.ndarray
@@ -97,6 +98,12 @@ class GeometryConfig:
             y_i, top-N order, s(N) and both balls for every N. One row per
             head however many documents; default none. The report draws them
             next to the toy Figure 1.
+        capture: how the attention rows are obtained. ``"pattern"`` (default)
+            reads ``hook_pattern``, so the model builds every query's pattern
+            (eager attention); ``"rows"`` runs the model's fast attention and
+            builds only the analysed query rows with the model's own eager
+            attention code (`tl_geometry.capture.rows`; TransformerBridge only).
+            Interventions always use the pattern.
 
     Example:
         >>> GeometryConfig(n_grid=[1, 2, 4], layers=[0]).n_grid
@@ -126,6 +133,7 @@ class GeometryConfig:
     seed: int = 0
     keep_queries: bool = False
     picture_heads: Sequence = ()
+    capture: str = "pattern"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -181,6 +189,8 @@ class GeometryConfig:
         if not isinstance(self.keep_queries, bool):
             raise GeometryError(f"keep_queries: expected True or False, got {self.keep_queries!r}")
         set_(self, "picture_heads", _picture_heads(self.picture_heads))
+        if self.capture not in get_args(Capture):
+            raise _literal_error("capture", self.capture, Capture)
         from tl_geometry.diagnostics.registry import REGISTRY
 
         for name in self.diagnostics:

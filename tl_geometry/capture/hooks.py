@@ -30,6 +30,7 @@ from torch import Tensor
 
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.capture.query_sample import offsets_from_first, sample_queries
+from tl_geometry.capture.rows import RowsCapture, run_rows_pass
 from tl_geometry.capture.tokens import HookableModel, PreparedTokens, TokensLike, prepare_tokens
 from tl_geometry.capture.windows import attention_windows
 from tl_geometry.config import GeometryConfig, make_config
@@ -250,19 +251,39 @@ class _LayerAnalysis:
                 f"{pattern_hook(layer)}: expected [batch, n_heads={self.n_heads}, query_pos, key_pos] with "
                 f"pos >= {p.n_keys}, got {list(pattern.shape)}"
             )
+        sample_index = None if self.sample is None else self.sample.query_index
+        self.analyse_layer(layer, pattern, self.values.pop(layer), p.query_index, sample_index)
+
+    def rows_hook(self, layer: int, rows: Float[Tensor, "batch pattern_head query key_pos"],
+                  v: Float[Tensor, "batch key_pos kv_head d_head"]) -> None:
+        """The rows path's callback (`tl_geometry.capture.rows`): the analysed query rows only, and the values.
+
+        The rows are those of `capture_positions`: the analysed queries, then the query sample's (if any).
+        """
+        self.value_hook(v, hook=None, layer=layer)
+        n_queries = self.prepared.query_index.shape[1]
+        at = torch.arange(rows.shape[2], device=rows.device).expand(rows.shape[0], -1)
+        sample_index = None if self.sample is None else at[:, n_queries:]
+        self.analyse_layer(layer, rows, self.values.pop(layer), at[:, :n_queries], sample_index)
+
+    def analyse_layer(self, layer: int, pattern: Float[Tensor, "batch pattern_head query_pos key_pos"],
+                      values: Float[Tensor, "batch key head_index d_head"], query_index: Int[Tensor, "batch query"],
+                      sample_index: Int[Tensor, "batch sample"] | None = None) -> None:
+        """Run every active diagnostic on one layer's attention rows (at ``query_index`` of the pattern's query
+        axis; the query sample's rows at ``sample_index``)."""
+        p = self.prepared
         device = pattern.device
-        values = self.values.pop(layer)
         if p.padded:  # padding keys get zero vectors (the indexing in value_hook made a copy of our own)
             values.masked_fill_(~p.real[:, : p.n_keys, None, None].to(device), 0.0)
         settings = {d.name: self.config.settings_for(d.name) for d in self.diagnostics}
         on_sample = self.sample is not None
         main = tuple(d for d in self.diagnostics if not (on_sample and d in self.sampled))
-        context = self._context(pattern, values, p, layer)
+        context = self._context(pattern, values, p, layer, query_index)
         reduction = self._reduce(context, main, settings, None if on_sample else self.query_weights, layer)
         out = reduction.means()
         replicates = reduction.replicate_means()
         if on_sample:
-            sample = self._context(pattern, values[:, : self.sample.n_keys], self.sample, layer)
+            sample = self._context(pattern, values[:, : self.sample.n_keys], self.sample, layer, sample_index)
             sampled = self._reduce(sample, self.sampled, settings, self.query_weights, None)
             out.update(sampled.means())
             replicates.update(sampled.replicate_means())
@@ -273,8 +294,10 @@ class _LayerAnalysis:
         if self.config.keep_queries:
             self.queries[layer] = reduction.query_rows()
 
-    def _context(self, pattern: Tensor, values: Tensor, prepared: PreparedTokens, layer: int) -> SelectionContext:
-        """The selection context of ``prepared``'s query rows in this layer."""
+    def _context(
+        self, pattern: Tensor, values: Tensor, prepared: PreparedTokens, layer: int, query_index: Tensor
+    ) -> SelectionContext:
+        """The selection context of ``prepared``'s query rows, at ``query_index`` of the pattern's query axis."""
         device = pattern.device
         visible = prepared.visible(self.windows[layer]).to(device)
         return SelectionContext(
@@ -288,7 +311,7 @@ class _LayerAnalysis:
             distance=self.config.distance,  # type: ignore[arg-type]
             memory_budget_mib=self.config.memory_budget_mib,
             costs=[d.cost for d in self.diagnostics],
-            query_index=prepared.query_index.to(device),
+            query_index=query_index.to(device),
             real=prepared.real[:, : prepared.n_keys].to(device),
             kv_heads=self.kv_heads.to(device),
             heads=self.heads.to(device),
@@ -333,7 +356,7 @@ class _LayerAnalysis:
         if len(chosen) == 0:
             return
         first = context.real[batch].int().argmax()
-        query_position = int(context.query_index[batch, query] - first)
+        query_position = int(self.prepared.query_index[batch, query].to(first.device) - first)
         for row, parts in zip(chosen.tolist(), picture_rows(chunk, rows, chosen, first.expand(len(chosen)))):
             head = int(self.heads[int(chunk.head[row])])
             self.pictures.append(SelectionPicture(layer=layer, head=head, document=document,
@@ -416,8 +439,12 @@ def analyse_prepared(
             )
         kwargs["attention_mask"] = prepared.real.long() if device is None else prepared.real.long().to(device)
     tokens = prepared.tokens if device is None else prepared.tokens.to(device)
-    with torch.inference_mode(), model.hooks(fwd_hooks=fwd_hooks):
-        model(tokens, **kwargs)
+    if config.capture == "rows":
+        capture = RowsCapture(capture_positions(prepared, sample), state.rows_hook, layers)
+        run_rows_pass(model, tokens, kwargs.get("attention_mask"), capture)
+    else:
+        with torch.inference_mode(), model.hooks(fwd_hooks=fwd_hooks):
+            model(tokens, **kwargs)
     silent = [layer for layer in layers if layer not in state.out]
     if silent:
         raise GeometryError(
@@ -445,6 +472,11 @@ def analyse_prepared(
         pictures=state.pictures,
         resampled=within,
     )
+
+
+def capture_positions(prepared: PreparedTokens, sample: PreparedTokens | None) -> Int[Tensor, "batch query"]:
+    """The query rows the rows path builds: the analysed queries, then the query sample's."""
+    return prepared.query_index if sample is None else torch.cat([prepared.query_index, sample.query_index], dim=1)
 
 
 def _pictured_document(prepared: PreparedTokens) -> tuple[int, int] | None:

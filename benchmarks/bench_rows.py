@@ -1,0 +1,122 @@
+"""The rows capture path against the pattern path and the bare forward passes, SmolLM2, side by side in one run.
+
+Prints, for 1 x ``--short`` tokens (default 1024), median wall times of: the bare
+forward with the model's fast attention (SDPA, through the rows attention with
+nothing analysed), the bare eager forward of the bridge, the default run with
+``capture="rows"`` and with ``capture="pattern"``, and their ratios. Then for
+1 x ``--long`` tokens (default 8192) each path runs in its own process, which
+reports its wall time and its peak resident memory above the loaded model.
+
+    python benchmarks/bench_rows.py [--short 1024] [--long 8192] [--repeats 3]
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+
+def _tokens(model, n: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(0)
+    body = torch.randint(100, 40000, (1, n - 1), generator=gen)
+    return torch.cat([torch.full((1, 1), model.tokenizer.bos_token_id or 1), body], dim=1)
+
+
+def _clock_interleaved(fns: dict, repeats: int) -> dict[str, float]:
+    """Median wall time of each function, run in turn within every repeat (the machine is shared: a slow
+    spell then slows every path alike instead of one)."""
+    for fn in fns.values():
+        fn()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def short(n: int, repeats: int) -> None:
+    from tl_geometry import run_with_geometry_hooks
+    from tl_geometry.capture.rows import RowsCapture, run_rows_pass
+    from tl_geometry.models import load_model
+
+    model = load_model(progress=False)
+    tokens = _tokens(model, n)
+    nothing = lambda: RowsCapture(torch.tensor([[n - 1]]), lambda *a: None, ())  # noqa: E731
+    figures = _clock_interleaved({
+        "bare fast forward (sdpa)": lambda: run_rows_pass(model, tokens, None, nothing()),
+        "bare eager forward (bridge)": lambda: _eager(model, tokens),
+        'default run, capture="rows"': lambda: run_with_geometry_hooks(model, tokens, capture="rows"),
+        'default run, capture="pattern"': lambda: run_with_geometry_hooks(model, tokens),
+    }, repeats)
+    base = figures["bare fast forward (sdpa)"]
+    print(f"1 x {n} tokens, SmolLM2, median of {repeats} (s, and ratio to the bare fast forward):")
+    for name, seconds in figures.items():
+        print(f"  {name:34s} {seconds:7.3f} s  {seconds / base:5.2f}x")
+
+
+def _eager(model, tokens):
+    with torch.inference_mode():
+        model(tokens, return_type=None)
+
+
+def one_long(path: str, n: int) -> None:
+    """Child process: load, note the resident memory, run one path once, print JSON."""
+    from tl_geometry import run_with_geometry_hooks
+    from tl_geometry.models import load_model
+
+    model = load_model(progress=False)
+    tokens = _tokens(model, n)
+    # Loading the bundled model peaks higher than a short run: reset the kernel's high-water mark (Linux).
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+    loaded = _status_gib("VmRSS")
+    start = time.perf_counter()
+    run_with_geometry_hooks(model, tokens, capture=path)
+    seconds = time.perf_counter() - start
+    peak = _status_gib("VmHWM")
+    print(json.dumps({"path": path, "seconds": seconds, "loaded_gib": loaded, "above_model_gib": peak - loaded}))
+
+
+def _status_gib(key: str) -> float:
+    """A memory figure of this process from /proc/self/status, in GiB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 2**20  # kB
+    raise KeyError(key)
+
+
+def long(n: int) -> None:
+    results = {}
+    for path in ("rows", "pattern"):
+        out = subprocess.run([sys.executable, __file__, "--child", path, "--long", str(n)], capture_output=True,
+                             text=True, check=True).stdout
+        results[path] = json.loads(out.strip().splitlines()[-1])
+    rows, pattern = results["rows"], results["pattern"]
+    print(f"1 x {n} tokens, SmolLM2, one run per path in its own process:")
+    for r in (rows, pattern):
+        print(f"  capture={r['path']!r:10s} {r['seconds']:7.1f} s  peak above the loaded model {r['above_model_gib']:.2f} GiB")
+    print(f"  rows / pattern: wall {rows['seconds'] / pattern['seconds']:.2f}x, "
+          f"memory {rows['above_model_gib'] / max(pattern['above_model_gib'], 1e-9):.2f}x")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--short", type=int, default=1024)
+    parser.add_argument("--long", type=int, default=8192)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--child")
+    parser.add_argument("--skip-long", action="store_true")
+    args = parser.parse_args()
+    if args.child:
+        one_long(args.child, args.long)
+    else:
+        short(args.short, args.repeats)
+        if not args.skip_long:
+            long(args.long)

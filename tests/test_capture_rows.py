@@ -1,0 +1,215 @@
+"""The rows capture path (``capture="rows"``) against the pattern path, on tiny random bridges and SmolLM2.
+
+The pattern path reads the whole pattern at ``hook_pattern``; the rows path
+runs the model's fast attention and rebuilds only the analysed query rows
+with the model's own eager attention. Both feed the same layer analysis, so
+every field of every diagnostic must agree to float tolerance (the rows
+path's output comes from SDPA, whose rounding differs from the bridge's
+float32-softmax attention at ~1e-7 relative, and later layers inherit that).
+"""
+
+import pytest
+import torch
+import transformers
+
+from tests import tiny_models as tm
+from tests.test_context import DIFFERENCES_OF_SQUARES
+from tl_geometry import GeometryConfig, GeometryError, GeometryResult, run_with_geometry_hooks
+from tl_geometry.capture.rows import ROWS_ATTENTION, additive_rows_mask
+
+pytestmark = pytest.mark.model
+
+TEXTS = ["the cat sat on the mat and ran", "a dog", "one two three four five six seven eight nine ten house", "big red sun"]
+GRID = [1, 2, 3, 5, 8]
+
+
+def tiny_arch_bridge(arch: str, *, compat: bool = True):
+    """A TransformerBridge over a tiny random Hugging Face model of one architecture, float64, built offline."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    ids = dict(vocab_size=tm.VOCAB_SIZE, bos_token_id=tm.BOS_ID, eos_token_id=tm.BOS_ID, pad_token_id=tm.PAD_ID)
+    rotary = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=64, num_hidden_layers=3, **ids)  # fmt: skip
+    configs = {
+        "gpt2": lambda: transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, **ids),
+        "neox": lambda: transformers.GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                   num_attention_heads=4, max_position_embeddings=64, **ids),
+        "gptj": lambda: transformers.GPTJConfig(n_embd=32, n_layer=2, n_head=4, n_positions=64, rotary_dim=4, **ids),
+        "llama": lambda: transformers.LlamaConfig(**rotary),
+        "mistral": lambda: transformers.MistralConfig(sliding_window=3, **rotary),
+        "qwen2": lambda: transformers.Qwen2Config(**rotary),
+        "gemma2": lambda: transformers.Gemma2Config(head_dim=8, sliding_window=4, attn_logit_softcapping=5.0,
+                                                    query_pre_attn_scalar=8, **rotary),
+        "gemma3": lambda: transformers.Gemma3TextConfig(head_dim=8, sliding_window=4,
+                                                        layer_types=["sliding_attention", "full_attention",
+                                                                     "sliding_attention"], **rotary),
+        "bloom": lambda: transformers.BloomConfig(hidden_size=32, n_layer=2, n_head=4, **ids),
+    }  # fmt: skip
+    torch.manual_seed(0)
+    config = configs[arch]()
+    config.architectures = [transformers.AutoModelForCausalLM._model_mapping[type(config)].__name__]
+    hf_model = transformers.AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
+    tm._sharpen(hf_model, 0, 0.2)
+    bridge = TransformerBridge.boot_transformers(f"tiny-{arch}", hf_model=hf_model, tokenizer=tm.tiny_tokenizer(),
+                                                 dtype=torch.float64)
+    if compat:
+        bridge.enable_compatibility_mode(disable_warnings=True)
+    return bridge.eval()
+
+
+def assert_close_results(a: GeometryResult, b: GeometryResult, rtol: float = 1e-5) -> None:
+    """Every field: the same defined counts, means to ``rtol`` (absolute 1e-5 for differences of squares)."""
+    assert set(a.fields) == set(b.fields)
+    assert a.n_documents == b.n_documents
+    for name in a.fields:
+        assert torch.equal(a.count(name), b.count(name)), name
+        atol = 1e-5 if name in DIFFERENCES_OF_SQUARES else 1e-7
+        # The bounds divide by those margins, which carry ~1e-7 absolute: ~1e-5 relative where a margin is ~1e-2.
+        scale = 10.0 if name.startswith("bound_") else 1.0
+        torch.testing.assert_close(a.per_head(name), b.per_head(name), rtol=rtol * scale, atol=atol, equal_nan=True,
+                                   msg=name)
+
+
+def _padded(model, side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = [model.to_tokens(t, prepend_bos=True)[0] for t in TEXTS]
+    width = max(len(r) for r in rows)
+    tokens = torch.full((len(rows), width), tm.PAD_ID, dtype=torch.long)
+    mask = torch.zeros_like(tokens)
+    for i, r in enumerate(rows):
+        span = slice(width - len(r), width) if side == "left" else slice(0, len(r))
+        tokens[i, span], mask[i, span] = r, 1
+    return tokens, mask
+
+
+def _both(model, tokens, mask, **overrides):
+    config = GeometryConfig(diagnostics="all", n_grid=GRID, n_bootstrap=4, **overrides)
+    pattern = run_with_geometry_hooks(model, tokens, attention_mask=mask, config=config)
+    rows = run_with_geometry_hooks(model, tokens, attention_mask=mask, config=config.with_overrides(capture="rows"))
+    return pattern, rows
+
+
+# Gemma-2: the rows differ from the bridge's pattern well beyond rounding (excess precision, contributions);
+# not yet traced to either side (the bridge's re-implemented Gemma-2 attention or the rows path).
+GEMMA2_OPEN = pytest.mark.xfail(reason="Gemma-2: rows and pattern paths disagree; not yet traced", strict=False)
+SUPPORTED = ["gpt2", "neox", "llama", "mistral", "qwen2", pytest.param("gemma2", marks=GEMMA2_OPEN), "gemma3"]
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("arch", SUPPORTED)
+def test_rows_equal_pattern_on_every_field(arch, side):
+    """Every field of every diagnostic, last query and a set of query positions, with left or right padding."""
+    model = tiny_arch_bridge(arch)
+    tokens, mask = _padded(model, side)
+    for queries in ("last", [-1, -3, 1]):
+        pattern, rows = _both(model, tokens, mask, query_positions=queries)
+        assert_close_results(pattern, rows)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_rows_equal_pattern_without_compatibility_mode(arch):
+    """A raw bridge (no weight processing); right padding, as raw bridges over rotary models turn left pads NaN."""
+    model = tiny_arch_bridge(arch, compat=False)
+    tokens, mask = _padded(model, "right")
+    pattern, rows = _both(model, tokens, mask, query_positions="all")
+    assert_close_results(pattern, rows)
+
+
+@pytest.mark.parametrize("arch", ["bloom", "gptj"])
+def test_models_outside_the_attention_interface_name_the_pattern_path(arch):
+    """Bloom (ALiBi in its own code) and GPT-J compute attention without the interface: a clear error."""
+    model = tiny_arch_bridge(arch)
+    tokens, mask = _padded(model, "right")
+    try:
+        run_with_geometry_hooks(model, tokens, attention_mask=mask, n_grid=GRID, capture="rows")
+    except GeometryError as error:
+        assert 'capture="pattern"' in str(error)
+    else:  # the architecture goes through the interface after all: then it must agree
+        pattern, rows = _both(model, tokens, mask)
+        assert_close_results(pattern, rows)
+
+
+def test_model_is_left_as_it_was():
+    """After a rows run (and after one that failed) the bridge is unchanged: attention, its forward, its output."""
+    model = tiny_arch_bridge("llama")
+    tokens, mask = _padded(model, "left")
+    before = model(tokens, attention_mask=mask)
+    assert not before.isnan().any()
+    implementation = model.original_model.config._attn_implementation
+    run_with_geometry_hooks(model, tokens, attention_mask=mask, n_grid=GRID, capture="rows")
+    with pytest.raises(GeometryError):
+        run_with_geometry_hooks(model, tokens, attention_mask=mask, n_grid=GRID, capture="rows", layers=[7])
+    assert model.original_model.config._attn_implementation == implementation != ROWS_ATTENTION
+    for module in model.modules():
+        assert "forward" not in module.__dict__
+    torch.testing.assert_close(model(tokens, attention_mask=mask), before, rtol=0, atol=0)
+
+
+def test_rows_path_skips_the_full_pattern():
+    """The rows pass never fires hook_pattern (the bridge's eager re-implementation does not run)."""
+    model = tiny_arch_bridge("llama")
+    fired = []
+    model.blocks[0].attn.hook_pattern.add_hook(lambda t, hook: fired.append(t.shape))
+    try:
+        run_with_geometry_hooks(model, "the cat sat", n_grid=GRID, capture="rows")
+        assert fired == []
+        run_with_geometry_hooks(model, "the cat sat", n_grid=GRID)
+        assert fired
+    finally:
+        model.reset_hooks()
+
+
+def test_capture_option_is_validated():
+    with pytest.raises(GeometryError, match="capture: expected one of \\('pattern', 'rows'\\)"):
+        GeometryConfig(capture="fast")
+    assert GeometryConfig().capture == "pattern"
+
+
+@pytest.mark.skipif(not tm.has_hooked_transformer(), reason="HookedTransformer needs transformer-lens 3.x")
+def test_hooked_transformer_names_the_pattern_path():
+    model = tm.make_model("hooked")
+    with pytest.raises(GeometryError, match='capture="pattern"'):
+        run_with_geometry_hooks(model, "the cat sat", n_grid=GRID, capture="rows")
+
+
+def reference_rows_mask(mask: torch.Tensor | None, query_index: torch.Tensor, n_keys: int) -> torch.Tensor:
+    """Written out element by element: 0 where the query may attend, the dtype's minimum elsewhere."""
+    n_batch, n_queries = query_index.shape
+    out = torch.empty(n_batch, 1, n_queries, n_keys, dtype=torch.float32)
+    low = torch.finfo(torch.float32).min
+    for b in range(n_batch):
+        for q in range(n_queries):
+            position = int(query_index[b, q])
+            for k in range(n_keys):
+                allowed = k <= position if mask is None else bool(mask[b if mask.shape[0] > 1 else 0, 0, position, k])
+                out[b, 0, q, k] = 0.0 if allowed else low
+    return out
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_additive_rows_mask_against_reference(with_mask):
+    gen = torch.Generator().manual_seed(1)
+    mask = torch.rand(3, 1, 6, 6, generator=gen) > 0.4 if with_mask else None
+    query_index = torch.tensor([[5, 2], [0, 3], [4, 4]])
+    torch.testing.assert_close(additive_rows_mask(mask, query_index, 6, torch.float32),
+                               reference_rows_mask(mask, query_index, 6), rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_rows_equal_pattern_on_smollm2(smollm2):
+    """The bundled model in float32: every field, left-padded texts, last query and all queries."""
+    tokens = [smollm2.to_tokens(t, prepend_bos=True)[0] for t in ["The cat sat on the mat.", "A short one", "Geometry of attention in transformers"]]
+    width = max(len(t) for t in tokens)
+    padded = torch.full((len(tokens), width), smollm2.tokenizer.pad_token_id or 0, dtype=torch.long)
+    mask = torch.zeros_like(padded)
+    for i, t in enumerate(tokens):
+        padded[i, width - len(t):], mask[i, width - len(t):] = t, 1
+    for queries in ("last", "all"):
+        pattern, rows = _both(smollm2, padded, mask, query_positions=queries, layers=[0, 14, 29])
+        assert_close_results(pattern, rows, rtol=2e-3)
+
+
+@pytest.mark.parametrize(("args", "expected"), [(("--capture", "rows"), "rows"), ((), "pattern")])
+def test_cli_capture_option_reaches_the_config(args, expected):
+    from tests.test_cli import _config
+
+    assert _config(*args).capture == expected
