@@ -205,23 +205,61 @@ def test_small_n_drop_on_hand_built_curves():
     assert row.verdict == "not measured" and "N grid" in row.option
 
 
+def _roles_in_layers(result, order, n_replicates=50, flip=0.0, seed=0):
+    """Probabilities and replicate roles of heads built in ``order`` by depth: first layer order[0] (one head
+    order[1]), last layer order[2] (one head order[1]), order[1] in between; each replicate moves a head to a
+    random role with probability ``flip``."""
+    from tl_geometry.analysis.taxonomy import ROLES
+
+    n_layers, n_heads = len(result.layers), len(result.heads)
+    names = [[order[1]] * n_heads for _ in range(n_layers)]
+    names[0] = [order[0]] * (n_heads - 1) + [order[1]]
+    names[-1] = [order[1]] + [order[2]] * (n_heads - 1)
+    roles = torch.tensor([[ROLES.index(name) for name in row] for row in names])
+    gen = torch.Generator().manual_seed(seed)
+    draws = roles.expand(n_replicates, -1, -1).clone()
+    moved = torch.rand(draws.shape, generator=gen) < flip
+    draws[moved] = torch.randint(len(ROLES), (int(moved.sum()),), generator=gen)
+    probabilities = torch.nn.functional.one_hot(draws, len(ROLES)).double().mean(0)
+    return probabilities, draws
+
+
 @pytest.mark.parametrize("order, expected", [(("retriever", "reset", "mixer"), ("holds", 3.0)),
                                              (("reset", "retriever", "mixer"), ("partly", 2.0)),
                                              (("mixer", "reset", "retriever"), ("does not hold", 0.0))])
 def test_regimes_by_depth_counts_ordered_pairs(monkeypatch, result, order, expected):
-    from tl_geometry.analysis.taxonomy import REGIMES
-
-    taxonomy = claims_module.taxonomy_from_result(result)
-    n_layers, n_heads = taxonomy.labels.shape
-    # First layer order[0] (one head order[1]), last layer order[2] (one head order[1]), order[1] in between:
-    # mean depths 0 < x < 1 in the order given.
-    names = [[order[1]] * n_heads for _ in range(n_layers)]
-    names[0] = [order[0]] * (n_heads - 1) + [order[1]]
-    names[-1] = [order[1]] + [order[2]] * (n_heads - 1)
-    labels = torch.tensor([[REGIMES.index(name) for name in row] for row in names])
-    monkeypatch.setattr(claims_module, "taxonomy_from_result", lambda r: dataclasses.replace(taxonomy, labels=labels))
+    monkeypatch.setattr(claims_module, "_role_probabilities", lambda r: _roles_in_layers(r, order))
     row = claims(result).loc["regimes_by_depth"]
     assert (row.verdict, row.value) == expected
+    assert row.low == row.high == expected[1]  # every replicate agrees
+
+
+def test_regimes_by_depth_with_uncertain_roles_does_not_hold(monkeypatch, result):
+    """Roles in the paper's order, but each replicate reassigns most heads at random: the interval says so."""
+    verdicts = []
+    for seed in range(10):
+        monkeypatch.setattr(claims_module, "_role_probabilities",
+                            lambda r, seed=seed: _roles_in_layers(r, ("retriever", "reset", "mixer"), flip=0.9, seed=seed))
+        row = claims(result).loc["regimes_by_depth"]
+        assert row.low < 3  # some replicates put the roles out of order
+        verdicts.append(row.verdict)
+    assert "holds" not in verdicts
+    # Mutant (run by hand, fails this test): the interval ignored, the ordered point estimate reads "holds".
+
+
+def test_regimes_by_depth_reads_the_taxonomy(result):
+    from tl_geometry.analysis.taxonomy import taxonomy_from_result
+
+    row = claims(result).loc["regimes_by_depth"]
+    probabilities = taxonomy_from_result(result).probabilities
+    n_layers = probabilities.shape[0]
+    depth = torch.arange(n_layers, dtype=torch.float64) / max(1, n_layers - 1)
+    means = {}
+    for role, k in (("retriever", 0), ("reset", 2), ("mixer", 1)):
+        w = probabilities[..., k].sum(-1)
+        means[role] = float((w * depth).sum() / w.sum()) if w.sum() > 0 else math.nan
+    want = (means["retriever"] < means["reset"]) + (means["retriever"] < means["mixer"]) + (means["reset"] < means["mixer"])
+    assert row.value == want
 
 
 def test_envelope_share_on_hand_built_curves():

@@ -30,7 +30,7 @@ The claims, their statistic and thresholds (``THRESHOLDS`` holds them):
 | Assumption 3 | share of heads with the four-phase profile (below) | >= | 0.5 | 0.2 |
 | Figure 5 | smaller of the drops of mean P and mean R, small to mid N | >= | 0.05 | 0.01 |
 | Figure 6 | largest Pearson corr(R(r_min, N), rho_0) over 2 <= N <= 8 | >= | 0.3 | 0.1 |
-| Section 4.2 | ordered pairs in Retriever < Reset < Mixer mean depth | >= | 3 | 2 |
+| Section 4.2 | ordered pairs in Retriever < Reset < Mixer mean depth (roles weighted by their probability) | >= | 3 | 2 |
 | Envelopes | share of the (metric, N) points of the mean P and R curves inside the mean envelopes | >= | 0.95 | 0.5 |
 
 Details. Assumption 3: a head shows the four-phase profile when its fitted
@@ -43,8 +43,11 @@ global mean curve (over layers and heads) at small N minus its mean at mid N.
 Figure 6: the interval is the bootstrap interval of the correlation at the N
 where it is largest; "peaks elsewhere" means a larger correlation at some N >
 8. Section 4.2: a head's depth is its layer's index among the analysed
-layers divided by their number minus one (0 first, 1 last); a regime with no
-head counts as out of order. Envelopes: points where the curve or an envelope
+layers divided by their number minus one (0 first, 1 last); a role's mean
+depth weights every head by its probability of the role
+(`tl_geometry.analysis.taxonomy`), and its interval is that of the pairs
+counted on each bootstrap replicate's own roles; a role with no head counts
+as out of order. Envelopes: points where the curve or an envelope
 is NaN are left out; a point counts as inside within 1e-6. Medians over an
 even number of heads are the lower of the two middle values (as ``torch.median``).
 
@@ -65,8 +68,8 @@ from torch import Tensor
 
 from tl_geometry.analysis.sink import sink_recall_correlation
 from tl_geometry.analysis.summaries import mean_over_heads
-from tl_geometry.analysis.taxonomy import NAMED, taxonomy_from_result
-from tl_geometry.diagnostics.taxonomy import TAXONOMY_FEATURES
+from tl_geometry.analysis.taxonomy import ROLES, replicate_roles, taxonomy_from_result
+from tl_geometry.diagnostics.taxonomy import ROLE_FEATURES
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.results.select import nanquantile
@@ -215,7 +218,7 @@ SPECS: dict[str, _Spec] = {s.key: s for s in (
           "largest Pearson correlation over 2 <= N <= 8"),
     _Spec("regimes_by_depth", "Retriever -> Reset -> Mixer across depth", "Figure 8, section 4.2",
           "Retrievers in the first layers, Reset heads early, Mixers from the lower-middle layers on",
-          "pairs in the order Retriever < Reset < Mixer of mean depth (of 3)"),
+          "pairs in the order Retriever < Reset < Mixer of probability-weighted mean depth (of 3)"),
     _Spec("envelopes", "The theoretical envelopes contain the measurements", "Figure 5, Theorems 1-2",
           "the empirical P and R curves lie within the envelopes",
           "share of (metric, N) points of the mean curves inside the mean envelopes"),
@@ -428,28 +431,51 @@ def _sink_recall_correlation(result: GeometryResult) -> Claim:
                    "pearson_high": (grid, corr.pearson_high)}, peaks_elsewhere=peak_beyond > value)
 
 
-def _regimes_by_depth(result: GeometryResult) -> Claim:
-    missing = _missing(result, [*TAXONOMY_FEATURES, "s_norm"])
-    if missing:
-        return _not_measured("regimes_by_depth", OPTIONS["taxonomy"], "the result has no taxonomy features")
+DEPTH_ORDER = ("retriever", "reset", "mixer")  # Figure 8: Retrievers first, then Resets, then Mixers
+
+
+def _ordered_pairs(mean_depth: Mapping[str, float]) -> float:
+    """Pairs of ``DEPTH_ORDER`` whose mean depths are in the paper's order (NaN, an empty role, is out of order)."""
+    pairs = [(a, b) for i, a in enumerate(DEPTH_ORDER) for b in DEPTH_ORDER[i + 1:]]
+    return float(sum(mean_depth[a] < mean_depth[b] for a, b in pairs))
+
+
+def _role_probabilities(result: GeometryResult) -> tuple[Tensor, Tensor | None]:
+    """Each head's role probabilities ``[layer, head_index, role]`` (ROLES order) and every bootstrap replicate's
+    roles ``[replicate, layer, head_index]`` (-1: undefined; None without replicates)."""
     taxonomy = taxonomy_from_result(result)
+    if bool(taxonomy.probabilities.isnan().all()):
+        return torch.nn.functional.one_hot(taxonomy.point.clamp(min=0), len(ROLES)).double(), None
+    return taxonomy.probabilities.double(), replicate_roles(result, taxonomy.config)
+
+
+def _regimes_by_depth(result: GeometryResult) -> Claim:
+    missing = _missing(result, list(ROLE_FEATURES))
+    if missing:
+        return _not_measured("regimes_by_depth", OPTIONS["taxonomy"], "the result has no role features")
+    probabilities, draws = _role_probabilities(result)
     n_layers = len(result.layers)
-    depth = torch.arange(n_layers, dtype=torch.float64) / max(1, n_layers - 1)
-    counts = taxonomy.counts_by_layer().double()  # [layer, label], roles first (NAMED order), uncertain last
-    mean_depth = {
-        regime: float((counts[:, i] * depth).sum() / counts[:, i].sum()) if counts[:, i].sum() > 0 else math.nan
-        for i, regime in enumerate(NAMED)
-    }
-    order = ("retriever", "reset", "mixer")
-    pairs = [(a, b) for i, a in enumerate(order) for b in order[i + 1:]]
-    value = float(sum(mean_depth[a] < mean_depth[b] for a, b in pairs))  # NaN compares False: out of order
-    parts = [f"{r} {_fmt(mean_depth[r], 2)} ({int(counts[:, NAMED.index(r)].sum())} heads)" for r in order]
-    measured = "mean depth (0 first layer, 1 last): " + ", ".join(parts)
-    confidence = taxonomy.probabilities.double().amax(-1)
-    if not bool(confidence.isnan().all()):
-        measured += f"; mean probability of the most probable role {_fmt(float(torch.nanmean(confidence)), 2)}"
-    evidence = {regime: (torch.tensor(result.layers), counts[:, NAMED.index(regime)]) for regime in order}
-    interval = (math.nan, math.nan, "none: a count of ordered pairs of regime labels (see the labels' confidence)")
+    depth = (torch.arange(n_layers, dtype=torch.float64) / max(1, n_layers - 1)).unsqueeze(-1)  # [layer, 1]
+    weight = {r: probabilities[..., ROLES.index(r)] for r in DEPTH_ORDER}  # expected membership of each head
+    mean_depth = {r: float((w * depth).sum() / w.sum()) if w.sum() > 0 else math.nan for r, w in weight.items()}
+    value = _ordered_pairs(mean_depth)
+    parts = [f"{r} {_fmt(mean_depth[r], 2)} ({float(weight[r].sum()):.1f} heads expected)" for r in DEPTH_ORDER]
+    measured = "probability-weighted mean depth (0 first layer, 1 last): " + ", ".join(parts)
+    interval: tuple[float, float, str] = (math.nan, math.nan, "none: the result keeps no replicates of the role features")
+    if draws is not None:
+        counts = []
+        for roles in draws:  # each replicate's roles: its own mean depths and pairs
+            defined = roles >= 0
+            if not bool(defined.any()):
+                continue
+            member = {r: (roles == ROLES.index(r)).double() for r in DEPTH_ORDER}
+            counts.append(_ordered_pairs({r: float((m * depth).sum() / m.sum()) if m.sum() > 0 else math.nan
+                                          for r, m in member.items()}))
+        values = torch.tensor(counts, dtype=torch.float64)
+        tail = (1 - LEVEL) / 2
+        interval = (float(nanquantile(values, tail)), float(nanquantile(values, 1 - tail)),
+                    f"{LEVEL:.0%} interval over the bootstrap replicates' roles ({len(counts)} replicates)")
+    evidence = {r: (torch.tensor(result.layers), weight[r].sum(-1)) for r in DEPTH_ORDER}
     return _claim("regimes_by_depth", value, interval, measured, evidence)
 
 
