@@ -106,16 +106,36 @@ def test_small_n_separability_is_the_smaller_drop_from_small_to_mid_n(result, ta
     assert (row.low, row.high) == pytest.approx((low, high))
 
 
-def test_sink_recall_correlation_is_the_largest_pearson_at_n_2_to_8(result, table):
-    recall = _np(result.per_head("recall")).reshape(-1, len(result.n_grid))
-    rho0 = _np(result.per_head("rho0")).ravel()
-    grid = result.n_grid.numpy()
-    best = -np.inf
-    for i, n in enumerate(grid):
-        ok = ~np.isnan(recall[:, i]) & ~np.isnan(rho0)
-        if 2 <= n <= 8 and ok.sum() >= 3 and np.std(recall[ok, i]) > 0:
-            best = max(best, np.corrcoef(recall[ok, i], rho0[ok])[0, 1])
-    assert table.loc["sink_recall_correlation", "value"] == pytest.approx(best, abs=1e-6)
+def _partial(x, y, z):
+    """corr(x, y | z), from the residuals of least-squares lines on z (numpy, written from the definition)."""
+    ok = ~(np.isnan(x) | np.isnan(y) | np.isnan(z))
+    x, y, z = x[ok], y[ok], z[ok]
+    design = np.stack([np.ones_like(z), z], axis=1)
+    rx = x - design @ np.linalg.lstsq(design, x, rcond=None)[0]
+    ry = y - design @ np.linalg.lstsq(design, y, rcond=None)[0]
+    return np.corrcoef(rx, ry)[0, 1]
+
+
+def test_sink_recall_correlation_is_the_pearson_at_n_3_with_depth_partialled_beside(result, table):
+    recall = _np(result.per_head("recall"))
+    rho0 = _np(result.per_head("rho0"))
+    grid = result.n_grid.tolist()
+    at = grid.index(3)
+    x, y = recall[..., at].ravel(), rho0.ravel()
+    ok = ~np.isnan(x) & ~np.isnan(y)
+    assert table.loc["sink_recall_correlation", "value"] == pytest.approx(np.corrcoef(x[ok], y[ok])[0, 1], abs=1e-6)
+    n_layers, n_heads = rho0.shape
+    depth = np.repeat(np.arange(n_layers) / max(1, n_layers - 1), n_heads)
+    partial = _partial(x, y, depth)
+    assert f"{partial:.3g} with layer depth partialled out" in table.loc["sink_recall_correlation", "measured"]
+
+
+def test_sink_recall_correlation_needs_n_3():
+    model = tm.make_model("bridge-llama")
+    without = run_with_geometry_hooks(model, tm.with_bos(tm.random_tokens(2, 20)), diagnostics=["assumptions"],
+                                      n_grid=[1, 2, 4, 8])
+    row = claims(without).loc["sink_recall_correlation"]
+    assert row.verdict == "not measured" and "N = 3" in row.option
 
 
 def test_envelope_share_counts_points_of_the_mean_curves_inside(result, table):
