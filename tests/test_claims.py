@@ -57,12 +57,14 @@ def test_one_row_per_claim_with_the_documented_columns(table):
 
 
 def test_stable_norms_is_the_share_of_heads_with_cv_at_most_005(result, table):
-    cv = _np(result.per_head("value_norm_cv")).ravel()
-    assert table.loc["stable_norms", "value"] == pytest.approx(np.mean(cv[~np.isnan(cv)] <= 0.05))
-    reps = _np(result.replicates("value_norm_cv")).reshape(result.n_bootstrap, -1)
-    shares = [np.mean(r[~np.isnan(r)] <= 0.05) for r in reps]
-    low, high = _quantiles(shares)
-    assert (table.loc["stable_norms", "low"], table.loc["stable_norms", "high"]) == pytest.approx((low, high))
+    """Figure 2's reading: the norm averaged over sequences, by position (sink left out); the within-sequence CV beside."""
+    curves = _np(result.per_head("value_norm_by_position"))[..., 1:].reshape(-1, result.per_head("value_norm_by_position").shape[-1] - 1)
+    cvs = [np.std(c[~np.isnan(c)]) / np.mean(c[~np.isnan(c)]) for c in curves]
+    assert table.loc["stable_norms", "value"] == pytest.approx(np.mean(np.array(cvs) <= 0.05))
+    within = _np(result.per_head("value_norm_cv")).ravel()
+    share_within = np.mean(within[~np.isnan(within)] <= 0.05)
+    assert f"within each sequence: {share_within:.0%} of heads" in table.loc["stable_norms", "measured"]
+    assert "Figure 2's reading" in table.loc["stable_norms", "measured"]
 
 
 def test_sink_and_decay_statistics(result, table):
@@ -195,7 +197,8 @@ def test_claims_refuses_what_is_not_a_result():
 
 def _hand_built(fields: dict[str, np.ndarray], n_grid=(1, 2)) -> GeometryResult:
     """A result of one document whose per-head fields are the given ``[layer, head_index, ...]`` arrays."""
-    specs = [FieldSpec(name, name, axes=("n",) * (np.ndim(v) - 2)) for name, v in fields.items()]
+    specs = [FieldSpec(name, name, axes=(("position",) if name.endswith("_by_position") else ("n",)) * (np.ndim(v) - 2))
+             for name, v in fields.items()]
     first = next(iter(fields.values()))
     acc = Accumulator(specs, layers=range(first.shape[0]), heads=range(first.shape[1]), n_grid=torch.tensor(n_grid))
     acc.add({k: torch.tensor(v, dtype=torch.float32)[None] for k, v in fields.items()}, torch.zeros(1, 0), n_tokens=5)
@@ -210,9 +213,14 @@ def _with_required(fields, n_grid=(1, 2)):
 @pytest.mark.parametrize("cv, expected", [([0.02] * 8 + [0.1] * 2, "holds"), ([0.02] * 6 + [0.1] * 4, "partly"),
                                           ([0.02] * 4 + [0.1] * 6, "does not hold")])
 def test_stable_norms_verdict_on_hand_built_results(cv, expected):
-    fields = _with_required({"value_norm_cv": np.array(cv).reshape(2, 5)})
+    """Per-head norm curves whose non-sink CV is the given value: the verdict reads them; flat within-sequence CVs
+    beside them do not change it (a mutant reading value_norm_cv would say "holds" every time)."""
+    cv = np.array(cv).reshape(2, 5)
+    pattern = np.array([1.0, -1.0] * 4)  # population std 1 over the 8 non-sink positions
+    curves = np.concatenate([np.full((2, 5, 1), 0.1), 1.0 + cv[..., None] * pattern], axis=-1)  # [layer, head, 9]
+    fields = _with_required({"value_norm_cv": np.full((2, 5), 0.01), "value_norm_by_position": curves})
     row = claims(_hand_built(fields)).loc["stable_norms"]
-    assert row.verdict == expected and row.value == pytest.approx(np.mean(np.array(cv) <= 0.05))
+    assert row.verdict == expected and row.value == pytest.approx(np.mean(cv <= 0.05))
 
 
 @pytest.mark.parametrize("mae, expected", [(0.09, "holds"), (0.15, "partly"), (0.3, "does not hold")])
