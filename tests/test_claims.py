@@ -109,13 +109,12 @@ def _drop(precision, recall, grid):
 
 
 def test_small_n_separability_is_the_smaller_drop_from_small_to_mid_n(result, table):
+    """On the excess over random top-N sets; the raw drops beside."""
     grid = result.n_grid.numpy()
-    value = _drop(_np(result.per_head("precision")), _np(result.per_head("recall")), grid)
+    value = _drop(_np(result.per_head("excess_precision")), _np(result.per_head("excess_recall")), grid)
     assert table.loc["small_n_separability", "value"] == pytest.approx(value)
-    reps = [_drop(p, r, grid) for p, r in zip(_np(result.replicates("precision")), _np(result.replicates("recall")))]
-    low, high = _quantiles(reps)
-    row = table.loc["small_n_separability"]
-    assert (row.low, row.high) == pytest.approx((low, high))
+    raw_p = _drop(_np(result.per_head("precision")), _np(result.per_head("precision")), grid)
+    assert f"(raw: P {raw_p:.3g}" in table.loc["small_n_separability", "measured"]
 
 
 def _partial(x, y, z):
@@ -171,9 +170,9 @@ def test_a_result_without_a_diagnostic_shows_not_measured_with_the_option(result
     assert 'diagnostics=["taxonomy"]' in table.loc["regimes_by_depth", "option"]
     assert 'diagnostics=["bounds"]' in table.loc["envelopes", "option"]
     assert math.isnan(table.loc["envelopes", "value"])
-    assert table.loc["small_n_separability", "verdict"] != "not measured"  # P and R are always measured
+    assert 'diagnostics=["chance"]' in table.loc["small_n_separability", "option"]  # judged on the excess over chance
     page = scorecard_html(plain)
-    assert page.count("not measured") >= 7 and "measure it with diagnostics=[&quot;assumptions&quot;]" in page
+    assert page.count("not measured") >= 8 and "measure it with diagnostics=[&quot;assumptions&quot;]" in page
 
 
 def test_scorecard_shows_each_claim_value_interval_and_verdict(result, table):
@@ -230,17 +229,28 @@ def test_decay_verdict_on_hand_built_results(mae, expected):
 
 
 def test_small_n_drop_on_hand_built_curves():
+    """Raw curves that drop from small to mid N, with chance levels that drop as much (excess flat): the claim
+    fails; the same raw curves over a flat chance level: it holds. A mutant reading the raw curves holds both."""
     grid = (1, 2, 4, 8, 16, 32, 64)
     shape = (1, 2, len(grid))
-    precision = np.broadcast_to(np.array([1, 0.9, 0.8, 0.3, 0.3, 0.6, 1.0]), shape)
-    recall = np.broadcast_to(np.array([1, 0.9, 0.9, 0.88, 0.8, 0.9, 1.0]), shape)
-    result = _hand_built(_with_required({"precision": precision.copy(), "recall": recall.copy()}, grid), grid)
-    row = claims(result).loc["small_n_separability"]
+    precision = np.broadcast_to(np.array([1, 0.9, 0.8, 0.3, 0.3, 0.6, 1.0]), shape).copy()
+    recall = np.broadcast_to(np.array([1, 0.9, 0.9, 0.88, 0.8, 0.9, 1.0]), shape).copy()
+    flat_chance = np.full(shape, 0.2)
+    same_drop = {"excess_precision": np.full(shape, 0.1), "excess_recall": np.full(shape, 0.1)}
+    over_flat = {"excess_precision": precision - flat_chance, "excess_recall": recall - flat_chance}
+    fields = {"precision": precision, "recall": recall}
+    row = claims(_hand_built(_with_required({**fields, **over_flat}, grid), grid)).loc["small_n_separability"]
     # mid N: 8 and 16 (<= 64 / 4); drops: P 0.85 - 0.3 = 0.55, R 0.9 - 0.84 = 0.06
     assert row.value == pytest.approx(0.06) and row.verdict == "holds"
+    row = claims(_hand_built(_with_required({**fields, **same_drop}, grid), grid)).loc["small_n_separability"]
+    assert row.value == pytest.approx(0.0) and row.verdict == "does not hold"
+    assert "raw: P 0.55, R 0.06" in row.measured
     short = _hand_built(_with_required({"precision": precision[..., :3].copy()}, grid[:3]), grid[:3])
     row = claims(short).loc["small_n_separability"]
     assert row.verdict == "not measured" and "N grid" in row.option
+    plain = _hand_built(_with_required(fields, grid), grid)
+    row = claims(plain).loc["small_n_separability"]
+    assert row.verdict == "not measured" and 'diagnostics=["chance"]' in row.option
 
 
 def _roles_in_layers(result, order, n_replicates=50, flip=0.0, seed=0):
