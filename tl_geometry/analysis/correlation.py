@@ -52,3 +52,25 @@ def spearman(x: Float[Tensor, "*batch unit"], y: Float[Tensor, "*batch unit"]) -
     """
     x, y = torch.broadcast_tensors(x.double(), y.double())
     return correlations(x, y, torch.ones_like(x))[1]
+
+
+def partial_pearson(
+    x: Float[Tensor, "*unit"], y: Float[Tensor, "*unit"], z: Float[Tensor, "*unit"]
+) -> float:
+    """Pearson correlation of x and y with z partialled out: of their residuals after a least-squares line on z.
+
+    Every element is a unit (e.g. ``[layer, head]`` per head); units where any
+    of the three is NaN are left out; NaN with fewer than 4 units.
+
+    >>> z = torch.arange(10.0)
+    >>> round(partial_pearson(z + torch.tensor([1.0, -1] * 5), 2 * z + torch.tensor([1.0, -1] * 5), z), 6)
+    1.0
+    """
+    x, y, z = (t.double().flatten() for t in (x, y, z))
+    keep = ~(x.isnan() | y.isnan() | z.isnan())
+    x, y, z = x[keep], y[keep], z[keep]
+    if len(x) < 4:
+        return math.nan
+    design = torch.stack([torch.ones_like(z), z], dim=1)
+    residuals = [v - design @ torch.linalg.lstsq(design, v.unsqueeze(1)).solution.squeeze(1) for v in (x, y)]
+    return float(weighted_pearson(residuals[0], residuals[1], torch.ones_like(x)))

@@ -367,13 +367,28 @@ def _require_roles(result: GeometryResult) -> None:
     )
 
 
-def _probabilities(result: GeometryResult, se: Mapping[str, Tensor], config: TaxonomyConfig) -> Tensor:
+def replicate_roles(result: GeometryResult, config: TaxonomyConfig | None = None) -> Int[Tensor, "replicate layer head_index"]:
+    """The role (index into ROLES) each bootstrap replicate's feature means give every head; -1 where undefined.
+
+    The z-scores keep the head's standard errors (those of `taxonomy_from_result`).
+
+    Raises:
+        GeometryError: the result lacks the role features or their replicates (``n_bootstrap=0``).
+    """
+    config = config or TaxonomyConfig()
+    _require_roles(result)
+    if not all(result.has_replicates(name) for name in ROLE_FEATURES):
+        raise GeometryError("result: its role features kept no bootstrap replicates; analyse with n_bootstrap > 0")
+    replicates = {name: result.replicates(name) for name in ROLE_FEATURES}  # [replicate, layer, head]
+    return role_of(replicates, _standard_errors(result), config)
+
+
+def _probabilities(result: GeometryResult, config: TaxonomyConfig) -> Tensor:
     """Each role's share of the replicates whose feature means are defined; NaN without replicates."""
     layer_head = result.per_head("share_self").shape
     if not all(result.has_replicates(name) for name in ROLE_FEATURES):
         return torch.full((*layer_head, len(ROLES)), math.nan, dtype=torch.float64)
-    replicates = {name: result.replicates(name) for name in ROLE_FEATURES}  # [replicate, layer, head]
-    roles = role_of(replicates, se, config)
+    roles = replicate_roles(result, config)
     votes = torch.nn.functional.one_hot(roles.clamp(min=0), len(ROLES)).double() * (roles >= 0).unsqueeze(-1)
     return votes.sum(0) / votes.sum((0, -1)).unsqueeze(-1)  # NaN where no replicate is defined
 
@@ -387,7 +402,7 @@ def taxonomy_from_result(result: GeometryResult, config: TaxonomyConfig | None =
     features = {name: result.per_head(name) for name in (*TAXONOMY_FEATURES, "s_norm") if name in result.fields}
     se = _standard_errors(result)
     point = role_of(features, se, config)
-    probabilities = _probabilities(result, se, config)
+    probabilities = _probabilities(result, config)
     if bool(probabilities.isnan().all()):  # no replicates: the point role, with no probability to beat
         labels = torch.where(point >= 0, point, UNCERTAIN)
         runner_up, gap = torch.zeros_like(point), torch.full(point.shape, math.nan, dtype=torch.float64)
@@ -540,6 +555,6 @@ def agreement(first: HeadTaxonomy, second: HeadTaxonomy) -> tuple[float, int]:
 
 __all__: Sequence[str] = (
     "ROLES", "REGIMES", "NAMED", "Role", "Regime", "TaxonomyConfig", "HeadTaxonomy", "QueryTaxonomy",
-    "SensitivityRow", "role_of", "labels_from_probabilities", "taxonomy_from_result",
+    "SensitivityRow", "role_of", "labels_from_probabilities", "taxonomy_from_result", "replicate_roles",
     "threshold_sensitivity", "classify_queries", "role_counts", "agreement",
 )  # fmt: skip
