@@ -96,7 +96,12 @@ def _both(model, tokens, mask, **overrides):
 # Gemma-2: the rows differ from the bridge's pattern well beyond rounding (excess precision, contributions);
 # not yet traced to either side (the bridge's re-implemented Gemma-2 attention or the rows path).
 GEMMA2_OPEN = pytest.mark.xfail(reason="Gemma-2: rows and pattern paths disagree; not yet traced", strict=False)
-SUPPORTED = ["gpt2", "neox", "llama", "mistral", "qwen2", pytest.param("gemma2", marks=GEMMA2_OPEN), "gemma3"]
+# TransformerLens 3.9's bridge leaves the attention output projection of a float64 Qwen2 or GPT-J in float32:
+# those tiny models cannot run a forward pass there at all, whatever the capture path.
+TL3_FLOAT64_BROKEN = pytest.mark.skipif(tm.tl_major_version() < 4, reason="TransformerLens 3.x cannot run this "
+                                        "float64 bridge (its attention output projection stays float32)")
+SUPPORTED = ["gpt2", "neox", "llama", "mistral", pytest.param("qwen2", marks=TL3_FLOAT64_BROKEN),
+             pytest.param("gemma2", marks=GEMMA2_OPEN), "gemma3"]
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
@@ -119,7 +124,7 @@ def test_rows_equal_pattern_without_compatibility_mode(arch):
     assert_close_results(pattern, rows)
 
 
-@pytest.mark.parametrize("arch", ["bloom", "gptj"])
+@pytest.mark.parametrize("arch", ["bloom", pytest.param("gptj", marks=TL3_FLOAT64_BROKEN)])
 def test_models_outside_the_attention_interface_name_the_pattern_path(arch):
     """Bloom (ALiBi in its own code) and GPT-J compute attention without the interface: a clear error."""
     model = tiny_arch_bridge(arch)
