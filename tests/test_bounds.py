@@ -130,6 +130,8 @@ def reference_row(alpha, values, mask, n, d, kappa, variant="sink_aware"):
     closest = min(mu.values(), default=math.inf)
     p_up = 1 - _p_minus(closest / sigma) / (n + 1)
     r_up = sum(1 - _p_minus(min((mu[i, j] for j in outside), default=math.inf) / sigma) for i in inside) / n
+    if n == 1:  # s(1) = y_1: the selected key's distance is 0, no pair can swap, so there is no bound below 1
+        p_up = r_up = 1.0
     keep = ("delta", "delta0", "scale", "s_in", "rho_out", "delta_sink", "delta0_sink", "scale_sink", "rho_in", "rho0_in", "rho0_out")
     return {
         **{k: m[k] for k in keep},
@@ -285,10 +287,12 @@ def check_upper_envelope_values(B):
     kappa = 0.02
     margins = B.selection_margins(alpha, values, [1, 2])
     env = B.envelopes(margins, d_head=2, kappa=kappa)
-    for col, n in enumerate([1, 2]):
-        ref = reference_row(alpha, values, torch.ones(3, dtype=torch.bool), n, 2, kappa)
-        assert float(env.precision_upper[col]) == pytest.approx(ref["precision_upper"], rel=1e-12)
-        assert ref["precision_upper"] < 1.0  # the 1/(N + 1) term is exercised
+    # N = 1: P = R = 1 by definition, and the envelopes are 1 (not eq. 13's literal 1 - p_-/2).
+    assert float(env.precision_upper[0]) == float(env.recall_upper[0]) == 1.0
+    col, n = 1, 2
+    ref = reference_row(alpha, values, torch.ones(3, dtype=torch.bool), n, 2, kappa)
+    assert float(env.precision_upper[col]) == pytest.approx(ref["precision_upper"], rel=1e-12)
+    assert ref["precision_upper"] < 1.0  # the 1/(N + 1) term is exercised
 
 
 def test_upper_envelope_values():
@@ -558,6 +562,11 @@ MUTANTS = {
         "pull_out = 2 * a_out * (s_in * pos(rho_out) + a0_in * pos(rho0_out))",
         "pull_out = 2 * a_out * (s_in * pos(rho_in) + a0_in * pos(rho0_out))",
         ("check_sink_aware_margins_bound_every_gap", "check_lower_envelopes_hold_on_every_row", "check_matches_reference"),
+    ),
+    "eq. 13 read literally at N = 1": (
+        "precision_upper.masked_fill(no_swap, 1.0)",
+        "precision_upper",
+        ("check_upper_envelope_values", "check_matches_reference"),
     ),
     "drop the 1/(N+1) factor": (
         "precision_upper = 1 - _p_minus(xi_pair) / (n + 1)",

@@ -59,6 +59,11 @@ Readings chosen where the paper is ambiguous (listed on the docs page too):
    where their term is absent.
 9. N = L (everything selected): no pair, every envelope is 1. N > L: the
    top-N set does not exist; every field is NaN.
+10. N = 1: s(1) = y_1, so the selected key's distance is 0 and no pair can
+   swap (P{X_1j <= 0} = 0 exactly, not a Gaussian tail): the derivation
+   gives no upper bound below 1, and the upper envelopes are 1 (P = R = 1
+   there by definition; eq. 13 read literally gives 1 - p_-/2 < 1, which is
+   not a bound).
 
 On measured rows the gaps are the row's own, so where Delta' > 0 no
 non-sink pair is reversed: the sink-aware lower envelopes hold row by row
@@ -568,7 +573,10 @@ def envelopes(
         >>> values = torch.tensor([[0.1, 0.0], [0.0, 1.0], [1.0, 0.0]])
         >>> e = envelopes(selection_margins(alpha, values, [1, 3]), d_head=2)
         >>> [round(x, 3) for x in e.recall_upper.tolist()], e.recall_lower.tolist()
-        ([0.854, 1.0], [0.0, 1.0])
+        ([1.0, 1.0], [0.0, 1.0])
+        >>> e = envelopes(selection_margins(alpha, values, [2, 3]), d_head=2)
+        >>> [round(x, 3) for x in e.recall_upper.tolist()]
+        [0.967, 1.0]
     """
     precision_lower, recall_lower = lower_envelopes(margins, d_head, n_keys, kappa=kappa, variant=variant)
     _, _, scale = _variant_terms(margins, variant)
@@ -578,6 +586,7 @@ def envelopes(
     safe_sigma = torch.where(positive, sigma, 1.0)
     xi_pair = torch.where(positive, margins.pair_gap / safe_sigma, margins.pair_gap.sign() * math.inf)
     precision_upper = 1 - _p_minus(xi_pair) / (n + 1)
+    no_swap = n == 1  # reading 10: the selected key is s(1) itself
     # gap_in is defined at ranks < N only (most entries, on a log grid): p_- on those alone, packed.
     flat, column = _ranks_below_n(margins.n_grid, margins.gap_in.shape[-1])
     gap_in = margins.gap_in.flatten(-2)[..., flat]  # [*batch, packed]
@@ -585,8 +594,8 @@ def envelopes(
     terms = (1 - _p_minus(xi_in)).masked_fill(torch.isnan(gap_in), 0.0)  # NaN: hidden ranks, or N > L
     recall_upper = torch.zeros_like(scale).index_add_(-1, column, terms) / n
     missing = torch.isnan(margins.scale)
-    precision_upper = precision_upper.masked_fill(missing, math.nan)
-    recall_upper = recall_upper.masked_fill(missing, math.nan)
+    precision_upper = precision_upper.masked_fill(no_swap, 1.0).masked_fill(missing, math.nan)
+    recall_upper = recall_upper.masked_fill(no_swap, 1.0).masked_fill(missing, math.nan)
     return Envelopes(
         precision_lower=precision_lower,
         precision_upper=precision_upper,
