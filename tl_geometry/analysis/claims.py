@@ -72,14 +72,13 @@ from typing import Any, Literal, get_args
 import torch
 from torch import Tensor
 
-from tl_geometry.analysis.correlation import partial_pearson
-from tl_geometry.analysis.sink import sink_recall_correlation
+from tl_geometry.analysis.correlation import correlations, partial_pearson
+from tl_geometry.analysis.intervals import bias_corrected_interval
 from tl_geometry.analysis.summaries import mean_over_heads
 from tl_geometry.analysis.taxonomy import ROLES, replicate_roles, taxonomy_from_result
 from tl_geometry.diagnostics.taxonomy import ROLE_FEATURES
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
-from tl_geometry.results.select import nanquantile
 
 Verdict = Literal["holds", "partly", "does not hold", "not measured"]
 VERDICTS: tuple[str, ...] = get_args(Verdict)
@@ -139,10 +138,39 @@ THRESHOLDS: dict[str, Thresholds] = {
     "exponential_decay": Thresholds("<=", 0.10, 0.20),
     "four_phase_profile": Thresholds(">=", 0.5, 0.2),
     "small_n_separability": Thresholds(">=", 0.05, 0.01),
+    "large_n_return": Thresholds(">=", 0.05, 0.01),
+    "envelope_tightness": Thresholds("<=", 0.05, 0.15),
     "sink_recall_correlation": Thresholds(">=", 0.3, 0.1),
+    "sink_precision_correlation": Thresholds(">=", 0.3, 0.1),
     "regimes_by_depth": Thresholds(">=", 3.0, 2.0),
-    "envelopes": Thresholds(">=", 0.95, 0.5),
+    "regime_tradeoffs": Thresholds(">=", 3.0, 2.0),
 }
+
+
+def what_would_change(value: float, thresholds: Thresholds, verdict_: str, low: float = math.nan,
+                      high: float = math.nan) -> str:
+    """One line: the nearest change of the statistic (or its interval) that would change ``verdict_``.
+
+    >>> what_would_change(0.9, THRESHOLDS["stable_norms"], "holds", 0.85, 0.95)
+    "'partly' if the value or its interval's lower end fell below 0.8"
+    >>> what_would_change(0.3, THRESHOLDS["stable_norms"], "does not hold")
+    "'partly' at >= 0.5 (now 0.3)"
+    """
+    t = thresholds
+    worse = "below" if t.direction == ">=" else "above"
+    end = "lower" if t.direction == ">=" else "upper"
+    has_interval = not (math.isnan(low) or math.isnan(high))
+    if verdict_ == "holds":
+        which = f"the value or its interval's {end} end" if has_interval else "the value"
+        return f"'partly' if {which} fell {worse} {t.holds:g}"
+    if verdict_ == "partly" and t.reaches(value, t.holds):
+        return (f"'holds' if the whole interval reached {t.direction} {t.holds:g} (now [{_fmt(low)}, {_fmt(high)}]; "
+                "more documents narrow it)")
+    if verdict_ == "partly":
+        return f"'holds' at {t.direction} {t.holds:g} (now {_fmt(value)}); 'does not hold' {worse} {t.partly:g}"
+    if verdict_ == "does not hold":
+        return f"'partly' at {t.direction} {t.partly:g} (now {_fmt(value)})"
+    return "measuring it (see option)"
 
 
 def verdict(
@@ -181,6 +209,7 @@ class Claim:
         measured: the value and the numbers behind it, in words.
         verdict: one of ``VERDICTS``.
         rule: the thresholds in words.
+        flip: what change of the statistic would change the verdict, in one line.
         option: for "not measured", the run option that measures it ("" otherwise).
         evidence: the curves or per-head values behind the statistic (for
             figures), name -> ``(x, y)`` tensors.
@@ -198,6 +227,7 @@ class Claim:
     measured: str
     verdict: str
     rule: str
+    flip: str
     option: str = ""
     evidence: Mapping[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
 
@@ -226,15 +256,24 @@ SPECS: dict[str, _Spec] = {s.key: s for s in (
     _Spec("small_n_separability", "Separability is strongest at small N and weakest at intermediate N",
           "Figure 5, section 4", "P and R highest for N in [1, 4], lower in the mid-range (tens)",
           "min over P, R of (mean excess over chance at 2 <= N <= 4) - (at mid N)"),
+    _Spec("large_n_return", "Both metrics return towards 1 at large N (the U-shape)", "Figure 5, section 4",
+          "\"for very large N both metrics return to 1 trivially as almost all tokens are selected\"",
+          "min over P, R of (mean curve at large N) - (at mid N)"),
+    _Spec("envelope_tightness", "The upper envelopes are tight (small and large N; close to Recall throughout)",
+          "Figure 5, Theorems 1-2", "upper bounds tight at small and large N, close to Recall at moderate N; lower "
+          "bounds conservative", "largest mean gap between the upper envelope and the measured mean curve"),
     _Spec("sink_recall_correlation", "corr(R(r_min, N), rho_0) is positive and peaks at small N",
           "Figure 6, section 4.1", "peaks near N = 3 at about 0.6 (Gemma, Mistral); LLaMA about 0.25 by N = 6",
           "Pearson correlation over heads at N = 3"),
+    _Spec("sink_precision_correlation", "The sink improves Precision when its direction aligns with the other "
+          "values", "Figure 6 text, section 4.1", "\"improving Precision when its direction aligns with other "
+          "embeddings\" (no number given)", "Pearson corr(P(r_max, N), rho_0) over heads at N = 3"),
     _Spec("regimes_by_depth", "Retriever -> Reset -> Mixer across depth", "Figure 8, section 4.2",
           "Retrievers in the first layers, Reset heads early, Mixers from the lower-middle layers on",
           "pairs in the order Retriever < Reset < Mixer of probability-weighted mean depth (of 3)"),
-    _Spec("envelopes", "The theoretical envelopes contain the measurements", "Figure 5, Theorems 1-2",
-          "the empirical P and R curves lie within the envelopes",
-          "share of (metric, N) points of the mean curves inside the mean envelopes"),
+    _Spec("regime_tradeoffs", "Head regimes show complementary precision-recall trade-offs", "Figure 11, A.4",
+          "Retriever higher Recall at large N but lower Precision; Reset U-shaped (both improve at large N)",
+          "statements of Figure 11 met by the probability-weighted role curves (of 3)"),
 )}  # fmt: skip
 
 
@@ -248,9 +287,10 @@ def _missing(result: GeometryResult, names: Sequence[str]) -> list[str]:
 
 
 def _interval(
-    result: GeometryResult, names: Sequence[str], statistic: Callable[[Mapping[str, Tensor]], float]
+    result: GeometryResult, names: Sequence[str], statistic: Callable[[Mapping[str, Tensor]], float], value: float
 ) -> tuple[float, float, str]:
-    """The percentile interval of ``statistic`` over the bootstrap replicates of ``names`` (NaN without them)."""
+    """The bias-corrected interval of ``statistic`` (``value`` on the result) over the bootstrap replicates of
+    ``names`` (NaN without them)."""
     lacking = [name for name in names if not result.has_replicates(name)]
     if lacking:
         return math.nan, math.nan, (
@@ -263,9 +303,12 @@ def _interval(
     n = next(iter(replicates.values())).shape[0]
     values = torch.tensor([statistic({name: r[b] for name, r in replicates.items()}) for b in range(n)],
                           dtype=torch.float64)
-    tail = (1 - LEVEL) / 2
-    low, high = float(nanquantile(values, tail)), float(nanquantile(values, 1 - tail))
-    return low, high, f"{LEVEL:.0%} bootstrap interval over documents ({n} replicates)"
+    return _replicate_interval(value, values, "over documents")
+
+
+def _replicate_interval(value: float, values: Tensor, over: str) -> tuple[float, float, str]:
+    low, high = bias_corrected_interval(value, values, LEVEL)
+    return low, high, f"{LEVEL:.0%} bias-corrected bootstrap interval {over} ({len(values)} replicates)"
 
 
 def _fmt(x: float, digits: int = 3) -> str:
@@ -276,7 +319,7 @@ def _not_measured(key: str, option: str, why: str) -> Claim:
     spec = SPECS[key]
     return Claim(
         key, spec.claim, spec.paper_ref, spec.paper_value, spec.statistic, math.nan, math.nan, math.nan,
-        "none", why, "not measured", _rule(key), option,
+        "none", why, "not measured", _rule(key), f"measuring it: {option}", option,
     )
 
 
@@ -284,9 +327,10 @@ def _claim(key: str, value: float, interval: tuple[float, float, str], measured:
            evidence: Mapping[str, tuple[Tensor, Tensor]]) -> Claim:
     spec = SPECS[key]
     low, high, text = interval
+    found = verdict(value, THRESHOLDS[key], low, high)
     return Claim(
         key, spec.claim, spec.paper_ref, spec.paper_value, spec.statistic, value, low, high, text, measured,
-        verdict(value, THRESHOLDS[key], low, high), _rule(key), "", evidence,
+        found, _rule(key), what_would_change(value, THRESHOLDS[key], found, low, high), "", evidence,
     )
 
 
@@ -333,7 +377,7 @@ def _stable_norms(result: GeometryResult) -> Claim:
         interval = (math.nan, math.nan, "none: the averaged curve keeps no bootstrap replicates")
         return _claim("stable_norms", value, interval, measured, {"value_norm_cv": _per_head_values(across)})
     measured = within_text + " (the verdict's reading: this result has no norm-by-position curve)"
-    return _claim("stable_norms", share_within, _interval(result, ["value_norm_cv"], _share_stable), measured,
+    return _claim("stable_norms", share_within, _interval(result, ["value_norm_cv"], _share_stable, share_within), measured,
                   {"value_norm_cv": _per_head_values(within)})
 
 
@@ -348,7 +392,7 @@ def _compressed_sink(result: GeometryResult) -> Claim:
     value = _median_ratio({"sink_norm_ratio": ratio})
     below = float((ratio[~ratio.isnan()] < 1).double().mean())
     measured = f"median lambda {_fmt(value)}; {below:.0%} of heads have lambda < 1"
-    return _claim("compressed_sink", value, _interval(result, ["sink_norm_ratio"], _median_ratio), measured,
+    return _claim("compressed_sink", value, _interval(result, ["sink_norm_ratio"], _median_ratio, value), measured,
                   {"sink_norm_ratio": _per_head_values(ratio)})
 
 
@@ -364,7 +408,7 @@ def _exponential_decay(result: GeometryResult) -> Claim:
     flat = mae[~mae.isnan()]
     within = float(((flat >= 0.05) & (flat <= 0.10)).double().mean()) if len(flat) else math.nan
     measured = f"mean MAE {_fmt(value)}; median {_fmt(float(mae.nanmedian()))}; {within:.0%} of heads in 0.05-0.10"
-    return _claim("exponential_decay", value, _interval(result, ["decay_mae"], _mean_mae), measured,
+    return _claim("exponential_decay", value, _interval(result, ["decay_mae"], _mean_mae, value), measured,
                   {"decay_mae": _per_head_values(mae)})
 
 
@@ -405,7 +449,7 @@ def _four_phase_profile(result: GeometryResult) -> Claim:
                                       * (fit.has_oscillation >= PHASE_SHARE).double()))
     measured = (f"{value:.0%} of heads show the sink, the plateau and the recency rise (the oscillation may be "
                 f"absent: T1 = T2); {oscillating:.0%} show all four (sink >= 100 x plateau: {sink:.0%}; {shares})")
-    return _claim("four_phase_profile", value, _interval(result, PROFILE_FIELDS, _share_four_phase), measured,
+    return _claim("four_phase_profile", value, _interval(result, PROFILE_FIELDS, _share_four_phase, value), measured,
                   {"four_phase": _per_head_values(_four_phase(f))})
 
 
@@ -426,13 +470,44 @@ def _drops(f: Mapping[str, Tensor], grid: Tensor, names: Sequence[str] = EXCESS)
     return out
 
 
-def _recovery(result: GeometryResult, name: str) -> float:
-    """The mean curve's mean at large N (at least half the largest N) minus at mid N: the U-shape's return."""
+def _large(grid: Tensor) -> Tensor:
+    """Mask of the large-N grid points (at least ``LARGE_N_FRACTION`` of the largest N)."""
+    return grid >= LARGE_N_FRACTION * grid.max()
+
+
+def _returns(f: Mapping[str, Tensor], grid: Tensor, names: Sequence[str]) -> dict[str, float]:
+    """Per metric, the mean over heads' curve at large N minus at mid N: the U-shape's return."""
+    _, mid = _ranges(grid)
+    out = {}
+    for name in names:
+        curve = torch.nanmean(f[name].double().flatten(0, 1), dim=0)  # as mean_over_heads
+        out[name] = float(curve[_large(grid)].nanmean() - curve[mid].nanmean())
+    return out
+
+
+def _large_n_return(result: GeometryResult) -> Claim:
+    """Judged on the raw metrics, which the paper says "return to 1 trivially"; the excess over chance beside."""
     grid = result.n_grid
     _, mid = _ranges(grid)
-    large = grid >= LARGE_N_FRACTION * grid.max()
-    curve = mean_over_heads(result, name).double()
-    return float(curve[large].nanmean() - curve[mid].nanmean()) if bool(large.any()) else math.nan
+    large = _large(grid) & ~mid
+    if not bool(mid.any()) or not bool(large.any()):
+        return _not_measured("large_n_return", OPTIONS["mid_n"], f"the grid {grid.tolist()} has no mid N or no large N")
+    metrics = ("precision", "recall")
+    f = {name: result.per_head(name) for name in (*metrics, *EXCESS) if name in result.fields}
+    returns = _returns(f, grid, metrics)
+    value = min(returns.values())
+
+    def statistic(g: Mapping[str, Tensor]) -> float:
+        return min(_returns(g, grid, metrics).values())
+
+    measured = (f"from N in {int(grid[mid].min())}-{int(grid[mid].max())} to N >= {int(grid[_large(grid)].min())}: "
+                f"P rises by {_fmt(returns['precision'])}, R by {_fmt(returns['recall'])}")
+    if all(name in f for name in EXCESS):
+        excess = _returns(f, grid, EXCESS)
+        measured += (f"; over chance (random sets return too): P {_fmt(excess['excess_precision'])}, "
+                     f"R {_fmt(excess['excess_recall'])}")
+    evidence = {name: (grid, mean_over_heads(result, name)) for name in metrics}
+    return _claim("large_n_return", value, _interval(result, list(metrics), statistic, value), measured, evidence)
 
 
 def _small_n_separability(result: GeometryResult) -> Claim:
@@ -455,44 +530,61 @@ def _small_n_separability(result: GeometryResult) -> Claim:
     mid_grid = grid[mid]
     measured = (f"excess over chance: P drops by {_fmt(drops['excess_precision'])}, R by "
                 f"{_fmt(drops['excess_recall'])} from N in 2-4 to N in {int(mid_grid.min())}-{int(mid_grid.max())} "
-                f"(raw: P {_fmt(raw['precision'])}, R {_fmt(raw['recall'])}); return at large N (N >= "
-                f"{LARGE_N_FRACTION:g} x the largest) over mid N: P {_fmt(_recovery(result, 'precision'))}, "
-                f"R {_fmt(_recovery(result, 'recall'))}")
+                f"(raw: P {_fmt(raw['precision'])}, R {_fmt(raw['recall'])})")
     evidence = {name: (grid, mean_over_heads(result, name)) for name in (*EXCESS, "precision", "recall")}
-    return _claim("small_n_separability", value, _interval(result, list(EXCESS), statistic), measured, evidence)
+    return _claim("small_n_separability", value, _interval(result, list(EXCESS), statistic, value), measured, evidence)
 
 
-def _sink_recall_correlation(result: GeometryResult) -> Claim:
-    if _missing(result, ["rho0", "recall"]):
-        return _not_measured("sink_recall_correlation", OPTIONS["assumptions"], "the result has no rho0")
-    corr = sink_recall_correlation(result)
-    grid, pearson = corr.n_grid.tolist(), corr.pearson.double()
+def _depth(result: GeometryResult) -> Tensor:
+    """Each head's layer depth ``[layer, head_index]``: its layer's index among the analysed layers over their
+    number minus one (0 first, 1 last)."""
+    n_layers, n_heads = len(result.layers), len(result.heads)
+    return (torch.arange(n_layers, dtype=torch.float64) / max(1, n_layers - 1)).unsqueeze(-1).expand(n_layers, n_heads)
+
+
+def _pearson_by_n(metric: Tensor, rho0: Tensor) -> Tensor:
+    """Pearson correlation over heads of ``metric`` ``[layer, head, n]`` with ``rho0`` ``[layer, head]``, per N."""
+    x = metric.double().flatten(0, 1).T  # [n, head]
+    y = rho0.double().flatten().expand_as(x)
+    return correlations(x, y, torch.ones_like(x))[0]
+
+
+def _sink_correlation(result: GeometryResult, key: str, metric: str) -> Claim:
+    """corr(metric at N = 3, rho_0) over heads; depth partialled out, N = 6 and the largest over N = 2-8 beside."""
+    if _missing(result, ["rho0", metric]):
+        return _not_measured(key, OPTIONS["assumptions"], f"the result has no rho0 or no {metric}")
+    grid = result.n_grid.tolist()
+    values, rho0 = result.per_head(metric).double(), result.per_head("rho0").double()
+    pearson = _pearson_by_n(values, rho0)
     if CORR_N not in grid or math.isnan(float(pearson[grid.index(CORR_N)])):
-        return _not_measured("sink_recall_correlation", OPTIONS["corr_n"],
-                             f"no correlation at N = {CORR_N} on the grid {grid}")
+        return _not_measured(key, OPTIONS["corr_n"], f"no correlation at N = {CORR_N} on the grid {grid}")
     at = grid.index(CORR_N)
     value = float(pearson[at])
-    low, high = float(corr.pearson_low[at]), float(corr.pearson_high[at])
-    text = (f"{corr.confidence:.0%} bootstrap interval over documents at N = {CORR_N} "
-            f"({corr.n_bootstrap} replicates)" if corr.n_bootstrap else
-            "none: no bootstrap replicates of recall and rho0 (or one document)")
-    # Deeper layers have both larger rho_0 and different recall: the correlation with depth held fixed beside it.
-    n_layers, n_heads = len(result.layers), len(result.heads)
-    depth = (torch.arange(n_layers, dtype=torch.float64) / max(1, n_layers - 1)).unsqueeze(-1).expand(n_layers, n_heads)
-    recall, rho0 = result.per_head("recall").double(), result.per_head("rho0").double()
-    parts = [f"corr {_fmt(value)} at N = {CORR_N}, {_fmt(partial_pearson(recall[..., at], rho0, depth))} with layer "
-             f"depth partialled out"]
+
+    def statistic(f: Mapping[str, Tensor]) -> float:
+        return float(_pearson_by_n(f[metric][..., at : at + 1], f["rho0"])[0])
+
+    depth = _depth(result)
+    parts = [f"corr {_fmt(value)} at N = {CORR_N}, {_fmt(partial_pearson(values[..., at], rho0, depth))} with layer "
+             "depth partialled out (deeper layers differ in both)"]
     if CORR_N_LATER in grid:
         later = grid.index(CORR_N_LATER)
         parts.append(f"at N = {CORR_N_LATER}: {_fmt(float(pearson[later]))} "
-                     f"({_fmt(partial_pearson(recall[..., later], rho0, depth))} partialled)")
+                     f"({_fmt(partial_pearson(values[..., later], rho0, depth))} partialled)")
     small = [i for i, n in enumerate(grid) if CORR_SMALL_N[0] <= n <= CORR_SMALL_N[1] and not math.isnan(float(pearson[i]))]
     peak = max(small, key=lambda i: float(pearson[i]))
     parts.append(f"largest over N = 2-8: {_fmt(float(pearson[peak]))} at N = {grid[peak]} (not the statistic: a "
                  "maximum over N is biased upwards)")
-    return _claim("sink_recall_correlation", value, (low, high, text), "; ".join(parts),
-                  {"pearson": (corr.n_grid, corr.pearson), "pearson_low": (corr.n_grid, corr.pearson_low),
-                   "pearson_high": (corr.n_grid, corr.pearson_high)})
+    return _claim(key, value, _interval(result, [metric, "rho0"], statistic, value), "; ".join(parts),
+                  {"pearson": (result.n_grid, pearson)})
+
+
+def _sink_recall_correlation(result: GeometryResult) -> Claim:
+    return _sink_correlation(result, "sink_recall_correlation", "recall")
+
+
+def _sink_precision_correlation(result: GeometryResult) -> Claim:
+    return _sink_correlation(result, "sink_precision_correlation", "precision")
 
 
 DEPTH_ORDER = ("retriever", "reset", "mixer")  # Figure 8: Retrievers first, then Resets, then Mixers
@@ -535,44 +627,151 @@ def _regimes_by_depth(result: GeometryResult) -> Claim:
             member = {r: (roles == ROLES.index(r)).double() for r in DEPTH_ORDER}
             counts.append(_ordered_pairs({r: float((m * depth).sum() / m.sum()) if m.sum() > 0 else math.nan
                                           for r, m in member.items()}))
-        values = torch.tensor(counts, dtype=torch.float64)
-        tail = (1 - LEVEL) / 2
-        interval = (float(nanquantile(values, tail)), float(nanquantile(values, 1 - tail)),
-                    f"{LEVEL:.0%} interval over the bootstrap replicates' roles ({len(counts)} replicates)")
+        interval = _replicate_interval(value, torch.tensor(counts, dtype=torch.float64),
+                                       "over the bootstrap replicates' roles")
     evidence = {r: (torch.tensor(result.layers), weight[r].sum(-1)) for r in DEPTH_ORDER}
     return _claim("regimes_by_depth", value, interval, measured, evidence)
+
+
+TRADEOFFS = ("Retriever's Recall above the other roles' at large N", "Retriever's Precision below the other roles' "
+             "at large N", "Reset's Precision and Recall both higher at large N than at mid N")
+"""Figure 11's three statements, counted by the trade-off claim."""
+
+
+def _role_curve(weight: Tensor, metric: Tensor) -> Tensor:
+    """The mean curve ``[n]`` over heads of ``metric`` ``[layer, head, n]``, each head weighted by ``weight``."""
+    w = weight.double().unsqueeze(-1).expand_as(metric) * ~metric.isnan()
+    return (w * metric.double().nan_to_num()).sum((0, 1)) / w.sum((0, 1))
+
+
+def _tradeoffs(member: Mapping[str, Tensor], f: Mapping[str, Tensor], grid: Tensor) -> list[bool]:
+    """Which of ``TRADEOFFS`` hold for heads weighted into roles by ``member`` (role -> ``[layer, head]``)."""
+    _, mid = _ranges(grid)
+    large = _large(grid)
+
+    def at(role_weight: Tensor, metric: str, mask: Tensor) -> float:
+        return float(_role_curve(role_weight, f[metric])[mask].nanmean())
+
+    others = member["mixer"] + member["reset"]
+    return [
+        at(member["retriever"], "recall", large) > at(others, "recall", large),
+        at(member["retriever"], "precision", large) < at(others, "precision", large),
+        all(at(member["reset"], m, large) > at(member["reset"], m, mid) for m in ("precision", "recall")),
+    ]  # NaN (a role without heads) compares False: the statement is not met
+
+
+def _regime_tradeoffs(result: GeometryResult) -> Claim:
+    if _missing(result, list(ROLE_FEATURES)):
+        return _not_measured("regime_tradeoffs", OPTIONS["taxonomy"], "the result has no role features")
+    grid = result.n_grid
+    _, mid = _ranges(grid)
+    if not bool(mid.any()) or not bool(_large(grid).any()):
+        return _not_measured("regime_tradeoffs", OPTIONS["mid_n"], f"the grid {grid.tolist()} has no mid N or no large N")
+    probabilities, draws = _role_probabilities(result)
+    member = {r: probabilities[..., ROLES.index(r)] for r in DEPTH_ORDER}
+    f = {m: result.per_head(m) for m in ("precision", "recall")}
+    met = _tradeoffs(member, f, grid)
+    value = float(sum(met))
+    interval: tuple[float, float, str] = (math.nan, math.nan, "none: the result keeps no replicates of the role features")
+    if draws is not None:
+        curves = all(result.has_replicates(m) for m in f)
+        kept = {m: result.replicates(m) for m in f} if curves else None
+        counts = [float(sum(_tradeoffs({r: (roles == ROLES.index(r)).double() for r in DEPTH_ORDER},
+                                       {m: kept[m][b] for m in f} if kept else f, grid)))
+                  for b, roles in enumerate(draws) if bool((roles >= 0).any())]
+        over = ("over the bootstrap replicates' roles and curves" if curves else
+                "over the bootstrap replicates' roles (precision or recall kept no replicates: the curves are fixed)")
+        interval = _replicate_interval(value, torch.tensor(counts, dtype=torch.float64), over)
+    large = _large(grid)
+    parts = []
+    for role in DEPTH_ORDER:
+        curve = {m: _role_curve(member[role], f[m]) for m in f}
+        parts.append(f"{role} ({float(member[role].sum()):.1f} heads): " + ", ".join(
+            f"{m[0].upper()} {_fmt(float(curve[m][mid].nanmean()), 2)} at mid N, "
+            f"{_fmt(float(curve[m][large].nanmean()), 2)} at large N" for m in f))
+    measured = ("; ".join(f"{'yes' if ok else 'no'}: {text}" for ok, text in zip(met, TRADEOFFS))
+                + ". Probability-weighted curves: " + "; ".join(parts))
+    evidence = {f"{m}_{r}": (grid, _role_curve(member[r], f[m])) for m in f for r in DEPTH_ORDER}
+    return _claim("regime_tradeoffs", value, interval, measured, evidence)
 
 
 ENVELOPE_FIELDS = tuple(f"bound_{m}_{side}" for m in ("precision", "recall") for side in ("lower", "upper"))
 
 
-def _envelopes(result: GeometryResult) -> Claim:
+TIGHT_RANGES = {"precision": ("small", "large"), "recall": ("small", "mid", "large")}
+"""Where Figure 5 calls the upper envelopes tight: Precision at small and large N, Recall at every N."""
+INFORMATIVE = 0.5  # a lower envelope says something where P_low > 1/2, i.e. R_low > 0 (T < 1)
+
+
+def _upper_gaps(f: Mapping[str, Tensor], grid: Tensor) -> dict[str, float]:
+    """Per (metric, range) of ``TIGHT_RANGES``: the mean over the range of the upper envelope's mean curve minus
+    the metric's mean curve."""
+    small, mid = _ranges(grid)
+    masks = {"small": small, "mid": mid, "large": _large(grid)}
+    out = {}
+    for metric, ranges in TIGHT_RANGES.items():
+        curve = torch.nanmean(f[metric].double().flatten(0, 1), dim=0)
+        upper = torch.nanmean(f[f"bound_{metric}_upper"].double().flatten(0, 1), dim=0)
+        for name in ranges:
+            out[f"{metric} at {name} N"] = float((upper - curve)[masks[name]].nanmean())
+    return out
+
+
+def _envelope_tightness(result: GeometryResult) -> Claim:
+    """The largest gap between the upper envelope and the measured mean curve where the paper calls it tight;
+    the lower envelopes' informative share and the containment (true by construction) beside."""
     if _missing(result, ENVELOPE_FIELDS):
-        return _not_measured("envelopes", OPTIONS["bounds"], "the result has no envelopes")
+        return _not_measured("envelope_tightness", OPTIONS["bounds"], "the result has no envelopes")
     grid = result.n_grid
-    inside, defined, evidence, parts = 0, 0, {}, []
+    small, mid = _ranges(grid)
+    if not bool(small.any()) or not bool(mid.any()):
+        return _not_measured("envelope_tightness", OPTIONS["mid_n"], f"the grid {grid.tolist()} has no small or mid N")
+    names = ["precision", "recall", *ENVELOPE_FIELDS]
+    f = {name: result.per_head(name) for name in names}
+    gaps = _upper_gaps(f, grid)
+    worst = max(gaps, key=lambda k: gaps[k])
+    value = gaps[worst]
+
+    def statistic(g: Mapping[str, Tensor]) -> float:
+        return max(_upper_gaps(g, grid).values())
+
+    # Lower envelopes: informative cells (head, 1 < N < the largest N), and what P is there.
+    inner = (grid > 1) & (grid < grid.max())
+    lower = f["bound_precision_lower"].double()[..., inner]
+    defined = ~lower.isnan()
+    informative = defined & (lower > INFORMATIVE)
+    share = float(informative.sum() / defined.sum()) if bool(defined.any()) else math.nan
+    at_informative = f["precision"].double()[..., inner][informative]
+    inside, points = 0, 0
+    evidence: dict[str, tuple[Tensor, Tensor]] = {}
     for metric in ("precision", "recall"):
         curve = mean_over_heads(result, metric).double()
-        lower = mean_over_heads(result, f"bound_{metric}_lower").double()
-        upper = mean_over_heads(result, f"bound_{metric}_upper").double()
-        ok = ~(curve.isnan() | lower.isnan() | upper.isnan())
-        within = ok & (curve >= lower - INSIDE_TOLERANCE) & (curve <= upper + INSIDE_TOLERANCE)
-        inside, defined = inside + int(within.sum()), defined + int(ok.sum())
-        parts.append(f"{metric} {int(within.sum())}/{int(ok.sum())}")
-        evidence.update({metric: (grid, curve), f"{metric}_lower": (grid, lower), f"{metric}_upper": (grid, upper)})
-    value = inside / defined if defined else math.nan
-    measured = f"{_fmt(value)} of the points inside ({', '.join(parts)} N)"
-    interval = (math.nan, math.nan, "none: a share of grid points of mean curves")
-    return _claim("envelopes", value, interval, measured, evidence)
+        low = mean_over_heads(result, f"bound_{metric}_lower").double()
+        up = mean_over_heads(result, f"bound_{metric}_upper").double()
+        ok = ~(curve.isnan() | low.isnan() | up.isnan())
+        inside += int((ok & (curve >= low - INSIDE_TOLERANCE) & (curve <= up + INSIDE_TOLERANCE)).sum())
+        points += int(ok.sum())
+        evidence.update({metric: (grid, curve), f"{metric}_lower": (grid, low), f"{metric}_upper": (grid, up)})
+    lower_gap = float((evidence["recall"][1] - evidence["recall_lower"][1])[inner].nanmean())
+    measured = (f"largest gap {_fmt(value)} ({worst}); upper gaps: "
+                + ", ".join(f"{k} {_fmt(v)}" for k, v in gaps.items())
+                + f". Lower envelopes: informative (P_low > {INFORMATIVE:g}) in {share:.1%} of the (head, N) cells "
+                f"with 1 < N < {int(grid.max())}"
+                + (f", where P averages {_fmt(float(at_informative.mean()))}" if len(at_informative) else "")
+                + f"; Recall lies {_fmt(lower_gap)} above its lower envelope on average. Containment (not a test: "
+                f"the lower envelopes hold on measured rows by construction): {inside}/{points} points of the mean "
+                "curves inside")
+    return _claim("envelope_tightness", value, _interval(result, names, statistic, value), measured, evidence)
 
 
 CHECKS: tuple[Callable[[GeometryResult], Claim], ...] = (
     _stable_norms, _compressed_sink, _exponential_decay, _four_phase_profile, _small_n_separability,
-    _sink_recall_correlation, _regimes_by_depth, _envelopes,
+    _large_n_return, _envelope_tightness, _sink_recall_correlation, _sink_precision_correlation, _regimes_by_depth,
+    _regime_tradeoffs,
 )  # fmt: skip
 
 COLUMNS = ("claim", "paper_ref", "paper_value", "statistic", "value", "low", "high", "interval", "measured",
-           "verdict", "rule", "option")  # fmt: skip
+           "verdict", "rule", "flip", "option")  # fmt: skip
 
 
 def claim_list(result: object) -> list[Claim]:

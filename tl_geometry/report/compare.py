@@ -65,7 +65,8 @@ def _curves(key: str, pair: list[tuple[str, Claim]], names: tuple[str, ...], das
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    metrics = [m for m in ("precision", "recall") if any(m in c.evidence for _, c in pair)] or ["pearson"]
+    metrics = [m for m in ("precision", "recall") if any(k.startswith(m) for _, c in pair for k in c.evidence)]
+    metrics = metrics or ["pearson"]
     fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=metrics)
     for col, metric in enumerate(metrics, start=1):
         for (name, claim), colour in zip(pair, COLOURS):
@@ -108,13 +109,22 @@ def _draw(key: str, pair: list[tuple[str, Claim]]) -> Any:
         return _histogram(key, pair)
     if key == "four_phase_profile":
         return _share(key, pair)
-    if key == "small_n_separability":
+    if key in ("small_n_separability", "large_n_return", "sink_recall_correlation", "sink_precision_correlation"):
         return _curves(key, pair, ("",), {"": "solid"})
-    if key == "sink_recall_correlation":
-        return _curves(key, pair, ("", "_low", "_high"), {"": "solid", "_low": "dot", "_high": "dot"})
+    if key == "regime_tradeoffs":
+        return _curves(key, pair, ("_retriever", "_reset", "_mixer"),
+                       {"_retriever": "solid", "_reset": "dot", "_mixer": "dash"})
     if key == "regimes_by_depth":
         return _regimes(pair)
     return _curves(key, pair, ("", "_lower", "_upper"), {"": "solid", "_lower": "dash", "_upper": "dot"})
+
+
+def _with_interval(claim: Claim) -> str:
+    """The value with its interval, e.g. ``0.534 [0.413, 0.6]``."""
+    if math.isnan(claim.value):
+        return "no value"
+    interval = "" if math.isnan(claim.low) else f" [{claim.low:.3g}, {claim.high:.3g}]"
+    return f"{claim.value:.3g}{interval}"
 
 
 def _names(a: GeometryResult, b: GeometryResult) -> tuple[str, str]:
@@ -134,8 +144,9 @@ def _page(names: tuple[str, str], claims_a: list[Claim], claims_b: list[Claim]) 
         fig = _draw(ca.key, [(names[0], ca), (names[1], cb)])
         fig.update_layout(title=f"{ca.claim} ({ca.paper_ref})", template="plotly_white", height=420)
         cells = "".join(
-            f'<td><b style="color:{VERDICT_COLOURS[c.verdict][0]}">{html.escape(c.verdict)}</b>: '
-            f"{html.escape(c.measured)}</td>"
+            f'<td><b style="color:{VERDICT_COLOURS[c.verdict][0]}">{html.escape(c.verdict)}</b>, '
+            f"{html.escape(_with_interval(c))}: {html.escape(c.measured)}<br><i>Would change: "
+            f"{html.escape(c.flip)}</i></td>"
             for c in (ca, cb)
         )
         div = fig.to_html(full_html=False, include_plotlyjs=index == 0, div_id=f"compare-{ca.key}")

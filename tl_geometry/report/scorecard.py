@@ -46,7 +46,8 @@ def _value_cell(claim: Claim) -> str:
 def _verdict_cell(claim: Claim) -> str:
     colour, background = VERDICT_COLOURS[claim.verdict]
     extra = (f'<div class="small">measure it with {html.escape(claim.option)}</div>' if claim.option else
-             f'<div class="small">{html.escape(claim.rule)}</div>')
+             f'<div class="small">{html.escape(claim.rule)}</div>'
+             f'<div class="small">would change: {html.escape(claim.flip)}</div>')
     return (f'<td><span class="verdict" style="color:{colour};background:{background}">'
             f"{html.escape(claim.verdict)}</span>{extra}</td>")
 
@@ -56,8 +57,8 @@ def scorecard_html(result: GeometryResult) -> str:
 
     One row per claim of `tl_geometry.analysis.claims`: the claim and where
     the paper makes it, the paper's value, the measured value with its
-    bootstrap interval, and the verdict with its rule (or, when not measured,
-    the option that would measure it).
+    bias-corrected bootstrap interval, and the verdict with its rule and what
+    would change it (or, when not measured, the option that would measure it).
     """
     rows = []
     for claim in claim_list(result):
@@ -68,7 +69,7 @@ def scorecard_html(result: GeometryResult) -> str:
         )
     return (
         f'<section id="claims-scorecard">{STYLE}<h2>The paper\'s claims on this model</h2>'
-        "<p>Each claim of the paper reduced to one statistic of this result, with its bootstrap interval over "
+        "<p>Each claim of the paper reduced to one statistic of this result, with its bias-corrected bootstrap interval over "
         "documents where the fields kept replicates. Verdict: <i>holds</i> when the statistic reaches the "
         "claim's threshold (and so does its whole interval), <i>partly</i> when it reaches the weaker one, "
         "<i>not measured</i> when the run lacks the diagnostic (tl_geometry.analysis.claims states every "

@@ -1,0 +1,74 @@
+"""Bootstrap intervals of a statistic from its replicates: percentile and bias-corrected percentile.
+
+A result keeps Poisson-bootstrap replicates over documents (each replicate's
+per-head means), not each document's values. From the replicates
+``theta*_b`` of a statistic and its value ``theta`` on the result:
+
+- the percentile interval is the ``tail`` and ``1 - tail`` quantiles of the
+  replicates (``tail = (1 - level) / 2``);
+- the bias-corrected interval (Efron's BC) moves those quantile levels by the
+  replicates' median bias ``z0 = Phi^-1(share of replicates below theta, ties
+  counting half)``: the quantiles at ``Phi(2 z0 + Phi^-1(tail))`` and
+  ``Phi(2 z0 + Phi^-1(1 - tail))``. It is BCa with acceleration 0: the
+  acceleration needs a jackknife over documents, whose values a result does
+  not keep. When the replicates centre on theta (z0 = 0) it is the
+  percentile interval.
+
+Statistics of many noisy per-head means (a correlation over heads, a
+minimum of two drops) are biased by the noise itself; the percentile
+interval then sits off-centre around the value (a correlation's estimate at
+or beyond the top of its interval), which the bias correction undoes. The
+coverage of both on simulated studies is measured in ``tests/test_intervals.py``.
+
+Quantiles interpolate linearly between replicates (as ``torch.quantile``);
+NaN replicates are left out; no replicates or a NaN value give NaN bounds.
+"""
+
+import math
+from statistics import NormalDist
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+
+def _quantiles(values: Float[Tensor, " replicate"], levels: tuple[float, float]) -> tuple[float, float]:
+    q = torch.quantile(values, torch.tensor(levels, dtype=values.dtype))
+    return float(q[0]), float(q[1])
+
+
+def percentile_interval(replicates: Float[Tensor, " replicate"], level: float = 0.95) -> tuple[float, float]:
+    """The ``level`` percentile interval of the replicates.
+
+    >>> [round(x, 6) for x in percentile_interval(torch.arange(101.0), 0.9)]
+    [5.0, 95.0]
+    """
+    values = replicates.double().flatten()
+    values = values[~values.isnan()]
+    if not len(values):
+        return math.nan, math.nan
+    tail = (1 - level) / 2
+    return _quantiles(values, (tail, 1 - tail))
+
+
+def bias_corrected_interval(
+    value: float, replicates: Float[Tensor, " replicate"], level: float = 0.95
+) -> tuple[float, float]:
+    """The ``level`` bias-corrected percentile interval (BC) of the replicates around the statistic's ``value``.
+
+    >>> [round(x, 6) for x in bias_corrected_interval(50.0, torch.arange(101.0), 0.9)]  # centred: percentile
+    [5.0, 95.0]
+    >>> low, high = bias_corrected_interval(60.0, torch.arange(101.0), 0.9)  # replicates biased low: shifted up
+    >>> low > 5.0 and high > 95.0
+    True
+    """
+    values = replicates.double().flatten()
+    values = values[~values.isnan()]
+    if not len(values) or math.isnan(value):
+        return math.nan, math.nan
+    n = len(values)
+    below = float((values < value).double().sum() + 0.5 * (values == value).double().sum()) / n
+    below = min(max(below, 0.5 / n), 1 - 0.5 / n)  # all replicates on one side: as far as n replicates can tell
+    normal = NormalDist()
+    z0, z = normal.inv_cdf(below), normal.inv_cdf((1 - level) / 2)
+    return _quantiles(values, (normal.cdf(2 * z0 + z), normal.cdf(2 * z0 - z)))
