@@ -6,7 +6,11 @@ they never call the module's own helpers.
 """
 
 import dataclasses
+import inspect
 import math
+import sys
+import types
+from statistics import NormalDist
 
 import numpy as np
 import pytest
@@ -21,7 +25,8 @@ from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.results.result import REQUIRED_FIELDS
 
 KEYS = ["stable_norms", "compressed_sink", "exponential_decay", "four_phase_profile", "small_n_separability",
-        "sink_recall_correlation", "regimes_by_depth", "envelopes"]  # fmt: skip
+        "large_n_return", "envelope_tightness", "sink_recall_correlation", "sink_precision_correlation",
+        "regimes_by_depth", "regime_tradeoffs"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -42,16 +47,21 @@ def _np(t):
     return t.double().numpy()
 
 
-def _quantiles(values):
-    values = np.asarray(values, dtype=float)
-    values = values[~np.isnan(values)]
-    return np.quantile(values, 0.025), np.quantile(values, 0.975)
+def _bias_corrected(value, replicates, level=0.95):
+    """Efron's bias-corrected percentile interval (BCa with acceleration 0), from its definition."""
+    reps = np.asarray(replicates, dtype=float)
+    reps = reps[~np.isnan(reps)]
+    b = len(reps)
+    share = (np.sum(reps < value) + 0.5 * np.sum(reps == value)) / b
+    z0 = NormalDist().inv_cdf(min(max(share, 0.5 / b), 1 - 0.5 / b))
+    z = NormalDist().inv_cdf((1 - level) / 2)
+    return tuple(np.quantile(reps, [NormalDist().cdf(2 * z0 + z), NormalDist().cdf(2 * z0 - z)]))
 
 
 def test_one_row_per_claim_with_the_documented_columns(table):
     assert list(table.index) == KEYS
     assert list(table.columns) == ["claim", "paper_ref", "paper_value", "statistic", "value", "low", "high",
-                                   "interval", "measured", "verdict", "rule", "option"]
+                                   "interval", "measured", "verdict", "rule", "flip", "option"]
     assert set(table.verdict) <= {"holds", "partly", "does not hold", "not measured"}
     assert table.loc["sink_recall_correlation", "paper_ref"].startswith("Figure 6")
 
@@ -73,8 +83,10 @@ def test_sink_and_decay_statistics(result, table):
     assert table.loc["compressed_sink", "value"] == pytest.approx(defined[(len(defined) - 1) // 2])  # lower median
     mae = _np(result.per_head("decay_mae"))
     assert table.loc["exponential_decay", "value"] == pytest.approx(np.nanmean(mae))
-    low, high = _quantiles([np.nanmean(r) for r in _np(result.replicates("decay_mae"))])
+    reps = [np.nanmean(r) if np.any(~np.isnan(r)) else np.nan for r in _np(result.replicates("decay_mae"))]
+    low, high = _bias_corrected(np.nanmean(mae), reps)
     assert (table.loc["exponential_decay", "low"], table.loc["exponential_decay", "high"]) == pytest.approx((low, high))
+    assert "bias-corrected" in table.loc["exponential_decay", "interval"]
     assert math.isnan(table.loc["compressed_sink", "low"])  # sink_norm_ratio kept no replicates
     assert "no bootstrap replicates of sink_norm_ratio" in table.loc["compressed_sink", "interval"]
 
@@ -127,18 +139,29 @@ def _partial(x, y, z):
     return np.corrcoef(rx, ry)[0, 1]
 
 
-def test_sink_recall_correlation_is_the_pearson_at_n_3_with_depth_partialled_beside(result, table):
-    recall = _np(result.per_head("recall"))
-    rho0 = _np(result.per_head("rho0"))
-    grid = result.n_grid.tolist()
-    at = grid.index(3)
-    x, y = recall[..., at].ravel(), rho0.ravel()
+def _corr(x, y):
     ok = ~np.isnan(x) & ~np.isnan(y)
-    assert table.loc["sink_recall_correlation", "value"] == pytest.approx(np.corrcoef(x[ok], y[ok])[0, 1], abs=1e-6)
+    return np.corrcoef(x[ok], y[ok])[0, 1] if ok.sum() >= 3 and np.std(x[ok]) > 0 else np.nan
+
+
+@pytest.mark.parametrize("key, metric", [("sink_recall_correlation", "recall"),
+                                         ("sink_precision_correlation", "precision")])
+def test_sink_correlation_is_the_pearson_at_n_3_with_depth_partialled_beside(result, table, key, metric):
+    values = _np(result.per_head(metric))
+    rho0 = _np(result.per_head("rho0"))
+    at = result.n_grid.tolist().index(3)
+    x, y = values[..., at].ravel(), rho0.ravel()
+    value = _corr(x, y)
+    assert table.loc[key, "value"] == pytest.approx(value, abs=1e-6)
     n_layers, n_heads = rho0.shape
     depth = np.repeat(np.arange(n_layers) / max(1, n_layers - 1), n_heads)
     partial = _partial(x, y, depth)
-    assert f"{partial:.3g} with layer depth partialled out" in table.loc["sink_recall_correlation", "measured"]
+    assert f"{partial:.3g} with layer depth partialled out" in table.loc[key, "measured"]
+    # The interval: bias-corrected, over the replicates' correlations at N = 3.
+    reps = [_corr(m[..., at].ravel(), r.ravel()) for m, r in
+            zip(_np(result.replicates(metric)), _np(result.replicates("rho0")))]
+    low, high = _bias_corrected(value, reps)
+    assert (table.loc[key, "low"], table.loc[key, "high"]) == pytest.approx((low, high), abs=1e-6)
 
 
 def test_sink_recall_correlation_needs_n_3():
@@ -149,15 +172,35 @@ def test_sink_recall_correlation_needs_n_3():
     assert row.verdict == "not measured" and "N = 3" in row.option
 
 
-def test_envelope_share_counts_points_of_the_mean_curves_inside(result, table):
-    inside = defined = 0
-    for metric in ("precision", "recall"):
-        mean = lambda name: np.nanmean(_np(result.per_head(name)).reshape(-1, len(result.n_grid)), axis=0)  # noqa: E731
-        curve, lower, upper = mean(metric), mean(f"bound_{metric}_lower"), mean(f"bound_{metric}_upper")
-        ok = ~(np.isnan(curve) | np.isnan(lower) | np.isnan(upper))
-        inside += np.sum(ok & (curve >= lower - 1e-6) & (curve <= upper + 1e-6))
-        defined += ok.sum()
-    assert table.loc["envelopes", "value"] == pytest.approx(inside / defined)
+def _mean_curve(x):
+    return np.nanmean(x.reshape(-1, x.shape[-1]), axis=0)  # over layers and heads
+
+
+def _ranges(grid):
+    return {"small": (grid >= 2) & (grid <= 4), "mid": (grid >= 8) & (grid <= grid.max() / 4),
+            "large": grid >= grid.max() / 2}
+
+
+def _tightness(fields, grid):
+    """Figure 5: the upper envelope tight for P at small and large N, for R at small, mid and large N."""
+    masks = _ranges(np.asarray(grid))
+    gaps = []
+    for metric, where in (("precision", ("small", "large")), ("recall", ("small", "mid", "large"))):
+        gap = _mean_curve(fields[f"bound_{metric}_upper"]) - _mean_curve(fields[metric])
+        gaps += [np.nanmean(gap[masks[w]]) for w in where]
+    return max(gaps)
+
+
+def test_envelope_tightness_is_the_largest_upper_gap_where_the_paper_calls_it_tight(result, table):
+    names = ["precision", "recall"] + [f"bound_{m}_{s}" for m in ("precision", "recall") for s in ("lower", "upper")]
+    fields = {name: _np(result.per_head(name)) for name in names}
+    assert table.loc["envelope_tightness", "value"] == pytest.approx(_tightness(fields, result.n_grid.numpy()))
+    grid = result.n_grid.numpy()
+    inner = (grid > 1) & (grid < grid.max())
+    lower = fields["bound_precision_lower"][..., inner]
+    share = np.mean(lower[~np.isnan(lower)] > 0.5)
+    assert f"informative (P_low > 0.5) in {share:.1%}" in table.loc["envelope_tightness", "measured"]
+    assert "Containment (not a test" in table.loc["envelope_tightness", "measured"]
 
 
 def test_a_result_without_a_diagnostic_shows_not_measured_with_the_option(result):
@@ -168,11 +211,11 @@ def test_a_result_without_a_diagnostic_shows_not_measured_with_the_option(result
         assert table.loc[key, "verdict"] == "not measured"
         assert 'diagnostics=["assumptions"]' in table.loc[key, "option"]
     assert 'diagnostics=["taxonomy"]' in table.loc["regimes_by_depth", "option"]
-    assert 'diagnostics=["bounds"]' in table.loc["envelopes", "option"]
-    assert math.isnan(table.loc["envelopes", "value"])
+    assert 'diagnostics=["bounds"]' in table.loc["envelope_tightness", "option"]
+    assert math.isnan(table.loc["envelope_tightness", "value"])
     assert 'diagnostics=["chance"]' in table.loc["small_n_separability", "option"]  # judged on the excess over chance
     page = scorecard_html(plain)
-    assert page.count("not measured") >= 8 and "measure it with diagnostics=[&quot;assumptions&quot;]" in page
+    assert page.count("not measured") >= 10 and "measure it with diagnostics=[&quot;assumptions&quot;]" in page
 
 
 def test_scorecard_shows_each_claim_value_interval_and_verdict(result, table):
@@ -310,14 +353,175 @@ def test_regimes_by_depth_reads_the_taxonomy(result):
     assert row.value == want
 
 
-def test_envelope_share_on_hand_built_curves():
-    grid = (1, 2, 4, 8)
-    shape = (1, 2, len(grid))
-    curve = np.broadcast_to(np.array([1.0, 0.5, 0.4, 0.9]), shape).copy()
-    lower = np.broadcast_to(np.array([0.9, 0.6, 0.1, 0.0]), shape).copy()  # N = 2 lies below the lower envelope
-    upper = np.broadcast_to(np.array([1.0, 0.9, 0.3, 1.0]), shape).copy()  # N = 4 lies above the upper envelope
+@pytest.mark.parametrize("gap, expected", [(0.02, "holds"), (0.1, "partly"), (0.3, "does not hold")])
+def test_envelope_tightness_on_hand_built_curves(gap, expected):
+    """Upper envelopes ``gap`` above the curves at small N and 0.01 elsewhere: the verdict follows the worst gap.
+    Curves inside their envelopes every time: a mutant judging containment says "holds" for all three."""
+    grid = (1, 2, 4, 8, 16, 32, 64)
+    shape = (2, 2, len(grid))
+    curve = np.broadcast_to(np.array([1.0, 0.8, 0.6, 0.4, 0.5, 0.7, 1.0]), shape).copy()
+    upper = np.minimum(curve + np.where(np.array(grid) <= 4, gap, 0.01), 1.0)
+    upper[..., 0] = 1.0
+    lower = np.zeros(shape)
     fields = {"precision": curve, "recall": curve}
     for metric in ("precision", "recall"):
         fields.update({f"bound_{metric}_lower": lower, f"bound_{metric}_upper": upper})
-    row = claims(_hand_built(_with_required(fields, grid), grid)).loc["envelopes"]
-    assert row.value == pytest.approx(0.5) and row.verdict == "partly"
+    row = claims(_hand_built(_with_required(fields, grid), grid)).loc["envelope_tightness"]
+    assert row.verdict == expected and row.value == pytest.approx(_tightness(fields, grid))
+    assert f"{2 * len(grid)}/{2 * len(grid)} points of the mean curves inside" in row.measured
+
+
+@pytest.mark.parametrize("rise, expected", [(0.2, "holds"), (0.03, "partly"), (-0.1, "does not hold")])
+def test_large_n_return_on_hand_built_curves(rise, expected):
+    """P and R at large N ``rise`` above mid N: the verdict follows the smaller rise. A mutant reading the excess
+    over chance (flat here) would say "does not hold" every time."""
+    grid = (1, 2, 4, 8, 16, 32, 64)
+    shape = (1, 3, len(grid))
+    base = np.array([1.0, 0.8, 0.6, 0.4, 0.4, 0.4, 0.4])
+    large = np.array(grid) >= 32
+    precision = np.broadcast_to(base + np.where(large, 2 * abs(rise), 0), shape).copy()  # P rises more than R
+    recall = np.broadcast_to(base + np.where(large, rise, 0), shape).copy()
+    flat = np.full(shape, 0.1)
+    fields = {"precision": precision, "recall": recall, "excess_precision": flat, "excess_recall": flat}
+    row = claims(_hand_built(_with_required(fields, grid), grid)).loc["large_n_return"]
+    assert row.value == pytest.approx(rise) and row.verdict == expected
+
+
+@pytest.mark.parametrize("slope, expected", [(1.0, "holds"), (0.1, "partly"), (-1.0, "does not hold")])
+def test_sink_precision_correlation_on_hand_built_results(slope, expected):
+    """Precision at N = 3 rising with rho_0 (plus a fixed wobble): the verdict follows the correlation; recall
+    runs the other way, so a mutant reading recall flips every verdict."""
+    grid = (1, 2, 3, 4)
+    rho0 = np.linspace(0.1, 0.9, 12).reshape(3, 4)
+    wobble = np.array([0.3, -0.3] * 6).reshape(3, 4)
+    p3 = slope * (rho0 - 0.5) + 0.25 * wobble
+    precision = np.repeat((0.5 + 0.2 * p3)[..., None], len(grid), axis=-1)
+    recall = 1.0 - precision
+    fields = _with_required({"precision": precision, "recall": recall, "rho0": rho0}, grid)
+    row = claims(_hand_built(fields, grid)).loc["sink_precision_correlation"]
+    assert row.value == pytest.approx(_corr(p3.ravel(), rho0.ravel()), abs=1e-5) and row.verdict == expected
+
+
+def _role_result(curves_by_role, roles, grid):
+    """A hand-built result whose heads (``roles``, ``[layer, head]`` role names) carry their role's P and R curves."""
+    from tl_geometry.diagnostics.taxonomy import ROLE_FEATURES
+
+    shape = (*np.shape(roles), len(grid))
+    precision, recall = np.zeros(shape), np.zeros(shape)
+    for index, role in np.ndenumerate(np.asarray(roles)):
+        precision[index], recall[index] = curves_by_role[role]
+    fields = {"precision": precision, "recall": recall, **{name: np.zeros(np.shape(roles)) for name in ROLE_FEATURES}}
+    return _hand_built(_with_required(fields, grid), grid)
+
+
+def _fixed_roles(roles):
+    from tl_geometry.analysis.taxonomy import ROLES
+
+    index = torch.tensor([[ROLES.index(r) for r in row] for row in roles])
+    return lambda result: (torch.nn.functional.one_hot(index, len(ROLES)).double(), index.expand(20, -1, -1))
+
+
+TRADEOFF_GRID = (1, 2, 4, 8, 16, 32, 64)
+U = np.array([1.0, 0.8, 0.6, 0.4, 0.4, 0.8, 1.0])  # mid N 8-16, large N 32-64
+
+
+TRADEOFF_CASES = [
+    # Figure 11: Retriever higher R but lower P at large N than the others; Reset U-shaped.
+    ({"retriever": (U - 0.2, U + 0.0), "reset": (U, U - 0.1), "mixer": (U, U - 0.1)}, ("holds", 3.0)),
+    # Retriever's precision above the others': two of three.
+    ({"retriever": (U + 0.0, U + 0.0), "reset": (U - 0.1, U - 0.1), "mixer": (U - 0.1, U - 0.1)}, ("partly", 2.0)),
+    # Reset flat, Retriever below on recall and above on precision: none.
+    ({"retriever": (U, U - 0.3), "reset": (np.full(7, 0.5), np.full(7, 0.5)), "mixer": (U - 0.1, U)},
+     ("does not hold", 0.0)),
+]
+
+
+@pytest.mark.parametrize("curves, expected", TRADEOFF_CASES)
+def test_regime_tradeoffs_on_hand_built_roles(monkeypatch, curves, expected):
+    """Three roles in one layer each; a mutant swapping the precision and recall statements flips the first two
+    cases, one reading the role's curves unweighted by role would see no difference."""
+    roles = [["retriever"] * 3, ["reset"] * 3, ["mixer"] * 3]
+    monkeypatch.setattr(claims_module, "_role_probabilities", _fixed_roles(roles))
+    row = claims(_role_result(curves, roles, TRADEOFF_GRID)).loc["regime_tradeoffs"]
+    assert (row.verdict, row.value) == expected
+    assert row.low == row.high == expected[1]  # every replicate has the same roles
+
+
+@pytest.mark.parametrize("key", list(claims_module.THRESHOLDS))
+@pytest.mark.parametrize("where", ["holds", "partly", "does not hold"])
+def test_what_would_change_names_a_value_that_changes_the_verdict(key, where):
+    """Every flip line names a threshold; the statistic moved just past it gets another verdict."""
+    t = claims_module.THRESHOLDS[key]
+    sign = 1 if t.direction == ">=" else -1
+    value = {"holds": t.holds + sign * 0.01, "partly": (t.holds + t.partly) / 2, "does not hold": t.partly - sign * 0.01}[where]
+    found = claims_module.verdict(value, t)
+    assert found == where
+    line = claims_module.what_would_change(value, t, found)
+    target = t.holds if "'holds'" in line.split(";")[0] else t.partly if "'partly' at" in line else t.holds
+    moved = target + (0.001 if (t.direction == ">=") == (found != "holds") else -0.001)
+    assert f"{target:g}" in line and claims_module.verdict(moved, t) != found, (line, moved)
+
+
+# ---- mutants of the claims module: each must fail a hand-built case above ----
+
+
+def _claims_mutant(old: str, new: str) -> types.ModuleType:
+    """A copy of tl_geometry.analysis.claims with ``old`` (which must occur exactly once) replaced by ``new``."""
+    source = inspect.getsource(claims_module)
+    assert source.count(old) == 1, f"the mutation site {old!r} is gone from the claims module; update the mutant"
+    name = "tl_geometry.analysis._claims_mutant"
+    module = types.ModuleType(name)
+    module.__file__ = claims_module.__file__
+    sys.modules[name] = module
+    try:
+        exec(compile(source.replace(old, new), f"<mutant of {claims_module.__file__}>", "exec"), module.__dict__)
+    finally:
+        del sys.modules[name]
+    module.Claim = claims_module.Claim  # rows of the real type, as claim_list's checked return type requires
+    return module
+
+
+def _tradeoff_cases(mutant):
+    roles = [["retriever"] * 3, ["reset"] * 3, ["mixer"] * 3]
+    mutant._role_probabilities = _fixed_roles(roles)
+    for curves, expected in TRADEOFF_CASES:
+        row = claims(_role_result(curves, roles, TRADEOFF_GRID)).loc["regime_tradeoffs"]
+        assert (row.verdict, row.value) == expected
+
+
+CLAIM_MUTANTS = {
+    "the sink's Precision claim reads recall": (
+        '_sink_correlation(result, "sink_precision_correlation", "precision")',
+        '_sink_correlation(result, "sink_precision_correlation", "recall")',
+        lambda mutant: test_sink_precision_correlation_on_hand_built_results(1.0, "holds"),
+    ),
+    "small-N separability without the chance correction": (
+        "drops = _drops(f, result.n_grid)\n",
+        'drops = dict(zip(EXCESS, _drops(f, result.n_grid, ("precision", "recall")).values()))\n',
+        lambda mutant: test_small_n_drop_on_hand_built_curves(),
+    ),
+    "the large-N return on the excess over chance": (
+        "returns = _returns(f, grid, metrics)",
+        "returns = dict(zip(metrics, _returns(f, grid, EXCESS).values()))",
+        lambda mutant: test_large_n_return_on_hand_built_curves(0.2, "holds"),
+    ),
+    "the tightness thresholds swapped (looser holds)": (
+        '"envelope_tightness": Thresholds("<=", 0.05, 0.15)',
+        '"envelope_tightness": Thresholds("<=", 0.15, 0.15)',
+        lambda mutant: test_envelope_tightness_on_hand_built_curves(0.1, "partly"),
+    ),
+    "Figure 11's precision and recall statements swapped": (
+        'at(member["retriever"], "recall", large) > at(others, "recall", large)',
+        'at(member["retriever"], "precision", large) > at(others, "precision", large)',
+        _tradeoff_cases,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CLAIM_MUTANTS), ids=lambda name: name.replace(" ", "-"))
+def test_claim_mutants_are_caught(monkeypatch, name):
+    old, new, case = CLAIM_MUTANTS[name]
+    mutant = _claims_mutant(old, new)
+    monkeypatch.setattr(claims_module, "CHECKS", mutant.CHECKS)
+    with pytest.raises(AssertionError):
+        case(mutant)

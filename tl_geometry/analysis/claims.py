@@ -73,7 +73,7 @@ import torch
 from torch import Tensor
 
 from tl_geometry.analysis.correlation import correlations, partial_pearson
-from tl_geometry.analysis.intervals import bias_corrected_interval
+from tl_geometry.analysis.intervals import bias_corrected_interval, percentile_interval
 from tl_geometry.analysis.summaries import mean_over_heads
 from tl_geometry.analysis.taxonomy import ROLES, replicate_roles, taxonomy_from_result
 from tl_geometry.diagnostics.taxonomy import ROLE_FEATURES
@@ -309,6 +309,13 @@ def _interval(
 def _replicate_interval(value: float, values: Tensor, over: str) -> tuple[float, float, str]:
     low, high = bias_corrected_interval(value, values, LEVEL)
     return low, high, f"{LEVEL:.0%} bias-corrected bootstrap interval {over} ({len(values)} replicates)"
+
+
+def _role_interval(values: Tensor, over: str) -> tuple[float, float, str]:
+    """Percentile, not bias-corrected: the value weights heads by role probabilities, each replicate counts its
+    own hard roles, so the replicates are not that statistic's bootstrap distribution and z0 would mislead."""
+    low, high = percentile_interval(values, LEVEL)
+    return low, high, f"{LEVEL:.0%} percentile interval {over} ({len(values)} replicates)"
 
 
 def _fmt(x: float, digits: int = 3) -> str:
@@ -627,8 +634,7 @@ def _regimes_by_depth(result: GeometryResult) -> Claim:
             member = {r: (roles == ROLES.index(r)).double() for r in DEPTH_ORDER}
             counts.append(_ordered_pairs({r: float((m * depth).sum() / m.sum()) if m.sum() > 0 else math.nan
                                           for r, m in member.items()}))
-        interval = _replicate_interval(value, torch.tensor(counts, dtype=torch.float64),
-                                       "over the bootstrap replicates' roles")
+        interval = _role_interval(torch.tensor(counts, dtype=torch.float64), "over the bootstrap replicates' roles")
     evidence = {r: (torch.tensor(result.layers), weight[r].sum(-1)) for r in DEPTH_ORDER}
     return _claim("regimes_by_depth", value, interval, measured, evidence)
 
@@ -681,7 +687,7 @@ def _regime_tradeoffs(result: GeometryResult) -> Claim:
                   for b, roles in enumerate(draws) if bool((roles >= 0).any())]
         over = ("over the bootstrap replicates' roles and curves" if curves else
                 "over the bootstrap replicates' roles (precision or recall kept no replicates: the curves are fixed)")
-        interval = _replicate_interval(value, torch.tensor(counts, dtype=torch.float64), over)
+        interval = _role_interval(torch.tensor(counts, dtype=torch.float64), over)
     large = _large(grid)
     parts = []
     for role in DEPTH_ORDER:
