@@ -58,6 +58,20 @@ def _bias_corrected(value, replicates, level=0.95):
     return tuple(np.quantile(reps, [NormalDist().cdf(2 * z0 + z), NormalDist().cdf(2 * z0 - z)]))
 
 
+def _claim_interval(key, value, replicates, level=0.95):
+    """The interval the claim declares (``INTERVAL_METHOD``), each written from its definition."""
+    reps = np.asarray(replicates, dtype=float)
+    reps = reps[~np.isnan(reps)]
+    low, high = np.quantile(reps, [(1 - level) / 2, (1 + level) / 2])
+    method = claims_module.INTERVAL_METHOD[key]
+    if method == "percentile":
+        return low, high
+    if method == "basic":  # the percentile interval reflected about the value
+        return 2 * value - high, 2 * value - low
+    assert method == "bias-corrected", method
+    return _bias_corrected(value, reps, level)
+
+
 def test_one_row_per_claim_with_the_documented_columns(table):
     assert list(table.index) == KEYS
     assert list(table.columns) == ["claim", "paper_ref", "paper_value", "statistic", "value", "low", "high",
@@ -84,9 +98,9 @@ def test_sink_and_decay_statistics(result, table):
     mae = _np(result.per_head("decay_mae"))
     assert table.loc["exponential_decay", "value"] == pytest.approx(np.nanmean(mae))
     reps = [np.nanmean(r) if np.any(~np.isnan(r)) else np.nan for r in _np(result.replicates("decay_mae"))]
-    low, high = _bias_corrected(np.nanmean(mae), reps)
+    low, high = _claim_interval("exponential_decay", np.nanmean(mae), reps)
     assert (table.loc["exponential_decay", "low"], table.loc["exponential_decay", "high"]) == pytest.approx((low, high))
-    assert "bias-corrected" in table.loc["exponential_decay", "interval"]
+    assert claims_module.INTERVAL_METHOD["exponential_decay"] in table.loc["exponential_decay", "interval"]
     assert math.isnan(table.loc["compressed_sink", "low"])  # sink_norm_ratio kept no replicates
     assert "no bootstrap replicates of sink_norm_ratio" in table.loc["compressed_sink", "interval"]
 
@@ -157,10 +171,10 @@ def test_sink_correlation_is_the_pearson_at_n_3_with_depth_partialled_beside(res
     depth = np.repeat(np.arange(n_layers) / max(1, n_layers - 1), n_heads)
     partial = _partial(x, y, depth)
     assert f"{partial:.3g} with layer depth partialled out" in table.loc[key, "measured"]
-    # The interval: bias-corrected, over the replicates' correlations at N = 3.
+    # The interval: the claim's, over the replicates' correlations at N = 3.
     reps = [_corr(m[..., at].ravel(), r.ravel()) for m, r in
             zip(_np(result.replicates(metric)), _np(result.replicates("rho0")))]
-    low, high = _bias_corrected(value, reps)
+    low, high = _claim_interval(key, table.loc[key, "value"], reps)
     assert (table.loc[key, "low"], table.loc[key, "high"]) == pytest.approx((low, high), abs=1e-6)
 
 

@@ -1,4 +1,4 @@
-"""Bootstrap intervals of a statistic from its replicates: percentile and bias-corrected percentile.
+"""Bootstrap intervals of a statistic from its replicates: percentile, bias-corrected percentile and basic.
 
 A result keeps Poisson-bootstrap replicates over documents (each replicate's
 per-head means), not each document's values. From the replicates
@@ -12,7 +12,13 @@ per-head means), not each document's values. From the replicates
   ``Phi(2 z0 + Phi^-1(1 - tail))``. It is BCa with acceleration 0: the
   acceleration needs a jackknife over documents, whose values a result does
   not keep. When the replicates centre on theta (z0 = 0) it is the
-  percentile interval.
+  percentile interval;
+- the basic interval reflects the replicates about theta: ``[2 theta -
+  q(1 - tail), 2 theta - q(tail)]``. Where the replicates sit below theta by
+  b on average, it sits above theta by b: it corrects a bias that the
+  resampling repeats, as the attenuation of a correlation between noisy
+  per-head means (each replicate's means carry the documents' noise once
+  more, so its correlation is attenuated twice).
 
 Statistics of many noisy per-head means (a correlation over heads, a
 minimum of two drops) are biased by the noise itself; the percentile
@@ -72,3 +78,23 @@ def bias_corrected_interval(
     normal = NormalDist()
     z0, z = normal.inv_cdf(below), normal.inv_cdf((1 - level) / 2)
     return _quantiles(values, (normal.cdf(2 * z0 + z), normal.cdf(2 * z0 - z)))
+
+
+def basic_interval(value: float, replicates: Float[Tensor, " replicate"], level: float = 0.95) -> tuple[float, float]:
+    """The ``level`` basic bootstrap interval: the percentile interval reflected about ``value``.
+
+    >>> [round(x, 6) for x in basic_interval(60.0, torch.arange(101.0), 0.9)]
+    [25.0, 115.0]
+    """
+    low, high = percentile_interval(replicates, level)
+    if math.isnan(value):
+        return math.nan, math.nan
+    return 2 * value - high, 2 * value - low
+
+
+METHODS = {
+    "percentile": lambda value, replicates, level: percentile_interval(replicates, level),
+    "bias-corrected": bias_corrected_interval,
+    "basic": basic_interval,
+}
+"""Every interval by name, called as ``(value, replicates, level)``."""

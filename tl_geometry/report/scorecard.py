@@ -1,12 +1,14 @@
-"""The claims scorecard: the paper's claims, measured on a result, as a self-contained HTML block.
+"""The claims scorecard: the paper's claims, measured on a result, as a self-contained HTML block or Markdown.
 
-Only draws `tl_geometry.analysis.claims.claim_list`: no computation here. The
-block carries its own CSS (scoped under ``#claims-scorecard``) and no script
-or external resource, so it can sit at the top of any page.
+Only draws `tl_geometry.analysis.claims.claim_list` (or its table): no
+computation here. The HTML block carries its own CSS (scoped under
+``#claims-scorecard``) and no script or external resource, so it can sit at
+the top of any page; the Markdown table is what the docs' claims page shows.
 """
 
 import html
 import math
+from typing import Any
 
 from tl_geometry.analysis.claims import Claim, claim_list
 from tl_geometry.results.result import GeometryResult
@@ -77,3 +79,24 @@ def scorecard_html(result: GeometryResult) -> str:
         "<table><thead><tr><th>claim (paper)</th><th>paper's value</th><th>measured [95% interval]</th>"
         f"<th>verdict</th></tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
     )
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "&#124;").replace("\n", " ")
+
+
+def scorecard_markdown(table: Any) -> str:
+    """A claims table (`tl_geometry.claims`, or read back from its CSV) as a Markdown table, one row per claim:
+    the claim and where the paper makes it, the paper's value, ours with its interval, the verdict and its rule,
+    and what would change the verdict."""
+    lines = ["| claim | the paper | measured [95 % interval] | verdict (rule) | would change if |",
+             "|---|---|---|---|---|"]
+    for _, row in table.iterrows():
+        value = "&ndash;" if math.isnan(row.value) else f"**{row.value:.3g}**"
+        if not math.isnan(row.low):
+            value += f" [{row.low:.3g}, {row.high:.3g}]"
+        lines.append(
+            f"| {_cell(row.claim)} ({_cell(row.paper_ref)}) | {_cell(row.paper_value)} | {value}: "
+            f"{_cell(row.measured)} | {_cell(row.verdict)} ({_cell(row.rule)}) | {_cell(row.flip)} |"
+        )
+    return "\n".join(lines) + "\n"
