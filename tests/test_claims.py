@@ -174,7 +174,7 @@ def test_sink_correlation_is_the_pearson_at_n_3_with_depth_partialled_beside(res
     # The interval: the claim's, over the replicates' correlations at N = 3.
     reps = [_corr(m[..., at].ravel(), r.ravel()) for m, r in
             zip(_np(result.replicates(metric)), _np(result.replicates("rho0")))]
-    low, high = _claim_interval(key, table.loc[key, "value"], reps)
+    low, high = np.clip(_claim_interval(key, table.loc[key, "value"], reps), -1, 1)  # a correlation's range
     assert (table.loc[key, "low"], table.loc[key, "high"]) == pytest.approx((low, high), abs=1e-6)
 
 
@@ -308,6 +308,44 @@ def test_small_n_drop_on_hand_built_curves():
     plain = _hand_built(_with_required(fields, grid), grid)
     row = claims(plain).loc["small_n_separability"]
     assert row.verdict == "not measured" and 'diagnostics=["chance"]' in row.option
+
+
+@pytest.mark.parametrize("lambdas, expected", [([0.2] * 5 + [1.5] * 3, "holds"), ([0.7] * 5 + [1.5] * 3, "partly"),
+                                              ([0.2] * 3 + [1.5] * 5, "does not hold")])
+def test_compressed_sink_verdict_on_hand_built_results(lambdas, expected):
+    """The lower median of lambda decides (a mutant taking the mean would call the first case "partly")."""
+    fields = _with_required({"sink_norm_ratio": np.array(lambdas).reshape(2, 4)})
+    row = claims(_hand_built(fields)).loc["compressed_sink"]
+    assert row.verdict == expected and row.value == pytest.approx(sorted(lambdas)[3])
+
+
+@pytest.mark.parametrize("shows, expected", [(6, "holds"), (3, "partly"), (1, "does not hold")])
+def test_four_phase_verdict_on_hand_built_results(shows, expected):
+    """``shows`` of 8 heads have the sink 200 x the plateau, the plateau and the recency rise, none the
+    oscillation; the others lack the recency rise."""
+    from tl_geometry.diagnostics.profile_fit import ProfileFit
+
+    has = np.array([1.0] * shows + [0.0] * (8 - shows)).reshape(2, 4)
+    per_head = {f"profile_{f.name}": np.full((2, 4), 0.5) for f in dataclasses.fields(ProfileFit)}
+    per_head.update({"profile_p_sink": np.full((2, 4), 0.4), "profile_p_base": np.full((2, 4), 0.002),
+                     "profile_has_plateau": np.ones((2, 4)), "profile_has_oscillation": np.zeros((2, 4)),
+                     "profile_has_recency": has})
+    row = claims(_hand_built(_with_required(per_head))).loc["four_phase_profile"]
+    assert row.verdict == expected and row.value == pytest.approx(shows / 8)
+
+
+@pytest.mark.parametrize("slope, expected", [(1.0, "holds"), (0.1, "partly"), (-1.0, "does not hold")])
+def test_sink_recall_correlation_on_hand_built_results(slope, expected):
+    """Recall at N = 3 rising with rho_0 (plus a fixed wobble), precision the other way round: a mutant reading
+    precision, or another N (N = 2 is flat here), changes the verdicts."""
+    grid = (1, 2, 3, 4)
+    rho0 = np.linspace(0.1, 0.9, 12).reshape(3, 4)
+    wobble = np.array([0.3, -0.3] * 6).reshape(3, 4)
+    r3 = slope * (rho0 - 0.5) + 0.25 * wobble
+    recall = np.stack([np.ones((3, 4)), np.full((3, 4), 0.7), 0.5 + 0.2 * r3, np.full((3, 4), 0.6)], axis=-1)
+    fields = _with_required({"precision": 1.0 - recall, "recall": recall, "rho0": rho0}, grid)
+    row = claims(_hand_built(fields, grid)).loc["sink_recall_correlation"]
+    assert row.value == pytest.approx(_corr(r3.ravel(), rho0.ravel()), abs=1e-5) and row.verdict == expected
 
 
 def _roles_in_layers(result, order, n_replicates=50, flip=0.0, seed=0):

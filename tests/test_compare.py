@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -33,6 +34,12 @@ def test_compare_writes_one_figure_per_claim_and_both_tables(saved, tmp_path):
     for key in SPECS:
         assert f'id="compare-{key}"' in page
     assert "not measured" in page  # B lacks the assumptions
+    import html as html_module
+
+    for (key, row), spec in zip(claims(a).iterrows(), SPECS.values()):  # the paper's value, ours, the flip
+        assert html_module.escape(spec.paper_value) in page and html_module.escape(row.flip) in page
+        if not np.isnan(row.low):
+            assert f"{row.value:.3g} [{row.low:.3g}, {row.high:.3g}]" in page
     tables = sorted(p.name for p in (tmp_path / "out").glob("claims_*.csv"))
     assert len(tables) == 2
     read = pd.read_csv(tmp_path / "out" / f"claims_{b.model_name}.csv", index_col="key")

@@ -101,3 +101,28 @@ def test_docs_pages_for_reading_a_head_and_the_claims(site):
     assert "effective N" in head and "layer 18, head 6" in head and "N / L" in head
     claims_page = (site / "claims" / "index.html").read_text()
     assert "The verdict rule" in claims_page and "tl-geometry compare" in claims_page
+
+
+def _claims_docs_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("claims_docs", ROOT / "scripts" / "claims_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_claims_numbers_in_the_docs_are_the_recorded_runs():
+    """Every claims block of the docs is the table its recorded run renders (scripts/claims_docs.py writes
+    both), and every recorded run has a block on the claims page."""
+    script = _claims_docs_script()
+    found = 0
+    for page in script.PAGES:
+        text = page.read_text()
+        for name in script.MODELS:
+            for match in script.block(name).finditer(text):
+                assert match.group(2) == script.rendered(name), f"{page.name}: the {name} block is stale; run " \
+                    "PYTHONPATH=. python scripts/claims_docs.py"
+                found += 1
+    assert all(script.block(name).search(script.PAGES[0].read_text()) for name in script.MODELS)
+    assert found >= len(script.MODELS) + 1  # both models on the claims page, SmolLM2 on the concepts page

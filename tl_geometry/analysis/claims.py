@@ -300,9 +300,11 @@ def _missing(result: GeometryResult, names: Sequence[str]) -> list[str]:
 def _interval(
     key: str, result: GeometryResult, names: Sequence[str], statistic: Callable[[Mapping[str, Tensor]], float],
     value: float,
+    limits: tuple[float, float] = (-math.inf, math.inf),
 ) -> tuple[float, float, str]:
     """The claim's interval (``INTERVAL_METHOD``) of ``statistic`` (``value`` on the result) over the bootstrap
-    replicates of ``names`` (NaN without them)."""
+    replicates of ``names`` (NaN without them), within the statistic's ``limits`` (a basic interval, reflected
+    about the value, can reach past them)."""
     lacking = [name for name in names if not result.has_replicates(name)]
     if lacking:
         return math.nan, math.nan, (
@@ -316,7 +318,7 @@ def _interval(
     values = torch.tensor([statistic({name: r[b] for name, r in replicates.items()}) for b in range(n)],
                           dtype=torch.float64)
     method = INTERVAL_METHOD[key]
-    low, high = METHODS[method](value, values, LEVEL)
+    low, high = (min(max(bound, limits[0]), limits[1]) for bound in METHODS[method](value, values, LEVEL))
     return low, high, f"{LEVEL:.0%} {method} bootstrap interval over documents ({n} replicates)"
 
 
@@ -597,8 +599,8 @@ def _sink_correlation(result: GeometryResult, key: str, metric: str) -> Claim:
     peak = max(small, key=lambda i: float(pearson[i]))
     parts.append(f"largest over N = 2-8: {_fmt(float(pearson[peak]))} at N = {grid[peak]} (not the statistic: a "
                  "maximum over N is biased upwards)")
-    return _claim(key, value, _interval(key, result, [metric, "rho0"], statistic, value), "; ".join(parts),
-                  {"pearson": (result.n_grid, pearson)})
+    interval = _interval(key, result, [metric, "rho0"], statistic, value, limits=(-1.0, 1.0))
+    return _claim(key, value, interval, "; ".join(parts), {"pearson": (result.n_grid, pearson)})
 
 
 def _sink_recall_correlation(result: GeometryResult) -> Claim:
