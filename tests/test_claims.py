@@ -58,8 +58,24 @@ def _bias_corrected(value, replicates, level=0.95):
     return tuple(np.quantile(reps, [NormalDist().cdf(2 * z0 + z), NormalDist().cdf(2 * z0 - z)]))
 
 
-def _claim_interval(key, value, replicates, level=0.95):
-    """The interval the claim declares (``INTERVAL_METHOD``), each written from its definition."""
+def _t_quantile(p, df):
+    """Student's t quantile by integrating its density numerically (an independent route to the same number)."""
+    x = np.linspace(0.0, 200.0, 4_000_001)
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    pdf = np.exp(log_c - (df + 1) / 2 * np.log1p(x * x / df))
+    cdf = 0.5 + np.concatenate([[0.0], np.cumsum((pdf[1:] + pdf[:-1]) / 2 * np.diff(x))])
+    return float(np.interp(p, cdf, x))
+
+
+def _expanded(level, n):
+    """Hesterberg's expanded level: the tail at Phi(-sqrt(n / (n - 1)) t_{n-1, 1 - tail})."""
+    t = _t_quantile(1 - (1 - level) / 2, n - 1)
+    return 1 - 2 * NormalDist().cdf(-math.sqrt(n / (n - 1)) * t)
+
+
+def _claim_interval(key, value, replicates, n_documents, level=0.95):
+    """The interval the claim declares (``INTERVAL_METHOD``) at the expanded level, each from its definition."""
+    level = _expanded(level, n_documents)
     reps = np.asarray(replicates, dtype=float)
     reps = reps[~np.isnan(reps)]
     low, high = np.quantile(reps, [(1 - level) / 2, (1 + level) / 2])
@@ -98,8 +114,9 @@ def test_sink_and_decay_statistics(result, table):
     mae = _np(result.per_head("decay_mae"))
     assert table.loc["exponential_decay", "value"] == pytest.approx(np.nanmean(mae))
     reps = [np.nanmean(r) if np.any(~np.isnan(r)) else np.nan for r in _np(result.replicates("decay_mae"))]
-    low, high = _claim_interval("exponential_decay", np.nanmean(mae), reps)
-    assert (table.loc["exponential_decay", "low"], table.loc["exponential_decay", "high"]) == pytest.approx((low, high))
+    low, high = _claim_interval("exponential_decay", np.nanmean(mae), reps, result.n_documents)
+    assert (table.loc["exponential_decay", "low"], table.loc["exponential_decay", "high"]) == pytest.approx(
+        (low, high), abs=1e-5)
     assert claims_module.INTERVAL_METHOD["exponential_decay"] in table.loc["exponential_decay", "interval"]
     assert math.isnan(table.loc["compressed_sink", "low"])  # sink_norm_ratio kept no replicates
     assert "no bootstrap replicates of sink_norm_ratio" in table.loc["compressed_sink", "interval"]
@@ -174,8 +191,8 @@ def test_sink_correlation_is_the_pearson_at_n_3_with_depth_partialled_beside(res
     # The interval: the claim's, over the replicates' correlations at N = 3.
     reps = [_corr(m[..., at].ravel(), r.ravel()) for m, r in
             zip(_np(result.replicates(metric)), _np(result.replicates("rho0")))]
-    low, high = np.clip(_claim_interval(key, table.loc[key, "value"], reps), -1, 1)  # a correlation's range
-    assert (table.loc[key, "low"], table.loc[key, "high"]) == pytest.approx((low, high), abs=1e-6)
+    low, high = np.clip(_claim_interval(key, table.loc[key, "value"], reps, result.n_documents), -1, 1)
+    assert (table.loc[key, "low"], table.loc[key, "high"]) == pytest.approx((low, high), abs=1e-5)
 
 
 def test_sink_recall_correlation_needs_n_3():
@@ -548,13 +565,13 @@ CLAIM_MUTANTS = {
         lambda mutant: test_sink_precision_correlation_on_hand_built_results(1.0, "holds"),
     ),
     "small-N separability without the chance correction": (
-        "drops = _drops(f, result.n_grid)\n",
-        'drops = dict(zip(EXCESS, _drops(f, result.n_grid, ("precision", "recall")).values()))\n',
+        "for name, v in _drops(f, result.n_grid).items()}",
+        'for name, v in zip(EXCESS, _drops(f, result.n_grid, ("precision", "recall")).values())}',
         lambda mutant: test_small_n_drop_on_hand_built_curves(),
     ),
     "the large-N return on the excess over chance": (
-        "returns = _returns(f, grid, metrics)",
-        "returns = dict(zip(metrics, _returns(f, grid, EXCESS).values()))",
+        "for name, v in _returns(f, grid, metrics).items()}",
+        "for name, v in zip(metrics, _returns(f, grid, EXCESS).values())}",
         lambda mutant: test_large_n_return_on_hand_built_curves(0.2, "holds"),
     ),
     "the tightness thresholds swapped (looser holds)": (
