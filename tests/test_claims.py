@@ -552,10 +552,11 @@ def _claims_mutant(old: str, new: str) -> types.ModuleType:
 
 def _tradeoff_cases(mutant):
     roles = [["retriever"] * 3, ["reset"] * 3, ["mixer"] * 3]
-    mutant._role_probabilities = _fixed_roles(roles)
-    for curves, expected in TRADEOFF_CASES:
-        row = claims(_role_result(curves, roles, TRADEOFF_GRID)).loc["regime_tradeoffs"]
-        assert (row.verdict, row.value) == expected
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(claims_module, "_role_probabilities", _fixed_roles(roles))
+        for curves, expected in TRADEOFF_CASES:
+            row = claims(_role_result(curves, roles, TRADEOFF_GRID)).loc["regime_tradeoffs"]
+            assert (row.verdict, row.value) == expected
 
 
 CLAIM_MUTANTS = {
@@ -592,5 +593,6 @@ def test_claim_mutants_are_caught(monkeypatch, name):
     old, new, case = CLAIM_MUTANTS[name]
     mutant = _claims_mutant(old, new)
     monkeypatch.setattr(claims_module, "CHECKS", mutant.CHECKS)
+    monkeypatch.setattr(claims_module, "ROLE_CHECKS", mutant.ROLE_CHECKS)
     with pytest.raises(AssertionError):
         case(mutant)

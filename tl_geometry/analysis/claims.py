@@ -73,6 +73,7 @@ bias-corrected or basic), the one that covered best on simulated studies
 interval of the counts on each replicate's own roles.
 """
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -661,11 +662,15 @@ def _role_probabilities(result: GeometryResult) -> tuple[Tensor, Tensor | None]:
     return taxonomy.probabilities.double(), replicate_roles(result, taxonomy.config)
 
 
-def _regimes_by_depth(result: GeometryResult) -> Claim:
+RoleProbabilities = Callable[[], tuple[Tensor, "Tensor | None"]]
+"""``_role_probabilities`` of the result, computed once for every role claim."""
+
+
+def _regimes_by_depth(result: GeometryResult, roles: RoleProbabilities) -> Claim:
     missing = _missing(result, list(ROLE_FEATURES))
     if missing:
         return _not_measured("regimes_by_depth", OPTIONS["taxonomy"], "the result has no role features")
-    probabilities, draws = _role_probabilities(result)
+    probabilities, draws = roles()
     n_layers = len(result.layers)
     depth = (torch.arange(n_layers, dtype=torch.float64) / max(1, n_layers - 1)).unsqueeze(-1)  # [layer, 1]
     weight = {r: probabilities[..., ROLES.index(r)] for r in DEPTH_ORDER}  # expected membership of each head
@@ -715,14 +720,14 @@ def _tradeoffs(member: Mapping[str, Tensor], f: Mapping[str, Tensor], grid: Tens
     ]  # NaN (a role without heads) compares False: the statement is not met
 
 
-def _regime_tradeoffs(result: GeometryResult) -> Claim:
+def _regime_tradeoffs(result: GeometryResult, roles: RoleProbabilities) -> Claim:
     if _missing(result, list(ROLE_FEATURES)):
         return _not_measured("regime_tradeoffs", OPTIONS["taxonomy"], "the result has no role features")
     grid = result.n_grid
     _, mid = _ranges(grid)
     if not bool(mid.any()) or not bool(_large(grid).any()):
         return _not_measured("regime_tradeoffs", OPTIONS["mid_n"], f"the grid {grid.tolist()} has no mid N or no large N")
-    probabilities, draws = _role_probabilities(result)
+    probabilities, draws = roles()
     member = {r: probabilities[..., ROLES.index(r)] for r in DEPTH_ORDER}
     f = {m: result.per_head(m) for m in ("precision", "recall")}
     met = _tradeoffs(member, f, grid)
@@ -819,11 +824,14 @@ def _envelope_tightness(result: GeometryResult) -> Claim:
     return _claim("envelope_tightness", value, interval, measured, evidence)
 
 
-CHECKS: tuple[Callable[[GeometryResult], Claim], ...] = (
+CHECKS: tuple[Callable[..., Claim], ...] = (
     _stable_norms, _compressed_sink, _exponential_decay, _four_phase_profile, _small_n_separability,
     _large_n_return, _envelope_tightness, _sink_recall_correlation, _sink_precision_correlation, _regimes_by_depth,
     _regime_tradeoffs,
 )  # fmt: skip
+
+ROLE_CHECKS = (_regimes_by_depth, _regime_tradeoffs)
+"""The checks that read the roles (called with the result and its cached `_role_probabilities`)."""
 
 COLUMNS = ("claim", "paper_ref", "paper_value", "statistic", "value", "low", "high", "interval", "measured",
            "verdict", "rule", "flip", "option")  # fmt: skip
@@ -836,7 +844,8 @@ def claim_list(result: object) -> list[Claim]:
             f"result: expected a GeometryResult (from run_with_geometry_hooks, analyze_corpus or "
             f"GeometryResult.load), got {type(result).__name__}"
         )
-    return [check(result) for check in CHECKS]
+    roles = functools.cache(lambda: _role_probabilities(result))  # the taxonomy is the costly part: once
+    return [check(result, roles) if check in ROLE_CHECKS else check(result) for check in CHECKS]
 
 
 def claims(result: object) -> Any:
