@@ -58,8 +58,8 @@ correlation over N = 2-8, biased upwards as any maximum is, the value at
 N = 6 and both with layer depth partialled out are reported beside it.
 Section 4.2: a head's depth is its layer's index among the analysed layers
 divided by their number minus one (0 first, 1 last); a role's mean depth
-weights every head by its probability of the role; a role with no head
-counts as out of order. Figure 11: "the other roles" are Mixer and Reset
+weights every head by its probability of the role; a role of less than one
+expected head is absent and counts as out of order. Figure 11: "the other roles" are Mixer and Reset
 together. Medians over an even number of heads are the lower of the two
 middle values (as ``torch.median``).
 
@@ -478,15 +478,18 @@ def _four_phase_profile(result: GeometryResult) -> Claim:
     fit = result.profile_fit
     f = {name: getattr(fit, name.removeprefix("profile_")) for name in PROFILE_FIELDS}
     value = _share_four_phase(f)
-    shares = ", ".join(
-        f"{phase} {float((getattr(fit, 'has_' + phase) >= PHASE_SHARE).double().mean()):.0%}"
-        for phase in ("plateau", "oscillation", "recency")
-    )
-    sink = float((fit.p_sink >= SINK_RATIO * fit.p_base).double().mean())
-    oscillating = float(torch.nanmean((_four_phase(f) == 1).double().masked_fill(_four_phase(f).isnan(), math.nan)
-                                      * (fit.has_oscillation >= PHASE_SHARE).double()))
-    measured = (f"{value:.0%} of heads show the sink, the plateau and the recency rise (the oscillation may be "
-                f"absent: T1 = T2); {oscillating:.0%} show all four (sink >= 100 x plateau: {sink:.0%}; {shares})")
+    shows = _four_phase(f)
+    fitted = ~shows.isnan()  # heads whose fit is defined (e.g. not sliding-window heads that never see the sink)
+
+    def share(flags: Tensor) -> str:
+        return f"{float(flags[fitted].double().mean()):.0%}" if bool(fitted.any()) else "nan"
+
+    shares = ", ".join(f"{phase} {share(getattr(fit, 'has_' + phase) >= PHASE_SHARE)}"
+                       for phase in ("plateau", "oscillation", "recency"))
+    all_four = share((shows == 1) & (fit.has_oscillation >= PHASE_SHARE))
+    measured = (f"of the {int(fitted.sum())} of {fitted.numel()} heads with a profile fit, {value:.0%} show the sink, "
+                f"the plateau and the recency rise (the oscillation may be absent: T1 = T2); {all_four} show all four "
+                f"(sink >= 100 x plateau: {share(fit.p_sink >= SINK_RATIO * fit.p_base)}; {shares})")
     interval = _interval("four_phase_profile", result, PROFILE_FIELDS, _share_four_phase, value)
     return _claim("four_phase_profile", value, interval, measured,
                   {"four_phase": _per_head_values(_four_phase(f))})
@@ -674,7 +677,8 @@ def _regimes_by_depth(result: GeometryResult, roles: RoleProbabilities) -> Claim
     n_layers = len(result.layers)
     depth = (torch.arange(n_layers, dtype=torch.float64) / max(1, n_layers - 1)).unsqueeze(-1)  # [layer, 1]
     weight = {r: probabilities[..., ROLES.index(r)] for r in DEPTH_ORDER}  # expected membership of each head
-    mean_depth = {r: float((w * depth).sum() / w.sum()) if w.sum() > 0 else math.nan for r, w in weight.items()}
+    # A role of less than one expected head is absent, as it is on the replicates that give it no head.
+    mean_depth = {r: float((w * depth).sum() / w.sum()) if w.sum() >= 1 else math.nan for r, w in weight.items()}
     value = _ordered_pairs(mean_depth)
     parts = [f"{r} {_fmt(mean_depth[r], 2)} ({float(weight[r].sum()):.1f} heads expected)" for r in DEPTH_ORDER]
     measured = "probability-weighted mean depth (0 first layer, 1 last): " + ", ".join(parts)

@@ -67,8 +67,8 @@ def _student_t_central(t: float, df: int) -> float:
 def student_t_quantile(p: float, df: int) -> float:
     """The ``p`` quantile (p > 1/2) of Student's t with an integer ``df`` >= 1, by bisection on its exact CDF.
 
-    >>> [round(student_t_quantile(0.975, df), 3) for df in (1, 3, 15, 1000)]
-    [12.706, 3.182, 2.131, 1.962]
+    >>> tuple(round(student_t_quantile(0.975, df), 3) for df in (1, 3, 15, 1000))
+    (12.706, 3.182, 2.131, 1.962)
     """
     low, high = 0.0, 1.0
     while (1 + _student_t_central(high, df)) / 2 < p:
@@ -99,8 +99,8 @@ def _quantiles(values: Float[Tensor, " replicate"], levels: tuple[float, float])
 def percentile_interval(replicates: Float[Tensor, " replicate"], level: float = 0.95) -> tuple[float, float]:
     """The ``level`` percentile interval of the replicates.
 
-    >>> [round(x, 6) for x in percentile_interval(torch.arange(101.0), 0.9)]
-    [5.0, 95.0]
+    >>> tuple(round(x, 6) for x in percentile_interval(torch.arange(101.0), 0.9))
+    (5.0, 95.0)
     """
     values = replicates.double().flatten()
     values = values[~values.isnan()]
@@ -115,8 +115,8 @@ def bias_corrected_interval(
 ) -> tuple[float, float]:
     """The ``level`` bias-corrected percentile interval (BC) of the replicates around the statistic's ``value``.
 
-    >>> [round(x, 6) for x in bias_corrected_interval(50.0, torch.arange(101.0), 0.9)]  # centred: percentile
-    [5.0, 95.0]
+    >>> tuple(round(x, 6) for x in bias_corrected_interval(50.0, torch.arange(101.0), 0.9))  # centred: percentile
+    (5.0, 95.0)
     >>> low, high = bias_corrected_interval(60.0, torch.arange(101.0), 0.9)  # replicates biased low: shifted up
     >>> low > 5.0 and high > 95.0
     True
@@ -136,8 +136,8 @@ def bias_corrected_interval(
 def basic_interval(value: float, replicates: Float[Tensor, " replicate"], level: float = 0.95) -> tuple[float, float]:
     """The ``level`` basic bootstrap interval: the percentile interval reflected about ``value``.
 
-    >>> [round(x, 6) for x in basic_interval(60.0, torch.arange(101.0), 0.9)]
-    [25.0, 115.0]
+    >>> tuple(round(x, 6) for x in basic_interval(60.0, torch.arange(101.0), 0.9))
+    (25.0, 115.0)
     """
     low, high = percentile_interval(replicates, level)
     if math.isnan(value):

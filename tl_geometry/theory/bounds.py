@@ -575,8 +575,8 @@ def envelopes(
         >>> [round(x, 3) for x in e.recall_upper.tolist()], e.recall_lower.tolist()
         ([1.0, 1.0], [0.0, 1.0])
         >>> e = envelopes(selection_margins(alpha, values, [2, 3]), d_head=2)
-        >>> [round(x, 3) for x in e.recall_upper.tolist()]
-        [0.967, 1.0]
+        >>> tuple(round(x, 3) for x in e.recall_upper.tolist())
+        (0.967, 1.0)
     """
     precision_lower, recall_lower = lower_envelopes(margins, d_head, n_keys, kappa=kappa, variant=variant)
     _, _, scale = _variant_terms(margins, variant)
