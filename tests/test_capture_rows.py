@@ -93,15 +93,12 @@ def _both(model, tokens, mask, **overrides):
     return pattern, rows
 
 
-# Gemma-2: the rows differ from the bridge's pattern well beyond rounding (excess precision, contributions);
-# not yet traced to either side (the bridge's re-implemented Gemma-2 attention or the rows path).
-GEMMA2_OPEN = pytest.mark.xfail(reason="Gemma-2: rows and pattern paths disagree; not yet traced", strict=False)
 # TransformerLens 3.9's bridge leaves the attention output projection of a float64 Qwen2 or GPT-J in float32:
 # those tiny models cannot run a forward pass there at all, whatever the capture path.
 TL3_FLOAT64_BROKEN = pytest.mark.skipif(tm.tl_major_version() < 4, reason="TransformerLens 3.x cannot run this "
                                         "float64 bridge (its attention output projection stays float32)")
 SUPPORTED = ["gpt2", "neox", "llama", "mistral", pytest.param("qwen2", marks=TL3_FLOAT64_BROKEN),
-             pytest.param("gemma2", marks=GEMMA2_OPEN), "gemma3"]
+             "gemma2", "gemma3"]
 
 
 @pytest.mark.parametrize("side", ["left", "right"])

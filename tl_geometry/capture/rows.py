@@ -111,7 +111,10 @@ def additive_rows_mask(
             allowed = rows
         else:
             return rows.to(dtype)
-    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+    # float32's minimum, not float64's: eager attention takes its softmax in float32, where float64's minimum is
+    # -inf and a fully masked row (a pad query) would turn NaN and spread through the padded keys' values.
+    blocked = torch.finfo(torch.float32 if dtype == torch.float64 else dtype).min
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, blocked)
 
 
 def rows_attention(
@@ -128,8 +131,12 @@ def rows_attention(
     eager = _eager_function(module)
     # SDPA cannot softcap scores (Gemma 2): there the model's eager attention is its output as well.
     softcapped = getattr(module, "attn_logit_softcapping", None) is not None or kwargs.get("softcap") is not None
-    fast = eager if softcapped else ALL_ATTENTION_FUNCTIONS["sdpa"]
-    output, _ = fast(module, query, key, value, attention_mask, **kwargs)
+    if softcapped:  # eager adds its mask: SDPA's boolean mask (or None, "causal") made additive first
+        every_query = torch.arange(query.shape[2], device=query.device).expand(query.shape[0], -1)
+        output, _ = eager(module, query, key, value, additive_rows_mask(attention_mask, every_query, key.shape[-2],
+                                                                        query.dtype), **kwargs)
+    else:
+        output, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
     capture = _ACTIVE[-1] if _ACTIVE else None
     layer = getattr(module, "layer_idx", None)
     if capture is None or layer is None or layer not in capture.layers:
