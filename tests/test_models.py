@@ -8,7 +8,7 @@ import torch
 from tl_geometry import models
 from tl_geometry.errors import GeometryError
 from tl_geometry.models import check_model_name, load_model, model_cache_dir, transformer_lens_major_version
-from tl_geometry.text import default_text, text_windows
+from tl_geometry import default_text, text_windows
 
 # Model-facing: also run in the transformer-lens 3.9 environment (make test-tl3).
 pytestmark = pytest.mark.model

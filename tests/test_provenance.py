@@ -10,7 +10,7 @@ from tests.test_result import make_result
 from tl_geometry.capture.corpus import analyze_corpus
 from tl_geometry.capture.sources import read_corpus
 from tl_geometry.errors import GeometryError
-from tl_geometry.results.provenance import model_provenance, weights_fingerprint
+from tl_geometry.capture.provenance import model_provenance, weights_fingerprint
 from tl_geometry.results.result import GeometryResult
 
 pytestmark = pytest.mark.model

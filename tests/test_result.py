@@ -187,7 +187,7 @@ def test_save_load_round_trip_is_exact(tmp_path):
     assert torch.isinf(loaded.r_min).any() and loaded.precision.isnan().any()
     assert loaded.queries["precision"].shape == (7, 2, 3, 2, 4) and loaded.query_positions.shape == (7, 2)
     assert loaded.config == r.config and loaded.versions == r.versions and loaded.spec("rho0") == SPECS[3]
-    assert set(r.versions) == {"tl_geometry", "torch", "transformer_lens"}
+    assert set(r.versions) == {"tl_geometry", "torch", "transformer-lens"}
     assert not make_result(seed=1).equals(loaded)
     with np.load(npz, allow_pickle=False) as data:  # plain arrays by field and statistic
         assert data["recall/total"].dtype == np.float64 and data["attention_profile/total"].dtype == np.float32

@@ -99,12 +99,6 @@ def test_correlations_and_bounds_match_the_reference(steps):
     assert got.n_pairs.tolist() == [12.0] * n
 
 
-def test_the_result_property_is_the_pearson_value():
-    recall, rho0, weights = random_inputs(1)
-    result = make_result(recall, rho0, weights)
-    torch.testing.assert_close(result.sink_recall_corr, sink_recall_correlation(result).pearson, equal_nan=True)
-
-
 def test_no_bounds_without_replicates_or_with_one_document():
     recall, rho0, weights = random_inputs(2, s=1)
     one = sink_recall_correlation(make_result(recall, rho0, weights))

@@ -18,7 +18,7 @@ import torch
 
 from tests.reference import reference_metrics
 from tl_geometry import models, run_with_geometry_hooks
-from tl_geometry.text import default_text, text_windows
+from tl_geometry import default_text, text_windows
 
 pytestmark = [
     pytest.mark.slow,

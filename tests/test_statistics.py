@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests import tiny_models as tm
-from tl_geometry import GeometryError, run_with_geometry_hooks
+from tl_geometry import GeometryError, run_with_geometry_hooks, sink_recall_correlation
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.diagnostics.assumptions import (
     DIAGNOSTIC,
@@ -354,7 +354,7 @@ def test_assumptions_on_the_default_model(smollm2):
     torch.testing.assert_close(result.attention_profile.sum(-1).float(), torch.ones(layers, heads))
     fit = result.profile_fit
     assert torch.isfinite(fit.error).all() and (fit.t1 <= fit.t2).all() and (fit.t2 <= 1023).all()
-    corr = result.sink_recall_corr
+    corr = sink_recall_correlation(result).pearson
     assert corr[0].isnan() and torch.isfinite(corr[1:16]).all()  # R(r_min, 1) = 1 for every head: no spread
 
     names = {f(layer) for layer in (0, 17) for f in (value_hook, pattern_hook)}

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tl_geometry.errors import GeometryError
-from tl_geometry.text import default_text, read_text_files, text_windows
+from tl_geometry import default_text, read_text_files, text_windows
 
 BOS_ID = 1
 

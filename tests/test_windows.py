@@ -16,7 +16,7 @@ from tl_geometry import models
 from tl_geometry.capture.hook_names import pattern_hook
 from tl_geometry.capture.windows import attention_windows, visible_keys
 from tl_geometry.errors import GeometryError
-from tl_geometry.text import default_text, text_windows
+from tl_geometry import default_text, text_windows
 
 needs_hooked = [pytest.mark.tl3, pytest.mark.skipif(not tm.has_hooked_transformer(), reason="needs transformer-lens 3.x")]
 needs_gemma = pytest.mark.skipif(

@@ -27,9 +27,9 @@ from tl_geometry.analysis.sink import SinkRecallCorrelation, sink_recall_correla
 from tl_geometry.analysis.taxonomy import REGIMES, ROLES, HeadTaxonomy, Regime, TaxonomyConfig
 from tl_geometry.analysis.taxonomy import classify_queries, threshold_sensitivity
 from tl_geometry.capture.roles import classify_heads, detect_regime
-from tl_geometry.text import default_text, read_text_files, text_windows
+from tl_geometry.text import default_text, read_text_files
 from tl_geometry.capture.readers import CorpusReport
-from tl_geometry.capture.sources import Window, WindowStream, read_corpus, window_documents
+from tl_geometry.capture.sources import Window, WindowStream, read_corpus, text_windows, window_documents
 # Top-N interventions
 from tl_geometry.capture.interventions import topn_hooks, topn_pattern_hook
 from tl_geometry.capture.sweep import effective_set_size, intervention_sweep
@@ -41,7 +41,7 @@ from tl_geometry.report.compare import compare
 # Figure 1 on the model's data: one head's kept selection (draw with tl_geometry.report.plots.selection_picture)
 from tl_geometry.results.pictures import SelectionPicture
 
-__version__ = "0.1.0"
+from tl_geometry._version import __version__
 
 __all__ = [
     "CorpusReport",

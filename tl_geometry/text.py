@@ -3,14 +3,13 @@
 The default text is the English reference documentation that ships with every CPython
 (``pydoc_data.topics``): real, varied English prose and code, always available offline,
 identical on every machine with the same Python version. Cutting text into token
-windows lives in `tl_geometry.capture.sources` (``text_windows`` is re-exported here).
+windows is `tl_geometry.capture.sources.text_windows` (``tl_geometry.text_windows``).
 """
 
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from tl_geometry.capture.sources import text_windows  # noqa: F401 (its home before 0.2)
 from tl_geometry.errors import GeometryError
 
 

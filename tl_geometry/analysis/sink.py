@@ -26,6 +26,7 @@ from torch import Tensor
 
 from tl_geometry.analysis.correlation import correlations
 from tl_geometry.errors import GeometryError
+from tl_geometry.results.result import GeometryResult
 
 Pairing = Literal["heads"]
 _CHUNK_ELEMENTS = 1 << 23  # replicates per chunk are bounded by this many (replicate x n x pair) entries
@@ -76,7 +77,7 @@ def _pairs(
 
 
 def sink_recall_correlation(
-    result: object,
+    result: GeometryResult,
     *,
     over: str = "heads",
     n_bootstrap: int | None = None,
@@ -104,8 +105,9 @@ def sink_recall_correlation(
             diagnostic), ``over="sequence_heads"`` (needs per-document
             values), or a bad ``over``, ``n_bootstrap`` or ``confidence``.
     """
-    present = getattr(result, "fields", ())
-    if "rho0" not in present or "recall" not in present:
+    if not isinstance(result, GeometryResult):
+        raise GeometryError(f"result: expected a GeometryResult, got {type(result).__name__}")
+    if "rho0" not in result.fields or "recall" not in result.fields:
         raise GeometryError(
             "result: no 'rho0' field; run run_with_geometry_hooks(..., diagnostics=['assumptions']) to measure "
             "the sink similarity"
@@ -146,7 +148,7 @@ def sink_recall_correlation(
         q = torch.nanquantile(stats, torch.tensor([tail, 1 - tail], dtype=torch.float64), dim=1)  # [2 q, 2 stat, n]
         bounds = torch.stack([q[0, 0], q[1, 0], q[0, 1], q[1, 1]])
     return SinkRecallCorrelation(
-        n_grid=torch.as_tensor(getattr(result, "n_grid")).long(),
+        n_grid=result.n_grid.long(),
         pearson=pearson.float(),
         spearman=spearman.float(),
         pearson_low=bounds[0].float(),
@@ -160,5 +162,5 @@ def sink_recall_correlation(
     )
 
 
-def _replicates_kept(result: object, name: str) -> int:
+def _replicates_kept(result: GeometryResult, name: str) -> int:
     return result.stats[name].n_replicates

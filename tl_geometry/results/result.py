@@ -31,7 +31,6 @@ scalars, 200 replicates of Precision, Recall and rho_0) saves about 32 MB,
 17.5 MB of it the replicates, however many documents it analysed.
 """
 
-import importlib.metadata
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
@@ -51,6 +50,7 @@ from tl_geometry.results import fileformat, provenance
 from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.results.fileformat import FORMAT_VERSION  # noqa: F401 (where 0.1 defined it)
 from tl_geometry.results.pictures import SelectionPicture, pick
+from tl_geometry.results.provenance import STAMPED, package_versions
 from tl_geometry.results.queries import check_rows, join_rows
 from tl_geometry.results.select import nanquantile, take
 from tl_geometry.results.stats import FieldStats, merge_stats, same_values
@@ -60,15 +60,6 @@ STATS = ("mean", "std", "sem", "count", "min", "max")
 """What `GeometryResult.sel` can return for a field."""
 
 
-def package_versions() -> dict[str, str]:
-    """Versions of tl_geometry, torch and transformer-lens."""
-    from tl_geometry import __version__
-
-    try:
-        tl_version = importlib.metadata.version("transformer-lens")
-    except importlib.metadata.PackageNotFoundError:
-        tl_version = "unknown"
-    return {"tl_geometry": __version__, "torch": torch.__version__, "transformer_lens": tl_version}
 
 
 @dataclass(frozen=True)
@@ -357,18 +348,6 @@ class GeometryResult:
             )
         return ProfileFit(**{name: self.per_head("profile_" + name) for name in names})
 
-    @property
-    def sink_recall_corr(self) -> Float[Tensor, " n"]:
-        """Pearson corr(R(r_min, N), rho_0) across heads for every N (Figure 6), ``[n]``.
-
-        Pairs are the per-head means over documents; see
-        `tl_geometry.analysis.sink.sink_recall_correlation` for the Spearman
-        value and bootstrap bounds. Needs ``diagnostics=["assumptions"]``.
-        """
-        from tl_geometry.analysis.sink import sink_recall_correlation
-
-        return sink_recall_correlation(self).pearson
-
     def __getattr__(self, name: str) -> Tensor:
         # Only called when normal lookup fails: gives result.precision etc.
         if name.startswith("_") or name not in self.__dict__.get("stats", {}):
@@ -427,7 +406,7 @@ class GeometryResult:
             n_tokens=acc.n_tokens,
             config=config,
             model_name=model_name,
-            versions=package_versions(),
+            versions=package_versions(STAMPED),
             queries=rows,
             query_positions=positions,
             provenance=provenance,
