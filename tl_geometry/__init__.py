@@ -20,6 +20,7 @@ from tl_geometry.capture.windows import attention_windows
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.registry import REGISTRY, Diagnostic
 from tl_geometry.engine.metrics import SelectionMetrics, selection_metrics
+from tl_geometry.capture.cache import selection_metrics_from_cache
 from tl_geometry.models import load_model
 from tl_geometry.diagnostics.profile_fit import ProfileFit, fit_attention_profile
 from tl_geometry.results.result import GeometryResult
@@ -77,6 +78,7 @@ __all__ = [
     "run_with_geometry_hooks",
     "selection_margins",
     "selection_metrics",
+    "selection_metrics_from_cache",
     "sink_recall_correlation",
     "text_windows",
     "threshold_sensitivity",
