@@ -49,13 +49,15 @@ def selection_metrics_from_cache(
             names to tensors) holding ``blocks.{layer}.attn.hook_pattern``
             ``[batch, head, query, key]`` and ``blocks.{layer}.attn.hook_v``
             ``[batch, pos, kv_head, d_head]``.
-        layer, head: the query head.
+        layer: the layer of the query head.
+        head: the query head.
         query: the query position (negative counts from the end; default the last).
         batch: the sequence of the batch.
         attention_mask: ``[batch, pos]``, 1 on real tokens, for a padded batch
             (pad keys are then neither selected nor counted).
-        n_grid, ranking, distance: as `tl_geometry.selection_metrics`; N
-            beyond the visible keys gives NaN.
+        n_grid: as `tl_geometry.selection_metrics`; N beyond the visible keys gives NaN.
+        ranking: as `tl_geometry.selection_metrics`.
+        distance: as `tl_geometry.selection_metrics`.
 
     Returns:
         SelectionMetrics with ``[n]`` fields.
