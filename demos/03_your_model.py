@@ -115,7 +115,7 @@ else:
 with tempfile.TemporaryDirectory() as folder:
     path = Path(folder) / "notes.txt"
     path.write_text(tg.default_text()[:20000])
-    text = tg.read_text_files([path])
+    text = tg.corpus.read_text_files([path])
 windows = tg.text_windows(model, text, context=128, n_windows=2)
 print("windows", tuple(windows.shape), "first token is BOS:", bool((windows[:, 0] == model.tokenizer.bos_token_id).all()))
 

@@ -13,7 +13,7 @@ On WINDOWS windows of CONTEXT tokens of the bundled text, N = 1, 2, 4, ..., 64,
   interval; N*_tau of the model (renormalise).
 - ``layer``: one layer at a time, both modes, no controls: relative dNLL by
   layer; N*_tau by layer; Spearman across layers of F_N, P and R against dNLL
-  (`tl_geometry.geometry_vs_dnll`), with intervals.
+  (`tl_geometry.interventions.geometry_vs_dnll`), with intervals.
 
 Writes OUT/record_<part>.json (and the sweeps and the geometry result) and
 prints the JSON.

@@ -23,13 +23,8 @@ import torch
 
 from tests import tiny_models as tm
 from tests.test_windows import tiny_window_bridge
-from tl_geometry import (
-    GeometryConfig,
-    GeometryError,
-    GeometryResult,
-    SelectionPicture,
-    run_with_geometry_hooks,
-)
+from tl_geometry import GeometryConfig, GeometryError, GeometryResult, run_with_geometry_hooks
+from tl_geometry.results.pictures import SelectionPicture
 from tl_geometry.report import html as report
 from tl_geometry.report import plots
 from tl_geometry.results.accumulators import Accumulator

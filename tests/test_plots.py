@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from tests import tiny_models as tm
-from tl_geometry import REGIMES, GeometryConfig, GeometryError, classify_heads, run_with_geometry_hooks
+from tl_geometry import GeometryConfig, GeometryError, classify_heads, run_with_geometry_hooks
+from tl_geometry.analysis import REGIMES
 from tl_geometry.report import plots
 from tl_geometry.analysis.sink import sink_recall_correlation
 from tl_geometry.analysis.summaries import mean_over_heads

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from tl_geometry.errors import GeometryError
-from tl_geometry import default_text, read_text_files, text_windows
+from tl_geometry import default_text, text_windows
+from tl_geometry.corpus import read_text_files
 
 BOS_ID = 1
 

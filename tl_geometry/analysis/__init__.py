@@ -1,1 +1,27 @@
-"""Analysis from a result only: taxonomy rules, the sink correlation, summaries."""
+"""Analysis from a result only: the claims, head roles, the sink correlation, summaries.
+
+(`tl_geometry.claims` is at the top level; ``tl_geometry.analysis.claims`` is its module.)
+"""
+
+from tl_geometry.analysis.sink import SinkRecallCorrelation, sink_recall_correlation
+from tl_geometry.analysis.taxonomy import (
+    REGIMES,
+    ROLES,
+    HeadTaxonomy,
+    Regime,
+    TaxonomyConfig,
+    classify_queries,
+    threshold_sensitivity,
+)
+
+__all__ = [
+    "REGIMES",
+    "ROLES",
+    "HeadTaxonomy",
+    "Regime",
+    "SinkRecallCorrelation",
+    "TaxonomyConfig",
+    "classify_queries",
+    "sink_recall_correlation",
+    "threshold_sensitivity",
+]

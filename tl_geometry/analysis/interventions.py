@@ -168,7 +168,7 @@ def n_star_of(sweep: InterventionResult, mode: str, taus: Sequence[float], max_n
     missing = n_star_needs(sweep, mode, taus, max_n)
     if missing:
         raise GeometryError(f"n_star_of: the sweep lacks N = {sorted(missing)} that the search needs; run "
-                            "tl_geometry.effective_set_size, which measures them")
+                            "tl_geometry.interventions.effective_set_size, which measures them")
     rel = sweep.relative(mode)
     grid = sweep.n_grid.tolist()
     shape = (len(taus), *rel.shape[:2])

@@ -222,7 +222,7 @@ def analyze_corpus(
             ``[sequence, pos]`` token tensor, an iterable of ``[batch, pos]``
             token tensors (each run as one batch), or windows: a
             `WindowStream` (`tl_geometry.read_corpus`,
-            `tl_geometry.window_documents`) or any iterable of `Window`,
+            `tl_geometry.corpus.window_documents`) or any iterable of `Window`,
             read lazily ``batch_size`` windows at a time.
         config: the GeometryConfig (default ``GeometryConfig()``).
         batch_size: sequences per forward pass for texts, a single tensor and windows.

@@ -286,7 +286,7 @@ def topn_pattern_hook(
         ranking: ``"attention"``, ``"contribution"`` (alpha_i ||v_i||; attach
             ``hook.value_hook`` to the layer's ``hook_v``) or ``"random"`` (a control).
         heads: query heads to edit (None: all).
-        window: the layer's sliding window (None: global; see `tl_geometry.attention_windows`).
+        window: the layer's sliding window (None: global; see `tl_geometry.capture.windows.attention_windows`).
         attention_mask: 1 for real tokens when the batch is padded (padding keys are never kept).
         control: which random control (``ranking="random"``).
         seed: the random controls' seed.
@@ -326,7 +326,7 @@ def topn_hooks(
 ) -> list[tuple[str, Callable[..., Any]]]:
     """The ``fwd_hooks`` of a top-N intervention on ``layers`` (default: all) of a model.
 
-    Each layer gets its own sliding window (`tl_geometry.attention_windows`);
+    Each layer gets its own sliding window (`tl_geometry.capture.windows.attention_windows`);
     the contribution ranking also gets its ``hook_v``. With ``check=True`` the
     model is first checked (once) to really use edited patterns (`check_pattern_edits`).
 

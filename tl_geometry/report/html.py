@@ -433,7 +433,7 @@ def write_report(
 
 
 def intervention_figures(sweep=None, n_star=None, correlation=None, tau: float = 0.05) -> list[tuple[Figure, go.Figure]]:
-    """The report's figures of a top-N sweep (`tl_geometry.intervention_sweep`), its N*_tau and its correlation."""
+    """The report's figures of a top-N sweep (`tl_geometry.interventions.intervention_sweep`), its N*_tau and its correlation."""
     from tl_geometry.report import intervention_plots as ip
 
     def entry(key: str, title: str, how: str, drawn: go.Figure) -> tuple[Figure, go.Figure]:

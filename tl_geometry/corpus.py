@@ -1,0 +1,21 @@
+"""Corpora: text in, token windows out, and the corpus run (streamed, resumable, merged across processes).
+
+    from tl_geometry.corpus import read_corpus, analyze_corpus
+"""
+
+from tl_geometry.capture.corpus import analyze_corpus
+from tl_geometry.capture.readers import CorpusReport
+from tl_geometry.capture.sources import Window, WindowStream, read_corpus, text_windows, window_documents
+from tl_geometry.text import default_text, read_text_files
+
+__all__ = [
+    "CorpusReport",
+    "Window",
+    "WindowStream",
+    "analyze_corpus",
+    "default_text",
+    "read_corpus",
+    "read_text_files",
+    "text_windows",
+    "window_documents",
+]
