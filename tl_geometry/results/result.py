@@ -44,7 +44,7 @@ from torch import Tensor
 from tl_geometry.config import GeometryConfig
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.profile_fit import ProfileFit
-from tl_geometry.engine.metrics import SelectionMetrics
+from tl_geometry.engine.metrics import METRIC_NAMES
 from tl_geometry.errors import GeometryError
 from tl_geometry.results import fileformat, provenance
 from tl_geometry.results.accumulators import Accumulator
@@ -55,7 +55,7 @@ from tl_geometry.results.queries import check_rows, join_rows
 from tl_geometry.results.select import nanquantile, take
 from tl_geometry.results.stats import FieldStats, merge_stats, same_values
 # The selection metrics (every model run measures them), by name.
-REQUIRED_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(SelectionMetrics) if f.name != "n_grid")
+REQUIRED_FIELDS: tuple[str, ...] = METRIC_NAMES  # every result holds the selection metrics
 STATS = ("mean", "std", "sem", "count", "min", "max")
 """What `GeometryResult.sel` can return for a field."""
 
