@@ -260,6 +260,19 @@ def test_scorecard_shows_each_claim_value_interval_and_verdict(result, table):
             assert f"[{row.low:.3g}, {row.high:.3g}]" in page
 
 
+def test_two_documents_give_the_widest_intervals_not_an_error():
+    # The expanded level of two documents rounds to 1 in floating point (t_1 is 12.7); a tail of 0 has no
+    # normal quantile. The claims still answer, with intervals spanning what the replicates show.
+    model = tm.make_model("bridge-llama")
+    two = run_with_geometry_hooks(model, tm.with_bos(tm.random_tokens(2, 24)), diagnostics="all", n_bootstrap=40,
+                                  bootstrap_fields=["precision", "recall", "rho0", "value_norm_cv", "decay_mae"])
+    table = claims(two)
+    with_interval = table[~table.low.isna()]
+    assert len(with_interval) >= 3
+    assert (with_interval.low <= with_interval.high).all()
+    assert np.isfinite(with_interval[["low", "high"]].to_numpy()).all()
+
+
 def test_claims_refuses_what_is_not_a_result():
     with pytest.raises(GeometryError, match="result: expected a GeometryResult"):
         claims({"precision": 1})

@@ -31,7 +31,9 @@ spread estimates the standard error with divisor n instead of n - 1, and
 the normal quantile stands in for Student's t. `expanded_level` widens the
 nominal level for n documents as Hesterberg's expanded percentile interval
 does (the tail at Phi(-sqrt(n / (n - 1)) t_{n-1})); the claims pass it to
-every method.
+every method. With two or three documents that level rounds to 1 (t_1 is
+12.7): it is held at `MAX_LEVEL`, the widest interval the replicates give,
+instead of a tail of zero that has no normal quantile.
 
 Quantiles interpolate linearly between replicates (as ``torch.quantile``);
 NaN replicates are left out; no replicates or a NaN value give NaN bounds.
@@ -79,16 +81,23 @@ def student_t_quantile(p: float, df: int) -> float:
     return (low + high) / 2
 
 
+MAX_LEVEL = 1 - 1e-9
+"""The highest level an interval is asked for: its tails keep a finite normal quantile."""
+
+
 def expanded_level(level: float, n: int) -> float:
     """The level whose percentile interval has the width of a ``level`` t interval for ``n`` documents.
 
     >>> round(expanded_level(0.95, 16), 4)
     0.9723
+    >>> expanded_level(0.95, 2) == MAX_LEVEL  # two documents: as wide as the replicates go
+    True
     """
     if n < 2:  # one document: nothing to resample
         return level
     tail = (1 - level) / 2
-    return 1 - 2 * NormalDist().cdf(-math.sqrt(n / (n - 1)) * student_t_quantile(1 - tail, n - 1))
+    expanded = 1 - 2 * NormalDist().cdf(-math.sqrt(n / (n - 1)) * student_t_quantile(1 - tail, n - 1))
+    return min(expanded, MAX_LEVEL)
 
 
 def _quantiles(values: Float[Tensor, " replicate"], levels: tuple[float, float]) -> tuple[float, float]:
