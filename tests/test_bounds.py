@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests import tiny_models as tm
+from tests.reference import reference_margins
 from tl_geometry import selection_metrics
 from tl_geometry.theory import bounds as BOUNDS
 from tl_geometry.theory.bounds import DEFAULT_KAPPA, assumption_margins, envelopes, lower_envelopes, selection_margins
@@ -36,75 +37,6 @@ def _p_minus(xi: float) -> float:
     if math.isinf(xi):
         return 0.0
     return _phi(xi) / (xi + 1 / xi) if xi > 0 else 0.0
-
-
-def reference_margins(alpha, values, mask, n, ranking="attention"):
-    """Margins of one row at one N, from eq. 7-11 and the derivation on the Concepts page; None if N > L.
-
-    Keys are ranked by alpha_i (or alpha_i ||v_i|| with ``ranking="contribution"``), ties by key index; key 0 is the sink.
-    The sink-aware margins follow the docs' derivation term by term:
-    Delta' = a_min^2 - 2 a_out (S rho_out+ + z a_0 rho0_out+) + 2 a_max (S - a_min) rho_in- + 2 z a_0 a_max rho0_in-,
-    Delta_0' = a_0^2 - 2 a_out (S rho_out+ + a_0 rho0_out+) + 2 a_0 S rho0_in, B' = max a_I + a_out + sum a_I.
-    """
-    alpha, values = alpha.double(), values.double()
-    visible = [i for i in range(len(alpha)) if bool(mask[i])]
-    length = len(visible)
-    if n > length:
-        return None
-    weight = {i: float(alpha[i]) * (float(values[i].norm()) if ranking == "contribution" else 1.0) for i in visible}
-    order = sorted(visible, key=lambda i: (-weight[i], i))
-    inside, outside = order[:n], order[n:]
-    a = {i: float(alpha[i]) * float(values[i].norm()) for i in visible}
-
-    def cos(j, k):
-        nj, nk = float(values[j].norm()), float(values[k].norm())
-        return 0.0 if nj == 0 or nk == 0 else float(values[j] @ values[k]) / (nj * nk)
-
-    inside_ns = [i for i in inside if i != 0]
-    s_in = sum(a[k] for k in inside_ns)
-    a_max_out = max((a[j] for j in outside), default=math.nan)
-    pairs = [cos(j, k) for j in outside for k in inside_ns]
-    rho_out = max(pairs) if pairs else math.nan
-    rho = rho_out if pairs else 0.0
-    delta = min(a[i] for i in inside_ns) ** 2 - 2 * (a_max_out * s_in * rho if pairs else 0.0) if inside_ns else math.nan
-    delta0 = a[0] ** 2 - (s_in * rho) ** 2 if 0 in inside else math.nan
-    scale = (max(a[i] for i in inside_ns) if inside_ns else 0.0) + (a_max_out if outside else 0.0) + s_in
-
-    # The sink-aware margins (Concepts: "A lower envelope that bounds").
-    sink_in = 0 in visible and 0 in inside
-    a0 = a[0] if sink_in else 0.0
-    in_pairs = [cos(i, k) for i in inside_ns for k in inside_ns if i < k]
-    rho_in = min(in_pairs) if in_pairs else math.nan
-    sink_seen = 0 in visible
-    rho0_in = min((cos(0, k) for k in inside_ns), default=math.nan) if sink_seen else math.nan
-    rho0_out = max((cos(0, j) for j in outside if j != 0), default=math.nan) if sink_seen else math.nan
-
-    def plus(x):
-        return 0.0 if math.isnan(x) else max(x, 0.0)
-
-    def minus(x):
-        return 0.0 if math.isnan(x) else min(x, 0.0)
-
-    a_out = a_max_out if outside else 0.0
-    pull = 2 * a_out * (s_in * plus(rho_out) + a0 * plus(rho0_out))
-    if inside_ns:
-        a_min, a_max = min(a[i] for i in inside_ns), max(a[i] for i in inside_ns)
-        delta_sink = a_min**2 - pull + 2 * a_max * (s_in - a_min) * minus(rho_in) + 2 * a0 * a_max * minus(rho0_in)
-    else:
-        a_max, delta_sink = 0.0, math.nan
-    delta0_sink = a0**2 - pull + 2 * a0 * s_in * (0.0 if math.isnan(rho0_in) else rho0_in) if sink_in else math.nan
-    scale_sink = max(a_max, a0) + a_out + s_in + a0
-
-    y = {i: alpha[i] * values[i] for i in visible}
-    s = sum((y[k] for k in inside), torch.zeros(values.shape[-1], dtype=torch.float64))
-    dist2 = {i: float((s - y[i]) @ (s - y[i])) for i in visible}
-    mu = {(i, j): dist2[j] - dist2[i] for i in inside for j in outside}  # eq. 25: E X_ij = D_j^2 - D_i^2
-    return {
-        "delta": delta, "delta0": delta0, "scale": scale, "s_in": s_in, "rho_out": rho_out,
-        "delta_sink": delta_sink, "delta0_sink": delta0_sink, "scale_sink": scale_sink,
-        "rho_in": rho_in, "rho0_in": rho0_in, "rho0_out": rho0_out,
-        "length": length, "inside": inside, "outside": outside, "mu": mu,
-    }
 
 
 def reference_row(alpha, values, mask, n, d, kappa, variant="sink_aware"):

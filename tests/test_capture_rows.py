@@ -13,10 +13,7 @@ import torch
 import transformers
 
 from tests import tiny_models as tm
-from tests.test_context import DIFFERENCES_OF_SQUARES
-from tl_geometry.diagnostics.taxonomy import ROLE_CURVES, ROLE_FEATURES
-
-ROLE_DIFFERENCES = (*ROLE_FEATURES, *ROLE_CURVES)
+from tests.fixtures import DIFFERENCES_OF_SQUARES, ROLE_DIFFERENCES, cli_config
 from tl_geometry import GeometryConfig, GeometryError, GeometryResult, run_with_geometry_hooks
 from tl_geometry.capture.rows import ROWS_ATTENTION, additive_rows_mask
 
@@ -52,7 +49,7 @@ def tiny_arch_bridge(arch: str, *, compat: bool = True):
     config = configs[arch]()
     config.architectures = [transformers.AutoModelForCausalLM._model_mapping[type(config)].__name__]
     hf_model = transformers.AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
-    tm._sharpen(hf_model, 0, 0.2)
+    tm.sharpen(hf_model, 0, 0.2)
     bridge = TransformerBridge.boot_transformers(f"tiny-{arch}", hf_model=hf_model, tokenizer=tm.tiny_tokenizer(),
                                                  dtype=torch.float64)
     if compat:
@@ -66,8 +63,6 @@ def assert_close_results(a: GeometryResult, b: GeometryResult, rtol: float = 1e-
     assert a.n_documents == b.n_documents
     for name in a.fields:
         assert torch.equal(a.count(name), b.count(name)), name
-        # Differences of squares, and the role features' differences of cosines and projections (an excess over
-        # chance is 0 at N = n up to float32 rounding): ~1e-7 absolute noise on values near 0.
         atol = 1e-5 if name in DIFFERENCES_OF_SQUARES or name in ROLE_DIFFERENCES else 1e-7
         # The bounds divide by those margins, which carry ~1e-7 absolute: ~1e-5 relative where a margin is ~1e-2.
         scale = 10.0 if name.startswith("bound_") else 1.0
@@ -217,6 +212,5 @@ def test_rows_equal_pattern_on_smollm2(smollm2):
 
 @pytest.mark.parametrize(("args", "expected"), [(("--capture", "rows"), "rows"), ((), "pattern")])
 def test_cli_capture_option_reaches_the_config(args, expected):
-    from tests.test_cli import _config
 
-    assert _config(*args).capture == expected
+    assert cli_config(*args).capture == expected

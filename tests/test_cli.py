@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures import CONFIG, cli_config, make_result
 from tl_geometry import GeometryError, GeometryResult
 
 SCRIPT = Path(sys.executable).with_name("tl-geometry")
@@ -74,11 +75,6 @@ def test_empty_text_file_is_refused(tmp_path):
 
 # ---- every GeometryConfig option, inputs, merge (in process: no model needed) ----
 
-def _config(*args):
-    from tl_geometry.cli import build_parser, config_from_args
-
-    return config_from_args(build_parser().parse_args(["analyze", *args]))
-
 
 @pytest.mark.parametrize(
     ("args", "field", "expected"),
@@ -102,15 +98,15 @@ def _config(*args):
     ],
 )
 def test_each_option_reaches_the_config(args, field, expected):
-    assert getattr(_config(*args), field) == expected
+    assert getattr(cli_config(*args), field) == expected
 
 
 def test_defaults_are_the_config_defaults_with_every_diagnostic_that_applies():
     from tl_geometry import GeometryConfig
     from tl_geometry.diagnostics.registry import REGISTRY
 
-    assert _config() == GeometryConfig(diagnostics="all")
-    cosine = _config("--distance", "cosine")  # the bounds need the Euclidean distance
+    assert cli_config() == GeometryConfig(diagnostics="all")
+    cosine = cli_config("--distance", "cosine")  # the bounds need the Euclidean distance
     assert "bounds" not in cosine.diagnostics and set(cosine.diagnostics) == set(REGISTRY.optional_names()) - {"bounds"}
     from tl_geometry.cli import build_parser
 
@@ -160,18 +156,16 @@ def test_bad_config_values_fail_before_the_model_loads(args, message, capsys, mo
 
 
 def test_prompts_file(tmp_path):
-    from tl_geometry.cli import _read_prompts
-    from tl_geometry.errors import GeometryError
+    from tl_geometry.cli import read_prompts
 
     (tmp_path / "p.txt").write_text("The cat sat\n\n  \nA second prompt\n")
-    assert _read_prompts(tmp_path / "p.txt") == ["The cat sat", "A second prompt"]
+    assert read_prompts(tmp_path / "p.txt") == ["The cat sat", "A second prompt"]
     (tmp_path / "blank.txt").write_text("\n \n")
     with pytest.raises(GeometryError, match="has no prompts; write one prompt per line"):
-        _read_prompts(tmp_path / "blank.txt")
+        read_prompts(tmp_path / "blank.txt")
 
 
 def test_merge_command(tmp_path, capsys):
-    from tests.test_result import CONFIG, make_result
     from tl_geometry.cli import main
 
     a, b = make_result(seed=0), make_result(seed=1)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_distributed import _free_port, assert_equal_runs
+from tests.fixtures import assert_equal_runs, free_port
 from tl_geometry import GeometryResult
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +24,7 @@ def cli(*args: str, launcher: tuple[str, ...] = ()) -> subprocess.CompletedProce
 def torchrun(processes: int) -> tuple[str, ...]:
     """The torchrun launcher of ``processes`` ranks on a free port."""
     return (sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes),
-            "--master-port", str(_free_port()))
+            "--master-port", str(free_port()))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")

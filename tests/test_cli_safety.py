@@ -14,7 +14,7 @@ import pytest
 from tl_geometry import cli, models
 from tl_geometry.results import files
 from tl_geometry.results.result import GeometryResult
-from tests.test_result import make_result
+from tests.fixtures import make_result
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ SLOW_WRITE = """
 import sys, time
 from tl_geometry import cli
 from tl_geometry.results import files
-from tests.test_result import make_result
+from tests.fixtures import make_result
 
 real_open = files._open_for_writing
 

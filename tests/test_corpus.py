@@ -4,20 +4,13 @@ import pytest
 import torch
 
 from tests import tiny_models as tm
+from tests.fixtures import TEXTS
 from tl_geometry.capture.corpus import analyze_corpus
 from tl_geometry.errors import GeometryError
 from tl_geometry.capture.hooks import run_with_geometry_hooks
 
 # Model-facing: also run in the transformer-lens 3.9 environment (make test-tl3).
 pytestmark = pytest.mark.model
-
-TEXTS = [
-    "the cat sat on the mat",
-    "a dog ran",
-    "one two three four five six seven eight nine ten",
-    "big red sun and blue moon",
-    "fish",
-]
 
 
 @pytest.fixture(scope="module", params=["bridge-llama", "bridge-gpt2"])

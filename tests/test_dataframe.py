@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.test_result import GRID, HEADS, LAYERS, make_result
+from tests.fixtures import GRID, HEADS, LAYERS, make_result
 from tl_geometry.errors import GeometryError
 
 COLUMNS = ["field", "layer", "head", "n", "position", "lag", "mean", "std", "count", "ci_low", "ci_high"]

@@ -2,7 +2,6 @@
 
 import faulthandler
 import os
-import socket
 from datetime import timedelta
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests import tiny_models as tm
-from tests.test_corpus import TEXTS
+from tests.fixtures import TEXTS, assert_equal_runs
 from tl_geometry.capture.corpus import analyze_corpus
 from tl_geometry.capture.sources import window_documents
 from tl_geometry.capture.distributed import Ranks, init_from_env
@@ -24,41 +23,6 @@ KIND = "bridge-llama"
 SETTINGS = {"query_positions": "all", "keep_queries": True, "diagnostics": "all", "n_bootstrap": 50}
 # Seven documents of different lengths: the ranks' shards pad to different widths.
 CORPUS = TEXTS + ["sky sea star bird tree house moon sun", "ten nine eight"]
-
-
-def assert_equal_runs(a: GeometryResult, b: GeometryResult) -> None:
-    """Counts exactly equal; means, spreads, ranges, replicates, intervals and per-query rows to 1e-6 relative."""
-    close = {"equal_nan": True, "rtol": 1e-6, "atol": 1e-12}
-    assert torch.equal(a.n_grid, b.n_grid) and a.fields == b.fields
-    assert (a.n_documents, a.n_tokens) == (b.n_documents, b.n_tokens)
-    for name in a.fields:
-        assert torch.equal(a.count(name), b.count(name)), name
-        torch.testing.assert_close(a.per_head(name), b.per_head(name), msg=name, **close)
-        if a.stats[name].spec.documents == "moments":
-            for what in ("min", "max"):
-                torch.testing.assert_close(getattr(a, what)(name), getattr(b, what)(name), msg=f"{what} {name}", **close)
-            # std from sums: sum x^2 - (sum x)^2 / n cancels, so a std below ~1e-7 of values ~1 keeps
-            # only a few digits whatever the order of the sums (float64 eps ~ 2e-16 of sum x^2).
-            torch.testing.assert_close(a.std(name), b.std(name), msg=f"std {name}", equal_nan=True, rtol=1e-6, atol=1e-9)
-    replicated = [name for name in a.fields if a.has_replicates(name)]
-    assert replicated and replicated == [name for name in b.fields if b.has_replicates(name)]
-    for name in replicated:
-        torch.testing.assert_close(a.replicates(name), b.replicates(name), msg=name, **close)
-        for mine, theirs in zip(a.ci(name), b.ci(name), strict=True):
-            torch.testing.assert_close(mine, theirs, msg=f"ci {name}", **close)
-    if a.queries is None or b.queries is None:
-        assert a.queries is b.queries is None
-        return
-    assert torch.equal(a.query_positions, b.query_positions)  # in corpus order, not rank order
-    assert set(a.queries) == set(b.queries)
-    for name, t in a.queries.items():
-        torch.testing.assert_close(t, b.queries[name], msg=name, **close)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _spawn_ranks(out: Path, mode: str, world_size: int = 2) -> None:
@@ -173,14 +137,14 @@ def test_ranks_that_disagree_refuse(tmp_path):
 
 
 def test_shards_are_round_robin_by_window_whatever_the_batching():
-    from tl_geometry.capture.corpus import _shard_batches
+    from tl_geometry.capture.corpus import shard_batches
 
     rows = torch.arange(7)[:, None].repeat(1, 3)
     for ranks in (Ranks(0, 2), Ranks(1, 2), Ranks(2, 3)):
         expected = [i for i in range(7) if i % ranks.world_size == ranks.rank]
-        whole = torch.cat(_shard_batches(rows, ranks, batch_size=2))[:, 0].tolist()
-        batched = torch.cat(_shard_batches(list(rows.split(3)), ranks, batch_size=99))[:, 0].tolist()
-        texts = [t for batch in _shard_batches([str(i) for i in range(7)], ranks, 2) for t in batch]
+        whole = torch.cat(shard_batches(rows, ranks, batch_size=2))[:, 0].tolist()
+        batched = torch.cat(shard_batches(list(rows.split(3)), ranks, batch_size=99))[:, 0].tolist()
+        texts = [t for batch in shard_batches([str(i) for i in range(7)], ranks, 2) for t in batch]
         assert whole == batched == [int(t) for t in texts] == expected
 
 

@@ -15,7 +15,7 @@ from tl_geometry.errors import GeometryError
 from tl_geometry.report import html
 from tl_geometry.results import files
 from tl_geometry.results.result import GeometryResult
-from tests.test_result import make_result
+from tests.fixtures import make_result
 
 
 class _Fail:
@@ -156,7 +156,7 @@ def test_two_processes_saving_to_one_folder(tmp_path):
     script = textwrap.dedent(f"""
         import sys
         from tl_geometry.results import files
-        from tests.test_result import make_result
+        from tests.fixtures import make_result
         r = make_result(seed=int(sys.argv[1]))
         with files.folder_lock({str(tmp_path)!r}):
             print("locked", flush=True)

@@ -188,7 +188,7 @@ def test_sliding_window_layers_never_keep_hidden_keys():
     import transformers
     from transformer_lens.model_bridge import TransformerBridge
 
-    from tests.tiny_models import BOS_ID, PAD_ID, VOCAB_SIZE, _sharpen, tiny_tokenizer
+    from tests.tiny_models import BOS_ID, PAD_ID, VOCAB_SIZE, sharpen, tiny_tokenizer
 
     config = transformers.MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
@@ -196,7 +196,7 @@ def test_sliding_window_layers_never_keep_hidden_keys():
                                         eos_token_id=BOS_ID, pad_token_id=PAD_ID)
     torch.manual_seed(0)
     hf_model = transformers.AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
-    _sharpen(hf_model, 0, 0.3)
+    sharpen(hf_model, 0, 0.3)
     bridge = TransformerBridge.boot_transformers("tiny-mistral", hf_model=hf_model, tokenizer=tiny_tokenizer(),
                                                  dtype=torch.float64).eval()
     tokens = with_bos(random_tokens(2, 9))

@@ -22,7 +22,6 @@ import pytest
 import torch
 
 from tests import tiny_models as tm
-from tests.test_windows import tiny_window_bridge
 from tl_geometry import GeometryConfig, GeometryError, GeometryResult, run_with_geometry_hooks
 from tl_geometry.results.pictures import SelectionPicture
 from tl_geometry.report import html as report
@@ -138,7 +137,7 @@ def test_picture_equals_the_reference_with_left_padding_and_every_query_analysed
 
 @pytest.mark.model
 def test_picture_equals_the_reference_on_a_sliding_window_layer():
-    model = tiny_window_bridge("mistral", compat=False)  # window 3 on every layer
+    model = tm.tiny_window_bridge("mistral", compat=False)  # window 3 on every layer
     tokens = tm.with_bos(tm.random_tokens(2, 11, seed=3))
     grid = [1, 2, 3, 4]
     result = run_with_geometry_hooks(model, tokens, picture_heads=[(1, 2)], n_grid=grid)

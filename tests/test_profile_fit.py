@@ -8,7 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tl_geometry import GeometryError
-from tl_geometry.diagnostics.profile_fit import ProfileFit, _region_cosine_sums, fit_attention_profile, four_phase_profile
+from tl_geometry.diagnostics.profile_fit import ProfileFit, region_cosine_sums, fit_attention_profile, four_phase_profile
 from tl_geometry.theory.synthetic import AttentionProfile, attention_profile
 
 
@@ -199,7 +199,7 @@ def test_blocked_cosine_sums_equal_the_direct_sums(seed, n_pos, n_freq, shared_r
     omega = torch.rand(2, n_freq, generator=g, dtype=torch.float64) * math.pi
     hi = torch.randint(0, n_pos, (2,), generator=g)
     lo = (torch.rand(2, 1 if shared_region else n_freq, generator=g) * (hi.unsqueeze(-1) + 1)).long()
-    c, cc, yc = _region_cosine_sums(y, omega, lo, hi)
+    c, cc, yc = region_cosine_sums(y, omega, lo, hi)
     for r in range(2):
         for w in range(n_freq):
             start = int(lo[r, 0 if shared_region else w])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests import tiny_models as tm
-from tests.test_result import make_result
+from tests.fixtures import make_result
 from tl_geometry.capture.corpus import analyze_corpus
 from tl_geometry.capture.sources import read_corpus
 from tl_geometry.errors import GeometryError

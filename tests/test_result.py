@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.fixtures import B, CONFIG, GRID, HEADS, LAYERS, SPECS, accumulate, corpus, make_result, pad_stack
 from tl_geometry.config import GeometryConfig
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.registry import REGISTRY
@@ -20,38 +21,6 @@ from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.results.bootstrap import document_weights
 from tl_geometry.results.result import GeometryResult
 
-LAYERS, HEADS, GRID = (3, 7), (1, 4, 6), torch.tensor([1, 2, 4, 8])
-B = 50
-SPECS = [
-    FieldSpec("precision", "P(r_max, N)", axes=("n",)),
-    FieldSpec("recall", "R(r_min, N)", axes=("n",), bootstrap=True),
-    FieldSpec("r_min", "radius", axes=("n",)),
-    FieldSpec("rho0", "sink similarity", queries="sequence", bootstrap=True),
-    FieldSpec("attention_profile", "alpha by position", axes=("position",), queries="last", documents="mean"),
-    FieldSpec("cosine_by_lag", "cosine by lag", axes=("lag",), queries="sequence"),
-]
-CONFIG = GeometryConfig(n_grid=[1, 2, 4, 8], layers=[3, 7], heads=[1, 4, 6])
-
-
-def corpus(n_docs, seed=0):
-    """Token ids and per-document values ``[layer, head_index, ...]``, widths following each length."""
-    gen = torch.Generator().manual_seed(seed)
-    tokens, values = [], []
-    for d in range(n_docs):
-        length = int(torch.randint(3, 10, (), generator=gen))
-        tokens.append(torch.randint(0, 1000, (length,), generator=gen))
-        too_big = GRID > length  # N larger than the visible keys: undefined
-        v = {name: torch.rand(2, 3, 4, generator=gen).masked_fill(too_big, math.nan) for name in ("precision", "recall")}
-        v["r_min"] = torch.rand(2, 3, 4, generator=gen).masked_fill((GRID == 2) & (d % 2 == 0), math.inf)
-        v["r_min"] = v["r_min"].masked_fill(too_big, math.nan)
-        v["rho0"] = torch.rand(2, 3, generator=gen) * 2 - 1
-        if d == 0:
-            v["rho0"][:, 0] = math.nan
-        v["attention_profile"] = torch.rand(2, 3, length, generator=gen)
-        v["cosine_by_lag"] = torch.rand(2, 3, length - 1, generator=gen)
-        values.append(v)
-    return tokens, values
-
 
 @contextmanager
 def quiet():
@@ -59,34 +28,6 @@ def quiet():
     with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)
         yield
-
-
-def pad_stack(tensors, fill=math.nan):
-    width = [max(s) for s in zip(*(t.shape for t in tensors))]
-    out = torch.full((len(tensors), *width), fill, dtype=tensors[0].dtype)
-    for i, t in enumerate(tensors):
-        out[(i, *(slice(0, n) for n in t.shape))] = t
-    return out
-
-
-def accumulate(tokens, values, splits=(), keep_queries=False, n_bootstrap=B):
-    acc = Accumulator(SPECS, layers=LAYERS, heads=HEADS, n_grid=GRID, n_bootstrap=n_bootstrap,
-                      replicate_fields=["recall", "rho0"], keep_queries=keep_queries)
-    bounds = [0, *splits, len(tokens)]
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        batch = {name: pad_stack([v[name] for v in values[lo:hi]]) for name in values[0]}
-        extra = {}
-        if keep_queries:  # two query rows per document, the precision of both
-            extra = {"queries": {"precision": batch["precision"].unsqueeze(3).expand(-1, -1, -1, 2, -1).clone()},
-                     "query_positions": torch.tensor([[0, len(t) - 1] for t in tokens[lo:hi]])}
-        acc.add(batch, document_weights(tokens[lo:hi], n_bootstrap, seed=0), sum(len(t) for t in tokens[lo:hi]),
-                **extra)
-    return acc
-
-
-def make_result(n_docs=7, seed=0, splits=(3,), **kwargs):
-    tokens, values = corpus(n_docs, seed)
-    return GeometryResult.from_accumulator(accumulate(tokens, values, splits, **kwargs), config=CONFIG, model_name="tiny")
 
 
 def raw(values, name):

@@ -180,32 +180,6 @@ def test_attention_windows_errors(model, message):
 # ---------------------------------------------------------------- tiny models: windows as the model applies them
 
 
-def tiny_window_bridge(arch: str, *, compat: bool):
-    """A TransformerBridge over a tiny random Gemma-3 (window 4 on layers 0 and 2) or Mistral (window 3)."""
-    from transformer_lens.model_bridge import TransformerBridge
-
-    common = dict(
-        vocab_size=tm.VOCAB_SIZE, bos_token_id=tm.BOS_ID, eos_token_id=tm.BOS_ID, pad_token_id=tm.PAD_ID,
-        hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
-    if arch == "gemma3":
-        layer_types = ["sliding_attention", "full_attention", "sliding_attention"]
-        config = transformers.Gemma3TextConfig(
-            num_hidden_layers=3, head_dim=8, sliding_window=4, layer_types=layer_types,
-            architectures=["Gemma3ForCausalLM"], **common,
-        )  # fmt: skip
-    else:
-        config = transformers.MistralConfig(
-            num_hidden_layers=2, sliding_window=3, architectures=["MistralForCausalLM"], **common
-        )
-    torch.manual_seed(0)
-    hf_model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    bridge = TransformerBridge.boot_transformers(f"tiny-{arch}", hf_model=hf_model, tokenizer=tm.tiny_tokenizer())
-    if compat:
-        bridge.enable_compatibility_mode(disable_warnings=True)
-    return bridge.eval()
-
-
 def tiny_local_hooked():
     """A HookedTransformer with a window of 3 on layer 0 and global attention on layer 1 (transformer-lens 3.x)."""
     import warnings
@@ -251,7 +225,7 @@ def make_window_model(kind: str):
     if kind == "hooked":
         return tiny_local_hooked()
     mode, arch = kind.split("-")
-    return tiny_window_bridge(arch, compat=mode == "compat")
+    return tm.tiny_window_bridge(arch, compat=mode == "compat")
 
 
 @pytest.mark.model

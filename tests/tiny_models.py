@@ -65,7 +65,7 @@ def tiny_tokenizer() -> Any:
     )
 
 
-def _sharpen(model: torch.nn.Module, seed: int, scale: float) -> None:
+def sharpen(model: torch.nn.Module, seed: int, scale: float) -> None:
     """Redraw every weight matrix with a wide normal so attention is peaked."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -98,7 +98,7 @@ def tiny_bridge(arch: str = "llama", *, compat: bool = False, seed: int = 0, dty
         raise ValueError(f"arch: expected 'llama' or 'gpt2', got {arch!r}")
     torch.manual_seed(seed)
     hf_model = transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval()
-    _sharpen(hf_model, seed, 0.3)
+    sharpen(hf_model, seed, 0.3)
     bridge = TransformerBridge.boot_transformers(
         f"tiny-{arch}", hf_model=hf_model, tokenizer=tiny_tokenizer(), dtype=dtype
     )
@@ -128,7 +128,7 @@ def tiny_hooked(*, seed: int = 0, dtype: torch.dtype = torch.float64) -> Any:
         model_name="tiny-hooked",
     )
     model = HookedTransformer(cfg, tokenizer=tiny_tokenizer())
-    _sharpen(model, seed, 0.3)
+    sharpen(model, seed, 0.3)
     return model.eval()
 
 
@@ -175,3 +175,30 @@ def hook_counts(model: torch.nn.Module) -> dict[str, int]:
         n += len(getattr(module, "fwd_hooks", ()) or ()) + len(getattr(module, "bwd_hooks", ()) or ())
         counts[name] = n
     return counts
+
+
+def tiny_window_bridge(arch: str, *, compat: bool):
+    """A TransformerBridge over a tiny random Gemma-3 (window 4 on layers 0 and 2) or Mistral (window 3)."""
+    import transformers
+    from transformer_lens.model_bridge import TransformerBridge
+
+    common = dict(
+        vocab_size=VOCAB_SIZE, bos_token_id=BOS_ID, eos_token_id=BOS_ID, pad_token_id=PAD_ID,
+        hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    if arch == "gemma3":
+        layer_types = ["sliding_attention", "full_attention", "sliding_attention"]
+        config = transformers.Gemma3TextConfig(
+            num_hidden_layers=3, head_dim=8, sliding_window=4, layer_types=layer_types,
+            architectures=["Gemma3ForCausalLM"], **common,
+        )  # fmt: skip
+    else:
+        config = transformers.MistralConfig(
+            num_hidden_layers=2, sliding_window=3, architectures=["MistralForCausalLM"], **common
+        )
+    torch.manual_seed(0)
+    hf_model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    bridge = TransformerBridge.boot_transformers(f"tiny-{arch}", hf_model=hf_model, tokenizer=tiny_tokenizer())
+    if compat:
+        bridge.enable_compatibility_mode(disable_warnings=True)
+    return bridge.eval()

@@ -362,7 +362,7 @@ def _summary(result, seconds: float) -> str:
     return "\n".join(lines)
 
 
-def _read_prompts(path: Path) -> list[str]:
+def read_prompts(path: Path) -> list[str]:
     """The non-empty lines of a prompts file (blank lines are not prompts)."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -398,7 +398,7 @@ def _analyse(args: argparse.Namespace):
     from tl_geometry.capture.sources import WindowStream
 
     config = config_from_args(args)
-    prompts = _read_prompts(args.prompts) if args.prompts is not None else None
+    prompts = read_prompts(args.prompts) if args.prompts is not None else None
     every = CheckpointEvery.parse(args.checkpoint_every)
     model, quiet = _load_model_on_every_rank(args)
     corpus, details = _corpus(args, model, prompts)
@@ -568,7 +568,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     check_device(args.device)
     model_dtype(args.dtype)
     if args.prompts is not None:
-        _read_prompts(args.prompts)
+        read_prompts(args.prompts)
     for path in args.data or []:
         if not path.exists():
             raise GeometryError(f"--data: {str(path)!r} does not exist; check the path")

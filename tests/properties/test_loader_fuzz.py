@@ -16,7 +16,7 @@ from tl_geometry.capture.sweep import intervention_sweep
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.interventions import InterventionResult
 from tl_geometry.results.result import GeometryResult
-from tests.test_result import make_result
+from tests.fixtures import make_result
 
 _FOLDER = Path(tempfile.mkdtemp(prefix="tl-geometry-fuzz-"))
 make_result(n_docs=4, keep_queries=True).save(_FOLDER / "good")

@@ -54,7 +54,7 @@ class _Plan:
     corpus: Callable[[Accumulator], dict[str, Any]]
 
 
-def _shard_batches(corpus: Any, ranks: Ranks, batch_size: int) -> list[list[str] | Tensor]:
+def shard_batches(corpus: Any, ranks: Ranks, batch_size: int) -> list[list[str] | Tensor]:
     """This rank's batches, untokenised: lists of texts or ``[batch, pos]`` token tensors.
 
     Windows are dealt round-robin by their index in the corpus (rows of
@@ -105,7 +105,7 @@ def prepared_batches(
     model: HookableModel, corpus: Any, config: GeometryConfig, batch_size: int, ranks: Ranks = Ranks(0, 1)
 ) -> list[PreparedTokens]:
     """Texts or token tensors as tokenised batches (this rank's share; by default the whole corpus)."""
-    return [prepare_tokens(model, unit, config) for unit in _shard_batches(corpus, ranks, batch_size)]
+    return [prepare_tokens(model, unit, config) for unit in shard_batches(corpus, ranks, batch_size)]
 
 
 def _token_plan(model: HookableModel, corpus: Any, config: GeometryConfig, ranks: Ranks, batch_size: int) -> _Plan:

@@ -251,10 +251,10 @@ def _linear_fit(
     return _closed_form(s, o.reshape(rows, w, 3, c).unbind(2), rec_sums, t2)
 
 
-_TRIG_BLOCK = 32  # positions i = a * _TRIG_BLOCK + b in `_region_cosine_sums`
+_TRIG_BLOCK = 32  # positions i = a * _TRIG_BLOCK + b in `region_cosine_sums`
 
 
-def _region_cosine_sums(
+def region_cosine_sums(
     y: Float[Tensor, "row pos"], omega: Float[Tensor, "row w"], lo: Int[Tensor, "row #w"], hi: Int[Tensor, " row"]
 ) -> tuple[Float[Tensor, "row w"], Float[Tensor, "row w"], Float[Tensor, "row w"]]:
     """Sums of c, c^2 and y*c over positions (lo, hi], c = cos(omega * i), for each candidate frequency.
@@ -296,7 +296,7 @@ def _region_fit(
 ) -> tuple[Float[Tensor, "row w 1"], Float[Tensor, "row w 1"], Float[Tensor, "row w 1"]]:
     """`_linear_fit` for one (T1, T2) per frequency (or one T1 for all): the sums over (T1, T2] taken directly."""
     # T1 >= 0 and T2 <= L, so the region lies inside 1..L.
-    osc_sums = tuple(x.unsqueeze(-1) for x in _region_cosine_sums(s.y, omega, t1, t2))
+    osc_sums = tuple(x.unsqueeze(-1) for x in region_cosine_sums(s.y, omega, t1, t2))
     t2 = t2[:, None, None]
     return _closed_form(s, osc_sums, _recency_sums(s, t2), t2)
 

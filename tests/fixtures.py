@@ -1,0 +1,144 @@
+"""Helpers shared by several test modules: hand-built results, corpora, comparisons and the CLI's config.
+
+Test modules import from here (and from ``tests.tiny_models`` and
+``tests.reference``), never from one another.
+"""
+
+import math
+import socket
+
+import torch
+
+from tl_geometry.cli import build_parser, config_from_args
+from tl_geometry.config import GeometryConfig
+from tl_geometry.diagnostics.fields import FieldSpec
+from tl_geometry.diagnostics.taxonomy import ROLE_CURVES, ROLE_FEATURES
+from tl_geometry.results.accumulators import Accumulator
+from tl_geometry.results.bootstrap import document_weights
+from tl_geometry.results.result import GeometryResult
+
+# ---------------------------------------------------------------- hand-built results (no model)
+
+LAYERS, HEADS, GRID = (3, 7), (1, 4, 6), torch.tensor([1, 2, 4, 8])
+B = 50
+SPECS = [
+    FieldSpec("precision", "P(r_max, N)", axes=("n",)),
+    FieldSpec("recall", "R(r_min, N)", axes=("n",), bootstrap=True),
+    FieldSpec("r_min", "radius", axes=("n",)),
+    FieldSpec("rho0", "sink similarity", queries="sequence", bootstrap=True),
+    FieldSpec("attention_profile", "alpha by position", axes=("position",), queries="last", documents="mean"),
+    FieldSpec("cosine_by_lag", "cosine by lag", axes=("lag",), queries="sequence"),
+]
+CONFIG = GeometryConfig(n_grid=[1, 2, 4, 8], layers=[3, 7], heads=[1, 4, 6])
+
+
+def corpus(n_docs, seed=0):
+    """Token ids and per-document values ``[layer, head_index, ...]``, widths following each length."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens, values = [], []
+    for d in range(n_docs):
+        length = int(torch.randint(3, 10, (), generator=gen))
+        tokens.append(torch.randint(0, 1000, (length,), generator=gen))
+        too_big = GRID > length  # N larger than the visible keys: undefined
+        v = {name: torch.rand(2, 3, 4, generator=gen).masked_fill(too_big, math.nan) for name in ("precision", "recall")}
+        v["r_min"] = torch.rand(2, 3, 4, generator=gen).masked_fill((GRID == 2) & (d % 2 == 0), math.inf)
+        v["r_min"] = v["r_min"].masked_fill(too_big, math.nan)
+        v["rho0"] = torch.rand(2, 3, generator=gen) * 2 - 1
+        if d == 0:
+            v["rho0"][:, 0] = math.nan
+        v["attention_profile"] = torch.rand(2, 3, length, generator=gen)
+        v["cosine_by_lag"] = torch.rand(2, 3, length - 1, generator=gen)
+        values.append(v)
+    return tokens, values
+
+
+def pad_stack(tensors, fill=math.nan):
+    width = [max(s) for s in zip(*(t.shape for t in tensors))]
+    out = torch.full((len(tensors), *width), fill, dtype=tensors[0].dtype)
+    for i, t in enumerate(tensors):
+        out[(i, *(slice(0, n) for n in t.shape))] = t
+    return out
+
+
+def accumulate(tokens, values, splits=(), keep_queries=False, n_bootstrap=B):
+    acc = Accumulator(SPECS, layers=LAYERS, heads=HEADS, n_grid=GRID, n_bootstrap=n_bootstrap,
+                      replicate_fields=["recall", "rho0"], keep_queries=keep_queries)
+    bounds = [0, *splits, len(tokens)]
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        batch = {name: pad_stack([v[name] for v in values[lo:hi]]) for name in values[0]}
+        extra = {}
+        if keep_queries:  # two query rows per document, the precision of both
+            extra = {"queries": {"precision": batch["precision"].unsqueeze(3).expand(-1, -1, -1, 2, -1).clone()},
+                     "query_positions": torch.tensor([[0, len(t) - 1] for t in tokens[lo:hi]])}
+        acc.add(batch, document_weights(tokens[lo:hi], n_bootstrap, seed=0), sum(len(t) for t in tokens[lo:hi]),
+                **extra)
+    return acc
+
+
+def make_result(n_docs=7, seed=0, splits=(3,), **kwargs):
+    tokens, values = corpus(n_docs, seed)
+    return GeometryResult.from_accumulator(accumulate(tokens, values, splits, **kwargs), config=CONFIG, model_name="tiny")
+
+
+# ---------------------------------------------------------------- texts and comparisons of runs
+
+TEXTS = [
+    "the cat sat on the mat",
+    "a dog ran",
+    "one two three four five six seven eight nine ten",
+    "big red sun and blue moon",
+    "fish",
+]
+
+# transformers' eager attention takes its softmax in float32 even in a float64 model, so padded and
+# unpadded passes differ at ~1e-7 relative; margins that are differences of squares of O(10) terms
+# (Delta, Delta_0, r_min^2 - r_max^2) carry that as ~1e-6 absolute, and so do the extreme cosines
+# (cosines near 0 of value vectors that moved by ~1e-7 relative), which feed the sink-aware margins.
+DIFFERENCES_OF_SQUARES = (
+    "margin_delta", "margin_delta0", "margin_pair_gap", "margin_delta_sink", "margin_delta0_sink",
+    "margin_rho_out", "margin_rho_in", "margin_rho0_in", "margin_rho0_out",
+)  # fmt: skip
+# The role features' differences of cosines and projections and their slopes over ln N (an excess over chance
+# is 0 at N = n up to float32 rounding) carry the same ~1e-7 absolute noise on values near 0.
+ROLE_DIFFERENCES = (*ROLE_FEATURES, *ROLE_CURVES)
+
+
+def assert_equal_runs(a: GeometryResult, b: GeometryResult) -> None:
+    """Counts exactly equal; means, spreads, ranges, replicates, intervals and per-query rows to 1e-6 relative."""
+    close = {"equal_nan": True, "rtol": 1e-6, "atol": 1e-12}
+    assert torch.equal(a.n_grid, b.n_grid) and a.fields == b.fields
+    assert (a.n_documents, a.n_tokens) == (b.n_documents, b.n_tokens)
+    for name in a.fields:
+        assert torch.equal(a.count(name), b.count(name)), name
+        torch.testing.assert_close(a.per_head(name), b.per_head(name), msg=name, **close)
+        if a.stats[name].spec.documents == "moments":
+            for what in ("min", "max"):
+                torch.testing.assert_close(getattr(a, what)(name), getattr(b, what)(name), msg=f"{what} {name}", **close)
+            # std from sums: sum x^2 - (sum x)^2 / n cancels, so a std below ~1e-7 of values ~1 keeps
+            # only a few digits whatever the order of the sums (float64 eps ~ 2e-16 of sum x^2).
+            torch.testing.assert_close(a.std(name), b.std(name), msg=f"std {name}", equal_nan=True, rtol=1e-6, atol=1e-9)
+    replicated = [name for name in a.fields if a.has_replicates(name)]
+    assert replicated and replicated == [name for name in b.fields if b.has_replicates(name)]
+    for name in replicated:
+        torch.testing.assert_close(a.replicates(name), b.replicates(name), msg=name, **close)
+        for mine, theirs in zip(a.ci(name), b.ci(name), strict=True):
+            torch.testing.assert_close(mine, theirs, msg=f"ci {name}", **close)
+    if a.queries is None or b.queries is None:
+        assert a.queries is b.queries is None
+        return
+    assert torch.equal(a.query_positions, b.query_positions)  # in corpus order, not rank order
+    assert set(a.queries) == set(b.queries)
+    for name, t in a.queries.items():
+        torch.testing.assert_close(t, b.queries[name], msg=name, **close)
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface, for a rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cli_config(*args: str) -> GeometryConfig:
+    """The config ``tl-geometry analyze *args`` builds."""
+    return config_from_args(build_parser().parse_args(["analyze", *args]))
