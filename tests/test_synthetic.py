@@ -1,11 +1,11 @@
-"""The simulator has the statistics of Assumptions 1-3; the 2-D toy of Figure 1 is consistent with the engine."""
+"""The simulator has the statistics of Assumptions 1-3; the 2-D toy of Figure 1 follows the definitions."""
 
 import math
 
 import pytest
 import torch
 
-from tl_geometry import selection_metrics
+from tests.reference import reference_row
 from tl_geometry.errors import GeometryError
 from tl_geometry.theory.synthetic import AttentionProfile, SimulationSettings, attention_profile, simulate, toy_2d
 
@@ -70,15 +70,17 @@ def test_bad_settings_name_the_field():
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_toy_2d_agrees_with_the_engine(seed):
+def test_toy_2d_agrees_with_the_definitions(seed):
     toy = toy_2d(n_points=8, n_selected=3, seed=seed)
     assert int(toy.selected.sum()) == 3
     torch.testing.assert_close(toy.points.norm(dim=-1), torch.ones(8, dtype=torch.float64))
-    m = selection_metrics(toy.weights, toy.points, [3])
-    assert toy.precision == pytest.approx(float(m.precision[0]))
-    assert toy.recall == pytest.approx(float(m.recall[0]))
-    assert toy.r_min == pytest.approx(float(m.r_min[0])) and toy.r_max == pytest.approx(float(m.r_max[0]))
-    assert math.isclose(float(toy.s.norm()), float(m.s_norm[0]))
+    expected = reference_row(toy.weights, toy.points, torch.ones(8, dtype=torch.bool), 3)
+    for name in ("precision", "recall", "r_min", "r_max"):
+        assert getattr(toy, name) == pytest.approx(expected[name]), name
+    # The picture's distances draw the same balls.
+    assert toy.r_max == pytest.approx(float(toy.distances[toy.selected].max()))
+    assert toy.r_min == pytest.approx(float(toy.distances[~toy.selected].min()))
+    assert math.isclose(float(toy.s.norm()), float((toy.weights.unsqueeze(-1) * toy.points)[toy.selected].sum(0).norm()))
 
 
 def test_toy_2d_rejects_bad_sizes():

@@ -28,24 +28,14 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from tl_geometry._hashing import MASK32, hash32
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.registry import Diagnostic
 from tl_geometry.engine.context import COSINE_EPS, RowCost, SelectionChunk
+from tl_geometry.engine.metrics import ball_counts
 from tl_geometry.errors import GeometryError
 
 DEFAULT_CONTROLS = 16
-
-_MASK32 = 0xFFFFFFFF
-
-
-def _hash32(x: Int[Tensor, "*shape"]) -> Int[Tensor, "*shape"]:
-    """A 32-bit integer mix (lowbias32) of int64 tensors holding values in [0, 2^32); wraps like uint32."""
-    x = x & _MASK32
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & _MASK32
-    x = x ^ (x >> 15)
-    x = (x * 0x846CA68B) & _MASK32
-    return x ^ (x >> 16)
 
 
 def control_orders(chunk: SelectionChunk, n_controls: int, seed: int) -> Int[Tensor, "row control key"]:
@@ -58,13 +48,13 @@ def control_orders(chunk: SelectionChunk, n_controls: int, seed: int) -> Int[Ten
     n_rows, n_keys = chunk.alpha.shape
     device = chunk.order.device
     # Positions are counted back from the query's own key (padding and batching leave them alone).
-    row_key = _hash32(_hash32(chunk.head.to(torch.int64) + _hash32(torch.full_like(chunk.head, seed, dtype=torch.int64)))
+    row_key = hash32(hash32(chunk.head.to(torch.int64) + hash32(torch.full_like(chunk.head, seed, dtype=torch.int64)))
                       + chunk.n_visible.to(torch.int64))  # [row]
     control = torch.arange(n_controls, device=device, dtype=torch.int64)
     lag = (chunk.last_key.unsqueeze(-1) - chunk.order).to(torch.int64)  # by rank: the key at each rank, as a lag
-    h = _hash32(_hash32(row_key[:, None] + _hash32(control)[None, :])[:, :, None] + lag[:, None, :])
+    h = hash32(hash32(row_key[:, None] + hash32(control)[None, :])[:, :, None] + lag[:, None, :])
     hidden = torch.arange(n_keys, device=device) >= chunk.n_visible.unsqueeze(-1)
-    score = h.masked_fill(hidden.unsqueeze(1), _MASK32 + 1)  # above every hash: hidden keys sort last
+    score = h.masked_fill(hidden.unsqueeze(1), MASK32 + 1)  # above every hash: hidden keys sort last
     return torch.sort(score, dim=-1, stable=True).indices
 
 
@@ -78,9 +68,8 @@ def score_rankings(
     (Euclidean or cosine); closed r_max ball, open r_min ball, as the metrics.
 
     Everything is laid out by place: the top-N set of a ranking is its first
-    N places, so s(N) is one product with a fixed staircase, and each N reads
-    two slices of the proximities (the places before N, whose farthest sets
-    r_max, and the places after, whose nearest sets r_min), with no masks.
+    N places, so s(N) is one product with a fixed staircase, and the engine's
+    `ball_counts` counts the balls of every ranking and N at once.
     """
     n_rows, n_controls, n_keys = places.shape
     sizes = chunk.grid.clamp(max=n_keys)
@@ -103,19 +92,9 @@ def score_rankings(
         near = 1 - inner / (torch.linalg.vector_norm(s, dim=-1, keepdim=True) * y_norm + COSINE_EPS)
         placed_hidden = torch.gather(hidden, 1, places.view(n_rows, -1)).view(-1, 1, n_keys)
         near = near.masked_fill(placed_hidden, math.inf)
-    near = near.view(n_rows, n_controls, n_grid, n_keys)
-    k_out = near.new_zeros(n_rows, n_controls, n_grid)
-    k_in = near.new_zeros(n_rows, n_controls, n_grid)
-    for column, size in enumerate(sizes.tolist()):
-        inside, outside = near[:, :, column, :size], near[:, :, column, size:]
-        far_in = inside.amax(-1, keepdim=True)
-        k_out[:, :, column] = torch.count_nonzero(outside <= far_in, dim=-1)  # closed r_max ball
-        if size < n_keys:
-            k_in[:, :, column] = torch.count_nonzero(inside < outside.amin(-1, keepdim=True), dim=-1)  # open r_min
-        else:
-            k_in[:, :, column] = size  # no key outside: every selected key is inside the r_min ball
+    balls = ball_counts(near.view(n_rows, n_controls, n_grid, n_keys), sizes)
     n = sizes.to(near.dtype)
-    return n / (n + k_out), k_in / n
+    return n / (n + balls.k_out.to(near.dtype)), balls.k_in.to(near.dtype) / n
 
 
 @dataclass(frozen=True)
@@ -136,16 +115,16 @@ class ChanceSettings:
                 f"settings['chance'].n_controls: expected a positive integer (random rankings per row), "
                 f"got {self.n_controls!r}"
             )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= _MASK32:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MASK32:
             raise GeometryError(f"settings['chance'].seed: expected an integer in [0, 2^32), got {self.seed!r}")
 
 
 class ChanceDiagnostic(Diagnostic):
     name = "chance"
     Settings = ChanceSettings
-    # Per row, for the row's own ranking and each control: its y by place (key x d) and its
-    # proximities with a comparison scratch (n x key).
-    cost = RowCost(key_d=DEFAULT_CONTROLS + 1, n_key=2 * (DEFAULT_CONTROLS + 1))
+    # Per row, for the row's own ranking and each control: its y by place (key x d), and its
+    # proximities, the counting kernel's scratch and its flags (a bool plane, counted as a float) (n x key).
+    cost = RowCost(key_d=DEFAULT_CONTROLS + 1, n_key=3 * (DEFAULT_CONTROLS + 1))
     fields = (
         FieldSpec("chance_precision_floor", "N / L: the least Precision any N keys can score (L visible keys)", ("n",)),
         FieldSpec("chance_precision", "mean Precision of random top-N sets (nested random rankings)", ("n",)),

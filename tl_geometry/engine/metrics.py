@@ -18,6 +18,7 @@ batched matrix product gives <s(N), y_i> for all (N, i).
 
 import math
 from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -128,30 +129,61 @@ def ball_members(chunk: SelectionChunk, rows: Int[Tensor, " pick"]) -> tuple[Boo
     return near <= far_in, near < near_out
 
 
-def chunk_metrics(chunk: SelectionChunk) -> dict[str, Float[Tensor, "row n"]]:
-    """Every metric of `SelectionMetrics` for the rows of a chunk, NaN where N exceeds the visible keys.
+class BallCounts(NamedTuple):
+    """K_out and K_in of top-N sets, with the keys that set the two radii (see `ball_counts`)."""
 
-    Touches the ``[row, n, key]`` proximities as few times as possible: with
-    hidden keys at +inf, every selected key lies inside the closed r_max ball
-    and no non-selected key inside the open r_min ball, so
+    far_in: Float[Tensor, "*batch n"]  # the farthest selected key's proximity: the r_max ball
+    far_in_place: Int[Tensor, "*batch n"]
+    near_out: Float[Tensor, "*batch n"]  # the nearest non-selected key's proximity (+inf if none): the r_min ball
+    near_out_place: Int[Tensor, "*batch n"]
+    k_out: Int[Tensor, "*batch n"]  # non-selected keys in the closed r_max ball
+    k_in: Int[Tensor, "*batch n"]  # selected keys in the open r_min ball
+
+
+def ball_counts(
+    near: Float[Tensor, "*batch n key"],
+    sizes: Int[Tensor, " n"],
+    scratch: Float[Tensor, "*batch n key"] | None = None,
+    flags: Bool[Tensor, "*batch n key"] | None = None,
+) -> BallCounts:
+    """Count the two balls of eq. 3-4 for top-N sets laid out by place: the one counting kernel.
+
+    ``near[..., j, p]`` orders the key at place p by its distance to s(N_j) as
+    D does (see `proximity`); the top-N_j set is the first ``sizes[j]`` places
+    and hidden keys are +inf, placed last. The engine reads each row's own
+    ranking, the chance diagnostic random rankings laid out the same way.
+
+    Touches the proximities as few times as possible: with hidden keys at
+    +inf, every selected key lies inside the closed r_max ball and no
+    non-selected key inside the open r_min ball, so
     K_out = #{keys within r_max} - N and K_in = #{keys within r_min}.
+    ``scratch`` and ``flags`` (``near``'s shape) are reused buffers, allocated
+    when not given.
     """
-    near = proximity(chunk)
-    grid, n_keys = chunk.grid, near.shape[-1]
-    selected = torch.arange(n_keys, device=near.device) < grid.unsqueeze(-1)  # [n, key]: rank p is in I_N
-    scratch = chunk.scratch("metrics_scratch", tuple(near.shape[1:]))
-    flags = chunk.scratch("metrics_flags", tuple(near.shape[1:]), torch.bool)
+    selected = torch.arange(near.shape[-1], device=near.device) < sizes.unsqueeze(-1)  # [n, place]: in I_N
+    scratch = torch.empty_like(near) if scratch is None else scratch
+    flags = torch.empty(near.shape, dtype=torch.bool, device=near.device) if flags is None else flags
     inf = near.new_tensor(math.inf)
-    far_in, far_in_rank = torch.where(selected, near, -inf, out=scratch).max(-1)
-    near_out, near_out_rank = torch.where(selected, inf, near, out=scratch).min(-1)
-    k_out = torch.le(near, far_in.unsqueeze(-1), out=flags).sum(-1, dtype=torch.int32) - grid.to(torch.int32)
+    far_in, far_in_place = torch.where(selected, near, -inf, out=scratch).max(-1)
+    near_out, near_out_place = torch.where(selected, inf, near, out=scratch).min(-1)
+    k_out = torch.le(near, far_in.unsqueeze(-1), out=flags).sum(-1, dtype=torch.int32) - sizes.to(torch.int32)
     k_in = torch.lt(near, near_out.unsqueeze(-1), out=flags).sum(-1, dtype=torch.int32)
-    r_max = distance_to_rank(chunk, near, far_in_rank)
-    r_min = distance_to_rank(chunk, near, near_out_rank).masked_fill(torch.isinf(near_out), math.inf)
+    return BallCounts(far_in, far_in_place, near_out, near_out_place, k_out, k_in)
+
+
+def chunk_metrics(chunk: SelectionChunk) -> dict[str, Float[Tensor, "row n"]]:
+    """Every metric of `SelectionMetrics` for the rows of a chunk, NaN where N exceeds the visible keys."""
+    near = proximity(chunk)
+    grid = chunk.grid
+    balls = ball_counts(near, grid, chunk.scratch("metrics_scratch", tuple(near.shape[1:])),
+                        chunk.scratch("metrics_flags", tuple(near.shape[1:]), torch.bool))
+    r_max = distance_to_rank(chunk, near, balls.far_in_place)
+    r_min = distance_to_rank(chunk, near, balls.near_out_place).masked_fill(torch.isinf(balls.near_out), math.inf)
 
     dtype = r_max.dtype
     n = grid.to(dtype).unsqueeze(0)
-    out = {"k_out": k_out.to(dtype), "k_in": k_in.to(dtype), "r_max": r_max, "r_min": r_min, "s_norm": chunk.s_norm}
+    out = {"k_out": balls.k_out.to(dtype), "k_in": balls.k_in.to(dtype), "r_max": r_max, "r_min": r_min,
+           "s_norm": chunk.s_norm}
     out = {name: t.masked_fill(chunk.missing, math.nan) for name, t in out.items()}
     precision = n / (n + out["k_out"])
     recall = out["k_in"] / n

@@ -26,6 +26,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from tl_geometry.engine.metrics import selection_metrics
 from tl_geometry.errors import GeometryError
 
 
@@ -277,20 +278,16 @@ def toy_2d(n_points: int = 8, n_selected: int = 3, seed: int = 0) -> Toy2D:
     selected = torch.zeros(n_points, dtype=torch.bool)
     selected[order[:n_selected]] = True
     s = scaled[selected].sum(0)
-    distances = torch.linalg.vector_norm(s - scaled, dim=-1)
-    r_max = float(distances[selected].max())
-    r_min = float(distances[~selected].min())
-    k_out = int((distances[~selected] <= r_max).sum())
-    k_in = int((distances[selected] < r_min).sum())
+    metrics = selection_metrics(weights, points, [n_selected])  # the engine's counts; distances for the picture
     return Toy2D(
         points=points,
         weights=weights,
         scaled=scaled,
         selected=selected,
         s=s,
-        distances=distances,
-        r_min=r_min,
-        r_max=r_max,
-        precision=n_selected / (n_selected + k_out),
-        recall=k_in / n_selected,
+        distances=torch.linalg.vector_norm(s - scaled, dim=-1),
+        r_min=float(metrics.r_min[0]),
+        r_max=float(metrics.r_max[0]),
+        precision=float(metrics.precision[0]),
+        recall=float(metrics.recall[0]),
     )
