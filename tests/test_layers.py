@@ -27,7 +27,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     ("theory",),  # pure maths: bounds, the simulator ...
     ("engine",),  # ... over the top-N core
     ("text",),  # the default text (files every Python has)
-    ("errors", "_types", "_version"),  # no imports from the package
+    ("errors", "_types", "_version", "_hashing"),  # no imports from the package
 ))  # fmt: skip
 
 

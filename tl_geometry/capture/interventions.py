@@ -38,6 +38,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from tl_geometry._hashing import MASK32, hash32
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.capture.windows import attention_windows, visible_keys
 from tl_geometry.engine.context import selection_order
@@ -57,17 +58,6 @@ def _check_n(n: Any) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise GeometryError(f"n: expected a positive integer (the keys kept per row), got {n!r}")
     return n
-
-
-_MASK32 = 0xFFFFFFFF
-
-
-def _hash32(x: Tensor) -> Tensor:
-    """A 32-bit integer mixer on int64 tensors (values < 2**32; the products stay below 2**63)."""
-    x = x & _MASK32
-    x = (((x >> 16) ^ x) * 0x45D9F3B) & _MASK32
-    x = (((x >> 16) ^ x) * 0x45D9F3B) & _MASK32
-    return (x >> 16) ^ x
 
 
 def random_scores(
@@ -93,15 +83,15 @@ def random_scores(
     batch, heads, queries, keys = (int(i) for i in shape)
     rows = torch.zeros(batch, dtype=torch.long, device=device) if row_seeds is None else torch.as_tensor(row_seeds, device=device).long()
     first = torch.zeros(batch, dtype=torch.long, device=device) if first_real is None else first_real.to(device).long()
-    h = _hash32(torch.full((batch,), int(seed) & _MASK32, dtype=torch.long, device=device))
+    h = hash32(torch.full((batch,), int(seed) & MASK32, dtype=torch.long, device=device))
     for part in (int(control), int(layer)):
-        h = _hash32(h ^ part)
-    h = _hash32(h ^ rows)[:, None, None, None]
-    h = _hash32(h ^ torch.arange(heads, device=device)[None, :, None, None])
+        h = hash32(h ^ part)
+    h = hash32(h ^ rows)[:, None, None, None]
+    h = hash32(h ^ torch.arange(heads, device=device)[None, :, None, None])
     query = torch.arange(keys - queries, keys, device=device)[None, None, :, None] - first[:, None, None, None]
-    h = _hash32(h ^ (query & _MASK32))
+    h = hash32(h ^ (query & MASK32))
     key = torch.arange(keys, device=device)[None, None, None, :] - first[:, None, None, None]
-    h = _hash32(h ^ (key & _MASK32))
+    h = hash32(h ^ (key & MASK32))
     return h.double() / 2.0**32
 
 
