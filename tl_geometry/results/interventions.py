@@ -22,12 +22,11 @@ weighted by the same documents). Statistics are the exact, mergeable
 """
 
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -47,8 +46,8 @@ from tl_geometry.results.fileformat import (
     paths,
     read_stats,
 )
-from tl_geometry.results.select import nanquantile, take
-from tl_geometry.results.stats import FieldStats, merge_stats
+from tl_geometry.results.stats import FieldStats
+from tl_geometry.results.table import StatisticsTable, check_level, percentile_ci
 from tl_geometry.results.files import commit_unit
 from tl_geometry.results.storage import read_npz, sha256, stats_arrays
 
@@ -94,7 +93,7 @@ def sweep_specs(modes: Sequence[str], n_controls: int) -> list[FieldSpec]:
 
 
 @dataclass(frozen=True)
-class InterventionResult:
+class InterventionResult(StatisticsTable):
     """dNLL statistics of a top-N sweep over documents, per scope unit, mode, N and control.
 
     Attributes:
@@ -126,21 +125,13 @@ class InterventionResult:
     seed: int
     model_name: str
     versions: Mapping[str, str]
+    kind: ClassVar[str] = "sweep"
 
     # ---- reading ----
-
-    def _stats(self, name: str) -> FieldStats:
-        if name not in self.stats:
-            raise GeometryError(f"unknown field {name!r}; this sweep has {sorted(self.stats)}")
-        return self.stats[name]
 
     def _check_mode(self, mode: str) -> None:
         if mode not in self.modes:
             raise GeometryError(f"mode: {mode!r} was not measured; this sweep has modes {list(self.modes)}")
-
-    @property
-    def n_bootstrap(self) -> int:
-        return self.stats[CLEAN_FIELD.name].n_replicates
 
     def nll_clean(self) -> float:
         """Mean clean NLL over documents (nats)."""
@@ -163,28 +154,22 @@ class InterventionResult:
     def replicates(self, mode: str, *, relative: bool = False, control: bool = False) -> Float[Tensor, "replicate layer head_index n"]:
         """Bootstrap replicate means of dNLL (or relative dNLL), ``[replicate, layer, head_index, n]``."""
         self._check_mode(mode)
-        if not self.n_bootstrap:
-            raise GeometryError("replicates: this sweep kept no bootstrap replicates; run it with n_bootstrap > 0")
-        out = self._stats((control_mean_spec if control else dnll_spec)(mode).name).replicate_means()
+        keep = "run the sweep with n_bootstrap > 0"
+        out = self._replicate_means((control_mean_spec if control else dnll_spec)(mode).name, keep)
         if relative:
-            out = out / self._stats(CLEAN_FIELD.name).replicate_means()[..., None]
+            out = out / self._replicate_means(CLEAN_FIELD.name, keep)[..., None]
         return out
 
     def ci(self, mode: str, *, relative: bool = False, control: bool = False, level: float = 0.95) -> tuple[Tensor, Tensor]:
         """Percentile bootstrap interval of mean (relative) dNLL, ``(low, high)`` each ``[layer, head_index, n]``."""
-        if not 0 < level < 1:
-            raise GeometryError(f"level: expected a coverage in (0, 1), e.g. 0.95, got {level}")
-        reps = self.replicates(mode, relative=relative, control=control)
-        tail = (1 - level) / 2
-        return nanquantile(reps, tail), nanquantile(reps, 1 - tail)
+        check_level(level)
+        return percentile_ci(self.replicates(mode, relative=relative, control=control), level)
 
     def sel(self, mode: str, *, layer: int | None = None, head: int | None = None, n: int | None = None,
             relative: bool = False, control: bool = False) -> Tensor:
         """Mean (relative) dNLL indexed by layer label, head label and N value (-1: the all-layer/head unit)."""
         t = self.relative(mode, control=control) if relative else self.dnll(mode, control=control)
-        t = take(t, 2, "n", tuple(self.n_grid.tolist()), n)
-        t = take(t, 1, "head", self.heads, head)
-        return take(t, 0, "layer", self.layers, layer)
+        return self._select(t, ("n",), layer, head, n)
 
     def describe(self) -> str:
         """A few lines: scope, units, grid, documents, clean NLL and fields."""
@@ -205,16 +190,9 @@ class InterventionResult:
 
     def merge(self, other: "InterventionResult") -> "InterventionResult":
         """The sweep over the documents of both (disjoint documents, same settings and grid)."""
-        for what, (mine, theirs) in {**{k: (v, other._settings()[k]) for k, v in self._settings().items()},
-                                     "n_grid": (self.n_grid.tolist(), other.n_grid.tolist())}.items():
-            if mine != theirs:
-                raise GeometryError(f"merge: the sweeps differ in {what} ({mine!r} vs {theirs!r}); only sweeps with one setting merge")
-        return replace(
-            self,
-            stats={name: merge_stats(s, other.stats[name]) for name, s in self.stats.items()},
-            n_documents=self.n_documents + other.n_documents,
-            n_tokens=self.n_tokens + other.n_tokens,
-        )
+        settings = {k: (v, other._settings()[k]) for k, v in self._settings().items()}
+        self._check_mergeable(other, settings, "merge", "only sweeps with one setting merge")
+        return replace(self, **self._merged_stats([other]))
 
     def join_n(self, other: "InterventionResult") -> "InterventionResult":
         """The same documents measured at the N of both grids (sorted; an N in both is taken from ``self``).
@@ -318,13 +296,5 @@ class InterventionResult:
 
     def equals(self, other: "InterventionResult") -> bool:
         """Same settings, grid, documents and statistics (bitwise, NaN equal to NaN)."""
-        if self._settings() != other._settings() or self.n_grid.tolist() != other.n_grid.tolist():
-            return False
-        if (self.n_documents, self.n_tokens, list(self.stats)) != (other.n_documents, other.n_tokens, list(other.stats)):
-            return False
-        for name, s in self.stats.items():
-            for statistic, x in s.stored().arrays().items():
-                y = other.stats[name].stored().arrays()[statistic]
-                if x.shape != y.shape or not torch.equal(x.nan_to_num(math.pi), y.nan_to_num(math.pi)):
-                    return False
-        return True
+        return isinstance(other, InterventionResult) and self._settings() == other._settings() and \
+            self._same_statistics(other)

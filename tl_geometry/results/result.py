@@ -52,8 +52,8 @@ from tl_geometry.results.fileformat import FORMAT_VERSION  # noqa: F401 (where 0
 from tl_geometry.results.pictures import SelectionPicture, pick
 from tl_geometry.results.provenance import STAMPED, package_versions
 from tl_geometry.results.queries import check_rows, join_rows
-from tl_geometry.results.select import nanquantile, take
-from tl_geometry.results.stats import FieldStats, merge_stats, same_values
+from tl_geometry.results.stats import FieldStats, same_values
+from tl_geometry.results.table import StatisticsTable, check_level, percentile_ci
 # The selection metrics (every model run measures them), by name.
 REQUIRED_FIELDS: tuple[str, ...] = METRIC_NAMES  # every result holds the selection metrics
 STATS = ("mean", "std", "sem", "count", "min", "max")
@@ -63,7 +63,7 @@ STATS = ("mean", "std", "sem", "count", "min", "max")
 
 
 @dataclass(frozen=True)
-class GeometryResult:
+class GeometryResult(StatisticsTable):
     """Statistics of every field over the documents analysed, per layer and head.
 
     Attributes:
@@ -185,28 +185,13 @@ class GeometryResult:
     # ---- fields and their statistics ----
 
     @property
-    def fields(self) -> tuple[str, ...]:
-        """The names of the fields this result holds."""
-        return tuple(self.stats)
-
-    @property
     def n_sequences(self) -> int:
         """Documents (sequences, windows) analysed; the name of 0.1."""
         return self.n_documents
 
-    @property
-    def n_bootstrap(self) -> int:
-        """Bootstrap replicates kept (0 if no field keeps any)."""
-        return max((s.n_replicates for s in self.stats.values()), default=0)
-
     def spec(self, name: str) -> FieldSpec:
         """The declaration of field ``name``."""
         return self._stats(name).spec
-
-    def _stats(self, name: str) -> FieldStats:
-        if name not in self.stats:
-            raise GeometryError(f"unknown field {name!r}; this result has {sorted(self.stats)}")
-        return self.stats[name]
 
     def _moments(self, name: str, what: str) -> FieldStats:
         s = self._stats(name)
@@ -255,13 +240,9 @@ class GeometryResult:
         Replicate b's mean is ``sum_d w[d, b] x_d / sum_d w[d, b] 1{x_d defined}``
         (NaN where its weights leave no document).
         """
-        s = self._stats(name)
-        if not s.n_replicates:
-            raise GeometryError(
-                f"replicates: field {name!r} kept no bootstrap replicates; analyse with "
-                f"GeometryConfig.bootstrap_fields including {name!r} (and n_bootstrap > 0)"
-            )
-        return s.replicate_means()
+        return self._replicate_means(
+            name, f"analyse with GeometryConfig.bootstrap_fields including {name!r} (and n_bootstrap > 0)"
+        )
 
     def ci(self, name: str, level: float = 0.95) -> tuple[Tensor, Tensor]:
         """Percentile bootstrap interval of the mean of field ``name`` over documents.
@@ -275,11 +256,8 @@ class GeometryResult:
             ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles (linear
             interpolation) of the replicate means, NaN replicates left out.
         """
-        if not 0 < level < 1:
-            raise GeometryError(f"level: expected a coverage in (0, 1), e.g. 0.95, got {level}")
-        means = self.replicates(name)
-        tail = (1 - level) / 2
-        return nanquantile(means, tail), nanquantile(means, 1 - tail)
+        check_level(level)
+        return percentile_ci(self.replicates(name), level)
 
     def sel(
         self,
@@ -314,13 +292,7 @@ class GeometryResult:
             return {f: self.sel(f, layer=layer, head=head, n=n, stat=stat) for f in names}
         getter = {"mean": self.per_head, "std": self.std, "sem": self.sem, "count": self.count,
                   "min": self.min, "max": self.max}[stat]
-        t = getter(name)
-        axes = self.spec(name).axes
-        # Innermost first, so the positions of the outer axes do not move.
-        if "n" in axes:
-            t = take(t, 2 + axes.index("n"), "n", tuple(self.n_grid.tolist()), n)
-        t = take(t, 1, "head", self.heads, head)
-        return take(t, 0, "layer", self.layers, layer)
+        return self._select(getter(name), self.spec(name).axes, layer, head, n)
 
     def describe(self) -> str:
         """One line per field: name, trailing axes, what is kept over documents, and its doc."""
@@ -436,10 +408,6 @@ class GeometryResult:
             checks = {
                 "model_name": (first.model_name, other.model_name),
                 "config": (replace(first.config, picture_heads=()), replace(other.config, picture_heads=())),
-                "layers": (first.layers, other.layers),
-                "heads": (first.heads, other.heads),
-                "n_grid": (first.n_grid.tolist(), other.n_grid.tolist()),
-                "fields": (sorted(first.fields), sorted(other.fields)),
                 "per-query rows": tuple("kept" if r.queries is not None else "not kept" for r in (first, other)),
             }
             checks.update({f"declaration of {name!r}": (first.spec(name), other.spec(name))
@@ -447,15 +415,7 @@ class GeometryResult:
             differs = provenance.merge_check(first.provenance, other.provenance)
             if differs is not None:
                 checks[differs[0]] = differs[1:]
-            for what, (mine, theirs) in checks.items():
-                if mine != theirs:
-                    raise GeometryError(
-                        f"merge: the results differ in {what} ({mine!r} vs {theirs!r}); only results of one "
-                        "model and config merge"
-                    )
-        stats = dict(first.stats)
-        for other in parts[1:]:
-            stats = {name: merge_stats(stats[name], other.stats[name]) for name in stats}
+            first._check_mergeable(other, checks, "merge", "only results of one model and config merge")
         versions = {
             key: ", ".join(sorted({p.versions.get(key, "unknown") for p in parts}))
             for key in sorted({k for p in parts for k in p.versions})
@@ -468,9 +428,7 @@ class GeometryResult:
             first,
             config=replace(first.config, picture_heads=picture_heads),
             pictures=tuple(pick(*(p.pictures for p in parts)).values()),
-            stats=stats,
-            n_documents=sum(p.n_documents for p in parts),
-            n_tokens=sum(p.n_tokens for p in parts),
+            **first._merged_stats(parts[1:]),
             versions=versions,
             queries=rows,
             query_positions=positions,
@@ -526,19 +484,13 @@ class GeometryResult:
 
         The provenance (where and on what machine it was computed) is not compared.
         """
-        if not isinstance(other, GeometryResult) or self.fields != other.fields:
+        if not isinstance(other, GeometryResult) or not self._same_statistics(other):
             return False
-        meta = ("layers", "heads", "config", "model_name", "n_documents", "n_tokens")
-        if any(getattr(self, a) != getattr(other, a) for a in meta) or dict(self.versions) != dict(other.versions):
+        if (self.config, self.model_name, dict(self.versions)) != (other.config, other.model_name, dict(other.versions)):
             return False
-        pairs = [(self.n_grid, other.n_grid)]
-        for name, s in self.stats.items():
-            t = other.stats[name]
-            if s.spec != t.spec or list(s.arrays()) != list(t.arrays()):
-                return False
-            pairs += [(s.arrays()[k], t.arrays()[k]) for k in s.arrays()]
         if (self.queries is None) != (other.queries is None):
             return False
+        pairs = []
         if self.queries is not None:
             if list(self.queries) != list(other.queries):
                 return False
