@@ -52,8 +52,8 @@ def test_sequences_become_tuples_and_round_trip_through_json():
         ({"settings": {"nope": {}}}, r"diagnostics: unknown name 'nope'"),
         ({"layers": [0, 0]}, "layers: indices must be distinct"),
         ({"heads": [-2]}, "heads: indices must be >= 0, got -2"),
-        ({"memory_budget_mib": 0}, "memory_budget_mib: expected a positive finite number of MiB, got 0"),
-        ({"memory_budget_mib": float("inf")}, "memory_budget_mib: expected a positive finite number"),
+        ({"memory_budget_mib": 0}, "memory_budget_mib: expected a finite memory budget in MiB > 0, e.g. 128, got 0"),
+        ({"memory_budget_mib": float("inf")}, "memory_budget_mib: expected a finite memory budget in MiB > 0, e.g. 128, got inf"),
     ],
 )
 def test_bad_fields_are_named_with_allowed_values(kwargs, message):

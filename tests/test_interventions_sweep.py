@@ -351,7 +351,7 @@ def test_each_control_is_ranked_once_and_gives_the_sweep_ranked_every_pass(model
     for name, s in ranked.stats.items():
         for statistic, x in s.stored().arrays().items():
             torch.testing.assert_close(cached.stats[name].stored().arrays()[statistic], x, equal_nan=True, rtol=0, atol=0)
-    with pytest.raises(GeometryError, match=r"control_cache_mib: expected a memory budget in MiB >= 0"):
+    with pytest.raises(GeometryError, match=r"control_cache_mib: expected a finite memory budget in MiB >= 0"):
         intervention_sweep(model, tokens, control_cache_mib=-1, **kwargs)
 
 

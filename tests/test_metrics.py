@@ -146,7 +146,7 @@ def test_single_row_and_shapes():
         ({"key_mask": torch.ones(2, 5)}, "key_mask: expected a bool tensor"),
         ({"key_mask": torch.ones(2, 4, dtype=torch.bool)}, "key_mask: expected the shape of alpha (2, 5)"),
         ({"alpha": torch.ones(2, 5, dtype=torch.long)}, "alpha: expected a floating-point torch.Tensor"),
-        ({"memory_budget_mib": 0}, "memory_budget_mib: expected a positive number of MiB"),
+        ({"memory_budget_mib": 0}, "memory_budget_mib: expected a finite memory budget in MiB > 0"),
     ],
 )
 def test_bad_input_raises_geometry_error(kwargs, message):

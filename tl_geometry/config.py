@@ -6,7 +6,6 @@ when the config meets a model, in `tl_geometry.capture.hooks`.
 """
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
@@ -20,7 +19,7 @@ from tl_geometry._types import Distance, Ranking
 from tl_geometry.errors import GeometryError
 from tl_geometry.engine.grid import default_n_grid
 from tl_geometry.engine.metrics import DEFAULT_MEMORY_BUDGET_MIB
-from tl_geometry.engine.inputs import resolve_n_grid
+from tl_geometry.engine.inputs import check_mib, resolve_n_grid
 
 GridMode = Literal["default", "all"]
 QueryMode = Literal["last", "all"]
@@ -174,10 +173,7 @@ class GeometryConfig:
             raise _literal_error("distance", self.distance, Distance)
         if not isinstance(self.prepend_bos, bool):
             raise GeometryError(f"prepend_bos: expected True or False, got {self.prepend_bos!r}")
-        budget = self.memory_budget_mib
-        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not (budget > 0 and math.isfinite(budget)):
-            raise GeometryError(f"memory_budget_mib: expected a positive finite number of MiB, got {budget!r}")
-        set_(self, "memory_budget_mib", float(budget))
+        set_(self, "memory_budget_mib", check_mib(self.memory_budget_mib, "memory_budget_mib"))
         for name in ("n_bootstrap", "seed"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -50,6 +50,7 @@ from tl_geometry.capture.tokens import HookableModel, PreparedTokens, accepts_at
 from tl_geometry.capture.windows import attention_windows
 from tl_geometry.config import DEFAULT_BOOTSTRAP, GeometryConfig
 from tl_geometry.engine.context import working_dtype
+from tl_geometry.engine.inputs import check_mib
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.results.bootstrap import document_weights
@@ -177,7 +178,7 @@ def make_plan(
         ranking=ranking, n_controls=_check_int("controls", controls, 0), seed=int(seed),
         n_bootstrap=_check_int("n_bootstrap", n_bootstrap, 0), reuse_residual=bool(reuse_residual and scope != "model"),
         windows=attention_windows(model), settings_per_pass=_check_int("settings_per_pass", settings_per_pass, 1),
-        control_cache_mib=_check_budget(control_cache_mib),
+        control_cache_mib=check_mib(control_cache_mib, "control_cache_mib", zero=True),
     )
 
 
@@ -276,12 +277,6 @@ def _hooks_for(plan: SweepPlan, cut_layers: Sequence[int], cut_heads: Sequence[i
             hooks.append((value_hook(layer), hook.value_hook))
         hooks.append((pattern_hook(layer), hook))
     return hooks
-
-
-def _check_budget(mib: Any) -> float:
-    if isinstance(mib, bool) or not isinstance(mib, (int, float)) or not mib >= 0:
-        raise GeometryError(f"control_cache_mib: expected a memory budget in MiB >= 0, e.g. 1024, got {mib!r}")
-    return float(mib)
 
 
 def _control_ranks_fit(plan: SweepPlan, tokens: Tensor, cut_layers: Sequence[int], cut_heads: Sequence[int] | None) -> bool:

@@ -5,6 +5,7 @@ and flattens them to ``[row, key]`` in the working dtype; the selection
 context (`tl_geometry.engine.context`) takes it from there.
 """
 
+import math
 from collections.abc import Sequence
 from typing import NamedTuple, get_args
 
@@ -116,6 +117,16 @@ class Rows(NamedTuple):
     grid: Int[Tensor, " n"]
 
 
+def check_mib(value: object, name: str, *, zero: bool = False) -> float:
+    """A memory budget in MiB as a float: positive and finite (or 0 where ``zero`` allows none); else GeometryError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        math.isfinite(value) and (value >= 0 if zero else value > 0)
+    ):
+        least = ">= 0" if zero else "> 0"
+        raise GeometryError(f"{name}: expected a finite memory budget in MiB {least}, e.g. 128, got {value!r}")
+    return float(value)
+
+
 def as_rows(
     alpha: Tensor,
     values: Tensor,
@@ -127,10 +138,7 @@ def as_rows(
 ) -> Rows:
     """Check the inputs of an engine call (GeometryError naming what is wrong) and flatten them to rows."""
     check_selection_inputs(alpha, values, key_mask, ranking, distance)
-    if isinstance(memory_budget_mib, bool) or not isinstance(memory_budget_mib, (int, float)) or not (
-        memory_budget_mib > 0
-    ):
-        raise GeometryError(f"memory_budget_mib: expected a positive number of MiB, got {memory_budget_mib!r}")
+    check_mib(memory_budget_mib, "memory_budget_mib")
     n_keys, d_head = alpha.shape[-1], values.shape[-1]
     dtype = working_dtype(alpha, values)
     rows_alpha = alpha.reshape(-1, n_keys).to(dtype)
