@@ -103,9 +103,10 @@ DIFFERENCES_OF_SQUARES = (
 ROLE_DIFFERENCES = (*ROLE_FEATURES, *ROLE_CURVES)
 
 
-def assert_equal_runs(a: GeometryResult, b: GeometryResult) -> None:
-    """Counts exactly equal; means, spreads, ranges, replicates, intervals and per-query rows to 1e-6 relative."""
-    close = {"equal_nan": True, "rtol": 1e-6, "atol": 1e-12}
+def assert_equal_runs(a: GeometryResult, b: GeometryResult, padding: dict[str, float] | None = None) -> None:
+    """Counts exactly equal; means, spreads, ranges, replicates, intervals and per-query rows to 1e-6 relative,
+    or to ``padding`` (`tests.tiny_models.padding_close`) for runs whose batches were padded differently."""
+    close = {"equal_nan": True, "rtol": 1e-6, "atol": 1e-12, **(padding or {})}
     assert torch.equal(a.n_grid, b.n_grid) and a.fields == b.fields
     assert (a.n_documents, a.n_tokens) == (b.n_documents, b.n_tokens)
     for name in a.fields:
@@ -116,7 +117,8 @@ def assert_equal_runs(a: GeometryResult, b: GeometryResult) -> None:
                 torch.testing.assert_close(getattr(a, what)(name), getattr(b, what)(name), msg=f"{what} {name}", **close)
             # std from sums: sum x^2 - (sum x)^2 / n cancels, so a std below ~1e-7 of values ~1 keeps
             # only a few digits whatever the order of the sums (float64 eps ~ 2e-16 of sum x^2).
-            torch.testing.assert_close(a.std(name), b.std(name), msg=f"std {name}", equal_nan=True, rtol=1e-6, atol=1e-9)
+            spread = {"equal_nan": True, "rtol": 1e-6, "atol": 1e-9, **(padding or {})}
+            torch.testing.assert_close(a.std(name), b.std(name), msg=f"std {name}", **spread)
     replicated = [name for name in a.fields if a.has_replicates(name)]
     assert replicated and replicated == [name for name in b.fields if b.has_replicates(name)]
     for name in replicated:

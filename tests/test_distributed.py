@@ -83,7 +83,7 @@ def test_two_gloo_processes_equal_one(tmp_path, one_process):
     for rank in range(2):  # every rank ends with the whole result (rank 0 writes it)
         both = GeometryResult.load(tmp_path / f"rank{rank}" / "result")
         assert both.n_documents == len(CORPUS)
-        assert_equal_runs(both, one_process)
+        assert_equal_runs(both, one_process, tm.padding_close(tm.make_model(KIND)))
 
 
 def _windows(model):
@@ -97,7 +97,7 @@ def test_two_gloo_processes_equal_one_on_a_window_stream(tmp_path):
     alone = analyze_corpus(model, _windows(model), batch_size=3, progress=False, **SETTINGS)
     assert alone.n_documents == 7
     for rank in range(2):
-        assert_equal_runs(GeometryResult.load(tmp_path / f"rank{rank}" / "result"), alone)
+        assert_equal_runs(GeometryResult.load(tmp_path / f"rank{rank}" / "result"), alone, tm.padding_close(model))
 
 
 def _sweeps(model):
@@ -112,8 +112,9 @@ def test_two_gloo_processes_sweep_as_one(tmp_path):
     from tl_geometry.results.interventions import InterventionResult
 
     _spawn_ranks(tmp_path, "sweep")
-    sweep, n_star = _sweeps(tm.make_model(KIND))
-    close = {"equal_nan": True, "rtol": 1e-6, "atol": 1e-12}
+    model = tm.make_model(KIND)
+    sweep, n_star = _sweeps(model)
+    close = {"equal_nan": True, "rtol": 1e-6, "atol": 1e-12, **tm.padding_close(model)}
     for rank in range(2):  # every rank ends with the whole sweep and the same search
         both = InterventionResult.load(tmp_path / f"rank{rank}" / "sweep")
         assert both.n_documents == sweep.n_documents == len(CORPUS) and both.n_tokens == sweep.n_tokens
