@@ -49,12 +49,13 @@ browser:
 		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
 		|| echo "Chromium is not installed: the browser test will be skipped"
 
+# Each half ends with its slowest tests.
 test-tl4: $(VENV)/.installed-dev browser
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest --durations=15
 
 # The model-facing tests again, against HookedTransformer and the 3.x bridge.
 test-tl3: $(VENV_TL3)/.installed-dev
-	$(VENV_TL3)/bin/python -m pytest -m "model or tl3"
+	$(VENV_TL3)/bin/python -m pytest --durations=15 -m "model or tl3"
 
 # Speed and memory, measured side by side in one run each (not timed tests).
 bench: $(VENV)/.installed-dev

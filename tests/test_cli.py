@@ -43,11 +43,15 @@ def test_report_analyze_and_plot(tmp_path):
     result = GeometryResult.load(tmp_path / "report" / "result")
     assert result.n_sequences == 2 and result.precision.shape[:2] == (30, 9)
 
-    done = run("analyze", *common, "--out", "only-files", cwd=tmp_path)
+    # analyze writes the files only (the cheapest run: one short window, no diagnostics) ...
+    done = run("analyze", "--text", str(text), "--windows", "1", "--context", "32", "--diagnostics", "none",
+               "--quiet", "--out", "only-files", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in (tmp_path / "only-files").iterdir()) == ["result.json", "result.npz"]
+    assert GeometryResult.load(tmp_path / "only-files" / "result").n_documents == 1
 
-    done = run("plot", "only-files/result", "--out", "replotted", cwd=tmp_path)
+    # ... and plot draws a saved result's page again, without the model.
+    done = run("plot", "report/result", "--out", "replotted", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "replotted" / "index.html").read_text().count("<section") == page.count("<section")
 

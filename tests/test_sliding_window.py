@@ -39,9 +39,9 @@ N_GRID = (1, 2, 4, 8, 64, 256, 511, 512, CONTEXT)
 
 
 @pytest.fixture(scope="module")
-def hf_bundle():
-    """The exported float32 Hugging Face model and its tokenizer (exported on first use)."""
-    return models._load_bundled_hf("gemma3-270m", cache_dir=None, progress=False)
+def hf_bundle(gemma3_cache):
+    """The exported float32 Hugging Face model and its tokenizer."""
+    return models._load_bundled_hf("gemma3-270m", cache_dir=gemma3_cache, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +98,8 @@ def reference(hf_bundle, tokens):
 
 
 @pytest.fixture(scope="module")
-def package(tokens):
-    model = models.load_model("gemma3-270m", progress=False)
+def package(tokens, gemma3_cache):
+    model = models.load_model("gemma3-270m", cache_dir=gemma3_cache, progress=False)
     # Every diagnostic on: the whole pipeline must run on windowed layers, not only the metrics.
     # The taxonomy on the analysed (last) query, not its sample of positions, where the sink is still visible.
     return run_with_geometry_hooks(model, tokens, layers=list(LAYERS), n_grid=list(N_GRID), diagnostics="all",

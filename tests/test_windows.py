@@ -255,8 +255,8 @@ def test_tiny_test_models_are_global(kind):
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["compat", "no-compat"])
-def gemma(request):
-    return models.load_model("gemma3-270m", progress=False, compatibility_mode=request.param)
+def gemma(request, gemma3_cache):
+    return models.load_model("gemma3-270m", cache_dir=gemma3_cache, progress=False, compatibility_mode=request.param)
 
 
 @needs_gemma
