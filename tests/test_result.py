@@ -160,7 +160,7 @@ def test_merge_equals_one_pass_and_refuses_other_runs(tmp_path):
                     # float32 statistics are rounded once per part: the error scales with the sums' magnitude.
                     scale = 0 if t.dtype == torch.float64 else 1e-6 * t.nan_to_num(0, 0, 0).abs().max().item()
                     torch.testing.assert_close(u, t, rtol=1e-6, atol=scale, equal_nan=True)
-    assert GeometryResult.concatenate(parts).n_sequences == 9  # the 0.1 name
+    assert GeometryResult.concatenate(parts).n_sequences == 9  # merge and n_documents by their other names
     a = parts[0]
     tokens2, values2 = corpus(3, seed=5)
     other_specs = GeometryResult.from_accumulator(

@@ -1,6 +1,6 @@
-"""Shape names shared by every module, following TransformerLens's conventions.
+"""The string options shared by several modules, and the axis names every shape annotation uses.
 
-Axis names:
+Axis names (TransformerLens's where it has one):
     batch       any leading axes (flattened to rows by the engine)
     pos         token position in a sequence
     head_index  attention head (query heads, after GQA alignment)
@@ -14,28 +14,5 @@ Axis names:
 
 from typing import Literal
 
-from jaxtyping import Bool, Float, Int
-from torch import Tensor
-
 Ranking = Literal["attention", "contribution"]
 Distance = Literal["euclidean", "cosine"]
-
-AttentionRows = Float[Tensor, "*batch key"]
-ValueRows = Float[Tensor, "*batch key d_head"]
-KeyMask = Bool[Tensor, "*batch key"]
-NGrid = Int[Tensor, " n"]
-PerRowN = Float[Tensor, "*batch n"]
-
-__all__ = [
-    "Ranking",
-    "Distance",
-    "AttentionRows",
-    "ValueRows",
-    "KeyMask",
-    "NGrid",
-    "PerRowN",
-    "Bool",
-    "Float",
-    "Int",
-    "Tensor",
-]

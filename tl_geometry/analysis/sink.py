@@ -10,8 +10,8 @@ visible keys) are left out of that N. Spearman uses average ranks for ties
 The bounds are a percentile bootstrap over documents from the result's own
 Poisson-bootstrap replicates of ``recall`` and ``rho0``: for each replicate,
 the same correlations of its per-head replicate means. A result keeps
-statistics over documents, not each document's values, so the 0.1 pairing
-``over="sequence_heads"`` (one pair per sequence and head) is gone. With
+statistics over documents, not each document's values, so the pairing
+``over="sequence_heads"`` of format-1 results (one pair per sequence and head) is gone. With
 fewer than two documents, or without replicates of both fields, the bounds
 are NaN and ``n_bootstrap`` is 0.
 """
@@ -91,10 +91,10 @@ def sink_recall_correlation(
             needs the fields ``recall`` and ``rho0``).
         over: ``"heads"``, the one pairing a result supports.
         n_bootstrap: None (default) uses the result's replicates; an integer
-            must equal their number (0: skip the bounds). Kept from 0.1, when
-            this function resampled the sequences itself.
+            must equal their number (0: skip the bounds). Kept for calls
+            written when this function resampled the sequences itself.
         confidence: level of the percentile bounds, in (0, 1).
-        seed: ignored, kept from 0.1: the replicates were drawn when the
+        seed: ignored (kept for older calls): the replicates were drawn when the
             result was analysed, with the run's bootstrap seed.
 
     Returns:

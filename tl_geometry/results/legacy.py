@@ -1,4 +1,4 @@
-"""Results of tl_geometry 0.1 (file format 1): per-sequence arrays turned into statistics.
+"""Results in file format 1 (written before results kept statistics): per-sequence arrays turned into statistics.
 
 Format 1 kept every sequence's values, ``per_sequence/<name>`` shaped
 ``[sequence, layer, head_index, ...]``, plus ``n_grid`` and

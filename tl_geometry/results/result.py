@@ -21,8 +21,8 @@ per-query rows, ``queries/<field>`` and ``query_positions``, and with
 pictures ``pictures/<layer>.<head>/<array>``; written with
 ``allow_pickle=False``. ``<stem>.json`` holds the field declarations and
 trailing shapes, the config, model name, layers, heads, documents, tokens,
-package versions and the SHA-256 of the ``.npz``. Files of format 1 (0.1:
-per-sequence arrays) load too, converted as `tl_geometry.results.legacy`
+package versions and the SHA-256 of the ``.npz``. Files of format 1 (per-sequence
+arrays, from before results kept statistics) load too, converted as `tl_geometry.results.legacy`
 describes.
 
 Size: the default report run (30 layers x 9 heads, 40 N, per-position fields
@@ -48,7 +48,6 @@ from tl_geometry.engine.metrics import METRIC_NAMES
 from tl_geometry.errors import GeometryError
 from tl_geometry.results import fileformat, provenance
 from tl_geometry.results.accumulators import Accumulator
-from tl_geometry.results.fileformat import FORMAT_VERSION  # noqa: F401 (where 0.1 defined it)
 from tl_geometry.results.pictures import SelectionPicture, pick
 from tl_geometry.results.provenance import STAMPED, package_versions
 from tl_geometry.results.queries import check_rows, join_rows
@@ -186,7 +185,7 @@ class GeometryResult(StatisticsTable):
 
     @property
     def n_sequences(self) -> int:
-        """Documents (sequences, windows) analysed; the name of 0.1."""
+        """Documents (sequences, windows) analysed: `n_documents` under the name the report prints."""
         return self.n_documents
 
     def spec(self, name: str) -> FieldSpec:
@@ -435,7 +434,7 @@ class GeometryResult(StatisticsTable):
             provenance=provenance.merged([p.provenance for p in parts]),
         )
 
-    concatenate = merge  # the 0.1 name (sequences are documents)
+    concatenate = merge  # sequences concatenated are documents merged
 
     # ---- files (format 2, see `tl_geometry.results.fileformat`) ----
 
