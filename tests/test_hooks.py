@@ -10,7 +10,8 @@ from tl_geometry.config import GeometryConfig
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.errors import GeometryError
 from tl_geometry.capture.hook_names import pattern_hook, value_hook, z_hook
-from tl_geometry.capture.hooks import kv_head_of, run_with_geometry_hooks
+from tl_geometry.capture.hooks import run_with_geometry_hooks
+from tl_geometry.capture.plan import kv_head_of
 from tl_geometry.engine.metrics import selection_metrics
 
 # Model-facing: also run in the transformer-lens 3.9 environment (make test-tl3).

@@ -23,6 +23,7 @@ from tl_geometry.capture import distributed
 from tl_geometry.capture.checkpoint import DEFAULT_CHECKPOINT_EVERY, Checkpoint, CheckpointEvery, shard_fingerprint
 from tl_geometry.capture.distributed import Ranks
 from tl_geometry.capture.hooks import analyse_prepared, model_name, most_visible_keys, new_accumulator
+from tl_geometry.capture.plan import RunPlan, plan_run
 from tl_geometry.capture.sources import Window, WindowStream
 from tl_geometry.capture.tokens import HookableModel, PreparedTokens, check_model, prepare_tokens
 from tl_geometry.config import GeometryConfig, make_config
@@ -36,7 +37,7 @@ DEFAULT_BATCH_SIZE = 8
 
 
 @dataclass
-class _Plan:
+class _CorpusPlan:
     """One rank's share of a corpus, ready to run.
 
     Attributes:
@@ -108,13 +109,13 @@ def prepared_batches(
     return [prepare_tokens(model, unit, config) for unit in shard_batches(corpus, ranks, batch_size)]
 
 
-def _token_plan(model: HookableModel, corpus: Any, config: GeometryConfig, ranks: Ranks, batch_size: int) -> _Plan:
+def _token_plan(model: HookableModel, corpus: Any, run_plan: RunPlan, ranks: Ranks, batch_size: int) -> _CorpusPlan:
     """Texts and token tensors: this rank's shard, tokenised up front (token ids are cheap to hold)."""
-    batches = prepared_batches(model, corpus, config, batch_size, ranks)
+    batches = prepared_batches(model, corpus, run_plan.config, batch_size, ranks)
     n_windows = sum(len(batch.tokens) for batch in batches)
-    return _Plan(
+    return _CorpusPlan(
         batches=iter(batches),
-        n_keys=most_visible_keys(model, batches, config),
+        n_keys=most_visible_keys(batches, run_plan),
         n_windows=n_windows,
         identity={"windows": n_windows, "tokens_sha256": shard_fingerprint(batches)},
         corpus=lambda accumulator: {"documents": accumulator.n_documents},
@@ -122,9 +123,9 @@ def _token_plan(model: HookableModel, corpus: Any, config: GeometryConfig, ranks
 
 
 def _window_plan(
-    model: HookableModel, windows: Iterator[Window], stream: WindowStream | None, config: GeometryConfig,
+    model: HookableModel, windows: Iterator[Window], stream: WindowStream | None, run_plan: RunPlan,
     ranks: Ranks, batch_size: int, progress: bool,
-) -> _Plan:
+) -> _CorpusPlan:
     """Windows: this rank's (every K-th by position in the corpus), drawn ``batch_size`` at a time."""
     mine = (window for i, window in enumerate(windows) if ranks.owns(i))
     first = list(itertools.islice(mine, batch_size))
@@ -137,7 +138,7 @@ def _window_plan(
                             "context")
     # Every window is at most the stream's context long, so that length fixes the grid for all of them.
     context = stream.context if stream is not None else max((len(w.tokens) for w in first), default=1)
-    probe = prepare_tokens(model, torch.zeros((1, context), dtype=torch.long), config)
+    probe = prepare_tokens(model, torch.zeros((1, context), dtype=torch.long), run_plan.config)
 
     def batches() -> Iterator[PreparedTokens]:
         batch = first
@@ -145,7 +146,7 @@ def _window_plan(
             if not all(isinstance(item, Window) for item in batch):
                 kinds = sorted({type(item).__name__ for item in batch})
                 raise GeometryError(f"corpus: expected only Window items, got {kinds}")
-            yield _window_batch(model, batch, config)
+            yield _window_batch(model, batch, run_plan.config)
             batch = list(itertools.islice(mine, batch_size))
 
     def corpus(accumulator: Accumulator) -> dict[str, Any]:
@@ -161,7 +162,7 @@ def _window_plan(
     identity = {"windows": {"context": context, "n_windows": total,
                             "min_context": None if stream is None else stream.min_context,
                             "prepend_bos": None if stream is None else stream.prepend_bos}}
-    return _Plan(batches(), most_visible_keys(model, [probe], config), shares, identity, corpus)
+    return _CorpusPlan(batches(), most_visible_keys([probe], run_plan), shares, identity, corpus)
 
 
 def _window_batch(model: HookableModel, windows: list[Window], config: GeometryConfig) -> PreparedTokens:
@@ -179,16 +180,18 @@ def _window_batch(model: HookableModel, windows: list[Window], config: GeometryC
     return prepare_tokens(model, tokens, config, attention_mask=mask)
 
 
-def _plan(model: HookableModel, corpus: Any, config: GeometryConfig, ranks: Ranks, batch_size: int, progress: bool) -> _Plan:
+def _corpus_plan(
+    model: HookableModel, corpus: Any, run_plan: RunPlan, ranks: Ranks, batch_size: int, progress: bool
+) -> _CorpusPlan:
     if isinstance(corpus, WindowStream):
-        return _window_plan(model, iter(corpus), corpus, config, ranks, batch_size, progress)
+        return _window_plan(model, iter(corpus), corpus, run_plan, ranks, batch_size, progress)
     if not isinstance(corpus, (str, Tensor)) and isinstance(corpus, Iterable):
         items = iter(corpus)
         head = list(itertools.islice(items, 1))
         corpus = itertools.chain(head, items)
         if head and isinstance(head[0], Window):
-            return _window_plan(model, corpus, None, config, ranks, batch_size, progress)
-    return _token_plan(model, corpus, config, ranks, batch_size)
+            return _window_plan(model, corpus, None, run_plan, ranks, batch_size, progress)
+    return _token_plan(model, corpus, run_plan, ranks, batch_size)
 
 
 def analyze_corpus(
@@ -255,10 +258,11 @@ def analyze_corpus(
     ranks = distributed.current_ranks()
     name = model_name(model)
     distributed.agree("model and config", (name, config.to_json(), batch_size))
-    plan = _plan(model, texts_or_token_batches, config, ranks, batch_size, progress)
+    run_plan = plan_run(model, config)  # the layers, heads and diagnostics, once for every batch
+    plan = _corpus_plan(model, texts_or_token_batches, run_plan, ranks, batch_size, progress)
     # Every rank must use the same N grid: agree on the most keys any query of any shard sees.
     grid = config.resolve_n_grid(distributed.agree_on_max(plan.n_keys))
-    accumulator = new_accumulator(model, config, grid)
+    accumulator = new_accumulator(run_plan, grid)
     run = None
     done_batches = done_windows = 0
     if checkpoint is not None:
@@ -287,7 +291,7 @@ def analyze_corpus(
         for i, batch in enumerate(plan.batches, start=1):
             if i <= done_batches:
                 continue
-            analyse_prepared(model, batch, config, accumulator)
+            analyse_prepared(model, batch, run_plan, accumulator)
             done_windows += len(batch.tokens)
             tokens += int(batch.real.sum())
             bar.set_postfix_str(f"{tokens * ranks.world_size / max(bar.format_dict['elapsed'], 1e-3):,.0f} tok/s",

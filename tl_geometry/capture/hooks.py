@@ -28,6 +28,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
+from tl_geometry.capture.plan import RunPlan, plan_run
 from tl_geometry.capture.query_sample import offsets_from_first, sample_queries
 from tl_geometry.capture.rows import RowsCapture, run_rows_pass
 from tl_geometry.capture.tokens import (
@@ -37,9 +38,8 @@ from tl_geometry.capture.tokens import (
     accepts_attention_mask,
     prepare_tokens,
 )
-from tl_geometry.capture.windows import attention_windows
 from tl_geometry.config import GeometryConfig, make_config
-from tl_geometry.diagnostics.registry import REGISTRY, Diagnostic
+from tl_geometry.diagnostics.registry import Diagnostic
 from tl_geometry.diagnostics.selection import picture_rows
 from tl_geometry.engine.context import SelectionChunk, SelectionContext
 from tl_geometry.errors import GeometryError
@@ -48,67 +48,6 @@ from tl_geometry.results.bootstrap import document_weights
 from tl_geometry.results.bootstrap import query_weights as query_weights_of
 from tl_geometry.results.pictures import SelectionPicture, document_hash
 from tl_geometry.results.result import GeometryResult
-
-
-def kv_head_of(heads: Int[Tensor, " head_index"], n_heads: int, n_kv_heads: int) -> Int[Tensor, " head_index"]:
-    """The KV head each query head reads under grouped-query attention: h // (n_heads / n_kv_heads).
-
-    >>> kv_head_of(torch.arange(4), 4, 2).tolist()
-    [0, 0, 1, 1]
-    """
-    return heads // (n_heads // n_kv_heads)
-
-
-def _resolve_indices(name: str, chosen: tuple[int, ...] | None, size: int, cfg_field: str) -> tuple[int, ...]:
-    if chosen is None:
-        return tuple(range(size))
-    bad = [i for i in chosen if i >= size]
-    if bad:
-        raise GeometryError(
-            f"{name}: {bad} out of range; the model has {size} {name} (cfg.{cfg_field}), use indices 0..{size - 1}"
-        )
-    return chosen
-
-
-def _model_shape(model: HookableModel, config: GeometryConfig) -> tuple[tuple[int, ...], tuple[int, ...], int, int]:
-    """Layers and heads to analyse, and the model's query and KV head counts."""
-    cfg = model.cfg
-    n_heads = int(cfg.n_heads)
-    n_kv = int(getattr(cfg, "n_key_value_heads", None) or n_heads)
-    if n_heads % n_kv:
-        raise GeometryError(f"model: n_heads = {n_heads} is not a multiple of n_key_value_heads = {n_kv}")
-    layers = _resolve_indices("layers", config.layers, int(cfg.n_layers), "n_layers")
-    heads = _resolve_indices("heads", config.heads, n_heads, "n_heads")
-    _check_picture_heads(config.picture_heads, layers, heads, int(cfg.n_layers), n_heads)
-    hook_dict = model.hook_dict
-    for layer in layers:
-        for name in (value_hook(layer), pattern_hook(layer)):
-            if name not in hook_dict:
-                raise GeometryError(
-                    f"model: no hook point {name!r}; tl_geometry reads the value states and attention "
-                    "pattern of each layer. On a TransformerBridge call model.enable_compatibility_mode() "
-                    "or boot it with eager attention; for other models, analyse only layers that expose "
-                    "these hooks (see model.hook_dict)"
-                )
-    return layers, heads, n_heads, n_kv
-
-
-def _check_picture_heads(
-    pairs: Sequence[tuple[int, int]], layers: tuple[int, ...], heads: tuple[int, ...], n_layers: int, n_heads: int
-) -> None:
-    """GeometryError unless every ``(layer, head)`` of ``picture_heads`` exists and is analysed."""
-    for layer, head in pairs:
-        if layer >= n_layers or head >= n_heads:
-            raise GeometryError(
-                f"picture_heads: ({layer}, {head}) is not a head of this model, which has {n_layers} layers "
-                f"(cfg.n_layers) and {n_heads} heads per layer (cfg.n_heads); use layers 0..{n_layers - 1} and heads "
-                f"0..{n_heads - 1}"
-            )
-        if layer not in layers or head not in heads:
-            raise GeometryError(
-                f"picture_heads: ({layer}, {head}) is not analysed by this run (layers {list(layers)}, heads "
-                f"{list(heads)}); add layer {layer} and head {head} to layers / heads, or drop the picture"
-            )
 
 
 @dataclass
@@ -208,22 +147,16 @@ class _LayerAnalysis:
     """State shared by the hooks of one pass; the layer is bound per hook with functools.partial."""
 
     prepared: PreparedTokens
-    config: GeometryConfig
+    plan: RunPlan
     grid: Int[Tensor, " n"]
-    heads: Int[Tensor, " head_index"]
-    kv_heads: Int[Tensor, " head_index"]  # KV head read by each analysed query head
-    n_heads: int
-    n_kv: int
-    windows: Sequence[int | None]  # sliding window of every layer of the model (None: global)
-    diagnostics: tuple[Diagnostic, ...]
+    heads: Int[Tensor, " head_index"]  # the plan's heads as a tensor
     values: dict[int, Tensor] = field(default_factory=dict)
     out: dict[int, dict[str, Tensor]] = field(default_factory=dict)
     queries: dict[int, dict[str, Tensor]] = field(default_factory=dict)
     picture_document: tuple[int, int] | None = None  # (batch index, document hash) of the pictured document
     pictures: list[SelectionPicture] = field(default_factory=list)
-    # The taxonomy's own query rows (None: it reads the analysed queries) and the diagnostics run on them.
+    # The taxonomy's own query rows (None: it reads the analysed queries; the plan names who reads them).
     sample: PreparedTokens | None = None
-    sampled: tuple[Diagnostic, ...] = ()
     # Per-row Poisson weights [batch, query, replicate] of the rows the resampled fields are measured on.
     query_weights: Tensor | None = None
     resampled: frozenset[str] = frozenset()
@@ -231,12 +164,12 @@ class _LayerAnalysis:
 
     def value_hook(self, v: Float[Tensor, "batch pos kv_head d_head"], *, hook: Any, layer: int) -> None:
         """Keep the analysed heads' value states (GQA-aligned) of the keys the queries can see."""
-        if v.ndim != 4 or v.shape[2] != self.n_kv:
+        if v.ndim != 4 or v.shape[2] != self.plan.n_kv:
             raise GeometryError(
-                f"{value_hook(layer)}: expected [batch, pos, n_key_value_heads={self.n_kv}, d_head], "
+                f"{value_hook(layer)}: expected [batch, pos, n_key_value_heads={self.plan.n_kv}, d_head], "
                 f"got {list(v.shape)}"
             )
-        self.values[layer] = v[:, : self.prepared.n_keys, self.kv_heads.to(v.device)]
+        self.values[layer] = v[:, : self.prepared.n_keys, self.plan.kv_heads.to(v.device)]
 
     def pattern_hook(self, pattern: Float[Tensor, "batch head_index query_pos key_pos"], *, hook: Any, layer: int) -> None:
         """Build the layer's selection context and run every active diagnostic on it."""
@@ -246,9 +179,9 @@ class _LayerAnalysis:
                 "order tl_geometry does not support"
             )
         p = self.prepared
-        if pattern.ndim != 4 or pattern.shape[1] != self.n_heads or pattern.shape[2] < p.n_keys:
+        if pattern.ndim != 4 or pattern.shape[1] != self.plan.n_heads or pattern.shape[2] < p.n_keys:
             raise GeometryError(
-                f"{pattern_hook(layer)}: expected [batch, n_heads={self.n_heads}, query_pos, key_pos] with "
+                f"{pattern_hook(layer)}: expected [batch, n_heads={self.plan.n_heads}, query_pos, key_pos] with "
                 f"pos >= {p.n_keys}, got {list(pattern.shape)}"
             )
         sample_index = None if self.sample is None else self.sample.query_index
@@ -275,23 +208,23 @@ class _LayerAnalysis:
         device = pattern.device
         if p.padded:  # padding keys get zero vectors (the indexing in value_hook made a copy of our own)
             values.masked_fill_(~p.real[:, : p.n_keys, None, None].to(device), 0.0)
-        settings = {d.name: self.config.settings_for(d.name) for d in self.diagnostics}
+        settings = {d.name: self.plan.config.settings_for(d.name) for d in self.plan.diagnostics}
         on_sample = self.sample is not None
-        main = tuple(d for d in self.diagnostics if not (on_sample and d in self.sampled))
+        main = tuple(d for d in self.plan.diagnostics if not (on_sample and d in self.plan.sampled))
         context = self._context(pattern, values, p, layer, query_index)
         reduction = self._reduce(context, main, settings, None if on_sample else self.query_weights, layer)
         out = reduction.means()
         replicates = reduction.replicate_means()
         if on_sample:
             sample = self._context(pattern, values[:, : self.sample.n_keys], self.sample, layer, sample_index)
-            sampled = self._reduce(sample, self.sampled, settings, self.query_weights, None)
+            sampled = self._reduce(sample, self.plan.sampled, settings, self.query_weights, None)
             out.update(sampled.means())
             replicates.update(sampled.replicate_means())
-        for diagnostic in self.diagnostics:
+        for diagnostic in self.plan.diagnostics:
             out.update(diagnostic.sequences(context, settings[diagnostic.name]))
         self.out[layer] = out
         self.replicates[layer] = replicates
-        if self.config.keep_queries:
+        if self.plan.config.keep_queries:
             self.queries[layer] = reduction.query_rows()
 
     def _context(
@@ -299,7 +232,7 @@ class _LayerAnalysis:
     ) -> SelectionContext:
         """The selection context of ``prepared``'s query rows, at ``query_index`` of the pattern's query axis."""
         device = pattern.device
-        visible = prepared.visible(self.windows[layer]).to(device)
+        visible = prepared.visible(self.plan.windows[layer]).to(device)
         return SelectionContext(
             pattern,
             values,
@@ -307,13 +240,13 @@ class _LayerAnalysis:
             prepared.sink(visible).to(device),
             prepared.query_valid.to(device),
             self.grid,
-            ranking=self.config.ranking,  # type: ignore[arg-type]
-            distance=self.config.distance,  # type: ignore[arg-type]
-            memory_budget_mib=self.config.memory_budget_mib,
-            costs=[d.cost for d in self.diagnostics],
+            ranking=self.plan.config.ranking,  # type: ignore[arg-type]
+            distance=self.plan.config.distance,  # type: ignore[arg-type]
+            memory_budget_mib=self.plan.config.memory_budget_mib,
+            costs=[d.cost for d in self.plan.diagnostics],
             query_index=query_index.to(device),
             real=prepared.real[:, : prepared.n_keys].to(device),
-            kv_heads=self.kv_heads.to(device),
+            kv_heads=self.plan.kv_heads.to(device),
             heads=self.heads.to(device),
             label=pattern_hook(layer),
         )
@@ -329,7 +262,7 @@ class _LayerAnalysis:
         """Run the diagnostics' per-row computations on every chunk of the context, reduced per sequence."""
         n_batch, n_heads, n_queries, _ = context.shape
         weights = None if query_weights is None else query_weights.to(context.pattern.device)
-        reduction = _Reduction(n_batch, n_heads, n_queries, self.config.keep_queries, weights, self.resampled)
+        reduction = _Reduction(n_batch, n_heads, n_queries, self.plan.config.keep_queries, weights, self.resampled)
         pictured = None if picture_layer is None else self._pictured_heads(picture_layer, context.pattern.device)
         for chunk in context.chunks():
             for diagnostic in diagnostics:
@@ -341,7 +274,7 @@ class _LayerAnalysis:
 
     def _pictured_heads(self, layer: int, device: torch.device) -> Tensor | None:
         """Slots (on the analysed-head axis) of this layer's picture heads, or None."""
-        wanted = [head for pictured_layer, head in self.config.picture_heads if pictured_layer == layer]
+        wanted = [head for pictured_layer, head in self.plan.config.picture_heads if pictured_layer == layer]
         if not wanted or self.picture_document is None:
             return None
         return (self.heads[:, None] == torch.tensor(wanted)).any(-1).nonzero().squeeze(-1).to(device)
@@ -363,22 +296,13 @@ class _LayerAnalysis:
                                                   query_position=query_position, **parts))
 
 
-def active_diagnostics(config: GeometryConfig) -> tuple[Diagnostic, ...]:
-    """The always-on diagnostics and those the config asks for, each checked against the config."""
-    diagnostics = REGISTRY.active(config.diagnostics)
-    for diagnostic in diagnostics:
-        diagnostic.check(config)
-    return diagnostics
-
-
-def new_accumulator(model: HookableModel, config: GeometryConfig, grid: Int[Tensor, " n"]) -> Accumulator:
-    """An empty accumulator for the fields of the config's diagnostics on this model."""
-    layers, heads, _, _ = _model_shape(model, config)
-    specs = REGISTRY.fields_of(active_diagnostics(config))
+def new_accumulator(plan: RunPlan, grid: Int[Tensor, " n"]) -> Accumulator:
+    """An empty accumulator for the fields of the plan's diagnostics."""
+    config, specs = plan.config, plan.fields()
     return Accumulator(
         list(specs.values()),
-        layers=layers,
-        heads=heads,
+        layers=plan.layers,
+        heads=plan.heads,
         n_grid=grid,
         n_bootstrap=config.n_bootstrap,
         replicate_fields=config.resolve_bootstrap_fields(specs),
@@ -387,16 +311,11 @@ def new_accumulator(model: HookableModel, config: GeometryConfig, grid: Int[Tens
     )
 
 
-def analyse_prepared(
-    model: HookableModel, prepared: PreparedTokens, config: GeometryConfig, accumulator: Accumulator
-) -> None:
+def analyse_prepared(model: HookableModel, prepared: PreparedTokens, plan: RunPlan, accumulator: Accumulator) -> None:
     """One forward pass with the geometry hooks on prepared tokens; its documents are added to ``accumulator``."""
-    layers, heads, n_heads, n_kv = _model_shape(model, config)
-    heads_t = torch.tensor(heads, dtype=torch.long)
-    diagnostics = active_diagnostics(config)
+    config, layers, diagnostics, sampled = plan.config, plan.layers, plan.diagnostics, plan.sampled
     documents = prepared.documents()
     # A diagnostic whose settings ask for a query sample (the taxonomy) runs its rows on that sample.
-    sampled = tuple(d for d in diagnostics if getattr(config.settings_for(d.name), "queries", None) == "sample")
     sample = None
     if sampled:
         own = config.settings_for(sampled[0].name)
@@ -411,17 +330,11 @@ def analyse_prepared(
         query_weights = query_weights_of([d.cpu() for d in documents], rows, config.n_bootstrap, config.seed)
     state = _LayerAnalysis(
         prepared=prepared,
-        config=config,
+        plan=plan,
         grid=accumulator.n_grid,
-        heads=heads_t,
-        kv_heads=kv_head_of(heads_t, n_heads, n_kv),
-        n_heads=n_heads,
-        n_kv=n_kv,
-        windows=attention_windows(model),
-        diagnostics=diagnostics,
+        heads=torch.tensor(plan.heads, dtype=torch.long),
         picture_document=_pictured_document(prepared) if config.picture_heads else None,
         sample=sample,
-        sampled=sampled,
         query_weights=query_weights,
         resampled=resampled,
     )
@@ -488,17 +401,15 @@ def _pictured_document(prepared: PreparedTokens) -> tuple[int, int] | None:
     return batch, document
 
 
-def most_visible_keys(model: HookableModel, prepared: Sequence[PreparedTokens], config: GeometryConfig) -> int:
+def most_visible_keys(prepared: Sequence[PreparedTokens], plan: RunPlan) -> int:
     """The most keys any analysed query of these batches sees in an analysed layer (0 without batches)."""
-    windows = attention_windows(model)
-    layers, _, _, _ = _model_shape(model, config)
-    used = [windows[layer] for layer in layers]
+    used = [plan.windows[layer] for layer in plan.layers]
     return max((batch.max_visible(used) for batch in prepared), default=0)
 
 
-def grid_for(model: HookableModel, prepared: Sequence[PreparedTokens], config: GeometryConfig) -> Int[Tensor, " n"]:
+def grid_for(prepared: Sequence[PreparedTokens], plan: RunPlan) -> Int[Tensor, " n"]:
     """The N grid of a run: the config's, with the default's last N the most keys any analysed query sees."""
-    return config.resolve_n_grid(most_visible_keys(model, prepared, config))
+    return plan.config.resolve_n_grid(most_visible_keys(prepared, plan))
 
 
 def run_with_geometry_hooks(
@@ -535,8 +446,9 @@ def run_with_geometry_hooks(
     """
     config = make_config(config, overrides)
     prepared = prepare_tokens(model, tokens, config, attention_mask)
-    accumulator = new_accumulator(model, config, grid_for(model, [prepared], config))
-    analyse_prepared(model, prepared, config, accumulator)
+    plan = plan_run(model, config)
+    accumulator = new_accumulator(plan, grid_for([prepared], plan))
+    analyse_prepared(model, prepared, plan, accumulator)
     return GeometryResult.from_accumulator(accumulator, config=config, model_name=model_name(model))
 
 
