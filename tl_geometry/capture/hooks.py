@@ -11,13 +11,15 @@ Per analysed layer two hooks are attached (names from `tl_geometry.capture.hook_
   field is reduced per sequence as it is declared, and both tensors are dropped.
 
 So memory is bounded per layer, the full activation cache is never built, and
-the analysis rides on the model's own forward pass (no second pass). Every
+the analysis rides on the model's own forward pass (no second pass). What
+the hooks analyse is the run's plan (`tl_geometry.capture.plan`); the
+per-sequence reduction is `tl_geometry.capture.reduction`, and the pictures
+(`tl_geometry.capture.pictures`) observe the selection diagnostic's rows. Every
 kind of TransformerLens model checked (HookedTransformer 3.x,
 TransformerBridge 3.x and 4.x, with or without compatibility mode) takes
 ``attention_mask=`` and derives positions from it.
 """
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -28,8 +30,10 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
+from tl_geometry.capture.pictures import PictureKeeper
 from tl_geometry.capture.plan import RunPlan, plan_run
 from tl_geometry.capture.query_sample import offsets_from_first, sample_queries
+from tl_geometry.capture.reduction import SequenceReduction
 from tl_geometry.capture.rows import RowsCapture, run_rows_pass
 from tl_geometry.capture.tokens import (
     HookableModel,
@@ -40,104 +44,12 @@ from tl_geometry.capture.tokens import (
 )
 from tl_geometry.config import GeometryConfig, make_config
 from tl_geometry.diagnostics.registry import Diagnostic
-from tl_geometry.diagnostics.selection import picture_rows
 from tl_geometry.engine.context import SelectionChunk, SelectionContext
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.results.bootstrap import document_weights
 from tl_geometry.results.bootstrap import query_weights as query_weights_of
-from tl_geometry.results.pictures import SelectionPicture, document_hash
 from tl_geometry.results.result import GeometryResult
-
-
-@dataclass
-class _Reduction:
-    """Per-sequence sums and counts of the ``"mean"`` fields of one layer, filled chunk by chunk."""
-
-    n_batch: int
-    n_heads: int
-    n_queries: int
-    keep_queries: bool
-    # Two-stage bootstrap of the fields in `resampled`: each query row's Poisson weights, [batch, query, replicate].
-    query_weights: Tensor | None = None
-    resampled: frozenset[str] = frozenset()
-    sums: dict[str, Tensor] = field(default_factory=dict)
-    counts: dict[str, Tensor] = field(default_factory=dict)
-    rows: dict[str, Tensor] = field(default_factory=dict)
-    replicate_sums: dict[str, Tensor] = field(default_factory=dict)
-    replicate_counts: dict[str, Tensor] = field(default_factory=dict)
-    stacks: dict[str, tuple[str, ...]] = field(default_factory=dict)  # a stack's key -> its fields, in order
-
-    def add(self, name: str, values: Tensor, batch: Tensor, head: Tensor, query: Tensor) -> None:
-        """Add per-row values ``[row, *trailing]`` of rows (batch, head, query)."""
-        slot = batch * self.n_heads + head
-        if name not in self.sums:
-            shape = (self.n_batch * self.n_heads, *values.shape[1:])
-            self.sums[name] = values.new_zeros(shape)
-            self.counts[name] = values.new_zeros(shape)
-            if self.keep_queries:
-                shape = (self.n_batch, self.n_heads, self.n_queries, *values.shape[1:])
-                self.rows[name] = values.new_full(shape, math.nan)
-        defined = ~values.isnan()
-        # NaN is "undefined here" and not counted; +inf (r_min with every key selected) is a value.
-        self.sums[name].index_add_(0, slot, values.nan_to_num(nan=0.0, posinf=math.inf, neginf=-math.inf))
-        self.counts[name].index_add_(0, slot, defined.to(values.dtype))
-        if self.keep_queries:
-            self.rows[name][batch, head, query] = values
-        if name in self.resampled and self.query_weights is not None:
-            u = self.query_weights[batch, query].to(values.dtype).T  # [replicate, row]
-            u = u.reshape(*u.shape, *([1] * (values.ndim - 1)))
-            if name not in self.replicate_sums:
-                shape = (u.shape[0], self.n_batch * self.n_heads, *values.shape[1:])
-                self.replicate_sums[name] = values.new_zeros(shape)
-                self.replicate_counts[name] = values.new_zeros(shape)
-            self.replicate_sums[name].index_add_(1, slot, u * values.nan_to_num(nan=0.0).unsqueeze(0))
-            self.replicate_counts[name].index_add_(1, slot, u * defined.to(values.dtype).unsqueeze(0))
-
-    def add_all(self, rows: dict[str, Tensor], batch: Tensor, head: Tensor, query: Tensor) -> None:
-        """`add` every field of one chunk; one-value fields go in stacks (one index_add for many fields)."""
-        scalars: dict[bool, list[str]] = {True: [], False: []}
-        for name, values in rows.items():
-            if values.ndim == 1:
-                scalars[name in self.resampled].append(name)
-            else:
-                self.add(name, values, batch, head, query)
-        for resampled, names in scalars.items():
-            if names:
-                key = "+".join(names)
-                self.stacks[key] = tuple(names)
-                if resampled:
-                    self.resampled = self.resampled | {key}
-                self.add(key, torch.stack([rows[name] for name in names], dim=-1), batch, head, query)
-
-    def _unstacked(self, out: dict[str, Tensor]) -> dict[str, Tensor]:
-        """``out`` with every stack split back into its fields (the stacked axis is the last)."""
-        for key, names in self.stacks.items():
-            if key in out:
-                stacked = out.pop(key)
-                out.update({name: stacked[..., i] for i, name in enumerate(names)})
-        return out
-
-    def replicate_means(self) -> dict[str, Tensor]:
-        """The query-resampled means of the ``resampled`` fields per replicate, ``[batch, replicate, head_index, *trailing]``."""
-        out = {}
-        for name, total in self.replicate_sums.items():
-            mean = (total / self.replicate_counts[name]).masked_fill(self.replicate_counts[name] == 0, math.nan)
-            out[name] = mean.reshape(mean.shape[0], self.n_batch, self.n_heads, *mean.shape[2:]).transpose(0, 1)
-        return self._unstacked(out)
-
-    def means(self) -> dict[str, Tensor]:
-        """Each field's nanmean over the analysed queries of each sequence, ``[batch, head_index, *trailing]``."""
-        return self._unstacked({
-            name: (total / self.counts[name]).masked_fill(self.counts[name] == 0, math.nan).reshape(
-                self.n_batch, self.n_heads, *total.shape[1:]
-            )
-            for name, total in self.sums.items()
-        })
-
-    def query_rows(self) -> dict[str, Tensor]:
-        """Every field's per-query values (``keep_queries``), ``[batch, head_index, query, *trailing]``."""
-        return self._unstacked(dict(self.rows))
 
 
 # repr=False: TransformerLens names every hook after repr(hook.func), and a dataclass repr of this state
@@ -153,8 +65,7 @@ class _LayerAnalysis:
     values: dict[int, Tensor] = field(default_factory=dict)
     out: dict[int, dict[str, Tensor]] = field(default_factory=dict)
     queries: dict[int, dict[str, Tensor]] = field(default_factory=dict)
-    picture_document: tuple[int, int] | None = None  # (batch index, document hash) of the pictured document
-    pictures: list[SelectionPicture] = field(default_factory=list)
+    pictures: PictureKeeper | None = None  # with config.picture_heads: observes the selection diagnostic
     # The taxonomy's own query rows (None: it reads the analysed queries; the plan names who reads them).
     sample: PreparedTokens | None = None
     # Per-row Poisson weights [batch, query, replicate] of the rows the resampled fields are measured on.
@@ -212,12 +123,13 @@ class _LayerAnalysis:
         on_sample = self.sample is not None
         main = tuple(d for d in self.plan.diagnostics if not (on_sample and d in self.plan.sampled))
         context = self._context(pattern, values, p, layer, query_index)
-        reduction = self._reduce(context, main, settings, None if on_sample else self.query_weights, layer)
+        observers = {} if self.pictures is None else self.pictures.observers(layer, context, self.heads)
+        reduction = self._reduce(context, main, settings, None if on_sample else self.query_weights, observers)
         out = reduction.means()
         replicates = reduction.replicate_means()
         if on_sample:
             sample = self._context(pattern, values[:, : self.sample.n_keys], self.sample, layer, sample_index)
-            sampled = self._reduce(sample, self.plan.sampled, settings, self.query_weights, None)
+            sampled = self._reduce(sample, self.plan.sampled, settings, self.query_weights, {})
             out.update(sampled.means())
             replicates.update(sampled.replicate_means())
         for diagnostic in self.plan.diagnostics:
@@ -257,43 +169,19 @@ class _LayerAnalysis:
         diagnostics: Sequence[Diagnostic],
         settings: dict[str, Any],
         query_weights: Tensor | None,
-        picture_layer: int | None,
-    ) -> "_Reduction":
+        observers: dict[Diagnostic, Callable[[SelectionChunk, dict[str, Tensor]], None]],
+    ) -> SequenceReduction:
         """Run the diagnostics' per-row computations on every chunk of the context, reduced per sequence."""
         n_batch, n_heads, n_queries, _ = context.shape
         weights = None if query_weights is None else query_weights.to(context.pattern.device)
-        reduction = _Reduction(n_batch, n_heads, n_queries, self.plan.config.keep_queries, weights, self.resampled)
-        pictured = None if picture_layer is None else self._pictured_heads(picture_layer, context.pattern.device)
+        reduction = SequenceReduction(n_batch, n_heads, n_queries, self.plan.config.keep_queries, weights, self.resampled)
         for chunk in context.chunks():
             for diagnostic in diagnostics:
                 rows = diagnostic.rows(chunk, settings[diagnostic.name])
                 reduction.add_all(rows, chunk.batch, chunk.head, chunk.query)
-                if pictured is not None and diagnostic.name == "selection":
-                    self._keep_pictures(picture_layer, context, chunk, rows, pictured)
+                if (observe := observers.get(diagnostic)) is not None:
+                    observe(chunk, rows)
         return reduction
-
-    def _pictured_heads(self, layer: int, device: torch.device) -> Tensor | None:
-        """Slots (on the analysed-head axis) of this layer's picture heads, or None."""
-        wanted = [head for pictured_layer, head in self.plan.config.picture_heads if pictured_layer == layer]
-        if not wanted or self.picture_document is None:
-            return None
-        return (self.heads[:, None] == torch.tensor(wanted)).any(-1).nonzero().squeeze(-1).to(device)
-
-    def _keep_pictures(
-        self, layer: int, context: SelectionContext, chunk: SelectionChunk, rows: dict[str, Tensor], slots: Tensor
-    ) -> None:
-        """Keep the pictured heads' rows of the chosen document's last analysed query, if in this chunk."""
-        batch, document = self.picture_document  # type: ignore[misc]
-        query = context.last_query_index()[batch]
-        chosen = ((chunk.batch == batch) & (chunk.query == query) & torch.isin(chunk.head, slots)).nonzero().squeeze(-1)
-        if len(chosen) == 0:
-            return
-        first = context.real[batch].int().argmax()
-        query_position = int(self.prepared.query_index[batch, query].to(first.device) - first)
-        for row, parts in zip(chosen.tolist(), picture_rows(chunk, rows, chosen, first.expand(len(chosen)))):
-            head = int(self.heads[int(chunk.head[row])])
-            self.pictures.append(SelectionPicture(layer=layer, head=head, document=document,
-                                                  query_position=query_position, **parts))
 
 
 def new_accumulator(plan: RunPlan, grid: Int[Tensor, " n"]) -> Accumulator:
@@ -333,7 +221,7 @@ def analyse_prepared(model: HookableModel, prepared: PreparedTokens, plan: RunPl
         plan=plan,
         grid=accumulator.n_grid,
         heads=torch.tensor(plan.heads, dtype=torch.long),
-        picture_document=_pictured_document(prepared) if config.picture_heads else None,
+        pictures=PictureKeeper(prepared, plan) if config.picture_heads else None,
         sample=sample,
         query_weights=query_weights,
         resampled=resampled,
@@ -382,7 +270,7 @@ def analyse_prepared(model: HookableModel, prepared: PreparedTokens, plan: RunPl
         n_tokens=sum(len(d) for d in documents),
         queries=queries,
         query_positions=offsets_from_first(prepared) if queries is not None else None,
-        pictures=state.pictures,
+        pictures=[] if state.pictures is None else state.pictures.kept,
         resampled=within,
     )
 
@@ -390,15 +278,6 @@ def analyse_prepared(model: HookableModel, prepared: PreparedTokens, plan: RunPl
 def capture_positions(prepared: PreparedTokens, sample: PreparedTokens | None) -> Int[Tensor, "batch query"]:
     """The query rows the rows path builds: the analysed queries, then the query sample's."""
     return prepared.query_index if sample is None else torch.cat([prepared.query_index, sample.query_index], dim=1)
-
-
-def _pictured_document(prepared: PreparedTokens) -> tuple[int, int] | None:
-    """The batch index and hash of the document whose rows become pictures: the smallest hash with a query."""
-    hashes = [(document_hash(d), i) for i, d in enumerate(prepared.documents()) if bool(prepared.query_valid[i].any())]
-    if not hashes:
-        return None
-    document, batch = min(hashes)
-    return batch, document
 
 
 def most_visible_keys(prepared: Sequence[PreparedTokens], plan: RunPlan) -> int:
