@@ -238,6 +238,44 @@ def test_a_diagnostic_returning_recall_cannot_replace_the_real_recall():
     assert "impostor" not in REGISTRY.names()
 
 
+class _Sloppy(Diagnostic):
+    name = "sloppy"
+    fields = (FieldSpec("sloppy_declared", "declared", ("n",)),)
+
+    def rows(self, chunk, settings):
+        zeros = chunk.alpha.new_zeros(len(chunk.alpha), len(chunk.grid))
+        return {"sloppy_declared": zeros, "sloppy_extra": zeros}
+
+
+def test_a_field_not_declared_is_refused_and_the_model_left_clean():
+    """Mutant caught: the hooks reduce whatever a diagnostic returns (an undeclared field reaches the result)."""
+    REGISTRY.register(_Sloppy())
+    try:
+        model = tm.make_model("bridge-gpt2")
+        run_with_geometry_hooks(model, TEXTS, n_grid=[1, 2])  # the bridge adds its own hooks on a first pass
+        before = tm.hook_counts(model)
+        with pytest.raises(GeometryError, match=r"diagnostic 'sloppy': rows returned \['sloppy_extra'\], which it "
+                                                r"does not declare; add a FieldSpec"):
+            run_with_geometry_hooks(model, TEXTS, diagnostics=["sloppy"], n_grid=[1, 2])
+        assert tm.hook_counts(model) == before
+    finally:
+        REGISTRY.unregister("sloppy")
+    assert "sloppy" not in REGISTRY.names()
+    with pytest.raises(GeometryError, match="'selection' is built in"):
+        REGISTRY.unregister("selection")
+
+
+def test_fields_are_read_by_declaration_or_by_name():
+    from tl_geometry.diagnostics.selection import PRECISION, RECALL
+
+    result = run_with_geometry_hooks(tm.make_model("bridge-gpt2"), TEXTS, n_grid=GRID, n_bootstrap=20)
+    assert torch.equal(result.per_head(PRECISION), result.per_head("precision"))
+    assert torch.equal(result.sel(RECALL, layer=1, n=2), result.sel("recall", layer=1, n=2))
+    for mine, theirs in zip(result.ci(RECALL), result.ci("recall"), strict=True):
+        assert torch.equal(mine, theirs)
+    assert result.spec(RECALL) == RECALL and result.count(PRECISION).sum() > 0
+
+
 def test_every_built_in_field_is_declared_once_with_a_doc():
     seen = {}
     for name in REGISTRY.names():

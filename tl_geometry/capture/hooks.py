@@ -133,7 +133,7 @@ class _LayerAnalysis:
             out.update(sampled.means())
             replicates.update(sampled.replicate_means())
         for diagnostic in self.plan.diagnostics:
-            out.update(diagnostic.sequences(context, settings[diagnostic.name]))
+            out.update(diagnostic.declared(diagnostic.sequences(context, settings[diagnostic.name]), "sequences"))
         self.out[layer] = out
         self.replicates[layer] = replicates
         if self.plan.config.keep_queries:
@@ -177,7 +177,7 @@ class _LayerAnalysis:
         reduction = SequenceReduction(n_batch, n_heads, n_queries, self.plan.config.keep_queries, weights, self.resampled)
         for chunk in context.chunks():
             for diagnostic in diagnostics:
-                rows = diagnostic.rows(chunk, settings[diagnostic.name])
+                rows = diagnostic.declared(diagnostic.rows(chunk, settings[diagnostic.name]), "rows")
                 reduction.add_all(rows, chunk.batch, chunk.head, chunk.query)
                 if (observe := observers.get(diagnostic)) is not None:
                     observe(chunk, rows)

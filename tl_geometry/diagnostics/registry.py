@@ -48,6 +48,16 @@ class Diagnostic:
     def check(self, config: Any) -> None:
         """Raise GeometryError if the diagnostic cannot honour ``config`` (e.g. an unsupported distance)."""
 
+    def declared(self, out: dict[str, Tensor], method: str) -> dict[str, Tensor]:
+        """``out`` (what `rows` or `sequences` returned), after checking that it declares every field in it."""
+        undeclared = set(out).difference(spec.name for spec in self.fields)
+        if undeclared:
+            raise GeometryError(
+                f"diagnostic {self.name!r}: {method} returned {sorted(undeclared)}, which it does not declare; "
+                "add a FieldSpec for each to its fields"
+            )
+        return out
+
     def rows(self, chunk: SelectionChunk, settings: Any) -> dict[str, Tensor]:
         """Per-row values ``[row, *trailing]`` of the fields declared with ``queries="mean"``."""
         return {}
@@ -80,6 +90,20 @@ class Registry:
         """Add a diagnostic; GeometryError if its name or one of its field names is taken."""
         self._load()
         return self._add(diagnostic)
+
+    def unregister(self, name: str) -> Diagnostic:
+        """Remove a diagnostic you registered, and its fields (to register it again after an edit, say).
+
+        Raises:
+            GeometryError: ``name`` is not registered, or is built in.
+        """
+        diagnostic = self.get(name)
+        if type(diagnostic).__module__ in _BUILT_IN:
+            raise GeometryError(f"diagnostic {name!r} is built in; only diagnostics you registered can be removed")
+        del self._diagnostics[name]
+        for spec in diagnostic.fields:
+            del self._fields[spec.name]
+        return diagnostic
 
     def _add(self, diagnostic: Diagnostic) -> Diagnostic:
         if diagnostic.name in self._diagnostics:

@@ -72,24 +72,26 @@ def picture_rows(
     return out
 
 
+# The declarations, by name: ``result.per_head(PRECISION)`` reads a field as ``result.per_head("precision")``.
+# Replicates by default only where the report shows intervals (Recall, for Figure 6); others on request.
+PRECISION = FieldSpec("precision", "Precision P(r_max, N): N / (N + non-selected keys in the closed r_max ball)", ("n",))
+RECALL = FieldSpec("recall", "Recall R(r_min, N): selected keys in the open r_min ball / N", ("n",), bootstrap=True)
+F_RMAX = FieldSpec("f_rmax", "F(r_max) = 2P / (1 + P)", ("n",))
+F_RMIN = FieldSpec("f_rmin", "F(r_min) = 2R / (1 + R)", ("n",))
+F_SCORE = FieldSpec("f_score", "extremal F_N = 2PR / (P + R)", ("n",))
+R_MIN = FieldSpec("r_min", "distance from s(N) to the nearest non-selected key (+inf if every key is selected)", ("n",))
+R_MAX = FieldSpec("r_max", "distance from s(N) to the farthest selected key", ("n",))
+S_NORM = FieldSpec("s_norm", "||s(N)||, the norm of the representative vector", ("n",))
+K_OUT = FieldSpec("k_out", "K_out: non-selected keys inside the closed r_max ball", ("n",))
+K_IN = FieldSpec("k_in", "K_in: selected keys inside the open r_min ball", ("n",))
+ATTENTION_MASS = FieldSpec("attention_mass", "attention weight on the top-N set: sum of alpha_i over it", ("n",))
+
+
 class SelectionDiagnostic(Diagnostic):
     name = "selection"
     always = True
     cost = METRICS_COST
-    fields = (
-        # Replicates by default only where the report shows intervals (Recall, for Figure 6); others on request.
-        FieldSpec("precision", "Precision P(r_max, N): N / (N + non-selected keys in the closed r_max ball)", ("n",)),
-        FieldSpec("recall", "Recall R(r_min, N): selected keys in the open r_min ball / N", ("n",), bootstrap=True),
-        FieldSpec("f_rmax", "F(r_max) = 2P / (1 + P)", ("n",)),
-        FieldSpec("f_rmin", "F(r_min) = 2R / (1 + R)", ("n",)),
-        FieldSpec("f_score", "extremal F_N = 2PR / (P + R)", ("n",)),
-        FieldSpec("r_min", "distance from s(N) to the nearest non-selected key (+inf if every key is selected)", ("n",)),
-        FieldSpec("r_max", "distance from s(N) to the farthest selected key", ("n",)),
-        FieldSpec("s_norm", "||s(N)||, the norm of the representative vector", ("n",)),
-        FieldSpec("k_out", "K_out: non-selected keys inside the closed r_max ball", ("n",)),
-        FieldSpec("k_in", "K_in: selected keys inside the open r_min ball", ("n",)),
-        FieldSpec("attention_mass", "attention weight on the top-N set: sum of alpha_i over it", ("n",)),
-    )  # fmt: skip
+    fields = (PRECISION, RECALL, F_RMAX, F_RMIN, F_SCORE, R_MIN, R_MAX, S_NORM, K_OUT, K_IN, ATTENTION_MASS)
 
     def rows(self, chunk: SelectionChunk, settings: Any) -> dict[str, Tensor]:
         return {**chunk_metrics(chunk), "attention_mass": top_n_attention_mass(chunk)}

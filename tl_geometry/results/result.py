@@ -52,7 +52,7 @@ from tl_geometry.results.pictures import SelectionPicture, pick
 from tl_geometry.results.provenance import STAMPED, package_versions
 from tl_geometry.results.queries import check_rows, join_rows
 from tl_geometry.results.stats import FieldStats, same_values
-from tl_geometry.results.table import StatisticsTable, check_level, percentile_ci
+from tl_geometry.results.table import FieldName, StatisticsTable, check_level, field_name, percentile_ci
 # The selection metrics (every model run measures them), by name.
 REQUIRED_FIELDS: tuple[str, ...] = METRIC_NAMES  # every result holds the selection metrics
 STATS = ("mean", "std", "sem", "count", "min", "max")
@@ -188,62 +188,62 @@ class GeometryResult(StatisticsTable):
         """Documents (sequences, windows) analysed: `n_documents` under the name the report prints."""
         return self.n_documents
 
-    def spec(self, name: str) -> FieldSpec:
+    def spec(self, name: FieldName) -> FieldSpec:
         """The declaration of field ``name``."""
         return self._stats(name).spec
 
-    def _moments(self, name: str, what: str) -> FieldStats:
+    def _moments(self, name: FieldName, what: str) -> FieldStats:
         s = self._stats(name)
         if s.spec.documents != "moments":
             raise GeometryError(
-                f"{what}: field {name!r} is declared with documents={s.spec.documents!r} (count and sum only), so "
+                f"{what}: field {s.spec.name!r} is declared with documents={s.spec.documents!r} (count and sum only), so "
                 "its spread over documents was not kept; only its mean and count are available"
             )
         return s
 
-    def per_head(self, name: str) -> Float[Tensor, "layer head_index *rest"]:
+    def per_head(self, name: FieldName) -> Float[Tensor, "layer head_index *rest"]:
         """Mean of field ``name`` over documents, ``[layer, head_index, ...]`` (float64).
 
         NaN where no document defined it; +inf kept (as ``torch.nanmean`` does).
         """
         return self._stats(name).mean()
 
-    def count(self, name: str) -> Int[Tensor, "layer head_index *rest"]:
+    def count(self, name: FieldName) -> Int[Tensor, "layer head_index *rest"]:
         """Documents where field ``name`` is defined, ``[layer, head_index, ...]``."""
         return self._stats(name).count.clone()
 
-    def std(self, name: str) -> Float[Tensor, "layer head_index *rest"]:
+    def std(self, name: FieldName) -> Float[Tensor, "layer head_index *rest"]:
         """Sample standard deviation over documents (ddof = 1); NaN with fewer than 2 documents."""
         return self._moments(name, "std").std()
 
-    def sem(self, name: str) -> Float[Tensor, "layer head_index *rest"]:
+    def sem(self, name: FieldName) -> Float[Tensor, "layer head_index *rest"]:
         """Standard error of the mean over documents, std / sqrt(count)."""
         s = self._moments(name, "sem")
         return s.std() / s.count.double().sqrt()
 
-    def min(self, name: str) -> Float[Tensor, "layer head_index *rest"]:
+    def min(self, name: FieldName) -> Float[Tensor, "layer head_index *rest"]:
         """Smallest per-document value (NaN where none)."""
         return self._moments(name, "min").minimum.double()
 
-    def max(self, name: str) -> Float[Tensor, "layer head_index *rest"]:
+    def max(self, name: FieldName) -> Float[Tensor, "layer head_index *rest"]:
         """Largest per-document value (NaN where none)."""
         return self._moments(name, "max").maximum.double()
 
-    def has_replicates(self, name: str) -> bool:
+    def has_replicates(self, name: FieldName) -> bool:
         """Whether field ``name`` kept bootstrap replicates (so that `ci` and `replicates` work)."""
         return bool(self._stats(name).n_replicates)
 
-    def replicates(self, name: str) -> Float[Tensor, "replicate layer head_index *rest"]:
+    def replicates(self, name: FieldName) -> Float[Tensor, "replicate layer head_index *rest"]:
         """The Poisson-bootstrap replicate means of field ``name``, ``[replicate, layer, head_index, ...]``.
 
         Replicate b's mean is ``sum_d w[d, b] x_d / sum_d w[d, b] 1{x_d defined}``
         (NaN where its weights leave no document).
         """
         return self._replicate_means(
-            name, f"analyse with GeometryConfig.bootstrap_fields including {name!r} (and n_bootstrap > 0)"
+            name, f"analyse with GeometryConfig.bootstrap_fields including {field_name(name)!r} (and n_bootstrap > 0)"
         )
 
-    def ci(self, name: str, level: float = 0.95) -> tuple[Tensor, Tensor]:
+    def ci(self, name: FieldName, level: float = 0.95) -> tuple[Tensor, Tensor]:
         """Percentile bootstrap interval of the mean of field ``name`` over documents.
 
         Args:
@@ -260,7 +260,7 @@ class GeometryResult(StatisticsTable):
 
     def sel(
         self,
-        name: str | None = None,
+        name: FieldName | None = None,
         *,
         layer: int | Sequence[int] | None = None,
         head: int | Sequence[int] | None = None,
@@ -270,7 +270,8 @@ class GeometryResult(StatisticsTable):
         """A statistic indexed by real layer numbers, head numbers and N values (not positions on the axes).
 
         Args:
-            name: a field; None for a dict of every field that has ``stat``
+            name: a field, by name or by declaration (``selection.PRECISION``);
+                None for a dict of every field that has ``stat``
                 (``std``, ``sem``, ``min`` and ``max`` need ``documents="moments"``).
             layer: a layer number (drops the axis), a list of them (keeps it), or None (all).
             head: a head number, a list of them, or None, likewise.

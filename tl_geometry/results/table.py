@@ -14,9 +14,19 @@ from typing import Any, ClassVar
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.select import nanquantile, take
 from tl_geometry.results.stats import FieldStats, merge_stats, same_values
+
+
+FieldName = str | FieldSpec
+"""A field as a reader names it: its declaration (e.g. ``tl_geometry.diagnostics.selection.PRECISION``) or its name."""
+
+
+def field_name(field: FieldName) -> str:
+    """The name of a field given by name or by declaration."""
+    return field.name if isinstance(field, FieldSpec) else field
 
 
 def check_level(level: float) -> None:
@@ -52,15 +62,16 @@ class StatisticsTable:
         """Bootstrap replicates kept (0 if no field keeps any)."""
         return max((s.n_replicates for s in self.stats.values()), default=0)
 
-    def _stats(self, name: str) -> FieldStats:
+    def _stats(self, name: FieldName) -> FieldStats:
+        name = field_name(name)
         if name not in self.stats:
             raise GeometryError(f"unknown field {name!r}; this {self.kind} has {sorted(self.stats)}")
         return self.stats[name]
 
-    def _replicate_means(self, name: str, how_to_keep: str) -> Float[Tensor, "replicate layer head_index *rest"]:
+    def _replicate_means(self, name: FieldName, how_to_keep: str) -> Float[Tensor, "replicate layer head_index *rest"]:
         s = self._stats(name)
         if not s.n_replicates:
-            raise GeometryError(f"replicates: field {name!r} kept no bootstrap replicates; {how_to_keep}")
+            raise GeometryError(f"replicates: field {s.spec.name!r} kept no bootstrap replicates; {how_to_keep}")
         return s.replicate_means()
 
     def _select(self, t: Tensor, axes: Sequence[str], layer: Any, head: Any, n: Any) -> Tensor:
