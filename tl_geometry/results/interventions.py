@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 
 from tl_geometry.diagnostics.fields import FieldSpec
@@ -110,18 +110,12 @@ class InterventionResult(StatisticsTable):
         model_name, versions: provenance.
     """
 
-    n_grid: Int[Tensor, " n"]
-    layers: tuple[int, ...]
-    heads: tuple[int, ...]
-    stats: Mapping[str, FieldStats]
     scope: str
     modes: tuple[str, ...]
     ranking: str
     n_controls: int
     intervened_layers: tuple[int, ...]
     intervened_heads: tuple[int, ...] | None
-    n_documents: int
-    n_tokens: int
     seed: int
     model_name: str
     versions: Mapping[str, str]

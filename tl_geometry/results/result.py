@@ -104,12 +104,6 @@ class GeometryResult(StatisticsTable):
         (0.5, torch.Size([1, 2, 2]))
     """
 
-    n_grid: Int[Tensor, " n"]
-    layers: tuple[int, ...]
-    heads: tuple[int, ...]
-    stats: Mapping[str, FieldStats]
-    n_documents: int
-    n_tokens: int
     config: GeometryConfig
     model_name: str
     versions: Mapping[str, str]

@@ -9,6 +9,7 @@ comparing them bit for bit are written here once.
 """
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from jaxtyping import Float, Int
@@ -41,8 +42,10 @@ def percentile_ci(replicates: Float[Tensor, "replicate *rest"], level: float) ->
     return nanquantile(replicates, tail), nanquantile(replicates, 1 - tail)
 
 
+@dataclass(frozen=True)
 class StatisticsTable:
-    """What every result kind shares; mixed into frozen dataclasses that have these fields."""
+    """What every result kind shares: its grid, labels, field statistics, documents and tokens (the first
+    fields of every result kind, which adds its own after them)."""
 
     n_grid: Int[Tensor, " n"]
     layers: tuple[int, ...]
