@@ -7,6 +7,7 @@ Test modules import from here (and from ``tests.tiny_models`` and
 import math
 import socket
 
+import numpy as np
 import torch
 
 from tl_geometry.cli import build_parser, config_from_args
@@ -15,7 +16,7 @@ from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.taxonomy import ROLE_CURVES, ROLE_FEATURES
 from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.results.bootstrap import document_weights
-from tl_geometry.results.result import GeometryResult
+from tl_geometry.results.result import REQUIRED_FIELDS, GeometryResult
 
 # ---------------------------------------------------------------- hand-built results (no model)
 
@@ -144,3 +145,62 @@ def free_port() -> int:
 def cli_config(*args: str) -> GeometryConfig:
     """The config ``tl-geometry analyze *args`` builds."""
     return config_from_args(build_parser().parse_args(["analyze", *args]))
+
+# ---------------------------------------------------------------- simulated studies (known true values)
+# A study is a result of STUDY_DOCUMENTS documents whose heads have known true means (`true_means`); the claims'
+# tests read the statistics of those means as the truth (tests/test_claim_coverage.py says how).
+
+STUDY_DOCUMENTS = 16  # the report's default corpus: 16 windows
+STUDY_REPLICATES = 200  # GeometryConfig's default n_bootstrap
+STUDY_LAYERS, STUDY_HEADS = 4, 6
+STUDY_GRID = np.array([1, 2, 3, 4, 8, 16, 32, 64])
+STUDY_CURVES = ("precision", "recall", "excess_precision", "excess_recall", "bound_precision_upper",
+                "bound_recall_upper", "bound_precision_lower", "bound_recall_lower")
+
+
+def true_means(seed: int = 0) -> dict[str, np.ndarray]:
+    """Every head's true means, ``[layer, head]`` or ``[layer, head, n]``: one population for all studies."""
+    rng = np.random.default_rng(seed)
+    shape = (STUDY_LAYERS, STUDY_HEADS)
+    rho0 = rng.uniform(0.1, 0.6, shape)
+    u = np.array([1.0, 0.75, 0.62, 0.55, 0.42, 0.4, 0.5, 0.7])  # a U-shaped curve over the grid
+    slope = rng.uniform(-0.05, 0.15, shape)[..., None]  # how much each head's curve moves with the sink
+    precision = u + slope * (rho0[..., None] - 0.35) * 2 + rng.normal(0, 0.03, (*shape, len(STUDY_GRID)))
+    recall = u + 0.05 + 0.5 * (rho0[..., None] - 0.35) * np.linspace(1, 0.2, len(STUDY_GRID)) + rng.normal(
+        0, 0.03, (*shape, len(STUDY_GRID)))
+    chance = np.array([1.0, 0.6, 0.45, 0.38, 0.3, 0.3, 0.42, 0.65])
+    return {
+        "rho0": rho0,
+        "decay_mae": rng.uniform(0.04, 0.2, shape),
+        "sink_norm_ratio": rng.uniform(0.2, 1.2, shape),
+        "value_norm_cv": rng.uniform(0.02, 0.09, shape),
+        "precision": precision, "recall": recall,
+        "excess_precision": precision - chance, "excess_recall": recall - chance,
+        "bound_precision_upper": np.minimum(precision + rng.uniform(0.0, 0.1, shape)[..., None], 1.2),
+        "bound_recall_upper": np.minimum(recall + rng.uniform(0.0, 0.08, shape)[..., None], 1.2),
+        "bound_precision_lower": np.zeros((*shape, len(STUDY_GRID))),
+        "bound_recall_lower": np.zeros((*shape, len(STUDY_GRID))),
+    }  # fmt: skip
+
+
+def simulate_study(means: dict[str, np.ndarray], rng: np.random.Generator) -> GeometryResult:
+    """One study: each document's values scatter around the true means; the package accumulates them."""
+    values = {}
+    for name, mean in means.items():
+        if name in ("decay_mae", "sink_norm_ratio", "value_norm_cv"):  # positive and right-skewed (CV 0.5)
+            values[name] = mean * rng.gamma(4.0, 0.25, (STUDY_DOCUMENTS, *mean.shape))
+        elif name.startswith("bound_") and name.endswith("_lower"):
+            values[name] = np.zeros((STUDY_DOCUMENTS, *mean.shape))
+        else:  # skewed too: a centred gamma, spread growing with the mean's distance from 1
+            noise = rng.gamma(2.0, 1.0, (STUDY_DOCUMENTS, *mean.shape)) - 2.0
+            values[name] = mean + 0.06 * noise * (0.5 + np.abs(1 - mean))
+    names = (*values, *[r for r in REQUIRED_FIELDS if r not in values])
+    specs = [FieldSpec(name, name, axes=("n",) if name in STUDY_CURVES or name in REQUIRED_FIELDS else (),
+                       bootstrap=True) for name in names]
+    ones = np.ones((STUDY_DOCUMENTS, STUDY_LAYERS, STUDY_HEADS, len(STUDY_GRID)))
+    tensors = {spec.name: torch.tensor(values.get(spec.name, ones)) for spec in specs}
+    acc = Accumulator(specs, layers=range(STUDY_LAYERS), heads=range(STUDY_HEADS), n_grid=torch.tensor(STUDY_GRID),
+                      n_bootstrap=STUDY_REPLICATES, replicate_fields=frozenset(values))
+    weights = torch.tensor(rng.poisson(1.0, (STUDY_DOCUMENTS, STUDY_REPLICATES)), dtype=torch.float64)
+    acc.add(tensors, weights, n_tokens=STUDY_DOCUMENTS)
+    return GeometryResult.from_accumulator(acc, config=GeometryConfig(), model_name="simulated study")

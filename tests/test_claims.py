@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests import tiny_models as tm
+from tests.fixtures import simulate_study, true_means
 from tl_geometry import GeometryConfig, GeometryError, GeometryResult, claims, run_with_geometry_hooks
 from tl_geometry.analysis import claims as claims_module
 from tl_geometry.diagnostics.fields import FieldSpec
@@ -73,9 +74,9 @@ def _expanded(level, n):
     return 1 - 2 * NormalDist().cdf(-math.sqrt(n / (n - 1)) * t)
 
 
-def _claim_interval(key, value, replicates, n_documents, level=0.95):
+def _claim_interval(key, value, replicates, n_documents, level=0.95, expand=True):
     """The interval the claim declares (``INTERVAL_METHOD``) at the expanded level, each from its definition."""
-    level = _expanded(level, n_documents)
+    level = _expanded(level, n_documents) if expand else level
     reps = np.asarray(replicates, dtype=float)
     reps = reps[~np.isnan(reps)]
     low, high = np.quantile(reps, [(1 - level) / 2, (1 + level) / 2])
@@ -84,8 +85,31 @@ def _claim_interval(key, value, replicates, n_documents, level=0.95):
         return low, high
     if method == "basic":  # the percentile interval reflected about the value
         return 2 * value - high, 2 * value - low
+    if method == "shifted":  # the percentile interval moved by twice the replicates' mean bias
+        bias = np.mean(reps) - value
+        return low - 2 * bias, high - 2 * bias
     assert method == "bias-corrected", method
     return _bias_corrected(value, reps, level)
+
+
+def _disattenuated(x, y, noise_x, noise_y, noise_xy):
+    """Spearman's correction: the (co)variances over heads (divisor heads - 1) less the mean error ones."""
+    ok = ~np.isnan(x) & ~np.isnan(y)
+    c = np.cov(x[ok], y[ok])  # ddof 1
+    return float(np.clip((c[0, 1] - noise_xy) / np.sqrt((c[0, 0] - noise_x) * (c[1, 1] - noise_y)), -1, 1))
+
+
+def _error_covariance(rx, ry, n_documents):
+    """Mean over heads of the covariance over replicates of each head's two means (replicates without a document
+    left out), times n / (n - 1)."""
+    per_head = [np.cov(a[ok], b[ok])[0, 1] for a, b in zip(rx.T, ry.T) for ok in [~np.isnan(a) & ~np.isnan(b)]]
+    return float(np.mean(per_head)) * n_documents / (n_documents - 1)
+
+
+def _interquartile_mean(values):
+    defined = np.sort(values[~np.isnan(values)])
+    cut = len(defined) // 4
+    return float(np.mean(defined[cut : len(defined) - cut]))
 
 
 def test_one_row_per_claim_with_the_documented_columns(table):
@@ -109,8 +133,7 @@ def test_stable_norms_is_the_share_of_heads_with_cv_at_most_005(result, table):
 
 def test_sink_and_decay_statistics(result, table):
     ratio = _np(result.per_head("sink_norm_ratio")).ravel()
-    defined = np.sort(ratio[~np.isnan(ratio)])
-    assert table.loc["compressed_sink", "value"] == pytest.approx(defined[(len(defined) - 1) // 2])  # lower median
+    assert table.loc["compressed_sink", "value"] == pytest.approx(_interquartile_mean(ratio))
     mae = _np(result.per_head("decay_mae"))
     assert table.loc["exponential_decay", "value"] == pytest.approx(np.nanmean(mae))
     reps = [np.nanmean(r) if np.any(~np.isnan(r)) else np.nan for r in _np(result.replicates("decay_mae"))]
@@ -175,24 +198,55 @@ def _corr(x, y):
     return np.corrcoef(x[ok], y[ok])[0, 1] if ok.sum() >= 3 and np.std(x[ok]) > 0 else np.nan
 
 
+@pytest.fixture(scope="module")
+def study():
+    """A simulated study of 16 documents whose heads differ (the tiny model's heads spread less than their noise,
+    where the disattenuated correlation is undefined)."""
+    return simulate_study(true_means(), np.random.default_rng(3))
+
+
 @pytest.mark.parametrize("key, metric", [("sink_recall_correlation", "recall"),
                                          ("sink_precision_correlation", "precision")])
-def test_sink_correlation_is_the_pearson_at_n_3_with_depth_partialled_beside(result, table, key, metric):
+def test_sink_correlation_is_the_pearson_at_n_3_with_depth_partialled_beside(study, key, metric):
+    result, table = study, claims(study)
     values = _np(result.per_head(metric))
     rho0 = _np(result.per_head("rho0"))
     at = result.n_grid.tolist().index(3)
     x, y = values[..., at].ravel(), rho0.ravel()
-    value = _corr(x, y)
+    raw = _corr(x, y)
+    rx = _np(result.replicates(metric))[..., at].reshape(-1, x.size)
+    ry = _np(result.replicates("rho0")).reshape(-1, x.size)
+    n = result.n_documents
+    noise = (_error_covariance(rx, rx, n), _error_covariance(ry, ry, n), _error_covariance(rx, ry, n))
+    value = _disattenuated(x, y, *noise)
     assert table.loc[key, "value"] == pytest.approx(value, abs=1e-6)
+    assert f"uncorrected {raw:.3g}" in table.loc[key, "measured"]
     n_layers, n_heads = rho0.shape
     depth = np.repeat(np.arange(n_layers) / max(1, n_layers - 1), n_heads)
     partial = _partial(x, y, depth)
     assert f"{partial:.3g} with layer depth partialled out" in table.loc[key, "measured"]
-    # The interval: the claim's, over the replicates' correlations at N = 3.
-    reps = [_corr(m[..., at].ravel(), r.ravel()) for m, r in
-            zip(_np(result.replicates(metric)), _np(result.replicates("rho0")))]
-    low, high = np.clip(_claim_interval(key, table.loc[key, "value"], reps, result.n_documents), -1, 1)
+    # The interval: the claim's method at the plain level on Fisher's z, of the replicates' disattenuated
+    # correlations' deviations from the uncorrected value (their own truth), moved to the value. Each replicate's
+    # deviations from the heads' means are added to those means shrunk to the spread that is not noise.
+    def shrunk(reps, means, noise):
+        factor = np.sqrt(max(0.0, 1 - noise / np.var(means, ddof=1)))
+        return means.mean() + factor * (means - means.mean()) + (reps - means)
+
+    reps = np.array([_disattenuated(a, b, *noise) for a, b in zip(shrunk(rx, x, noise[0]), shrunk(ry, y, noise[1]))])
+    z = lambda r: np.arctanh(np.clip(r, -1 + 1e-12, 1 - 1e-12))  # noqa: E731
+    low, high = np.tanh(_claim_interval(key, z(value), z(reps) - z(raw) + z(value), n, expand=False))
     assert (table.loc[key, "low"], table.loc[key, "high"]) == pytest.approx((low, high), abs=1e-5)
+
+
+def test_heads_within_their_noise_give_no_disattenuated_correlation(result, table):
+    """The tiny random model's heads differ less than their noise over 4 documents: nothing to correct."""
+    at = result.n_grid.tolist().index(3)
+    n = result.n_documents
+    rx = _np(result.replicates("recall"))[..., at].reshape(len(result.replicates("recall")), -1)
+    spread = np.var(_np(result.per_head("recall"))[..., at].ravel(), ddof=1)
+    assert _error_covariance(rx, rx, n) >= spread  # the reason, from the definitions
+    row = table.loc["sink_recall_correlation"]
+    assert row.verdict == "not measured" and "spread less than their noise" in row.option + row.measured
 
 
 def test_sink_recall_correlation_needs_n_3():
@@ -309,6 +363,27 @@ def test_stable_norms_verdict_on_hand_built_results(cv, expected):
     assert row.verdict == expected and row.value == pytest.approx(np.mean(cv <= 0.05))
 
 
+@pytest.mark.parametrize("means, spreads, expected", [
+    ([0.03, 0.03, 0.03, 0.052], [0.004, 0.004, 0.004, 0.02], "holds"),  # the hard share, 0.75, says "partly"
+    ([0.044, 0.052, 0.036, 0.06], [0.004, 0.006, 0.004, 0.006], "partly"),
+    ([0.07] * 4, [0.004] * 4, "does not hold")])
+def test_stable_norms_without_the_curve_is_the_expected_share(means, spreads, expected):
+    """Within-sequence CVs of 4 documents per head (mean +- spread), no averaged curve: each head counts by the
+    normal probability that its CV is <= 0.05 given its mean and standard error (std with ddof 1 over
+    sqrt(4))."""
+    cv = np.array(means) + np.array([1, -1, 1, -1])[:, None] * np.array(spreads)  # [document, head]
+    specs = [FieldSpec("value_norm_cv", "value_norm_cv")] + [FieldSpec(n, n, axes=("n",)) for n in REQUIRED_FIELDS]
+    acc = Accumulator(specs, layers=range(2), heads=range(2), n_grid=torch.tensor([1, 2]))
+    values = {"value_norm_cv": torch.tensor(cv).reshape(4, 2, 2)}
+    values.update({n: torch.ones(4, 2, 2, 2) for n in REQUIRED_FIELDS})
+    acc.add(values, torch.zeros(4, 0), n_tokens=4)
+    row = claims(GeometryResult.from_accumulator(acc, config=GeometryConfig(), model_name="hand")).loc["stable_norms"]
+    se = cv.std(0, ddof=1) / 2
+    expected_share = np.mean([NormalDist().cdf((0.05 - m) / e) for m, e in zip(cv.mean(0), se)])
+    assert row.value == pytest.approx(expected_share, abs=1e-9) and row.verdict == expected
+    assert "the verdict's reading, the expected share" in row.measured
+
+
 @pytest.mark.parametrize("mae, expected", [(0.09, "holds"), (0.15, "partly"), (0.3, "does not hold")])
 def test_decay_verdict_on_hand_built_results(mae, expected):
     fields = _with_required({"decay_mae": np.full((2, 3), mae)})
@@ -340,13 +415,15 @@ def test_small_n_drop_on_hand_built_curves():
     assert row.verdict == "not measured" and 'diagnostics=["chance"]' in row.option
 
 
-@pytest.mark.parametrize("lambdas, expected", [([0.2] * 5 + [1.5] * 3, "holds"), ([0.7] * 5 + [1.5] * 3, "partly"),
-                                              ([0.2] * 3 + [1.5] * 5, "does not hold")])
-def test_compressed_sink_verdict_on_hand_built_results(lambdas, expected):
-    """The lower median of lambda decides (a mutant taking the mean would call the first case "partly")."""
+@pytest.mark.parametrize("lambdas, expected, value", [
+    ([0.2] * 6 + [1.5] * 2, "holds", 0.2),  # the mean, 0.525, would say "partly"
+    ([0.1] * 2 + [0.3] * 3 + [1.5] * 3, "partly", 0.6),  # the median, 0.3, would say "holds"
+    ([0.2] * 2 + [1.5] * 6, "does not hold", 1.5)])
+def test_compressed_sink_verdict_on_hand_built_results(lambdas, expected, value):
+    """The interquartile mean of lambda decides (of 8 heads, the middle 4)."""
     fields = _with_required({"sink_norm_ratio": np.array(lambdas).reshape(2, 4)})
     row = claims(_hand_built(fields)).loc["compressed_sink"]
-    assert row.verdict == expected and row.value == pytest.approx(sorted(lambdas)[3])
+    assert row.verdict == expected and row.value == pytest.approx(value)
 
 
 @pytest.mark.parametrize("shows, expected", [(6, "holds"), (3, "partly"), (1, "does not hold")])

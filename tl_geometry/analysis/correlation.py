@@ -2,7 +2,9 @@
 
 Spearman is the Pearson correlation of average ranks (ties get the mean of
 the ranks they span). Fewer than 3 pairs, or a constant variable, give NaN.
-Used by the sink correlation (Figure 6) and by geometry against dNLL.
+Used by the sink correlation (Figure 6) and by geometry against dNLL; the
+claims correct the sink correlation for the noise of the heads' means with
+`disattenuated_pearson` and `mean_replicate_covariance`.
 """
 
 import math
@@ -74,3 +76,56 @@ def partial_pearson(
     design = torch.stack([torch.ones_like(z), z], dim=1)
     residuals = [v - design @ torch.linalg.lstsq(design, v.unsqueeze(1)).solution.squeeze(1) for v in (x, y)]
     return float(weighted_pearson(residuals[0], residuals[1], torch.ones_like(x)))
+
+
+def disattenuated_pearson(
+    x: Float[Tensor, "*b unit"], y: Float[Tensor, "*b unit"], noise_x: float, noise_y: float, noise_xy: float
+) -> Float[Tensor, "*b"]:
+    """Pearson correlation of the units' true values, from estimates ``x``, ``y`` with noise (Spearman's correction).
+
+    Each unit's ``x`` and ``y`` are estimates (e.g. a head's means over
+    documents) whose errors have variances averaging ``noise_x`` and
+    ``noise_y`` over the units and covariances averaging ``noise_xy``. The
+    sample variances over the units (divisor units - 1) exceed the true
+    values' by the mean error variance, their covariance by the mean error
+    covariance; both are subtracted before the correlation is formed. NaN
+    where a corrected variance is not positive (the units' spread is within
+    their noise) or fewer than 3 units; clamped to [-1, 1]. Units where x or
+    y is NaN are left out.
+
+    >>> x = torch.tensor([0.0, 1, 2, 3, 4]); y = torch.tensor([1.0, 0, 3, 2, 4])
+    >>> round(float(disattenuated_pearson(x, y, 0.0, 0.0, 0.0)), 6)  # no noise: Pearson's r
+    0.8
+    >>> round(float(disattenuated_pearson(x, y, 0.5, 0.5, 0.0)), 6)  # variances 2.5 - 0.5: r / 0.8
+    1.0
+    """
+    x, y = torch.broadcast_tensors(x.double(), y.double())
+    w = (~(x.isnan() | y.isnan())).double()
+    x, y = x.nan_to_num(), y.nan_to_num()
+    count = w.sum(-1, keepdim=True)
+    dx = x - (w * x).sum(-1, keepdim=True) / count
+    dy = y - (w * y).sum(-1, keepdim=True) / count
+    dof = count.squeeze(-1) - 1
+    vx = (w * dx * dx).sum(-1) / dof - noise_x
+    vy = (w * dy * dy).sum(-1) / dof - noise_y
+    cov = (w * dx * dy).sum(-1) / dof - noise_xy
+    r = cov / (vx.clamp_min(0) * vy.clamp_min(0)).sqrt()
+    return r.masked_fill((vx <= 0) | (vy <= 0) | (dof < 2), math.nan).clamp(-1, 1)
+
+
+def mean_replicate_covariance(rx: Float[Tensor, "replicate unit"], ry: Float[Tensor, "replicate unit"]) -> float:
+    """Mean over units of the covariance over bootstrap replicates of each unit's x and y (replicates where
+    either is NaN left out): the mean covariance of the units' estimation errors, as the bootstrap sees it.
+
+    >>> rx = torch.tensor([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]])  # two units, variance 4 each over replicates
+    >>> mean_replicate_covariance(rx, rx), mean_replicate_covariance(rx, -rx)
+    (4.0, -4.0)
+    """
+    rx, ry = rx.double(), ry.double()
+    w = (~(rx.isnan() | ry.isnan())).double()
+    rx, ry = rx.nan_to_num(), ry.nan_to_num()
+    count = w.sum(0)
+    dx = rx - (w * rx).sum(0) / count
+    dy = ry - (w * ry).sum(0) / count
+    per_unit = (w * dx * dy).sum(0) / (count - 1)
+    return float(per_unit[count >= 2].mean())

@@ -1,4 +1,4 @@
-"""Bootstrap intervals of a statistic from its replicates: percentile, bias-corrected percentile and basic.
+"""Bootstrap intervals of a statistic from its replicates: percentile, bias-corrected, basic and shifted percentile.
 
 A result keeps Poisson-bootstrap replicates over documents (each replicate's
 per-head means), not each document's values. From the replicates
@@ -18,7 +18,12 @@ per-head means), not each document's values. From the replicates
   b on average, it sits above theta by b: it corrects a bias that the
   resampling repeats, as the attenuation of a correlation between noisy
   per-head means (each replicate's means carry the documents' noise once
-  more, so its correlation is attenuated twice).
+  more, so its correlation is attenuated twice);
+- the shifted percentile interval keeps the percentile interval's shape and
+  moves it by twice the replicates' mean bias ``b = mean(theta*) - theta``:
+  ``[q(tail) - 2 b, q(1 - tail) - 2 b]``, centred on the bias-corrected
+  estimate ``theta - b`` as the basic interval is, without reflecting the
+  replicates' skew.
 
 Statistics of many noisy per-head means (a correlation over heads, a
 minimum of two drops) are biased by the noise itself; the percentile
@@ -154,9 +159,30 @@ def basic_interval(value: float, replicates: Float[Tensor, " replicate"], level:
     return 2 * value - high, 2 * value - low
 
 
+def shifted_percentile_interval(
+    value: float, replicates: Float[Tensor, " replicate"], level: float = 0.95
+) -> tuple[float, float]:
+    """The ``level`` percentile interval moved by twice the replicates' mean bias (centred on ``theta - b``).
+
+    >>> tuple(round(x, 6) for x in shifted_percentile_interval(60.0, torch.arange(101.0), 0.9))  # b = -10
+    (25.0, 115.0)
+    >>> skewed = torch.arange(101.0) ** 2 / 100  # mean 33.5, 90 % percentile interval [0.25, 90.25]
+    >>> tuple(round(x, 2) for x in shifted_percentile_interval(50.0, skewed, 0.9))  # basic: (9.75, 99.75)
+    (33.25, 123.25)
+    """
+    low, high = percentile_interval(replicates, level)
+    values = replicates.double().flatten()
+    values = values[~values.isnan()]
+    if math.isnan(value) or not len(values):
+        return math.nan, math.nan
+    shift = 2 * (float(values.mean()) - value)
+    return low - shift, high - shift
+
+
 METHODS = {
     "percentile": lambda value, replicates, level: percentile_interval(replicates, level),
     "bias-corrected": bias_corrected_interval,
     "basic": basic_interval,
+    "shifted": shifted_percentile_interval,
 }
 """Every interval by name, called as ``(value, replicates, level)``."""
