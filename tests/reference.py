@@ -6,6 +6,7 @@ float64, one row and one N at a time, distances computed directly as
 
 import math
 
+import numpy as np
 import torch
 
 
@@ -164,3 +165,27 @@ def reference_margins(alpha, values, mask, n, ranking="attention"):
         "rho_in": rho_in, "rho0_in": rho0_in, "rho0_out": rho0_out,
         "length": length, "inside": inside, "outside": outside, "mu": mu,
     }
+
+
+# ---- Spearman's correction of a correlation between noisy per-head means (numpy)
+
+
+def reference_disattenuated(x, y, noise_x, noise_y, noise_xy):
+    """Spearman's correction: the (co)variances over heads (divisor heads - 1) less the mean error ones."""
+    ok = ~np.isnan(x) & ~np.isnan(y)
+    c = np.cov(x[ok], y[ok])  # ddof 1
+    return float(np.clip((c[0, 1] - noise_xy) / np.sqrt((c[0, 0] - noise_x) * (c[1, 1] - noise_y)), -1, 1))
+
+
+def reference_error_covariance(rx, ry, n_documents):
+    """Mean over heads of the covariance over replicates of each head's two means (replicates without a document
+    left out), times n / (n - 1)."""
+    per_head = [np.cov(a[ok], b[ok])[0, 1] for a, b in zip(rx.T, ry.T) for ok in [~np.isnan(a) & ~np.isnan(b)]]
+    return float(np.mean(per_head)) * n_documents / (n_documents - 1)
+
+
+def reference_shrunk(replicates, means, noise):
+    """Each replicate's deviations from the heads' means added to those means shrunk towards their average by
+    sqrt(1 - noise / their variance (ddof 1))."""
+    factor = np.sqrt(max(0.0, 1 - noise / np.var(means, ddof=1)))
+    return means.mean() + factor * (means - means.mean()) + (replicates - means)

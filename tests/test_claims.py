@@ -18,6 +18,7 @@ import torch
 
 from tests import tiny_models as tm
 from tests.fixtures import simulate_study, true_means
+from tests.reference import reference_disattenuated, reference_error_covariance, reference_shrunk
 from tl_geometry import GeometryConfig, GeometryError, GeometryResult, claims, run_with_geometry_hooks
 from tl_geometry.analysis import claims as claims_module
 from tl_geometry.diagnostics.fields import FieldSpec
@@ -90,20 +91,6 @@ def _claim_interval(key, value, replicates, n_documents, level=0.95, expand=True
         return low - 2 * bias, high - 2 * bias
     assert method == "bias-corrected", method
     return _bias_corrected(value, reps, level)
-
-
-def _disattenuated(x, y, noise_x, noise_y, noise_xy):
-    """Spearman's correction: the (co)variances over heads (divisor heads - 1) less the mean error ones."""
-    ok = ~np.isnan(x) & ~np.isnan(y)
-    c = np.cov(x[ok], y[ok])  # ddof 1
-    return float(np.clip((c[0, 1] - noise_xy) / np.sqrt((c[0, 0] - noise_x) * (c[1, 1] - noise_y)), -1, 1))
-
-
-def _error_covariance(rx, ry, n_documents):
-    """Mean over heads of the covariance over replicates of each head's two means (replicates without a document
-    left out), times n / (n - 1)."""
-    per_head = [np.cov(a[ok], b[ok])[0, 1] for a, b in zip(rx.T, ry.T) for ok in [~np.isnan(a) & ~np.isnan(b)]]
-    return float(np.mean(per_head)) * n_documents / (n_documents - 1)
 
 
 def _interquartile_mean(values):
@@ -217,8 +204,8 @@ def test_sink_correlation_is_the_pearson_at_n_3_with_depth_partialled_beside(stu
     rx = _np(result.replicates(metric))[..., at].reshape(-1, x.size)
     ry = _np(result.replicates("rho0")).reshape(-1, x.size)
     n = result.n_documents
-    noise = (_error_covariance(rx, rx, n), _error_covariance(ry, ry, n), _error_covariance(rx, ry, n))
-    value = _disattenuated(x, y, *noise)
+    noise = tuple(reference_error_covariance(a, b, n) for a, b in ((rx, rx), (ry, ry), (rx, ry)))
+    value = reference_disattenuated(x, y, *noise)
     assert table.loc[key, "value"] == pytest.approx(value, abs=1e-6)
     assert f"uncorrected {raw:.3g}" in table.loc[key, "measured"]
     n_layers, n_heads = rho0.shape
@@ -228,11 +215,8 @@ def test_sink_correlation_is_the_pearson_at_n_3_with_depth_partialled_beside(stu
     # The interval: the claim's method at the plain level on Fisher's z, of the replicates' disattenuated
     # correlations' deviations from the uncorrected value (their own truth), moved to the value. Each replicate's
     # deviations from the heads' means are added to those means shrunk to the spread that is not noise.
-    def shrunk(reps, means, noise):
-        factor = np.sqrt(max(0.0, 1 - noise / np.var(means, ddof=1)))
-        return means.mean() + factor * (means - means.mean()) + (reps - means)
-
-    reps = np.array([_disattenuated(a, b, *noise) for a, b in zip(shrunk(rx, x, noise[0]), shrunk(ry, y, noise[1]))])
+    reps = np.array([reference_disattenuated(a, b, *noise) for a, b in
+                     zip(reference_shrunk(rx, x, noise[0]), reference_shrunk(ry, y, noise[1]))])
     z = lambda r: np.arctanh(np.clip(r, -1 + 1e-12, 1 - 1e-12))  # noqa: E731
     low, high = np.tanh(_claim_interval(key, z(value), z(reps) - z(raw) + z(value), n, expand=False))
     assert (table.loc[key, "low"], table.loc[key, "high"]) == pytest.approx((low, high), abs=1e-5)
@@ -244,7 +228,7 @@ def test_heads_within_their_noise_give_no_disattenuated_correlation(result, tabl
     n = result.n_documents
     rx = _np(result.replicates("recall"))[..., at].reshape(len(result.replicates("recall")), -1)
     spread = np.var(_np(result.per_head("recall"))[..., at].ravel(), ddof=1)
-    assert _error_covariance(rx, rx, n) >= spread  # the reason, from the definitions
+    assert reference_error_covariance(rx, rx, n) >= spread  # the reason, from the definitions
     row = table.loc["sink_recall_correlation"]
     assert row.verdict == "not measured" and "spread less than their noise" in row.option + row.measured
 

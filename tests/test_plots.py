@@ -1,11 +1,14 @@
 """Figures: the traces, axes and data ranges they show."""
 
+import dataclasses
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from tests import tiny_models as tm
+from tests.fixtures import simulate_study, true_means
 from tl_geometry import GeometryConfig, GeometryError, classify_heads, run_with_geometry_hooks
 from tl_geometry.analysis import REGIMES
 from tl_geometry.report import plots
@@ -143,6 +146,18 @@ def test_sink_recall_draws_pearson_spearman_and_interval(full):
     torch.testing.assert_close(torch.tensor(pearson.y, dtype=torch.float64), correlation.pearson.double(),
                                equal_nan=True)
     assert fig.layout.yaxis.range == (-1, 1) and fig.layout.xaxis.type == "log"
+
+
+def test_sink_recall_draws_the_disattenuated_curve_where_it_is_measured():
+    study = simulate_study(true_means(), np.random.default_rng(2))
+    correlation = sink_recall_correlation(study)
+    fig = plots.sink_recall(correlation)
+    corrected = next(t for t in fig.data if t.name == "Pearson, disattenuated")
+    torch.testing.assert_close(torch.tensor(corrected.y, dtype=torch.float64), correlation.disattenuated.double())
+    torch.testing.assert_close(torch.tensor(corrected.error_y.array, dtype=torch.float64),
+                               (correlation.disattenuated_high - correlation.disattenuated).double())
+    bare = dataclasses.replace(correlation, disattenuated=torch.full_like(correlation.disattenuated, math.nan))
+    assert "Pearson, disattenuated" not in [t.name for t in plots.sink_recall(bare).data]
 
 
 def test_precision_recall_vs_n_draws_envelopes_when_bounds_were_computed(full):

@@ -8,7 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tl_geometry import GeometryConfig, GeometryError
+from tests.fixtures import simulate_study, true_means
+from tests.reference import reference_disattenuated, reference_error_covariance, reference_shrunk
+from tl_geometry import GeometryConfig, GeometryError, claims
 from tl_geometry.analysis.sink import sink_recall_correlation
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.results.accumulators import Accumulator
@@ -99,10 +101,39 @@ def test_correlations_and_bounds_match_the_reference(steps):
     assert got.n_pairs.tolist() == [12.0] * n
 
 
+def test_the_disattenuated_correlation_matches_the_reference_and_the_claim():
+    """At every N: Spearman's correction with the replicates' error (co)variances, and the basic interval on
+    Fisher's z of the replicates' corrected correlations (in the shrunk bootstrap world) about the uncorrected
+    value, from the definitions in numpy; at N = 3 it is the claims scorecard's value and interval."""
+    result = simulate_study(true_means(), np.random.default_rng(11))
+    got = sink_recall_correlation(result, confidence=0.9)
+    n_docs = result.n_documents
+    rho0 = result.per_head("rho0").double().numpy().ravel()
+    ry = result.replicates("rho0").double().numpy().reshape(-1, rho0.size)
+    z = lambda r: np.arctanh(np.clip(r, -1 + 1e-12, 1 - 1e-12))  # noqa: E731
+    for k in range(len(result.n_grid)):
+        x = result.per_head("recall")[..., k].double().numpy().ravel()
+        rx = result.replicates("recall")[..., k].double().numpy().reshape(-1, x.size)
+        noise = tuple(reference_error_covariance(a, b, n_docs) for a, b in ((rx, rx), (ry, ry), (rx, ry)))
+        value = reference_disattenuated(x, rho0, *noise)
+        reps = np.array([reference_disattenuated(a, b, *noise) for a, b in
+                         zip(reference_shrunk(rx, x, noise[0]), reference_shrunk(ry, rho0, noise[1]))])
+        low, high = np.quantile(z(reps) - z(np.corrcoef(x, rho0)[0, 1]), [0.05, 0.95])
+        assert math.isclose(got.disattenuated[k].item(), value, abs_tol=1e-5)
+        assert math.isclose(got.disattenuated_low[k].item(), np.tanh(z(value) - high), abs_tol=1e-5)
+        assert math.isclose(got.disattenuated_high[k].item(), np.tanh(z(value) - low), abs_tol=1e-5)
+    at = result.n_grid.tolist().index(3)
+    row = claims(result).loc["sink_recall_correlation"]
+    at95 = sink_recall_correlation(result)
+    curve = (at95.disattenuated, at95.disattenuated_low, at95.disattenuated_high)
+    assert (row.value, row.low, row.high) == pytest.approx(tuple(t[at].item() for t in curve), abs=1e-6)
+
+
 def test_no_bounds_without_replicates_or_with_one_document():
     recall, rho0, weights = random_inputs(2, s=1)
     one = sink_recall_correlation(make_result(recall, rho0, weights))
     assert one.pearson_low.isnan().all() and one.spearman_high.isnan().all() and one.n_bootstrap == 0
+    assert one.disattenuated.isnan().all() and one.disattenuated_high.isnan().all()
     assert not one.pearson[:4].isnan().any()
     recall, rho0, weights = random_inputs(2)
     bare = sink_recall_correlation(make_result(recall, rho0))

@@ -83,7 +83,7 @@ for the number of documents. The correlations' replicates scatter around the
 uncorrected value (the bootstrap world's truth), not the disattenuated one:
 their interval is taken on Fisher's z, of the replicates' deviations from
 the uncorrected value moved to the value, in a bootstrap world as noisy as
-the real one (`_shrunk`), at the plain level (``NOT_EXPANDED``: expanded,
+the real one (`shrunk_replicates`), at the plain level (``NOT_EXPANDED``: expanded,
 they over-cover). The role claims take the percentile interval of the
 counts on each replicate's own roles.
 """
@@ -99,8 +99,9 @@ from torch import Tensor
 
 from tl_geometry.analysis.correlation import (
     disattenuated_pearson,
-    mean_replicate_covariance,
+    error_covariance,
     partial_pearson,
+    shrunk_replicates,
     weighted_pearson,
 )
 from tl_geometry.analysis.intervals import METHODS, expanded_level, percentile_interval
@@ -682,17 +683,7 @@ def _noise(result: GeometryResult, metric: str, at: int) -> tuple[float, float, 
     rx = result.replicates(metric)[..., at].flatten(-2)
     ry = result.replicates("rho0").flatten(-2)
     unbiased = result.n_documents / (result.n_documents - 1)
-    return tuple(unbiased * mean_replicate_covariance(a, b) for a, b in ((rx, rx), (ry, ry), (rx, ry)))
-
-
-def _shrunk(replicates: Tensor, means: Tensor, noise: float) -> Tensor:
-    """``replicates - means`` added to the means shrunk towards their average by sqrt(1 - noise / spread)
-    (spread: their variance over units, divisor units - 1), the share of their spread that is not noise."""
-    defined = means[~means.isnan()]
-    spread = float(defined.var())
-    shrink = math.sqrt(max(0.0, 1 - noise / spread)) if spread > 0 else 1.0
-    centre = float(defined.mean())
-    return centre + shrink * (means - centre) + (replicates - means)
+    return tuple(unbiased * float(error_covariance(a, b)) for a, b in ((rx, rx), (ry, ry), (rx, ry)))
 
 
 def _sink_correlation(result: GeometryResult, key: str, metric: str) -> Claim:
@@ -729,14 +720,12 @@ def _sink_correlation(result: GeometryResult, key: str, metric: str) -> Claim:
                  f"{_fmt(raw)}; the heads' means' reliability: {reliability}), {partial}"]
 
     def batched(f: Mapping[str, Tensor]) -> Tensor:
-        """The replicates' disattenuated correlations, in a bootstrap world as reliable as the real one: each
-        replicate's deviation from the heads' means is added to those means shrunk towards their average until
-        their spread is the true spread the correction estimates (the correlation, the pivot, is kept)."""
+        """The replicates' disattenuated correlations, in a bootstrap world as noisy as the real one."""
         x, y = f[metric][..., at].flatten(-2), f["rho0"].flatten(-2)
         if noise is None:
             return _pearson(x, y)
-        return disattenuated_pearson(_shrunk(x, values[..., at].flatten(), noise[0]),
-                                     _shrunk(y, rho0.flatten(), noise[1]), *noise)
+        return disattenuated_pearson(shrunk_replicates(x, values[..., at].flatten(), noise[0]),
+                                     shrunk_replicates(y, rho0.flatten(), noise[1]), *noise)
 
     if CORR_N_LATER in grid:
         later = grid.index(CORR_N_LATER)

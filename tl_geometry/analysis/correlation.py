@@ -3,8 +3,10 @@
 Spearman is the Pearson correlation of average ranks (ties get the mean of
 the ranks they span). Fewer than 3 pairs, or a constant variable, give NaN.
 Used by the sink correlation (Figure 6) and by geometry against dNLL; the
-claims correct the sink correlation for the noise of the heads' means with
-`disattenuated_pearson` and `mean_replicate_covariance`.
+sink correlation is also corrected for the noise of the heads' means
+(`disattenuated_pearson`, with the errors' (co)variances from the bootstrap
+replicates, `error_covariance`, and a bootstrap world as noisy as the real
+one, `shrunk_replicates`).
 """
 
 import math
@@ -79,13 +81,18 @@ def partial_pearson(
 
 
 def disattenuated_pearson(
-    x: Float[Tensor, "*b unit"], y: Float[Tensor, "*b unit"], noise_x: float, noise_y: float, noise_xy: float
+    x: Float[Tensor, "*b unit"],
+    y: Float[Tensor, "*b unit"],
+    noise_x: float | Float[Tensor, "*c"],
+    noise_y: float | Float[Tensor, "*c"],
+    noise_xy: float | Float[Tensor, "*c"],
 ) -> Float[Tensor, "*b"]:
     """Pearson correlation of the units' true values, from estimates ``x``, ``y`` with noise (Spearman's correction).
 
     Each unit's ``x`` and ``y`` are estimates (e.g. a head's means over
     documents) whose errors have variances averaging ``noise_x`` and
-    ``noise_y`` over the units and covariances averaging ``noise_xy``. The
+    ``noise_y`` over the units and covariances averaging ``noise_xy`` (each
+    broadcast against the leading axes ``*b``). The
     sample variances over the units (divisor units - 1) exceed the true
     values' by the mean error variance, their covariance by the mean error
     covariance; both are subtracted before the correlation is formed. NaN
@@ -106,19 +113,22 @@ def disattenuated_pearson(
     dx = x - (w * x).sum(-1, keepdim=True) / count
     dy = y - (w * y).sum(-1, keepdim=True) / count
     dof = count.squeeze(-1) - 1
-    vx = (w * dx * dx).sum(-1) / dof - noise_x
-    vy = (w * dy * dy).sum(-1) / dof - noise_y
-    cov = (w * dx * dy).sum(-1) / dof - noise_xy
+    vx = (w * dx * dx).sum(-1) / dof - torch.as_tensor(noise_x, dtype=torch.float64)
+    vy = (w * dy * dy).sum(-1) / dof - torch.as_tensor(noise_y, dtype=torch.float64)
+    cov = (w * dx * dy).sum(-1) / dof - torch.as_tensor(noise_xy, dtype=torch.float64)
     r = cov / (vx.clamp_min(0) * vy.clamp_min(0)).sqrt()
     return r.masked_fill((vx <= 0) | (vy <= 0) | (dof < 2), math.nan).clamp(-1, 1)
 
 
-def mean_replicate_covariance(rx: Float[Tensor, "replicate unit"], ry: Float[Tensor, "replicate unit"]) -> float:
+def error_covariance(
+    rx: Float[Tensor, "replicate *b unit"], ry: Float[Tensor, "replicate *b unit"]
+) -> Float[Tensor, "*b"]:
     """Mean over units of the covariance over bootstrap replicates of each unit's x and y (replicates where
-    either is NaN left out): the mean covariance of the units' estimation errors, as the bootstrap sees it.
+    either is NaN left out): the mean covariance of the units' estimation errors, as the bootstrap sees it
+    (the plug-in spread: times n / (n - 1) for the unbiased one of n documents).
 
     >>> rx = torch.tensor([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]])  # two units, variance 4 each over replicates
-    >>> mean_replicate_covariance(rx, rx), mean_replicate_covariance(rx, -rx)
+    >>> float(error_covariance(rx, rx)), float(error_covariance(rx, -rx))
     (4.0, -4.0)
     """
     rx, ry = rx.double(), ry.double()
@@ -127,5 +137,26 @@ def mean_replicate_covariance(rx: Float[Tensor, "replicate unit"], ry: Float[Ten
     count = w.sum(0)
     dx = rx - (w * rx).sum(0) / count
     dy = ry - (w * ry).sum(0) / count
-    per_unit = (w * dx * dy).sum(0) / (count - 1)
-    return float(per_unit[count >= 2].mean())
+    per_unit = ((w * dx * dy).sum(0) / (count - 1)).masked_fill(count < 2, math.nan)
+    return per_unit.nanmean(-1)
+
+
+def shrunk_replicates(
+    replicates: Float[Tensor, "replicate *b unit"], means: Float[Tensor, "*b unit"], noise: float | Float[Tensor, "*b"]
+) -> Float[Tensor, "replicate *b unit"]:
+    """The replicates' deviations from the units' means, added to those means shrunk towards their average by
+    sqrt(1 - noise / spread) (spread: their variance over the units, divisor units - 1): a bootstrap world whose
+    units spread as much as the true values are estimated to, so that a disattenuated statistic amplifies the
+    replicates' noise as it amplifies the real one. Its correlations are the means' (an affine map per field).
+
+    >>> means = torch.tensor([0.0, 2.0]); reps = torch.tensor([[1.0, 2.0]])  # spread 2, noise 1.5: shrink by 1/2
+    >>> shrunk_replicates(reps, means, 1.5).tolist()
+    [[1.5, 1.5]]
+    """
+    defined = ~means.isnan()
+    count = defined.sum(-1, keepdim=True)
+    centre = means.nan_to_num().sum(-1, keepdim=True) / count
+    spread = ((means - centre).nan_to_num() ** 2).sum(-1, keepdim=True) / (count - 1)
+    noise = torch.as_tensor(noise, dtype=torch.float64).unsqueeze(-1)
+    shrink = torch.where(spread > 0, (1 - noise / spread).clamp_min(0).sqrt(), 1.0)
+    return centre + shrink * (means - centre) + (replicates - means)

@@ -9,7 +9,17 @@ visible keys) are left out of that N. Spearman uses average ranks for ties
 
 The bounds are a percentile bootstrap over documents from the result's own
 Poisson-bootstrap replicates of ``recall`` and ``rho0``: for each replicate,
-the same correlations of its per-head replicate means. A result keeps
+the same correlations of its per-head replicate means.
+
+Each head's means carry the documents' noise, which pulls the correlation
+towards 0. ``disattenuated`` corrects Pearson's for it (Spearman's
+correction, `tl_geometry.analysis.correlation.disattenuated_pearson`, with
+the errors' (co)variances from the replicates times n / (n - 1) for n
+documents), as the claims scorecard does at N = 3; its bounds are the basic
+interval on Fisher's z of the replicates' disattenuated correlations in a
+bootstrap world as noisy as the real one (`shrunk_replicates`), pivoting on
+the uncorrected value, at the plain level (docs: The paper's claims,
+"Intervals"). A result keeps
 statistics over documents, not each document's values, so the pairing
 ``over="sequence_heads"`` of format-1 results (one pair per sequence and head) is gone. With
 fewer than two documents, or without replicates of both fields, the bounds
@@ -24,7 +34,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from tl_geometry.analysis.correlation import correlations
+from tl_geometry.analysis.correlation import correlations, disattenuated_pearson, error_covariance, shrunk_replicates
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
 
@@ -42,6 +52,11 @@ class SinkRecallCorrelation:
         pearson_low, pearson_high, spearman_low, spearman_high: percentile
             bootstrap bounds over documents at level ``confidence`` (NaN
             without replicates or with one document).
+        disattenuated, disattenuated_low, disattenuated_high: Pearson's
+            correlation of the heads' true means, corrected for the noise of
+            their means over documents, and its bounds (NaN without
+            replicates, with one document, or where the heads spread less
+            than their noise).
         n_pairs: pairs entering each N (float).
         over: the pairing, ``"heads"``.
         confidence: the level of the bounds.
@@ -55,6 +70,9 @@ class SinkRecallCorrelation:
     pearson_high: Float[Tensor, " n"]
     spearman_low: Float[Tensor, " n"]
     spearman_high: Float[Tensor, " n"]
+    disattenuated: Float[Tensor, " n"]
+    disattenuated_low: Float[Tensor, " n"]
+    disattenuated_high: Float[Tensor, " n"]
     n_pairs: Float[Tensor, " n"]
     over: str
     confidence: float
@@ -135,8 +153,10 @@ def sink_recall_correlation(
     n_pairs = (~(x.isnan() | y.isnan())).double().sum(-1)
     n = x.shape[0]
     bounds = torch.full((4, n), math.nan, dtype=torch.float64)
+    corrected = torch.full((3, n), math.nan, dtype=torch.float64)
     used = kept if n_bootstrap != 0 and result.n_documents >= 2 else 0  # one document: nothing to resample
     if used:
+        corrected = _disattenuated(result, x, y, pearson, confidence)
         recall, rho0 = result.replicates("recall").double(), result.replicates("rho0").double()
         chunk = max(1, _CHUNK_ELEMENTS // max(1, n * x.shape[-1]))
         boot = [
@@ -155,11 +175,32 @@ def sink_recall_correlation(
         pearson_high=bounds[1].float(),
         spearman_low=bounds[2].float(),
         spearman_high=bounds[3].float(),
+        disattenuated=corrected[0].float(),
+        disattenuated_low=corrected[1].float(),
+        disattenuated_high=corrected[2].float(),
         n_pairs=n_pairs.float(),
         over=over,
         confidence=confidence,
         n_bootstrap=used,
     )
+
+
+def _disattenuated(
+    result: GeometryResult, x: Float[Tensor, "n pair"], y: Float[Tensor, "n pair"], pearson: Float[Tensor, " n"],
+    confidence: float,
+) -> Float[Tensor, "3 n"]:
+    """The disattenuated correlation at every N and its bounds (the module docstring says how)."""
+    rx, ry = _pairs(result.replicates("recall").double(), result.replicates("rho0").double())  # [replicate, n, pair]
+    unbiased = result.n_documents / (result.n_documents - 1)
+    noise = [unbiased * error_covariance(a, b) for a, b in ((rx, rx), (ry, ry), (rx, ry))]  # each [n]
+    value = disattenuated_pearson(x, y, *noise)
+    replicates = disattenuated_pearson(shrunk_replicates(rx, x, noise[0]), shrunk_replicates(ry, y, noise[1]), *noise)
+    z = torch.atanh(value.clamp(-1 + 1e-12, 1 - 1e-12))
+    deviations = torch.atanh(replicates.clamp(-1 + 1e-12, 1 - 1e-12)) - torch.atanh(
+        pearson.double().clamp(-1 + 1e-12, 1 - 1e-12))
+    tail = (1 - confidence) / 2
+    q = torch.nanquantile(deviations, torch.tensor([tail, 1 - tail], dtype=torch.float64), dim=0)  # [2, n]
+    return torch.stack([value, torch.tanh(z - q[1]), torch.tanh(z - q[0])])
 
 
 def _replicates_kept(result: GeometryResult, name: str) -> int:

@@ -413,7 +413,8 @@ def attention_profile(result: GeometryResult, layer: int | None = None, head: in
 
 
 def sink_recall(correlation: SinkRecallCorrelation) -> go.Figure:
-    """Figure 6: corr(R(r_min, N), rho_0) against N, Pearson with its bootstrap interval and Spearman."""
+    """Figure 6: corr(R(r_min, N), rho_0) against N, Pearson with its bootstrap interval, Spearman, and Pearson
+    disattenuated for the noise of the heads' means (with its interval) where the result measures that noise."""
     grid = correlation.n_grid.tolist()
     level = f"{100 * correlation.confidence:.0f} %"
     fig = go.Figure([
@@ -426,6 +427,14 @@ def sink_recall(correlation: SinkRecallCorrelation) -> go.Figure:
         go.Scatter(x=grid, y=correlation.spearman.tolist(), mode="lines", name="Spearman",
                    line={"color": ORANGE, "dash": "dash"}),
     ])
+    if not bool(correlation.disattenuated.isnan().all()):  # the claims' statistic: corrected for the noise
+        fig.add_trace(go.Scatter(
+            x=grid, y=correlation.disattenuated.tolist(), mode="lines+markers", name="Pearson, disattenuated",
+            line={"color": PURPLE, "dash": "dot"},
+            error_y={"type": "data", "symmetric": False, "color": PURPLE, "thickness": 1,
+                     "array": (correlation.disattenuated_high - correlation.disattenuated).tolist(),
+                     "arrayminus": (correlation.disattenuated - correlation.disattenuated_low).tolist()},
+        ))
     fig.add_hline(y=0, line={"color": GREY, "width": 1})
     _n_axes(fig, grid)
     fig.update_xaxes(title="N (selected keys)")
