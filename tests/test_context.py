@@ -5,6 +5,7 @@ sentences and the Concepts page), one row and one N at a time, never with the
 package's helpers.
 """
 
+import importlib
 import math
 
 import pytest
@@ -274,6 +275,21 @@ def test_fields_are_read_by_declaration_or_by_name():
     for mine, theirs in zip(result.ci(RECALL), result.ci("recall"), strict=True):
         assert torch.equal(mine, theirs)
     assert result.spec(RECALL) == RECALL and result.count(PRECISION).sum() > 0
+
+
+@pytest.mark.parametrize("module", ["selection", "assumptions", "chance", "bounds"])
+def test_every_field_of_a_diagnostic_is_exported_as_a_constant(module):
+    """``from tl_geometry.diagnostics.<module> import RHO0`` and the like: each declaration is a module constant
+    (or in an exported tuple of them, e.g. the profile fit's), so a reader can name a field by it."""
+    found = importlib.import_module(f"tl_geometry.diagnostics.{module}")
+    exported = set()
+    for name, value in vars(found).items():
+        if name.isupper() and isinstance(value, FieldSpec):
+            exported.add(value)
+        elif name.isupper() and isinstance(value, tuple):
+            exported |= {spec for spec in value if isinstance(spec, FieldSpec)}
+    missing = [spec.name for spec in found.DIAGNOSTIC.fields if spec not in exported]
+    assert not missing and found.DIAGNOSTIC.fields, missing
 
 
 def test_every_built_in_field_is_declared_once_with_a_doc():

@@ -18,7 +18,6 @@ from tl_geometry.engine.context import SelectionChunk
 from tl_geometry.errors import GeometryError
 from tl_geometry.theory.bounds import DEFAULT_KAPPA, MARGINS_COST, SelectionMargins, Variant, chunk_margins, envelopes
 
-_ENVELOPES = ("precision", "recall", "f_rmin", "f_rmax")
 _MARGINS = {
     "delta": "the paper's Delta = a_min_in^2 - 2 a_max_out S_in rho_out (eq. 8; NaN when I_N holds only the sink)",
     "delta0": "the paper's Delta_0 = a_0^2 - (S_in rho_out)^2 (eq. 29; NaN when the sink is not selected)",
@@ -64,24 +63,28 @@ class BoundSettings:
             )
 
 
+def _envelope(metric: str, side: str) -> FieldSpec:
+    return FieldSpec(f"bound_{metric}_{side}",
+                     f"{side} envelope of E[{metric}] (Theorems 1-2, Corollary 1; settings['bounds'].variant)", ("n",))
+
+
+# The declarations, by name: ``result.per_head(BOUND_RECALL_LOWER)`` reads ``result.per_head("bound_recall_lower")``.
+BOUND_PRECISION_LOWER, BOUND_PRECISION_UPPER = _envelope("precision", "lower"), _envelope("precision", "upper")
+BOUND_RECALL_LOWER, BOUND_RECALL_UPPER = _envelope("recall", "lower"), _envelope("recall", "upper")
+BOUND_F_RMIN_LOWER, BOUND_F_RMIN_UPPER = _envelope("f_rmin", "lower"), _envelope("f_rmin", "upper")
+BOUND_F_RMAX_LOWER, BOUND_F_RMAX_UPPER = _envelope("f_rmax", "lower"), _envelope("f_rmax", "upper")
+ENVELOPES = (BOUND_PRECISION_LOWER, BOUND_PRECISION_UPPER, BOUND_RECALL_LOWER, BOUND_RECALL_UPPER,
+             BOUND_F_RMIN_LOWER, BOUND_F_RMIN_UPPER, BOUND_F_RMAX_LOWER, BOUND_F_RMAX_UPPER)
+# The margins are read as means (to redraw the envelopes); their spread over documents is not kept.
+MARGINS = tuple(FieldSpec(f"margin_{name}", doc, ("n",), documents="mean") for name, doc in _MARGINS.items())
+MARGIN_N_KEYS = FieldSpec("margin_n_keys", "L: the keys the query sees, the sink included")
+
+
 class BoundDiagnostic(Diagnostic):
     name = "bounds"
     Settings = BoundSettings
     cost = MARGINS_COST
-    fields = (
-        *(
-            FieldSpec(
-                f"bound_{metric}_{side}",
-                f"{side} envelope of E[{metric}] (Theorems 1-2, Corollary 1; settings['bounds'].variant)",
-                ("n",),
-            )
-            for metric in _ENVELOPES
-            for side in ("lower", "upper")
-        ),
-        # The margins are read as means (to redraw the envelopes); their spread over documents is not kept.
-        *(FieldSpec(f"margin_{name}", doc, ("n",), documents="mean") for name, doc in _MARGINS.items()),
-        FieldSpec("margin_n_keys", "L: the keys the query sees, the sink included"),
-    )
+    fields = (*ENVELOPES, *MARGINS, MARGIN_N_KEYS)
 
     def check(self, config: Any) -> None:
         if config.distance != "euclidean":

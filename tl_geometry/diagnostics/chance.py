@@ -119,20 +119,23 @@ class ChanceSettings:
             raise GeometryError(f"settings['chance'].seed: expected an integer in [0, 2^32), got {self.seed!r}")
 
 
+# The declarations, by name: ``result.per_head(EXCESS_RECALL)`` reads a field as ``result.per_head("excess_recall")``.
+CHANCE_PRECISION_FLOOR = FieldSpec(
+    "chance_precision_floor", "N / L: the least Precision any N keys can score (L visible keys)", ("n",))
+CHANCE_PRECISION = FieldSpec("chance_precision", "mean Precision of random top-N sets (nested random rankings)", ("n",))
+CHANCE_RECALL = FieldSpec("chance_recall", "mean Recall of random top-N sets (nested random rankings)", ("n",))
+# Intervals on request (bootstrap_fields): replicates of two more N curves would double a result file.
+EXCESS_PRECISION = FieldSpec("excess_precision", "Precision minus chance_precision, per row", ("n",))
+EXCESS_RECALL = FieldSpec("excess_recall", "Recall minus chance_recall, per row", ("n",))
+
+
 class ChanceDiagnostic(Diagnostic):
     name = "chance"
     Settings = ChanceSettings
     # Per row, for the row's own ranking and each control: its y by place (key x d), and its
     # proximities, the counting kernel's scratch and its flags (a bool plane, counted as a float) (n x key).
     cost = RowCost(key_d=DEFAULT_CONTROLS + 1, n_key=3 * (DEFAULT_CONTROLS + 1))
-    fields = (
-        FieldSpec("chance_precision_floor", "N / L: the least Precision any N keys can score (L visible keys)", ("n",)),
-        FieldSpec("chance_precision", "mean Precision of random top-N sets (nested random rankings)", ("n",)),
-        FieldSpec("chance_recall", "mean Recall of random top-N sets (nested random rankings)", ("n",)),
-        # Intervals on request (bootstrap_fields): replicates of two more N curves would double a result file.
-        FieldSpec("excess_precision", "Precision minus chance_precision, per row", ("n",)),
-        FieldSpec("excess_recall", "Recall minus chance_recall, per row", ("n",)),
-    )
+    fields = (CHANCE_PRECISION_FLOOR, CHANCE_PRECISION, CHANCE_RECALL, EXCESS_PRECISION, EXCESS_RECALL)
 
     def rows(self, chunk: SelectionChunk, settings: ChanceSettings) -> dict[str, Tensor]:
         n_rows, n_keys = chunk.alpha.shape
