@@ -277,7 +277,7 @@ def test_fields_are_read_by_declaration_or_by_name():
     assert result.spec(RECALL) == RECALL and result.count(PRECISION).sum() > 0
 
 
-@pytest.mark.parametrize("module", ["selection", "assumptions", "chance", "bounds"])
+@pytest.mark.parametrize("module", ["selection", "assumptions", "chance", "bounds", "taxonomy"])
 def test_every_field_of_a_diagnostic_is_exported_as_a_constant(module):
     """``from tl_geometry.diagnostics.<module> import RHO0`` and the like: each declaration is a module constant
     (or in an exported tuple of them, e.g. the profile fit's), so a reader can name a field by it."""

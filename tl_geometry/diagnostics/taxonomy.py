@@ -312,43 +312,51 @@ class TaxonomySettings:
             raise GeometryError(f"settings['taxonomy'].seed: expected an integer in [0, 2^32), got {self.seed!r}")
 
 
+# The declarations, by name: ``result.per_head(SHARE_SINK)`` reads a field as ``result.per_head("share_sink")``.
+S_NORM_WITHOUT_SINK = FieldSpec("s_norm_without_sink", "||s(N)|| with the sink left out of the top-N set", ("n",))
+S_NORM_WITHOUT_LAST = FieldSpec("s_norm_without_last", "||s(N)|| with the query's own token left out of the top-N set", ("n",))  # fmt: skip
+COS_S_SINK = FieldSpec("cos_s_sink", "cos(s(N), v_sink)", ("n",))
+COS_S_LAST = FieldSpec("cos_s_last", "cos(s(N), v_L), L the query's own position", ("n",))
+COS_S_SINK_MIXED = FieldSpec("cos_s_sink_mixed", "cos(s(N), v_sink), NaN where the top-N set is the sink alone", ("n",))
+COS_S_LAST_MIXED = FieldSpec("cos_s_last_mixed", "cos(s(N), v_L), NaN where the top-N set is the sink alone", ("n",))
+CONTRIBUTION_SINK = FieldSpec("contribution_sink", "||alpha_sink v_sink||")
+CONTRIBUTION_LAST = FieldSpec("contribution_last", "||alpha_L v_L||")
+CONTRIBUTION_REST = FieldSpec("contribution_rest", "||sum of alpha_i v_i over the other visible keys||")
+TAXONOMY_ATTENTION_SINK = FieldSpec("taxonomy_attention_sink", "attention weight on the sink")
+TAXONOMY_ATTENTION_LAST = FieldSpec("taxonomy_attention_last", "attention weight on the query's own token")
+CONTRIBUTION_BY_POSITION = FieldSpec("contribution_by_position", "||alpha_i v_i|| by key position (last analysed query)", ("position",), queries="last", documents="mean")  # fmt: skip
+COS_LAST_BY_POSITION = FieldSpec("cos_last_by_position", "cos(v_i, v_L) by key position (last analysed query)", ("position",), queries="last", documents="mean")  # fmt: skip
+# The role rules' inputs: replicates by default, resampling documents and the query rows within them.
+SHARE_SINK = FieldSpec("share_sink", "<y_sink, o> / ||o||^2: the sink's share of the head's output o", bootstrap=True, resample_queries=True)  # fmt: skip
+SHARE_SELF = FieldSpec("share_self", "<y_L, o> / ||o||^2: the query's own token's share of o", bootstrap=True, resample_queries=True)  # fmt: skip
+SHARE_REST = FieldSpec("share_rest", "the other visible keys' share of o (the three shares sum to 1)", bootstrap=True, resample_queries=True)  # fmt: skip
+REST_EFFECTIVE_SHARE = FieldSpec("rest_effective_share", "effective number of rest keys (exp of the entropy of their weights) over their count", bootstrap=True, resample_queries=True)  # fmt: skip
+TOP_REST_SHARE = FieldSpec("top_rest_share", "the top rest key's weight over the rest's total weight", bootstrap=True, resample_queries=True)  # fmt: skip
+PREVIOUS_TOKEN = FieldSpec("previous_token", "1 where the top rest key is the previous token (lag 1), else 0", bootstrap=True, resample_queries=True)  # fmt: skip
+ALIGN_SINK_EXCESS = FieldSpec("align_sink_excess", "mean over 1 <= N < n of cos(s(N), v_sink) minus its random-set expectation", bootstrap=True, resample_queries=True)  # fmt: skip
+ALIGN_SELF_EXCESS = FieldSpec("align_self_excess", "mean over 1 <= N < n of cos(s(N), v_L) minus its random-set expectation", bootstrap=True, resample_queries=True)  # fmt: skip
+SHIFT_SINK = FieldSpec("shift_sink", "slope against ln N of the excess of cos(s(N), v_sink)", bootstrap=True, resample_queries=True)  # fmt: skip
+SHIFT_SELF = FieldSpec("shift_self", "slope against ln N of the excess of cos(s(N), v_L)", bootstrap=True, resample_queries=True)  # fmt: skip
+LOO_SINK = FieldSpec("loo_sink", "||o - y_sink|| / ||o|| (Figure 7, every key selected)")
+LOO_SELF = FieldSpec("loo_self", "||o - y_L|| / ||o|| (Figure 7, every key selected)")
+REST_EFFECTIVE_KEYS = FieldSpec("rest_effective_keys", "effective number of rest keys: exp of the entropy of their weights")  # fmt: skip
+TOP_REST_LAG_SHARE = FieldSpec("top_rest_lag_share", "share of query rows whose top rest key is at each lag behind the query", ("lag",), documents="mean")  # fmt: skip
+EXCESS_COS_SINK = FieldSpec("excess_cos_sink", "cos(s(N), v_sink) minus its expectation over random N-subsets", ("n",))
+EXCESS_COS_SELF = FieldSpec("excess_cos_self", "cos(s(N), v_L) minus its expectation over random N-subsets", ("n",))
+
+
 class TaxonomyDiagnostic(Diagnostic):
     name = "taxonomy"
     Settings = TaxonomySettings
     # Per row: the random rankings' places and bins (the alignment's chance level), key x control each.
     cost = RowCost(key_d=ROLE_CONTROLS)
     fields = (
-        FieldSpec("s_norm_without_sink", "||s(N)|| with the sink left out of the top-N set", ("n",)),
-        FieldSpec("s_norm_without_last", "||s(N)|| with the query's own token left out of the top-N set", ("n",)),
-        FieldSpec("cos_s_sink", "cos(s(N), v_sink)", ("n",)),
-        FieldSpec("cos_s_last", "cos(s(N), v_L), L the query's own position", ("n",)),
-        FieldSpec("cos_s_sink_mixed", "cos(s(N), v_sink), NaN where the top-N set is the sink alone", ("n",)),
-        FieldSpec("cos_s_last_mixed", "cos(s(N), v_L), NaN where the top-N set is the sink alone", ("n",)),
-        FieldSpec("contribution_sink", "||alpha_sink v_sink||"),
-        FieldSpec("contribution_last", "||alpha_L v_L||"),
-        FieldSpec("contribution_rest", "||sum of alpha_i v_i over the other visible keys||"),
-        FieldSpec("taxonomy_attention_sink", "attention weight on the sink"),
-        FieldSpec("taxonomy_attention_last", "attention weight on the query's own token"),
-        FieldSpec("contribution_by_position", "||alpha_i v_i|| by key position (last analysed query)", ("position",), queries="last", documents="mean"),
-        FieldSpec("cos_last_by_position", "cos(v_i, v_L) by key position (last analysed query)", ("position",), queries="last", documents="mean"),
-        # The role rules' inputs: replicates by default, resampling documents and the query rows within them.
-        FieldSpec("share_sink", "<y_sink, o> / ||o||^2: the sink's share of the head's output o", bootstrap=True, resample_queries=True),
-        FieldSpec("share_self", "<y_L, o> / ||o||^2: the query's own token's share of o", bootstrap=True, resample_queries=True),
-        FieldSpec("share_rest", "the other visible keys' share of o (the three shares sum to 1)", bootstrap=True, resample_queries=True),
-        FieldSpec("rest_effective_share", "effective number of rest keys (exp of the entropy of their weights) over their count", bootstrap=True, resample_queries=True),
-        FieldSpec("top_rest_share", "the top rest key's weight over the rest's total weight", bootstrap=True, resample_queries=True),
-        FieldSpec("previous_token", "1 where the top rest key is the previous token (lag 1), else 0", bootstrap=True, resample_queries=True),
-        FieldSpec("align_sink_excess", "mean over 1 <= N < n of cos(s(N), v_sink) minus its random-set expectation", bootstrap=True, resample_queries=True),
-        FieldSpec("align_self_excess", "mean over 1 <= N < n of cos(s(N), v_L) minus its random-set expectation", bootstrap=True, resample_queries=True),
-        FieldSpec("shift_sink", "slope against ln N of the excess of cos(s(N), v_sink)", bootstrap=True, resample_queries=True),
-        FieldSpec("shift_self", "slope against ln N of the excess of cos(s(N), v_L)", bootstrap=True, resample_queries=True),
-        FieldSpec("loo_sink", "||o - y_sink|| / ||o|| (Figure 7, every key selected)"),
-        FieldSpec("loo_self", "||o - y_L|| / ||o|| (Figure 7, every key selected)"),
-        FieldSpec("rest_effective_keys", "effective number of rest keys: exp of the entropy of their weights"),
-        FieldSpec("top_rest_lag_share", "share of query rows whose top rest key is at each lag behind the query", ("lag",), documents="mean"),
-        FieldSpec("excess_cos_sink", "cos(s(N), v_sink) minus its expectation over random N-subsets", ("n",)),
-        FieldSpec("excess_cos_self", "cos(s(N), v_L) minus its expectation over random N-subsets", ("n",)),
-    )  # fmt: skip
+        S_NORM_WITHOUT_SINK, S_NORM_WITHOUT_LAST, COS_S_SINK, COS_S_LAST, COS_S_SINK_MIXED, COS_S_LAST_MIXED,
+        CONTRIBUTION_SINK, CONTRIBUTION_LAST, CONTRIBUTION_REST, TAXONOMY_ATTENTION_SINK, TAXONOMY_ATTENTION_LAST,
+        CONTRIBUTION_BY_POSITION, COS_LAST_BY_POSITION, SHARE_SINK, SHARE_SELF, SHARE_REST, REST_EFFECTIVE_SHARE,
+        TOP_REST_SHARE, PREVIOUS_TOKEN, ALIGN_SINK_EXCESS, ALIGN_SELF_EXCESS, SHIFT_SINK, SHIFT_SELF, LOO_SINK,
+        LOO_SELF, REST_EFFECTIVE_KEYS, TOP_REST_LAG_SHARE, EXCESS_COS_SINK, EXCESS_COS_SELF,
+    )
 
     def rows(self, chunk: SelectionChunk, settings: Any) -> dict[str, Tensor]:
         return chunk_features(chunk, settings.seed)
