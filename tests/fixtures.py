@@ -180,14 +180,31 @@ def true_means(seed: int = 0) -> dict[str, np.ndarray]:
         "bound_recall_upper": np.minimum(recall + rng.uniform(0.0, 0.08, shape)[..., None], 1.2),
         "bound_precision_lower": np.zeros((*shape, len(STUDY_GRID))),
         "bound_recall_lower": np.zeros((*shape, len(STUDY_GRID))),
+        **profile_means(rng, shape),
     }  # fmt: skip
+
+
+def profile_means(rng: np.random.Generator, shape: tuple[int, int]) -> dict[str, np.ndarray]:
+    """The attention-profile fit's true means: the sink 30-300 times the plateau (the claim's line is 100), and
+    each phase present in a share of the documents around the claim's half."""
+    p_sink = rng.uniform(0.05, 0.5, shape)
+    means = {f"profile_{name}": np.ones(shape) for name in ("eta", "omega", "t1", "t2", "error")}
+    ratio = np.exp(rng.uniform(np.log(30), np.log(300), shape))
+    return {**means, "profile_p_sink": p_sink, "profile_p_base": p_sink / ratio,
+            "profile_has_plateau": rng.uniform(0.3, 1.0, shape), "profile_has_oscillation": rng.uniform(0.0, 1.0, shape),
+            "profile_has_recency": rng.uniform(0.3, 1.0, shape)}
 
 
 def simulate_study(means: dict[str, np.ndarray], rng: np.random.Generator) -> GeometryResult:
     """One study: each document's values scatter around the true means; the package accumulates them."""
     values = {}
+    profiles = rng.spawn(1)[0]  # the fit's draws leave the other fields' stream as it was
     for name, mean in means.items():
-        if name in ("decay_mae", "sink_norm_ratio", "value_norm_cv"):  # positive and right-skewed (CV 0.5)
+        if name.startswith("profile_has_"):  # each document has the phase or not
+            values[name] = (profiles.random((STUDY_DOCUMENTS, *mean.shape)) < mean).astype(float)
+        elif name.startswith("profile_"):  # positive and right-skewed
+            values[name] = mean * profiles.gamma(4.0, 0.25, (STUDY_DOCUMENTS, *mean.shape))
+        elif name in ("decay_mae", "sink_norm_ratio", "value_norm_cv"):  # positive and right-skewed (CV 0.5)
             values[name] = mean * rng.gamma(4.0, 0.25, (STUDY_DOCUMENTS, *mean.shape))
         elif name.startswith("bound_") and name.endswith("_lower"):
             values[name] = np.zeros((STUDY_DOCUMENTS, *mean.shape))

@@ -35,8 +35,8 @@ from tl_geometry.analysis.intervals import METHODS
 STUDIES = 400
 SMALL, MID, LARGE = (GRID >= 2) & (GRID <= 4), (GRID >= 8) & (GRID <= 16), GRID >= 32
 AT3 = int(np.flatnonzero(GRID == 3)[0])
-COVERED = ("compressed_sink", "exponential_decay", "stable_norms", "small_n_separability", "large_n_return",
-           "envelope_tightness", "sink_recall_correlation", "sink_precision_correlation")  # fmt: skip
+COVERED = ("compressed_sink", "exponential_decay", "stable_norms", "four_phase_profile", "small_n_separability",
+           "large_n_return", "envelope_tightness", "sink_recall_correlation", "sink_precision_correlation")  # fmt: skip
 
 
 # ---- the statistics on the true means, written from the claims' rules ----
@@ -60,6 +60,8 @@ def true_values(m: dict[str, np.ndarray]) -> dict[str, float]:
         "compressed_sink": float(ratios[cut : len(ratios) - cut].mean()),  # the interquartile mean
         "exponential_decay": float(m["decay_mae"].mean()),
         "stable_norms": float((m["value_norm_cv"] <= 0.05).mean()),
+        "four_phase_profile": float(((m["profile_p_sink"] >= 100 * m["profile_p_base"]) & (m["profile_has_plateau"] >= 0.5)
+                                     & (m["profile_has_recency"] >= 0.5)).mean()),
         "small_n_separability": float(min(drop("excess_precision"), drop("excess_recall"))),
         "large_n_return": float(min(rise("precision"), rise("recall"))),
         "envelope_tightness": float(max(gap("precision", SMALL), gap("precision", LARGE), gap("recall", SMALL),

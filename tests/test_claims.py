@@ -132,13 +132,41 @@ def test_sink_and_decay_statistics(result, table):
     assert "no bootstrap replicates of sink_norm_ratio" in table.loc["compressed_sink", "interval"]
 
 
+def _expected_four_phase(f, se):
+    """Each head with a fit counted by Phi(margin / its se) x Phi((plateau - 1/2) / se) x Phi((recency - 1/2) / se),
+    margin = p_sink - 100 p_base with the two errors independent; the step where an se is 0 or NaN."""
+    def at_least(x, threshold, error):
+        step = (x >= threshold).astype(float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            smooth = np.vectorize(lambda z: NormalDist().cdf(z))((x - threshold) / error)
+        return np.where(np.isnan(error) | (error <= 0), step, smooth)
+
+    margin = f["p_sink"] - 100 * f["p_base"]
+    p = at_least(margin, 0.0, np.sqrt(se["p_sink"] ** 2 + 100**2 * se["p_base"] ** 2))
+    p = p * at_least(f["has_plateau"], 0.5, se["has_plateau"]) * at_least(f["has_recency"], 0.5, se["has_recency"])
+    return float(np.mean(p[~np.isnan(margin)]))
+
+
 def test_four_phase_share(result, table):
-    f = {name: _np(result.per_head(f"profile_{name}")) for name in
-         ("p_sink", "p_base", "has_plateau", "has_oscillation", "has_recency")}
-    # The oscillation may be absent (T1 = T2): not required.
+    names = ("p_sink", "p_base", "has_plateau", "has_oscillation", "has_recency")
+    f = {name: _np(result.per_head(f"profile_{name}")) for name in names}
+    se = {name: _np(result.std(f"profile_{name}")) / np.sqrt(_np(result.count(f"profile_{name}"))) for name in names}
+    assert table.loc["four_phase_profile", "value"] == pytest.approx(_expected_four_phase(f, se), abs=1e-9)
+    # The hard share beside it; the oscillation may be absent (T1 = T2): not required.
     shows = (f["p_sink"] >= 100 * f["p_base"]) & (f["has_plateau"] >= 0.5) & (f["has_recency"] >= 0.5)
     defined = ~(np.isnan(f["p_sink"]) | np.isnan(f["p_base"]))
-    assert table.loc["four_phase_profile", "value"] == pytest.approx(shows[defined].mean())
+    assert f"{shows[defined].mean():.0%} show the sink" in table.loc["four_phase_profile", "measured"]
+
+
+def test_four_phase_interval_is_the_plain_percentile_of_the_replicates_expected_shares(study):
+    names = ("p_sink", "p_base", "has_plateau", "has_recency")
+    se = {name: _np(study.std(f"profile_{name}")) / np.sqrt(_np(study.count(f"profile_{name}"))) for name in names}
+    replicates = {name: _np(study.replicates(f"profile_{name}")) for name in names}
+    reps = [_expected_four_phase({name: r[b] for name, r in replicates.items()}, se)
+            for b in range(len(replicates["p_sink"]))]
+    row = claims(study).loc["four_phase_profile"]
+    assert (row.low, row.high) == pytest.approx(tuple(np.quantile(reps, [0.025, 0.975])), abs=1e-9)
+    assert "not expanded" in row.interval
 
 
 def test_a_profile_without_oscillation_counts():
