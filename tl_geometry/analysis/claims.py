@@ -100,10 +100,10 @@ import torch
 from torch import Tensor
 
 from tl_geometry.analysis.correlation import (
-    disattenuated_pearson,
-    error_covariance,
+    Disattenuated,
+    disattenuated_correlation,
+    fisher_z,
     partial_pearson,
-    shrunk_replicates,
     weighted_pearson,
 )
 from tl_geometry.analysis.intervals import METHODS, expanded_level, percentile_interval
@@ -333,16 +333,16 @@ def _missing(result: GeometryResult, names: Sequence[str]) -> list[str]:
 
 
 def _interval(
-    key: str, result: GeometryResult, names: Sequence[str], statistic: Callable[[Mapping[str, Tensor]], float],
+    key: str, result: GeometryResult, names: Sequence[str],
+    statistic: Callable[[Mapping[str, Tensor]], Tensor] | Tensor,
     value: float,
     limits: tuple[float, float] = (-math.inf, math.inf),
-    batched: Callable[[Mapping[str, Tensor]], Tensor] | None = None,
     pivot: float | None = None,
 ) -> tuple[float, float, str]:
     """The claim's interval (``INTERVAL_METHOD``) of ``statistic`` (``value`` on the result) over the bootstrap
     replicates of ``names`` (NaN without them), within the statistic's ``limits`` (a basic interval, reflected
-    about the value, can reach past them). ``batched``, if given, is ``statistic`` of every replicate at once
-    (the fields with a leading replicate axis), for speed.
+    about the value, can reach past them). ``statistic`` maps the fields' replicates (a leading replicate axis)
+    to its value on each replicate ``[replicate]``, or is those values already computed.
 
     ``pivot``, for a correlation: the value the replicates scatter around (the bootstrap world's truth). The
     interval is then taken on Fisher's z, of the replicates' deviations from the pivot moved to the value."""
@@ -354,13 +354,11 @@ def _interval(
         )
     if result.n_documents < 2:
         return math.nan, math.nan, "none: one document"
-    replicates = {name: result.replicates(name) for name in names}
-    n = next(iter(replicates.values())).shape[0]
-    if batched is not None:
-        values = batched(replicates).double()
+    if isinstance(statistic, Tensor):
+        values = statistic.double()
     else:
-        values = torch.tensor([statistic({name: r[b] for name, r in replicates.items()}) for b in range(n)],
-                              dtype=torch.float64)
+        values = statistic({name: result.replicates(name) for name in names}).double()
+    n = len(values)
     method = INTERVAL_METHOD[key]
     expand = key not in NOT_EXPANDED
     level = expanded_level(LEVEL, result.n_documents) if expand else LEVEL  # few documents: too narrow
@@ -368,17 +366,13 @@ def _interval(
     if pivot is None:
         bounds = METHODS[method](value, values, level)
     else:
-        z = _fisher_z(torch.tensor(value))
-        moved = _fisher_z(values) - _fisher_z(torch.tensor(pivot)) + z
+        z = fisher_z(value)
+        moved = fisher_z(values) - fisher_z(pivot) + z
         bounds = tuple(math.tanh(b) for b in METHODS[method](float(z), moved, level))
         scale = f" on Fisher's z, about the uncorrected {_fmt(pivot)} (the replicates' own truth)"
     low, high = (min(max(bound, limits[0]), limits[1]) for bound in bounds)
     expanded = f"expanded for {result.n_documents} documents" if expand else "not expanded"
     return low, high, f"{LEVEL:.0%} {method} bootstrap interval over documents{scale} ({n} replicates; {expanded})"
-
-
-def _fisher_z(r: Tensor) -> Tensor:
-    return torch.atanh(r.double().clamp(-1 + 1e-12, 1 - 1e-12))
 
 
 def _role_interval(values: Tensor, over: str) -> tuple[float, float, str]:
@@ -477,8 +471,7 @@ def _stable_norms(result: GeometryResult) -> Claim:
         return _claim("stable_norms", value, interval, measured, {"value_norm_cv": _per_head_values(across)})
     measured = within_text + " (the verdict's reading, the expected share: this result has no norm-by-position curve)"
     interval = _interval("stable_norms", result, ["value_norm_cv"],
-                         lambda f: float(_expected_share_stable(f["value_norm_cv"], se)), expected_within,
-                         batched=lambda f: _expected_share_stable(f["value_norm_cv"], se))
+                         lambda f: _expected_share_stable(f["value_norm_cv"], se), expected_within)
     return _claim("stable_norms", expected_within, interval, measured,
                   {"value_norm_cv": _per_head_values(within)})
 
@@ -504,25 +497,25 @@ def _compressed_sink(result: GeometryResult) -> Claim:
     measured = (f"interquartile mean of lambda {_fmt(value)}; median {_fmt(float(defined.median()))}; {below:.0%} "
                 "of heads have lambda < 1")
     interval = _interval("compressed_sink", result, ["sink_norm_ratio"],
-                         lambda f: float(_interquartile_mean(f["sink_norm_ratio"])), value,
-                         batched=lambda f: _interquartile_mean(f["sink_norm_ratio"]))
+                         lambda f: _interquartile_mean(f["sink_norm_ratio"]), value)
     return _claim("compressed_sink", value, interval, measured,
                   {"sink_norm_ratio": _per_head_values(ratio)})
 
 
-def _mean_mae(f: Mapping[str, Tensor]) -> float:
-    return float(torch.nanmean(f["decay_mae"].double()))
+def _mean_mae(mae: Tensor) -> Tensor:
+    """The mean over the heads (the last two axes ``[*b, layer, head]``) of the fit's MAE, NaN heads left out."""
+    return torch.nanmean(mae.double().flatten(-2), -1)
 
 
 def _exponential_decay(result: GeometryResult) -> Claim:
     if _missing(result, ["decay_mae"]):
         return _not_measured("exponential_decay", OPTIONS["assumptions"], "the result has no decay_mae")
     mae = result.per_head("decay_mae")
-    value = _mean_mae({"decay_mae": mae})
+    value = float(_mean_mae(mae))
     flat = mae[~mae.isnan()]
     within = float(((flat >= 0.05) & (flat <= 0.10)).double().mean()) if len(flat) else math.nan
     measured = f"mean MAE {_fmt(value)}; median {_fmt(float(mae.nanmedian()))}; {within:.0%} of heads in 0.05-0.10"
-    interval = _interval("exponential_decay", result, ["decay_mae"], _mean_mae, value)
+    interval = _interval("exponential_decay", result, ["decay_mae"], lambda f: _mean_mae(f["decay_mae"]), value)
     return _claim("exponential_decay", value, interval, measured,
                   {"decay_mae": _per_head_values(mae)})
 
@@ -559,7 +552,8 @@ def _expected_share_four_phase(f: Mapping[str, Tensor], se: Mapping[str, Tensor]
     margin_se = (se["profile_p_sink"].double() ** 2 + SINK_RATIO**2 * se["profile_p_base"].double() ** 2).sqrt()
     p = _probability_at_least(margin, 0.0, margin_se)
     for phase in ("plateau", "recency"):
-        p = p * _probability_at_least(f[f"profile_has_{phase}"].double(), PHASE_SHARE, se[f"profile_has_{phase}"].double())
+        name = f"profile_has_{phase}"
+        p = p * _probability_at_least(f[name].double(), PHASE_SHARE, se[name].double())
     return torch.nanmean(p.masked_fill(margin.isnan(), math.nan).flatten(-2), -1)
 
 
@@ -586,8 +580,7 @@ def _four_phase_profile(result: GeometryResult) -> Claim:
                 f"documents, the verdict's); {all_four} show all four (sink >= 100 x plateau: "
                 f"{share(fit.p_sink >= SINK_RATIO * fit.p_base)}; {shares})")
     interval = _interval("four_phase_profile", result, FOUR_PHASE_FIELDS,
-                         lambda g: float(_expected_share_four_phase(g, se)), value,
-                         batched=lambda g: _expected_share_four_phase(g, se))
+                         lambda g: _expected_share_four_phase(g, se), value)
     return _claim("four_phase_profile", value, interval, measured,
                   {"four_phase": _per_head_values(_four_phase(f))})
 
@@ -652,7 +645,7 @@ def _large_n_return(result: GeometryResult) -> Claim:
         measured += (f"; over chance (random sets return too): P {_fmt(excess['excess_precision'])}, "
                      f"R {_fmt(excess['excess_recall'])}")
     evidence = {name: (grid, mean_over_heads(result, name)) for name in metrics}
-    interval = _interval("large_n_return", result, list(metrics), lambda g: float(batched(g)), value, batched=batched)
+    interval = _interval("large_n_return", result, list(metrics), batched, value)
     return _claim("large_n_return", value, interval, measured, evidence)
 
 
@@ -678,8 +671,7 @@ def _small_n_separability(result: GeometryResult) -> Claim:
                 f"{_fmt(drops['excess_recall'])} from N in 2-4 to N in {int(mid_grid.min())}-{int(mid_grid.max())} "
                 f"(raw: P {_fmt(raw['precision'])}, R {_fmt(raw['recall'])})")
     evidence = {name: (grid, mean_over_heads(result, name)) for name in (*EXCESS, "precision", "recall")}
-    interval = _interval("small_n_separability", result, list(EXCESS), lambda g: float(batched(g)), value,
-                         batched=batched)
+    interval = _interval("small_n_separability", result, list(EXCESS), batched, value)
     return _claim("small_n_separability", value, interval, measured, evidence)
 
 
@@ -703,15 +695,15 @@ def _pearson_by_n(metric: Tensor, rho0: Tensor) -> Tensor:
     return _pearson(metric.flatten(-3, -2).transpose(-1, -2), rho0.flatten(-2).unsqueeze(-2))
 
 
-def _noise(result: GeometryResult, metric: str, at: int) -> tuple[float, float, float] | None:
-    """The mean error (co)variances of the heads' means of ``metric`` at N index ``at`` and of rho_0, from their
-    bootstrap replicates times n / (n - 1) (the replicates' spread is the plug-in one); None without them."""
+def _corrected(result: GeometryResult, metric: str, at: int) -> Disattenuated | None:
+    """The disattenuated corr(metric at N index ``at``, rho_0) over heads, with its replicates; None without
+    the replicates of both fields (or with one document)."""
     if result.n_documents < 2 or not (result.has_replicates(metric) and result.has_replicates("rho0")):
         return None
-    rx = result.replicates(metric)[..., at].flatten(-2)
-    ry = result.replicates("rho0").flatten(-2)
-    unbiased = result.n_documents / (result.n_documents - 1)
-    return tuple(unbiased * float(error_covariance(a, b)) for a, b in ((rx, rx), (ry, ry), (rx, ry)))
+    return disattenuated_correlation(
+        result.per_head(metric)[..., at].flatten(), result.per_head("rho0").flatten(),
+        result.replicates(metric)[..., at].flatten(-2), result.replicates("rho0").flatten(-2), result.n_documents,
+    )
 
 
 def _sink_correlation(result: GeometryResult, key: str, metric: str) -> Claim:
@@ -728,32 +720,24 @@ def _sink_correlation(result: GeometryResult, key: str, metric: str) -> Claim:
         return _not_measured(key, OPTIONS["corr_n"], f"no correlation at N = {CORR_N} on the grid {grid}")
     at = grid.index(CORR_N)
     raw = float(pearson[at])
-    noise = _noise(result, metric, at)
+    corrected = _corrected(result, metric, at)
     depth = _depth(result)
     partial = (f"{_fmt(partial_pearson(values[..., at], rho0, depth))} with layer depth partialled out (uncorrected; "
                "deeper layers differ in both)")
-    if noise is None:
+    if corrected is None:
         value = raw
         parts = [f"corr {_fmt(raw)} at N = {CORR_N} (not disattenuated: no bootstrap replicates of {metric} and "
                  f"rho0 to measure the documents' noise), {partial}"]
     else:
-        value = float(disattenuated_pearson(values[..., at].flatten(), rho0.flatten(), *noise))
+        value = float(corrected.value)
         if math.isnan(value):
             return _not_measured(key, "more documents", f"the heads' {metric} or rho0 means spread less than their "
                                  "noise over documents: no disattenuated correlation")
         spread = [float(x[~x.isnan()].var()) for x in (values[..., at].flatten(), rho0.flatten())]
-        reliability = ", ".join(f"{name} {_fmt(1 - v / s, 2)}"
-                                for name, v, s in zip((metric, "rho0"), noise[:2], spread))
+        reliability = ", ".join(f"{name} {_fmt(1 - float(v) / s, 2)}"
+                                for name, v, s in zip((metric, "rho0"), corrected.noise[:2], spread))
         parts = [f"corr {_fmt(value)} at N = {CORR_N}, disattenuated for the documents' noise (uncorrected "
                  f"{_fmt(raw)}; the heads' means' reliability: {reliability}), {partial}"]
-
-    def batched(f: Mapping[str, Tensor]) -> Tensor:
-        """The replicates' disattenuated correlations, in a bootstrap world as noisy as the real one."""
-        x, y = f[metric][..., at].flatten(-2), f["rho0"].flatten(-2)
-        if noise is None:
-            return _pearson(x, y)
-        return disattenuated_pearson(shrunk_replicates(x, values[..., at].flatten(), noise[0]),
-                                     shrunk_replicates(y, rho0.flatten(), noise[1]), *noise)
 
     if CORR_N_LATER in grid:
         later = grid.index(CORR_N_LATER)
@@ -763,8 +747,11 @@ def _sink_correlation(result: GeometryResult, key: str, metric: str) -> Claim:
     peak = max(small, key=lambda i: float(pearson[i]))
     parts.append(f"largest over N = 2-8: {_fmt(float(pearson[peak]))} uncorrected at N = {grid[peak]} (not the "
                  "statistic: a maximum over N is biased upwards)")
-    interval = _interval(key, result, [metric, "rho0"], lambda f: float(batched(f)), value, limits=(-1.0, 1.0),
-                         batched=batched, pivot=raw)
+    if corrected is None:  # no replicates: _interval says which fields lack them
+        interval = _interval(key, result, [metric, "rho0"], torch.empty(0), value)
+    else:
+        interval = _interval(key, result, [metric, "rho0"], corrected.replicates, value, limits=(-1.0, 1.0),
+                             pivot=raw)
     return _claim(key, value, interval, "; ".join(parts), {"pearson": (result.n_grid, pearson)})
 
 
@@ -953,7 +940,7 @@ def _envelope_tightness(result: GeometryResult) -> Claim:
                 + f"; Recall lies {_fmt(lower_gap)} above its lower envelope on average. Containment (not a test: "
                 f"the lower envelopes hold on measured rows by construction): {inside}/{points} points of the mean "
                 "curves inside")
-    interval = _interval("envelope_tightness", result, names, lambda g: float(batched(g)), value, batched=batched)
+    interval = _interval("envelope_tightness", result, names, batched, value)
     return _claim("envelope_tightness", value, interval, measured, evidence)
 
 

@@ -4,12 +4,12 @@ Spearman is the Pearson correlation of average ranks (ties get the mean of
 the ranks they span). Fewer than 3 pairs, or a constant variable, give NaN.
 Used by the sink correlation (Figure 6) and by geometry against dNLL; the
 sink correlation is also corrected for the noise of the heads' means
-(`disattenuated_pearson`, with the errors' (co)variances from the bootstrap
-replicates, `error_covariance`, and a bootstrap world as noisy as the real
-one, `shrunk_replicates`).
+(`disattenuated_correlation`, used by the claims and by
+`tl_geometry.analysis.sink`).
 """
 
 import math
+from dataclasses import dataclass
 
 import torch
 from jaxtyping import Float
@@ -160,3 +160,37 @@ def shrunk_replicates(
     noise = torch.as_tensor(noise, dtype=torch.float64).unsqueeze(-1)
     shrink = torch.where(spread > 0, (1 - noise / spread).clamp_min(0).sqrt(), 1.0)
     return centre + shrink * (means - centre) + (replicates - means)
+
+
+def fisher_z(r: float | Tensor) -> Tensor:
+    """Fisher's z = atanh(r) in float64, with r held inside (-1, 1) so that a correlation of +-1 stays finite."""
+    return torch.atanh(torch.as_tensor(r, dtype=torch.float64).clamp(-1 + 1e-12, 1 - 1e-12))
+
+
+@dataclass(frozen=True)
+class Disattenuated:
+    """A disattenuated correlation and its bootstrap replicates (`disattenuated_correlation`)."""
+
+    value: Float[Tensor, "*b"]
+    replicates: Float[Tensor, "replicate *b"]
+    noise: tuple[Tensor, Tensor, Tensor]  # the errors' mean variances of x and y and their covariance, [*b] each
+
+
+def disattenuated_correlation(
+    x: Float[Tensor, "*b unit"],
+    y: Float[Tensor, "*b unit"],
+    rx: Float[Tensor, "replicate *b unit"],
+    ry: Float[Tensor, "replicate *b unit"],
+    n_documents: int,
+) -> Disattenuated:
+    """Pearson correlation of the units' true means from their means ``x``, ``y`` over ``n_documents``
+    documents and the bootstrap replicates of those means: the errors' (co)variances are the replicates'
+    (`error_covariance`) times n / (n - 1), and each replicate is corrected the same way in a bootstrap world
+    as noisy as the real one (`shrunk_replicates`). Its replicates scatter around the uncorrected correlation
+    (the bootstrap world's truth): an interval pivots on it (`fisher_z`)."""
+    unbiased = n_documents / (n_documents - 1)
+    noise = (unbiased * error_covariance(rx, rx), unbiased * error_covariance(ry, ry),
+             unbiased * error_covariance(rx, ry))
+    value = disattenuated_pearson(x, y, *noise)
+    replicates = disattenuated_pearson(shrunk_replicates(rx, x, noise[0]), shrunk_replicates(ry, y, noise[1]), *noise)
+    return Disattenuated(value, replicates, noise)

@@ -171,11 +171,7 @@ def shifted_percentile_interval(
     (33.25, 123.25)
     """
     low, high = percentile_interval(replicates, level)
-    values = replicates.double().flatten()
-    values = values[~values.isnan()]
-    if math.isnan(value) or not len(values):
-        return math.nan, math.nan
-    shift = 2 * (float(values.mean()) - value)
+    shift = 2 * (float(torch.nanmean(replicates.double())) - value)  # NaN without replicates or value
     return low - shift, high - shift
 
 

@@ -34,7 +34,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from tl_geometry.analysis.correlation import correlations, disattenuated_pearson, error_covariance, shrunk_replicates
+from tl_geometry.analysis.correlation import correlations, disattenuated_correlation, fisher_z
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
 
@@ -191,16 +191,12 @@ def _disattenuated(
 ) -> Float[Tensor, "3 n"]:
     """The disattenuated correlation at every N and its bounds (the module docstring says how)."""
     rx, ry = _pairs(result.replicates("recall").double(), result.replicates("rho0").double())  # [replicate, n, pair]
-    unbiased = result.n_documents / (result.n_documents - 1)
-    noise = [unbiased * error_covariance(a, b) for a, b in ((rx, rx), (ry, ry), (rx, ry))]  # each [n]
-    value = disattenuated_pearson(x, y, *noise)
-    replicates = disattenuated_pearson(shrunk_replicates(rx, x, noise[0]), shrunk_replicates(ry, y, noise[1]), *noise)
-    z = torch.atanh(value.clamp(-1 + 1e-12, 1 - 1e-12))
-    deviations = torch.atanh(replicates.clamp(-1 + 1e-12, 1 - 1e-12)) - torch.atanh(
-        pearson.double().clamp(-1 + 1e-12, 1 - 1e-12))
+    corrected = disattenuated_correlation(x, y, rx, ry, result.n_documents)
+    deviations = fisher_z(corrected.replicates) - fisher_z(pearson)  # around the bootstrap world's truth
     tail = (1 - confidence) / 2
     q = torch.nanquantile(deviations, torch.tensor([tail, 1 - tail], dtype=torch.float64), dim=0)  # [2, n]
-    return torch.stack([value, torch.tanh(z - q[1]), torch.tanh(z - q[0])])
+    z = fisher_z(corrected.value)
+    return torch.stack([corrected.value, torch.tanh(z - q[1]), torch.tanh(z - q[0])])
 
 
 def _replicates_kept(result: GeometryResult, name: str) -> int:
