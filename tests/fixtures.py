@@ -181,6 +181,7 @@ def true_means(seed: int = 0) -> dict[str, np.ndarray]:
         "bound_precision_lower": np.zeros((*shape, len(STUDY_GRID))),
         "bound_recall_lower": np.zeros((*shape, len(STUDY_GRID))),
         **profile_means(rng, shape),
+        **role_means(rng, shape),
     }  # fmt: skip
 
 
@@ -195,12 +196,50 @@ def profile_means(rng: np.random.Generator, shape: tuple[int, int]) -> dict[str,
             "profile_has_recency": rng.uniform(0.3, 1.0, shape)}
 
 
+# The heads' roles by layer (Figure 8's order: Retrievers first, Mixers last), as shares of each layer's heads.
+STUDY_ROLE_MIX = {"retriever": (0.6, 0.2, 0.0, 0.0), "reset": (0.3, 0.6, 0.4, 0.4), "mixer": (0.0, 0.2, 0.5, 0.6),
+                  "content": (0.1, 0.0, 0.1, 0.0)}  # fmt: skip
+ROLE_SHARES = {"retriever": (0.15, 0.6, 0.25), "reset": (0.7, 0.1, 0.2), "mixer": (0.5, 0.3, 0.2),
+               "content": (0.2, 0.1, 0.7)}  # (sink, self, rest) of each role's typical head
+# Each role feature's spread over documents (the shares' noise sums to zero over the three).
+ROLE_NOISE = {"share_sink": 0.1, "share_self": 0.1, "share_rest": 0.1, "align_self_excess": 0.08, "shift_self": 0.02,
+              "shift_sink": 0.02, "top_rest_share": 0.1, "rest_effective_share": 0.05, "previous_token": 0.05,
+              "align_sink_excess": 0.05}  # fmt: skip
+
+
+def role_means(rng: np.random.Generator, shape: tuple[int, int]) -> dict[str, np.ndarray]:
+    """The role features' true means: each head drawn a role by its layer (``STUDY_ROLE_MIX``), its shares
+    scattered around the role's (``ROLE_SHARES``) and its alignment and shifts spread across the rules'
+    thresholds, so that some heads sit near a boundary between two roles."""
+    names = list(STUDY_ROLE_MIX)
+    means = {name: np.zeros(shape) for name in ROLE_NOISE}
+    for layer in range(shape[0]):
+        for head in range(shape[1]):
+            role = names[rng.choice(len(names), p=[STUDY_ROLE_MIX[r][layer] for r in names])]
+            sink, own, rest = rng.dirichlet(40 * np.array(ROLE_SHARES[role]))
+            means["share_sink"][layer, head], means["share_self"][layer, head] = sink, own
+            means["share_rest"][layer, head] = rest
+            means["align_self_excess"][layer, head] = rng.uniform(0.02, 0.2) if role == "retriever" else rng.uniform(-0.02, 0.04)
+            shift = rng.uniform(0.0, 0.04) if role == "mixer" else rng.normal(0, 0.004)
+            means["shift_self"][layer, head], means["shift_sink"][layer, head] = shift, -shift
+            means["top_rest_share"][layer, head] = rng.uniform(0.2, 0.7) if role == "content" else rng.uniform(0.1, 0.5)
+    means["rest_effective_share"] = rng.uniform(0.2, 0.8, shape)
+    means["previous_token"] = rng.uniform(0.0, 0.3, shape)
+    means["align_sink_excess"] = rng.uniform(-0.05, 0.1, shape)
+    return means
+
+
 def simulate_study(means: dict[str, np.ndarray], rng: np.random.Generator) -> GeometryResult:
     """One study: each document's values scatter around the true means; the package accumulates them."""
     values = {}
     profiles = rng.spawn(1)[0]  # the fit's draws leave the other fields' stream as it was
+    roles = profiles.spawn(1)[0]  # and the role features' leave both
+    role_noise = roles.normal(0.0, 1.0, (STUDY_DOCUMENTS, len(ROLE_NOISE), STUDY_LAYERS, STUDY_HEADS))
+    role_noise[:, :3] -= role_noise[:, :3].mean(1, keepdims=True)  # the three shares still sum to 1
     for name, mean in means.items():
-        if name.startswith("profile_has_"):  # each document has the phase or not
+        if name in ROLE_NOISE:
+            values[name] = mean + ROLE_NOISE[name] * role_noise[:, list(ROLE_NOISE).index(name)]
+        elif name.startswith("profile_has_"):  # each document has the phase or not
             values[name] = (profiles.random((STUDY_DOCUMENTS, *mean.shape)) < mean).astype(float)
         elif name.startswith("profile_"):  # positive and right-skewed
             values[name] = mean * profiles.gamma(4.0, 0.25, (STUDY_DOCUMENTS, *mean.shape))

@@ -9,6 +9,8 @@ import math
 import numpy as np
 import torch
 
+from tl_geometry.analysis.taxonomy import ROLES
+
 
 def reference_order(alpha: torch.Tensor, values: torch.Tensor, visible: list[int], ranking: str) -> list[int]:
     """Visible keys by decreasing score, ties broken by increasing key index."""
@@ -189,3 +191,26 @@ def reference_shrunk(replicates, means, noise):
     sqrt(1 - noise / their variance (ddof 1))."""
     factor = np.sqrt(max(0.0, 1 - noise / np.var(means, ddof=1)))
     return means.mean() + factor * (means - means.mean()) + (replicates - means)
+
+
+def reference_role(f: dict, se: dict, cfg) -> int:
+    """The role (index into ROLES) of one head's features ``f`` with standard errors ``se``, by the taxonomy's
+    rules as its module docstring states them (``cfg``: a TaxonomyConfig); -1 where the shares are undefined."""
+    sink = -math.inf if math.isnan(f["share_sink"]) else f["share_sink"]
+    own, rest = f["share_self"], f["share_rest"]
+    if math.isnan(own) or math.isnan(rest):
+        return -1
+    z = {k: f[k] / se[k] if se[k] > 0 else math.copysign(math.inf, f[k]) if f[k] else math.nan
+         for k in ("align_self_excess", "shift_self", "shift_sink")}  # fmt: skip
+    # 1. Mixer: "the last token intermediate between sink and rest; alignment shifts from v_0 towards v_L".
+    rising = z["shift_self"] > cfg.z_shift and f["shift_self"] >= cfg.shift_min
+    falling = z["shift_sink"] < -cfg.z_shift and f["shift_sink"] <= -cfg.shift_min
+    if min(sink, rest) < own < max(sink, rest) and rising and falling:
+        return ROLES.index("mixer")
+    # 2. Retriever: "the last token dominates; s(N) stays aligned with v_L" (beyond chance).
+    if own >= sink and own >= rest and z["align_self_excess"] > cfg.z_align and f["align_self_excess"] >= cfg.align_min:
+        return ROLES.index("retriever")
+    # 3.-4. The rest dominates and is concentrated: Content; otherwise (sink, or broadly spread) Reset.
+    if rest > sink and f["top_rest_share"] >= cfg.concentrated:
+        return ROLES.index("content")
+    return ROLES.index("reset")

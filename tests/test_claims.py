@@ -486,14 +486,40 @@ def _roles_in_layers(result, order, n_replicates=50, flip=0.0, seed=0):
     return probabilities, draws
 
 
-@pytest.mark.parametrize("order, expected", [(("retriever", "reset", "mixer"), ("holds", 3.0)),
-                                             (("reset", "retriever", "mixer"), ("partly", 2.0)),
-                                             (("mixer", "reset", "retriever"), ("does not hold", 0.0))])
-def test_regimes_by_depth_counts_ordered_pairs(monkeypatch, result, order, expected):
-    monkeypatch.setattr(claims_module, "_role_probabilities", lambda r: _roles_in_layers(r, order))
+def _depth_steps(probabilities):
+    """The smaller of the steps Reset - Retriever and Mixer - Reset of the roles' mean layer depths (0 first, 1
+    last), each head weighted by its role probability; -1 where a role has under one expected head."""
+    from tl_geometry.analysis.taxonomy import ROLES
+
+    p = _np(probabilities)
+    depth = np.arange(p.shape[0])[:, None] / max(1, p.shape[0] - 1) * np.ones(p.shape[:2])
+    mean = {}
+    for role in ("retriever", "reset", "mixer"):
+        w = p[..., ROLES.index(role)]
+        mean[role] = (w * depth).sum() / w.sum() if w.sum() >= 1 else math.nan
+    if any(math.isnan(m) for m in mean.values()):
+        return -1.0
+    return min(mean["reset"] - mean["retriever"], mean["mixer"] - mean["reset"])
+
+
+DEPTH_CASES = [  # roles by layer (three heads each): Figure 8's order, close to it, reversed
+    ([["retriever"] * 3, ["retriever", "reset", "reset"], ["reset", "reset", "mixer"], ["mixer"] * 3], "holds"),
+    ([["retriever", "reset", "mixer"], ["reset", "retriever", "reset"], ["reset", "mixer", "reset"],
+      ["mixer", "retriever", "reset"]], "partly"),
+    ([["mixer"] * 3, ["mixer", "reset", "reset"], ["reset", "reset", "retriever"], ["retriever"] * 3], "does not hold"),
+    ([["retriever"] * 3, ["reset"] * 3, ["reset"] * 3, ["reset"] * 3], "does not hold"),  # no Mixer: -1
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("roles, expected", DEPTH_CASES)
+def test_regimes_by_depth_is_the_smaller_step_of_the_roles_mean_depths(monkeypatch, roles, expected):
+    """The verdict follows the steps; a mutant with Reset and Mixer swapped in the order, or reading another
+    role's probability, gives another verdict on the first three cases."""
+    monkeypatch.setattr(claims_module, "_role_probabilities", _fixed_roles(roles))
+    result = _role_result({r: (np.ones(2), np.ones(2)) for r in ("retriever", "reset", "mixer")}, roles, (1, 2))
     row = claims(result).loc["regimes_by_depth"]
-    assert (row.verdict, row.value) == expected
-    assert row.low == row.high == expected[1]  # every replicate agrees
+    probabilities, _ = _fixed_roles(roles)(result)
+    assert row.value == pytest.approx(_depth_steps(probabilities), abs=1e-12) and row.verdict == expected
 
 
 def test_regimes_by_depth_with_uncertain_roles_does_not_hold(monkeypatch, result):
@@ -503,7 +529,7 @@ def test_regimes_by_depth_with_uncertain_roles_does_not_hold(monkeypatch, result
         monkeypatch.setattr(claims_module, "_role_probabilities",
                             lambda r, seed=seed: _roles_in_layers(r, ("retriever", "reset", "mixer"), flip=0.9, seed=seed))
         row = claims(result).loc["regimes_by_depth"]
-        assert row.low < 3  # some replicates put the roles out of order
+        assert row.low < claims_module.THRESHOLDS["regimes_by_depth"].holds  # replicates out of order
         verdicts.append(row.verdict)
     assert "holds" not in verdicts
     # Mutant (run by hand, fails this test): the interval ignored, the ordered point estimate reads "holds".
@@ -513,15 +539,7 @@ def test_regimes_by_depth_reads_the_taxonomy(result):
     from tl_geometry.analysis.taxonomy import taxonomy_from_result
 
     row = claims(result).loc["regimes_by_depth"]
-    probabilities = taxonomy_from_result(result).probabilities
-    n_layers = probabilities.shape[0]
-    depth = torch.arange(n_layers, dtype=torch.float64) / max(1, n_layers - 1)
-    means = {}
-    for role, k in (("retriever", 0), ("reset", 2), ("mixer", 1)):
-        w = probabilities[..., k].sum(-1)
-        means[role] = float((w * depth).sum() / w.sum()) if w.sum() >= 1 else math.nan  # < 1 head: absent
-    want = (means["retriever"] < means["reset"]) + (means["retriever"] < means["mixer"]) + (means["reset"] < means["mixer"])
-    assert row.value == want
+    assert row.value == pytest.approx(_depth_steps(taxonomy_from_result(result).probabilities), abs=1e-12)
 
 
 @pytest.mark.parametrize("gap, expected", [(0.02, "holds"), (0.1, "partly"), (0.3, "does not hold")])
@@ -597,25 +615,27 @@ U = np.array([1.0, 0.8, 0.6, 0.4, 0.4, 0.8, 1.0])  # mid N 8-16, large N 32-64
 
 
 TRADEOFF_CASES = [
-    # Figure 11: Retriever higher R but lower P at large N than the others; Reset U-shaped.
-    ({"retriever": (U - 0.2, U + 0.0), "reset": (U, U - 0.1), "mixer": (U, U - 0.1)}, ("holds", 3.0)),
-    # Retriever's precision above the others': two of three.
-    ({"retriever": (U + 0.0, U + 0.0), "reset": (U - 0.1, U - 0.1), "mixer": (U - 0.1, U - 0.1)}, ("partly", 2.0)),
-    # Reset flat, Retriever below on recall and above on precision: none.
+    # Figure 11: Retriever higher R (by 0.1) but lower P (by 0.2) at large N than the others; Reset U-shaped (0.5).
+    ({"retriever": (U - 0.2, U + 0.0), "reset": (U, U - 0.1), "mixer": (U, U - 0.1)}, ("holds", 0.1)),
+    # The same by 0.01: met, narrowly.
+    ({"retriever": (U - 0.01, U + 0.01), "reset": (U, U), "mixer": (U, U)}, ("partly", 0.01)),
+    # Retriever's Precision above the others' by 0.1: the other two statements hold.
+    ({"retriever": (U + 0.0, U + 0.0), "reset": (U - 0.1, U - 0.1), "mixer": (U - 0.1, U - 0.1)},
+     ("does not hold", -0.1)),
+    # Reset flat, Retriever below on recall (by 0.1) and above on precision (by 0.25).
     ({"retriever": (U, U - 0.3), "reset": (np.full(7, 0.5), np.full(7, 0.5)), "mixer": (U - 0.1, U)},
-     ("does not hold", 0.0)),
+     ("does not hold", -0.25)),
 ]
 
 
 @pytest.mark.parametrize("curves, expected", TRADEOFF_CASES)
 def test_regime_tradeoffs_on_hand_built_roles(monkeypatch, curves, expected):
-    """Three roles in one layer each; a mutant swapping the precision and recall statements flips the first two
-    cases, one reading the role's curves unweighted by role would see no difference."""
+    """Three roles in one layer each: the value is the smallest margin of the three statements; a mutant
+    swapping the precision and recall statements changes the first three cases."""
     roles = [["retriever"] * 3, ["reset"] * 3, ["mixer"] * 3]
     monkeypatch.setattr(claims_module, "_role_probabilities", _fixed_roles(roles))
     row = claims(_role_result(curves, roles, TRADEOFF_GRID)).loc["regime_tradeoffs"]
-    assert (row.verdict, row.value) == expected
-    assert row.low == row.high == expected[1]  # every replicate has the same roles
+    assert row.verdict == expected[0] and row.value == pytest.approx(expected[1], abs=1e-6)
 
 
 @pytest.mark.parametrize("key", list(claims_module.THRESHOLDS))
@@ -658,7 +678,13 @@ def _tradeoff_cases(mutant):
         patch.setattr(claims_module, "_role_probabilities", _fixed_roles(roles))
         for curves, expected in TRADEOFF_CASES:
             row = claims(_role_result(curves, roles, TRADEOFF_GRID)).loc["regime_tradeoffs"]
-            assert (row.verdict, row.value) == expected
+            assert row.verdict == expected[0] and row.value == pytest.approx(expected[1], abs=1e-6)
+
+
+def _depth_cases(mutant):
+    with pytest.MonkeyPatch.context() as patch:
+        for roles, expected in DEPTH_CASES:
+            test_regimes_by_depth_is_the_smaller_step_of_the_roles_mean_depths(patch, roles, expected)
 
 
 CLAIM_MUTANTS = {
@@ -683,9 +709,19 @@ CLAIM_MUTANTS = {
         lambda mutant: test_envelope_tightness_on_hand_built_curves(0.1, "partly"),
     ),
     "Figure 11's precision and recall statements swapped": (
-        'at(member["retriever"], "recall", large) > at(others, "recall", large)',
-        'at(member["retriever"], "precision", large) > at(others, "precision", large)',
+        'at(member["retriever"], "recall", large) - at(others, "recall", large)',
+        'at(member["retriever"], "precision", large) - at(others, "precision", large)',
         _tradeoff_cases,
+    ),
+    "Reset and Mixer swapped in Figure 8's order": (
+        'DEPTH_ORDER = ("retriever", "reset", "mixer")',
+        'DEPTH_ORDER = ("retriever", "mixer", "reset")',
+        _depth_cases,
+    ),
+    "the depth steps read another role's probability": (
+        "point = {r: probabilities[..., ROLES.index(r)] for r in DEPTH_ORDER}",
+        "point = {r: probabilities[..., (ROLES.index(r) + 1) % len(ROLES)] for r in DEPTH_ORDER}",
+        _depth_cases,
     ),
 }
 

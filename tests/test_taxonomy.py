@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests import tiny_models as tm
+from tests.reference import reference_role
 from tl_geometry.analysis.taxonomy import (
     REGIMES,
     ROLES,
@@ -121,30 +122,6 @@ def built(gpt2):
     tokens = tm.with_bos(tm.random_tokens(N_DOC, POS - 1))
     with gpt2.hooks(fwd_hooks=building_hooks(ROLES_BUILT, N_DOC, POS)):
         return run_with_geometry_hooks(gpt2, tokens, diagnostics=["taxonomy"], n_bootstrap=100)
-
-
-# ---- the reference rules, from the module docstring ----
-
-
-def reference_role(f: dict, se: dict, cfg: TaxonomyConfig) -> int:
-    sink = -math.inf if math.isnan(f["share_sink"]) else f["share_sink"]
-    own, rest = f["share_self"], f["share_rest"]
-    if math.isnan(own) or math.isnan(rest):
-        return -1
-    z = {k: f[k] / se[k] if se[k] > 0 else math.copysign(math.inf, f[k]) if f[k] else math.nan
-         for k in ("align_self_excess", "shift_self", "shift_sink")}  # fmt: skip
-    # 1. Mixer: "the last token intermediate between sink and rest; alignment shifts from v_0 towards v_L".
-    rising = z["shift_self"] > cfg.z_shift and f["shift_self"] >= cfg.shift_min
-    falling = z["shift_sink"] < -cfg.z_shift and f["shift_sink"] <= -cfg.shift_min
-    if min(sink, rest) < own < max(sink, rest) and rising and falling:
-        return ROLES.index("mixer")
-    # 2. Retriever: "the last token dominates; s(N) stays aligned with v_L" (beyond chance).
-    if own >= sink and own >= rest and z["align_self_excess"] > cfg.z_align and f["align_self_excess"] >= cfg.align_min:
-        return ROLES.index("retriever")
-    # 3.-4. The rest dominates and is concentrated: Content; otherwise (sink, or broadly spread) Reset.
-    if rest > sink and f["top_rest_share"] >= cfg.concentrated:
-        return ROLES.index("content")
-    return ROLES.index("reset")
 
 
 @settings(max_examples=200, deadline=None)
