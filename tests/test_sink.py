@@ -176,3 +176,17 @@ def test_bad_input_is_refused():
         sink_recall_correlation(make_result(recall, rho0, weights), n_bootstrap=1000)
     with pytest.raises(GeometryError, match="this result has no attention-profile fit"):
         make_result(recall, rho0).profile_fit
+
+
+@settings(max_examples=100, deadline=None)
+@given(inside=st.lists(st.floats(-0.999, 0.999), min_size=1, max_size=20),
+       over=st.lists(st.sampled_from([1.0, -1.0]), max_size=5))
+def test_a_replicate_corrected_to_one_counts_as_the_most_extreme_inside(inside, over):
+    """Fisher's z of the replicates inside (-1, 1); one corrected to +-1 takes the largest (smallest) of those
+    z, so that the bounds stay finite and within the replicates' own range."""
+    from tl_geometry.analysis.correlation import replicate_z
+
+    r = np.array(inside + over)
+    z = np.arctanh(np.array(inside))
+    want = np.concatenate([z, [z.max() if x > 0 else z.min() for x in over]])
+    assert np.allclose(replicate_z(torch.tensor(r)).numpy(), want, atol=1e-12)

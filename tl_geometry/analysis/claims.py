@@ -108,6 +108,7 @@ from tl_geometry.analysis.correlation import (
     disattenuated_correlation,
     fisher_z,
     partial_pearson,
+    replicate_z,
     weighted_pearson,
 )
 from tl_geometry.analysis.intervals import METHODS, expanded_level
@@ -352,7 +353,8 @@ def _interval(
     to its value on each replicate ``[replicate]``, or is those values already computed.
 
     ``pivot``, for a correlation: the value the replicates scatter around (the bootstrap world's truth). The
-    interval is then taken on Fisher's z, of the replicates' deviations from the pivot moved to the value."""
+    interval is then taken on Fisher's z (`replicate_z`), of the replicates' deviations from the pivot moved to
+    the value."""
     lacking = [name for name in names if not result.has_replicates(name)]
     if lacking:
         return math.nan, math.nan, (
@@ -374,7 +376,7 @@ def _interval(
         bounds = METHODS[method](value, values, level)
     else:
         z = fisher_z(value)
-        moved = fisher_z(values) - fisher_z(pivot) + z
+        moved = replicate_z(values) - fisher_z(pivot) + z
         bounds = tuple(math.tanh(b) for b in METHODS[method](float(z), moved, level))
         scale = f" on Fisher's z, about the uncorrected {_fmt(pivot)} (the replicates' own truth)"
     low, high = (min(max(bound, limits[0]), limits[1]) for bound in bounds)

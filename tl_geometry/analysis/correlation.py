@@ -167,6 +167,23 @@ def fisher_z(r: float | Tensor) -> Tensor:
     return torch.atanh(torch.as_tensor(r, dtype=torch.float64).clamp(-1 + 1e-12, 1 - 1e-12))
 
 
+def replicate_z(replicates: Float[Tensor, "replicate *b"]) -> Float[Tensor, "replicate *b"]:
+    """Fisher's z of correlation replicates, where a replicate at +-1 (a disattenuation that overshot) counts as
+    the most extreme replicate inside (-1, 1) on its side: its own z is unbounded, and an interval reflecting
+    that tail (the basic interval) would reach -1 however close to 1 every replicate is. NaN stays NaN.
+
+    >>> [round(float(z), 4) for z in replicate_z(torch.tensor([0.5, 0.9, 1.0]))]
+    [0.5493, 1.4722, 1.4722]
+    """
+    r = replicates.double()
+    z = fisher_z(r)
+    inside = r.abs() < 1
+    top = torch.where(inside, z, -math.inf).amax(0)
+    bottom = torch.where(inside, z, math.inf).amin(0)
+    z = torch.where((r >= 1) & top.isfinite(), top, z)
+    return torch.where((r <= -1) & bottom.isfinite(), bottom, z)
+
+
 @dataclass(frozen=True)
 class Disattenuated:
     """A disattenuated correlation and its bootstrap replicates (`disattenuated_correlation`)."""

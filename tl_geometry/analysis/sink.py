@@ -19,7 +19,8 @@ documents), as the claims scorecard does at N = 3; its bounds are the basic
 interval on Fisher's z of the replicates' disattenuated correlations in a
 bootstrap world as noisy as the real one (`shrunk_replicates`), pivoting on
 the uncorrected value, at the plain level (docs: The paper's claims,
-"Intervals"). A result keeps
+"Intervals"; `replicate_z` says what a replicate corrected to +-1 counts
+as). A result keeps
 statistics over documents, not each document's values, so the pairing
 ``over="sequence_heads"`` of format-1 results (one pair per sequence and head) is gone. With
 fewer than two documents, or without replicates of both fields, the bounds
@@ -34,7 +35,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from tl_geometry.analysis.correlation import correlations, disattenuated_correlation, fisher_z
+from tl_geometry.analysis.correlation import correlations, disattenuated_correlation, fisher_z, replicate_z
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
 
@@ -192,7 +193,7 @@ def _disattenuated(
     """The disattenuated correlation at every N and its bounds (the module docstring says how)."""
     rx, ry = _pairs(result.replicates("recall").double(), result.replicates("rho0").double())  # [replicate, n, pair]
     corrected = disattenuated_correlation(x, y, rx, ry, result.n_documents)
-    deviations = fisher_z(corrected.replicates) - fisher_z(pearson)  # around the bootstrap world's truth
+    deviations = replicate_z(corrected.replicates) - fisher_z(pearson)  # around the bootstrap world's truth
     tail = (1 - confidence) / 2
     q = torch.nanquantile(deviations, torch.tensor([tail, 1 - tail], dtype=torch.float64), dim=0)  # [2, n]
     z = fisher_z(corrected.value)
