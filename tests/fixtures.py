@@ -10,6 +10,8 @@ import socket
 import numpy as np
 import torch
 
+from tests.reference import reference_role
+from tl_geometry.analysis.taxonomy import ROLES, TaxonomyConfig
 from tl_geometry.cli import build_parser, config_from_args
 from tl_geometry.config import GeometryConfig
 from tl_geometry.diagnostics.fields import FieldSpec
@@ -227,6 +229,17 @@ def role_means(rng: np.random.Generator, shape: tuple[int, int]) -> dict[str, np
     means["previous_token"] = rng.uniform(0.0, 0.3, shape)
     means["align_sink_excess"] = rng.uniform(-0.05, 0.1, shape)
     return means
+
+
+def study_roles(means: dict[str, np.ndarray]) -> np.ndarray:
+    """Each head's role (``[layer, head]``, names) by the taxonomy's rules on its true means, with the standard
+    errors a study of STUDY_DOCUMENTS documents has (the rules' z-scores are relative to them)."""
+    se = {name: ROLE_NOISE[name] / math.sqrt(STUDY_DOCUMENTS) for name in ("align_self_excess", "shift_self", "shift_sink")}
+    roles = np.empty(means["share_self"].shape, dtype=object)
+    for index in np.ndindex(roles.shape):
+        head = {name: float(v[index]) for name, v in means.items() if v.ndim == 2}
+        roles[index] = ROLES[reference_role(head, se, TaxonomyConfig())]
+    return roles
 
 
 def simulate_study(means: dict[str, np.ndarray], rng: np.random.Generator) -> GeometryResult:

@@ -24,16 +24,13 @@ import math
 import numpy as np
 import pytest
 
-from tests.fixtures import ROLE_NOISE
 from tests.fixtures import STUDY_DOCUMENTS as DOCUMENTS
 from tests.fixtures import STUDY_GRID as GRID
 from tests.fixtures import STUDY_REPLICATES as REPLICATES
-from tests.fixtures import simulate_study, true_means
-from tests.reference import reference_role
+from tests.fixtures import simulate_study, study_roles, true_means
 from tl_geometry import claims
 from tl_geometry.analysis import claims as claims_module
 from tl_geometry.analysis.intervals import METHODS
-from tl_geometry.analysis.taxonomy import ROLES, TaxonomyConfig
 
 STUDIES = 400
 SMALL, MID, LARGE = (GRID >= 2) & (GRID <= 4), (GRID >= 8) & (GRID <= 16), GRID >= 32
@@ -54,19 +51,9 @@ def _corr(x, y):
     return float(np.corrcoef(x.ravel(), y.ravel())[0, 1])
 
 
-def true_roles(m: dict[str, np.ndarray]) -> np.ndarray:
-    """Each head's role (``[layer, head]``, names) by the taxonomy's rules on its true means, with the standard
-    errors a study of DOCUMENTS documents has (the rules' z-scores are relative to them)."""
-    se = {name: ROLE_NOISE[name] / math.sqrt(DOCUMENTS) for name in ("align_self_excess", "shift_self", "shift_sink")}
-    roles = np.empty(m["share_self"].shape, dtype=object)
-    for index in np.ndindex(roles.shape):
-        roles[index] = ROLES[reference_role({k: float(v[index]) for k, v in m.items() if v.ndim == 2}, se, TaxonomyConfig())]
-    return roles
-
-
 def _role_truths(m: dict[str, np.ndarray]) -> dict[str, float]:
     """Section 4.2's smaller depth step and Figure 11's smallest margin on the true roles (-1: a role without heads)."""
-    roles = true_roles(m)
+    roles = study_roles(m)
     depth = np.arange(roles.shape[0])[:, None] / (roles.shape[0] - 1) * np.ones(roles.shape)
     mean_depth = {r: depth[roles == r].mean() if (roles == r).any() else math.nan for r in ("retriever", "reset", "mixer")}
     step = min(mean_depth["reset"] - mean_depth["retriever"], mean_depth["mixer"] - mean_depth["reset"])

@@ -653,6 +653,66 @@ def test_what_would_change_names_a_value_that_changes_the_verdict(key, where):
     assert f"{target:g}" in line and claims_module.verdict(moved, t) != found, (line, moved)
 
 
+# ---- simulated studies: each claim holds on one and fails on another ----
+
+
+def _simulated(key: str, holds: bool) -> GeometryResult:
+    """A simulated study of 16 noisy documents whose true means make ``key`` hold (or fail) clearly: the other
+    fields as ``true_means`` draws them."""
+    from tests.fixtures import STUDY_GRID, study_roles
+    from tl_geometry.diagnostics.taxonomy import ROLE_FEATURES
+
+    m = true_means()
+    shape = m["rho0"].shape
+    spread = np.linspace(0, 1, m["rho0"].size).reshape(shape)  # heads differ, deterministically
+    curve = lambda values: np.asarray(values, dtype=float) + 0.02 * spread[..., None]  # noqa: E731
+    large = STUDY_GRID >= 32
+    if key == "stable_norms":
+        m["value_norm_cv"] = 0.01 + 0.01 * spread if holds else 0.1 + 0.1 * spread
+    elif key == "compressed_sink":
+        m["sink_norm_ratio"] = 0.1 + 0.2 * spread if holds else 1.2 + spread
+    elif key == "exponential_decay":
+        m["decay_mae"] = 0.02 + 0.04 * spread if holds else 0.3 + 0.2 * spread
+    elif key == "four_phase_profile":
+        m["profile_p_base"] = m["profile_p_sink"] / (1000.0 if holds else 10.0)
+        m["profile_has_plateau"] = m["profile_has_recency"] = np.full(shape, 0.95)
+    elif key == "small_n_separability":  # the excess over chance falls (rises) from small to mid N
+        small_to_mid = [0, 0.5, 0.5, 0.5, 0.1, 0.1, 0.1, 0.1] if holds else [0, 0.1, 0.1, 0.1, 0.5, 0.5, 0.5, 0.5]
+        m["excess_precision"] = m["excess_recall"] = curve(small_to_mid)
+    elif key == "large_n_return":
+        m["precision"] = m["recall"] = curve([1, 0.8, 0.7, 0.6, 0.4, 0.4, 0.8, 0.9] if holds
+                                             else [1, 0.8, 0.7, 0.6, 0.5, 0.5, 0.3, 0.2])
+    elif key == "envelope_tightness":
+        for metric in ("precision", "recall"):
+            m[f"bound_{metric}_upper"] = m[metric] + (0.01 if holds else 0.3)
+    elif key in ("sink_recall_correlation", "sink_precision_correlation"):
+        metric = "recall" if key == "sink_recall_correlation" else "precision"
+        m[metric][..., STUDY_GRID == 3] = (0.4 + (1 if holds else -1) * 0.5 * (m["rho0"] - 0.35))[..., None]
+    elif key == "regimes_by_depth":  # the heads sorted by role into layers in Figure 8's order, or reversed
+        rank = {"retriever": 0, "reset": 1, "content": 1, "mixer": 2}
+        order = np.argsort([rank[role] for role in study_roles(m).ravel()], kind="stable")
+        order = order if holds else order[::-1]
+        for name in ROLE_FEATURES:
+            m[name] = m[name].ravel()[order].reshape(shape)
+    elif key == "regime_tradeoffs":  # Retriever's Recall above (below) the others' at large N, Precision below
+        roles = study_roles(m)
+        u = curve([1, 0.75, 0.62, 0.55, 0.42, 0.4, 0.5, 0.7])
+        m["precision"], m["recall"] = u.copy(), u.copy()
+        retriever = roles == "retriever"
+        m["recall"][retriever] += np.where(large, 0.1 if holds else -0.1, 0.0)
+        m["precision"][retriever] -= np.where(large, 0.1, 0.0)
+    return simulate_study(m, np.random.default_rng(13))
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_each_claim_holds_on_one_simulated_study_and_fails_on_another(key):
+    """The same pipeline as a real run (noisy documents, bootstrap replicates, intervals): the verdict follows
+    the true means, and is not fixed by construction."""
+    found = [claims(_simulated(key, holds)).loc[key] for holds in (True, False)]
+    assert [row.verdict for row in found] == ["holds", "does not hold"], [(row.value, row.low, row.high) for row in found]
+    assert not any(math.isnan(row.low) for row in found)  # judged with their intervals
+
+
 # ---- mutants of the claims module: each must fail a hand-built case above ----
 
 
@@ -724,6 +784,20 @@ CLAIM_MUTANTS = {
         _depth_cases,
     ),
 }
+
+
+SIMULATED_MUTANTS = {  # the same mutants, against the claim's pair of simulated studies
+    "the sink's Precision claim reads recall": "sink_precision_correlation",
+    "small-N separability without the chance correction": "small_n_separability",
+    "the large-N return on the excess over chance": "large_n_return",
+    "Figure 11's precision and recall statements swapped": "regime_tradeoffs",
+    "Reset and Mixer swapped in Figure 8's order": "regimes_by_depth",
+}
+CLAIM_MUTANTS.update({
+    f"{name} (simulated studies)": (*CLAIM_MUTANTS[name][:2],
+                                    lambda mutant, key=key: test_each_claim_holds_on_one_simulated_study_and_fails_on_another(key))
+    for name, key in SIMULATED_MUTANTS.items()
+})
 
 
 @pytest.mark.parametrize("name", list(CLAIM_MUTANTS), ids=lambda name: name.replace(" ", "-"))
