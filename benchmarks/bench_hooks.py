@@ -1,5 +1,9 @@
 """Cost of the geometry hooks: bare forward vs run_with_geometry_hooks vs run_with_cache + engine.
 
+The hooks of the pattern path (``capture="pattern"``) against the bridge's
+bare eager forward; the rows path, the default where the model allows it, is
+measured by ``benchmarks/bench_rows.py``.
+
 One 1024-token window of the default model (``tl_geometry.models.load_model``,
 SmolLM2-135M) if it is available, else a tiny random Llama with GQA of the same
 shape (30 layers x 9 heads x 3 KV heads x d_head 64) built from a config. Each
@@ -140,11 +144,12 @@ def run_mode(mode: str, repeats: int, context: int) -> dict:
         with torch.inference_mode():
             model(t, return_type=None)
 
+    # The pattern path: the hooks on the bridge's eager pass, what "bare" runs (benchmarks/bench_rows.py: the rows).
     def hooks(t):
-        run_with_geometry_hooks(model, t)
+        run_with_geometry_hooks(model, t, capture="pattern")
 
     def all_diagnostics(t):  # Assumptions 1-3, bounds and taxonomy features in the same pass
-        run_with_geometry_hooks(model, t, diagnostics="all")
+        run_with_geometry_hooks(model, t, diagnostics="all", capture="pattern")
 
     def cache(t):  # the by-hand way: cache every value and pattern, then the engine per layer
         names = {value_hook(l) for l in range(n_layers)} | {pattern_hook(l) for l in range(n_layers)}
@@ -157,13 +162,13 @@ def run_mode(mode: str, repeats: int, context: int) -> dict:
                 selection_metrics(alpha, v.transpose(1, 2), grid)
 
     def one(name):  # the metrics plus one diagnostic: its own cost is the difference with "hooks"
-        return lambda t: run_with_geometry_hooks(model, t, diagnostics=[name])
+        return lambda t: run_with_geometry_hooks(model, t, diagnostics=[name], capture="pattern")
 
     parts: dict[str, float] = {}
     if mode not in ("bare", "cache"):
         _clock_parts(parts, model)
     fns = {"bare": bare, "hooks": hooks, "all": all_diagnostics, "cache": cache,
-           "all-but-chance": lambda t: run_with_geometry_hooks(model, t, diagnostics=ALL_BUT_CHANCE)}
+           "all-but-chance": lambda t: run_with_geometry_hooks(model, t, diagnostics=ALL_BUT_CHANCE, capture="pattern")}
     fn = fns[mode] if mode in fns else one(mode)
     fn(tokens[:, :32])  # warm-up
     bare(tokens[:, :32])

@@ -2,7 +2,8 @@
 
 Prints, for 1 x ``--short`` tokens (default 1024), median wall times of: the bare
 forward with the model's fast attention (SDPA, through the rows attention with
-nothing analysed), the bare eager forward of the bridge, the default run with
+nothing analysed), the bare eager forward of the bridge, the default run
+(``capture="auto"``, which takes the rows on this model), with
 ``capture="rows"`` and with ``capture="pattern"``, and their ratios. Then for
 1 x ``--long`` tokens (default 8192) each path runs in its own process, which
 reports its wall time and its peak resident memory above the loaded model.
@@ -51,8 +52,9 @@ def short(n: int, repeats: int) -> None:
     figures = _clock_interleaved({
         "bare fast forward (sdpa)": lambda: run_rows_pass(model, tokens, None, nothing()),
         "bare eager forward (bridge)": lambda: _eager(model, tokens),
+        'default run (capture="auto")': lambda: run_with_geometry_hooks(model, tokens),
         'default run, capture="rows"': lambda: run_with_geometry_hooks(model, tokens, capture="rows"),
-        'default run, capture="pattern"': lambda: run_with_geometry_hooks(model, tokens),
+        'default run, capture="pattern"': lambda: run_with_geometry_hooks(model, tokens, capture="pattern"),
     }, repeats)
     base = figures["bare fast forward (sdpa)"]
     print(f"1 x {n} tokens, SmolLM2, median of {repeats} (s, and ratio to the bare fast forward):")

@@ -417,7 +417,7 @@ def test_diagnostic_envelopes_on_the_metrics_rows_match_the_reference(ranking):
     grid = [1, 2, 4, 8, 13]
     result = run_with_geometry_hooks(
         model, tokens, diagnostics=["bounds"], n_grid=grid, keep_queries=True, ranking=ranking,
-        query_positions=[5, 12], settings={"bounds": {"kappa": 50.0}},
+        query_positions=[5, 12], settings={"bounds": {"kappa": 50.0}}, capture="pattern",  # as run_with_cache
     )  # fmt: skip
     q = result.queries
     torch.testing.assert_close(q["margin_pair_gap"], q["r_min"] ** 2 - q["r_max"] ** 2, equal_nan=True)

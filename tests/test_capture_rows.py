@@ -82,9 +82,10 @@ def _padded(model, side: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _both(model, tokens, mask, **overrides):
-    config = GeometryConfig(diagnostics="all", n_grid=GRID, n_bootstrap=4, **overrides)
+    config = GeometryConfig(diagnostics="all", n_grid=GRID, n_bootstrap=4, capture="pattern", **overrides)
     pattern = run_with_geometry_hooks(model, tokens, attention_mask=mask, config=config)
     rows = run_with_geometry_hooks(model, tokens, attention_mask=mask, config=config.with_overrides(capture="rows"))
+    assert (pattern.config.capture, rows.config.capture) == ("pattern", "rows")
     return pattern, rows
 
 
@@ -154,16 +155,16 @@ def test_rows_path_skips_the_full_pattern():
     try:
         run_with_geometry_hooks(model, "the cat sat", n_grid=GRID, capture="rows")
         assert fired == []
-        run_with_geometry_hooks(model, "the cat sat", n_grid=GRID)
+        run_with_geometry_hooks(model, "the cat sat", n_grid=GRID, capture="pattern")
         assert fired
     finally:
         model.reset_hooks()
 
 
 def test_capture_option_is_validated():
-    with pytest.raises(GeometryError, match="capture: expected one of \\('pattern', 'rows'\\)"):
+    with pytest.raises(GeometryError, match="capture: expected one of \\('auto', 'pattern', 'rows'\\)"):
         GeometryConfig(capture="fast")
-    assert GeometryConfig().capture == "pattern"
+    assert GeometryConfig().capture == "auto"
 
 
 @pytest.mark.skipif(not tm.has_hooked_transformer(), reason="HookedTransformer needs transformer-lens 3.x")
@@ -210,7 +211,66 @@ def test_rows_equal_pattern_on_smollm2(smollm2):
         assert_close_results(pattern, rows, rtol=2e-3)
 
 
-@pytest.mark.parametrize(("args", "expected"), [(("--capture", "rows"), "rows"), ((), "pattern")])
+# ---- capture="auto": the rows where the model can take them ----
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_auto_takes_the_rows_on_a_bridge_and_equals_the_pattern(arch):
+    """The default on a bridge is the rows path (the result records it), with the pattern path's every field."""
+    model = tiny_arch_bridge(arch)
+    tokens, mask = _padded(model, "left")
+    config = GeometryConfig(diagnostics="all", n_grid=GRID, n_bootstrap=4)
+    auto = run_with_geometry_hooks(model, tokens, attention_mask=mask, config=config)
+    pattern = run_with_geometry_hooks(model, tokens, attention_mask=mask, config=config.with_overrides(capture="pattern"))
+    assert auto.config.capture == "rows"
+    assert_close_results(pattern, auto)
+
+
+def test_auto_takes_the_pattern_where_a_hook_is_attached(recwarn):
+    """A hook on the model would not fire on the rows path: auto reads the pattern instead (the hook's edit is
+    in the result) and says why once."""
+    from tl_geometry.capture import plan as plan_module
+
+    model = tiny_arch_bridge("llama")
+    plan_module._SAID.clear()
+    halved = []
+
+    def halve(pattern, hook):
+        halved.append(hook.name)
+        return pattern / 2
+
+    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", halve)]):
+        first = run_with_geometry_hooks(model, "the cat sat on the mat", n_grid=GRID, layers=[0])
+        second = run_with_geometry_hooks(model, "the cat sat on the mat", n_grid=GRID, layers=[0])
+    assert first.config.capture == second.config.capture == "pattern" and len(halved) == 2
+    said = [w for w in recwarn if "capture=\"auto\"" in str(w.message)]
+    assert len(said) == 1 and "hooks are attached" in str(said[0].message)
+    plain = run_with_geometry_hooks(model, "the cat sat on the mat", n_grid=GRID, layers=[0])
+    assert plain.config.capture == "rows"
+
+
+@pytest.mark.parametrize("arch", ["bloom", pytest.param("gptj", marks=TL3_FLOAT64_BROKEN)])
+def test_auto_takes_the_pattern_where_attention_is_the_models_own_code(arch):
+    from tl_geometry.capture import plan as plan_module
+
+    plan_module._SAID.clear()
+    model = tiny_arch_bridge(arch)
+    with pytest.warns(UserWarning, match="computes its attention in its own code"):
+        result = run_with_geometry_hooks(model, "the cat sat", n_grid=GRID)
+    assert result.config.capture == "pattern"
+
+
+@pytest.mark.skipif(not tm.has_hooked_transformer(), reason="HookedTransformer needs transformer-lens 3.x")
+def test_auto_takes_the_pattern_on_a_hooked_transformer():
+    from tl_geometry.capture import plan as plan_module
+
+    plan_module._SAID.clear()
+    with pytest.warns(UserWarning, match="wraps no Hugging Face model"):
+        result = run_with_geometry_hooks(tm.make_model("hooked"), "the cat sat", n_grid=GRID)
+    assert result.config.capture == "pattern"
+
+
+@pytest.mark.parametrize(("args", "expected"), [(("--capture", "rows"), "rows"), ((), "auto")])
 def test_cli_capture_option_reaches_the_config(args, expected):
 
     assert cli_config(*args).capture == expected

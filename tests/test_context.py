@@ -121,6 +121,7 @@ def test_bounds_and_features_read_the_rows_and_ranking_of_the_metrics(distance):
         diagnostics=["bounds", "taxonomy"] if distance == "euclidean" else ["taxonomy"], n_grid=GRID,
         query_positions="all", ranking="contribution", distance=distance, keep_queries=True, n_bootstrap=0,
         settings={"taxonomy": {"queries": "analysed"}},  # the features of the kept rows, not of the role sample
+        capture="pattern",  # the rows run_with_cache sees
     )  # fmt: skip
     text = TEXTS[2]
     result = run_with_geometry_hooks(model, text, config=config)

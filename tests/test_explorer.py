@@ -36,7 +36,7 @@ def tokens():
 
 @pytest.fixture(scope="module")
 def result(model, tokens):
-    return run_with_geometry_hooks(model, tokens, n_grid=GRID, diagnostics="all")
+    return run_with_geometry_hooks(model, tokens, n_grid=GRID, diagnostics="all", capture="pattern")  # as the cache
 
 
 @pytest.fixture(scope="module")

@@ -339,7 +339,7 @@ def test_assumptions_on_the_default_model(smollm2):
     from tl_geometry import default_text, text_windows
 
     window = text_windows(smollm2, default_text(), context=1024, n_windows=1)
-    result = run_with_geometry_hooks(smollm2, window, diagnostics=["assumptions"])
+    result = run_with_geometry_hooks(smollm2, window, diagnostics=["assumptions"], capture="pattern")  # as the cache
     layers, heads = smollm2.cfg.n_layers, smollm2.cfg.n_heads
     assert result.value_norm_by_position.shape == (layers, heads, 1024)
     assert result.cosine_by_lag.shape == result.attention_profile.shape == (layers, heads, 1024)

@@ -116,10 +116,10 @@ def _add_analysis_options(run: argparse.ArgumentParser) -> None:
     analysis.add_argument("--keep-queries", action="store_true",
                           help="also keep every analysed query's row (P and R by query position in the report's head "
                           "panel; the file grows with the queries: for a few prompts, not a corpus)")
-    analysis.add_argument("--capture", choices=get_args(Capture), default="pattern",
-                          help="'pattern' (default): read each layer's whole attention pattern (eager attention); "
-                          "'rows': run the model's fast attention and build only the analysed query rows "
-                          "(TransformerBridge models; see the scale page)")
+    analysis.add_argument("--capture", choices=get_args(Capture), default="auto",
+                          help="'rows': run the model's fast attention and build only the analysed query rows "
+                          "(TransformerBridge models; see the scale page); 'pattern': read each layer's whole "
+                          "attention pattern (eager attention); 'auto' (default): the rows where the model can")
     analysis.add_argument("--picture", type=_picture_argument, action="append", default=[], metavar="L.H",
                           help="keep one query row of head H of layer L (e.g. 18.6; repeatable) and draw Figure 1 on "
                           "the model's data in the report: the keys' y_i, s(N) and both balls (a few kB per head)")
@@ -131,7 +131,7 @@ def config_from_args(args: argparse.Namespace) -> GeometryConfig:
         n_grid=args.n_grid, query_positions=args.queries, layers=args.layers, heads=args.heads,
         ranking=args.ranking, distance=args.distance, diagnostics=() if args.diagnostics is None else args.diagnostics,
         n_bootstrap=args.bootstrap, seed=args.seed, keep_queries=getattr(args, "keep_queries", False),
-        picture_heads=getattr(args, "picture", ()), capture=getattr(args, "capture", "pattern"),
+        picture_heads=getattr(args, "picture", ()), capture=getattr(args, "capture", "auto"),
     )
     if args.diagnostics is None:  # the default: everything the report can draw, where it applies
         from tl_geometry.diagnostics.registry import REGISTRY

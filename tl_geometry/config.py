@@ -23,7 +23,7 @@ from tl_geometry.engine.inputs import check_mib, resolve_n_grid
 
 GridMode = Literal["default", "all"]
 QueryMode = Literal["last", "all"]
-Capture = Literal["pattern", "rows"]
+Capture = Literal["auto", "pattern", "rows"]
 DEFAULT_BOOTSTRAP = 200
 # Element types are checked in __post_init__, with a message naming the field.
 IntSequence = Sequence | Tensor | np.ndarray
@@ -97,12 +97,18 @@ class GeometryConfig:
             y_i, top-N order, s(N) and both balls for every N. One row per
             head however many documents; default none. The report draws them
             next to the toy Figure 1.
-        capture: how the attention rows are obtained. ``"pattern"`` (default)
+        capture: how the attention rows are obtained. ``"rows"`` runs the
+            model's fast attention and builds only the analysed query rows
+            with the model's own eager attention code
+            (`tl_geometry.capture.rows`; a TransformerBridge whose attention
+            goes through Hugging Face's attention interface); ``"pattern"``
             reads ``hook_pattern``, so the model builds every query's pattern
-            (eager attention); ``"rows"`` runs the model's fast attention and
-            builds only the analysed query rows with the model's own eager
-            attention code (`tl_geometry.capture.rows`; TransformerBridge only).
-            Interventions always use the pattern.
+            (eager attention). ``"auto"`` (default) takes the rows where the
+            model supports them and no hook is attached to it (a hook on
+            ``hook_v`` or ``hook_pattern`` would not fire on the rows path),
+            else the pattern, and says why once; the result's
+            ``config.capture`` records the path taken. Interventions always
+            use the pattern.
 
     Example:
         >>> GeometryConfig(n_grid=[1, 2, 4], layers=[0]).n_grid
@@ -132,7 +138,7 @@ class GeometryConfig:
     seed: int = 0
     keep_queries: bool = False
     picture_heads: Sequence = ()
-    capture: str = "pattern"
+    capture: str = "auto"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__

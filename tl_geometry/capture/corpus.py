@@ -301,7 +301,7 @@ def analyze_corpus(
                 run.step(accumulator, i, done_windows, len(batch.tokens))
     accumulator = distributed.reduce_accumulator(accumulator)
     provenance = {"model": model_provenance(model), "versions": package_versions(), "corpus": plan.corpus(accumulator)}
-    result = GeometryResult.from_accumulator(accumulator, config=config, model_name=name, provenance=provenance)
+    result = GeometryResult.from_accumulator(accumulator, config=run_plan.config, model_name=name, provenance=provenance)
     if run is not None:
         distributed.barrier()  # every rank has its share of the result before any checkpoint goes
         run.remove()

@@ -240,7 +240,7 @@ def analyse_prepared(model: HookableModel, prepared: PreparedTokens, plan: RunPl
             )
         kwargs["attention_mask"] = prepared.real.long() if device is None else prepared.real.long().to(device)
     tokens = prepared.tokens if device is None else prepared.tokens.to(device)
-    if config.capture == "rows":
+    if plan.config.capture == "rows":
         capture = RowsCapture(capture_positions(prepared, sample), state.rows_hook, layers)
         run_rows_pass(model, tokens, kwargs.get("attention_mask"), capture)
     else:
@@ -328,7 +328,7 @@ def run_with_geometry_hooks(
     plan = plan_run(model, config)
     accumulator = new_accumulator(plan, grid_for([prepared], plan))
     analyse_prepared(model, prepared, plan, accumulator)
-    return GeometryResult.from_accumulator(accumulator, config=config, model_name=model_name(model))
+    return GeometryResult.from_accumulator(accumulator, config=plan.config, model_name=model_name(model))
 
 
 def model_name(model: HookableModel) -> str:

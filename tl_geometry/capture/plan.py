@@ -2,20 +2,23 @@
 
 `plan_run` checks the layers and heads against the model and its hook points,
 finds the value head each analysed query head reads (grouped-query
-attention), every layer's sliding window, and the active diagnostics (each
-checked against the config), with those that read a query sample. The
+attention), every layer's sliding window, the active diagnostics (each
+checked against the config), with those that read a query sample, and the
+capture path (``capture="auto"`` resolved for this model). The
 accumulator, the grid and the hooks of every batch read the plan; nothing
 recomputes it per batch.
 """
 
+import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from jaxtyping import Int
 from torch import Tensor
 
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
+from tl_geometry.capture.rows import why_not_rows
 from tl_geometry.capture.tokens import HookableModel
 from tl_geometry.capture.windows import attention_windows
 from tl_geometry.config import GeometryConfig
@@ -29,7 +32,7 @@ class RunPlan:
     """The analysed layers and heads of one model under one config, and what runs on them.
 
     Attributes:
-        config: the run's config.
+        config: the run's config, its ``capture`` the path this run takes ("rows" or "pattern").
         layers, heads: the analysed layer and head numbers.
         n_heads, n_kv: the model's query and KV heads per layer.
         kv_heads: the KV head each analysed query head reads, ``[head_index]``.
@@ -58,7 +61,7 @@ def plan_run(model: HookableModel, config: GeometryConfig) -> RunPlan:
     layers, heads, n_heads, n_kv = _model_shape(model, config)
     diagnostics = active_diagnostics(config)
     return RunPlan(
-        config=config,
+        config=replace(config, capture=capture_path(model, config.capture)),
         layers=layers,
         heads=heads,
         n_heads=n_heads,
@@ -68,6 +71,24 @@ def plan_run(model: HookableModel, config: GeometryConfig) -> RunPlan:
         diagnostics=diagnostics,
         sampled=tuple(d for d in diagnostics if getattr(config.settings_for(d.name), "queries", None) == "sample"),
     )
+
+
+_SAID: set[str] = set()  # the reasons capture="auto" fell back for, said once each per process
+
+
+def capture_path(model: HookableModel, capture: str) -> str:
+    """The capture path a run takes: ``capture`` itself, or for ``"auto"`` the rows where the model can take
+    them (`tl_geometry.capture.rows.why_not_rows`), else the pattern, with a warning the first time."""
+    if capture != "auto":
+        return capture
+    reason = why_not_rows(model)
+    if reason is None:
+        return "rows"
+    if reason not in _SAID:
+        _SAID.add(reason)
+        warnings.warn(f'capture="auto": the pattern path (eager attention), since {reason}; pass capture="pattern" '
+                      "to choose it and silence this", stacklevel=3)
+    return "pattern"
 
 
 def kv_head_of(heads: Int[Tensor, " head_index"], n_heads: int, n_kv_heads: int) -> Int[Tensor, " head_index"]:

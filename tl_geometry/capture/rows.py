@@ -23,7 +23,9 @@ is, the bridge's pass builds every pattern. Queries and keys reach the
 attention function after QK-norm and rotary, so those stay the model's own code.
 
 Models whose attention does not go through the interface (Bloom's ALiBi,
-GPT-J, HookedTransformer) raise a GeometryError naming the pattern path.
+GPT-J, HookedTransformer) raise a GeometryError naming the pattern path;
+`why_not_rows` says, before a pass, whether a model can take this path (the
+default ``capture="auto"`` asks it).
 """
 
 import inspect
@@ -77,6 +79,30 @@ def hf_model_of(model: Any) -> Any:
             'its attention interface (only a TransformerBridge does); use capture="pattern" (the default)'
         )
     return hf
+
+
+def why_not_rows(model: Any) -> str | None:
+    """Why ``model`` cannot take the rows path as it stands, or None if it can.
+
+    It can when it wraps a Hugging Face model (a TransformerBridge) whose every
+    attention module's modeling file has ``eager_attention_forward`` (Bloom
+    and GPT-J compute attention in their own code) and no hook is attached to
+    it: the rows pass does not fire ``hook_v`` or ``hook_pattern``, so a hook
+    the user attached there would be skipped without a word.
+    """
+    try:
+        hf_model_of(model)
+    except GeometryError:
+        return f"{type(model).__name__} wraps no Hugging Face model with an attention interface"
+    for bridge in _attention_bridges(model):
+        module = bridge.original_component
+        if getattr(sys.modules[type(module).__module__], "eager_attention_forward", None) is None:
+            return f"{type(module).__name__} computes its attention in its own code"
+    hooked = sorted(name for name, point in model.hook_dict.items()
+                    if getattr(point, "_forward_hooks", None) or getattr(point, "_forward_pre_hooks", None))
+    if hooked:
+        return f"hooks are attached to the model ({', '.join(hooked[:3])}{', ...' if len(hooked) > 3 else ''})"
+    return None
 
 
 def _eager_function(module: torch.nn.Module) -> Callable[..., tuple[Tensor, Tensor]]:
