@@ -95,9 +95,10 @@ def why_not_rows(model: Any) -> str | None:
     except GeometryError:
         return f"{type(model).__name__} wraps no Hugging Face model with an attention interface"
     for bridge in _attention_bridges(model):
-        module = bridge.original_component
-        if getattr(sys.modules[type(module).__module__], "eager_attention_forward", None) is None:
-            return f"{type(module).__name__} computes its attention in its own code"
+        try:
+            _eager_function(bridge.original_component)
+        except GeometryError:
+            return f"{type(bridge.original_component).__name__} computes its attention in its own code"
     hooked = sorted(name for name, point in model.hook_dict.items()
                     if getattr(point, "_forward_hooks", None) or getattr(point, "_forward_pre_hooks", None))
     if hooked:
