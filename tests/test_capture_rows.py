@@ -108,6 +108,30 @@ def test_rows_equal_pattern_on_every_field(arch, side):
         assert_close_results(pattern, rows)
 
 
+@pytest.mark.parametrize("budget", [1e-3, 512.0])
+def test_rows_fold_layers_within_the_memory_budget(budget):
+    """The rows path analyses its kept layers together, one sliding window at a time (Gemma-3's layers 0 and 2
+    share one), once they fill the memory budget and after the pass: with a budget that analyses each layer on
+    its own and one that keeps them all, every field, the per-query rows and the pictures (of a layer analysed
+    on its own) equal the pattern path's."""
+    model = tiny_arch_bridge("gemma3")
+    tokens, mask = _padded(model, "left")
+    pattern, rows = _both(model, tokens, mask, query_positions=[-1, -3, 1], keep_queries=True,
+                          picture_heads=[(1, 0), (1, 3)], memory_budget_mib=budget)
+    assert_close_results(pattern, rows)
+    assert set(pattern.queries) == set(rows.queries)
+    assert torch.equal(pattern.query_positions, rows.query_positions)
+    for name in pattern.queries:
+        torch.testing.assert_close(pattern.queries[name], rows.queries[name], rtol=1e-5, atol=1e-5, equal_nan=True,
+                                   msg=name)
+    assert [(p.layer, p.head, p.document) for p in pattern.pictures] == [(1, 0, rows.pictures[0].document),
+                                                                       (1, 3, rows.pictures[1].document)]
+    for a, b in zip(pattern.pictures, rows.pictures, strict=True):
+        assert (a.layer, a.head, a.document, a.query_position) == (b.layer, b.head, b.document, b.query_position)
+        torch.testing.assert_close(a.precision, b.precision, equal_nan=True)
+        torch.testing.assert_close(a.alpha, b.alpha)
+
+
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_rows_equal_pattern_without_compatibility_mode(arch):
     """A raw bridge (no weight processing); right padding, as raw bridges over rotary models turn left pads NaN."""

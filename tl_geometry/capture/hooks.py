@@ -72,15 +72,24 @@ class _LayerAnalysis:
     query_weights: Tensor | None = None
     resampled: frozenset[str] = frozenset()
     replicates: dict[int, dict[str, Tensor]] = field(default_factory=dict)
+    # The rows path's layers not analysed yet: their attention rows and value states (see `rows_hook`).
+    kept_rows: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
 
-    def value_hook(self, v: Float[Tensor, "batch pos kv_head d_head"], *, hook: Any, layer: int) -> None:
-        """Keep the analysed heads' value states (GQA-aligned) of the keys the queries can see."""
+    def _check_values(self, v: Tensor, layer: int) -> None:
         if v.ndim != 4 or v.shape[2] != self.plan.n_kv:
             raise GeometryError(
                 f"{value_hook(layer)}: expected [batch, pos, n_key_value_heads={self.plan.n_kv}, d_head], "
                 f"got {list(v.shape)}"
             )
-        self.values[layer] = v[:, : self.prepared.n_keys, self.plan.kv_heads.to(v.device)]
+
+    def _aligned(self, v: Float[Tensor, "batch pos kv_head d_head"]) -> Float[Tensor, "batch key head_index d_head"]:
+        """The analysed heads' value states (GQA-aligned) of the keys the queries can see: a copy of our own."""
+        return v[:, : self.prepared.n_keys, self.plan.kv_heads.to(v.device)]
+
+    def value_hook(self, v: Float[Tensor, "batch pos kv_head d_head"], *, hook: Any, layer: int) -> None:
+        """Keep the analysed heads' value states (GQA-aligned) of the keys the queries can see."""
+        self._check_values(v, layer)
+        self.values[layer] = self._aligned(v)
 
     def pattern_hook(self, pattern: Float[Tensor, "batch head_index query_pos key_pos"], *, hook: Any, layer: int) -> None:
         """Build the layer's selection context and run every active diagnostic on it."""
@@ -96,71 +105,109 @@ class _LayerAnalysis:
                 f"pos >= {p.n_keys}, got {list(pattern.shape)}"
             )
         sample_index = None if self.sample is None else self.sample.query_index
-        self.analyse_layer(layer, pattern, self.values.pop(layer), p.query_index, sample_index)
+        self.analyse_layers((layer,), pattern, self.values.pop(layer), p.query_index, sample_index,
+                            pattern_hook(layer))
 
     def rows_hook(self, layer: int, rows: Float[Tensor, "batch pattern_head query key_pos"],
                   v: Float[Tensor, "batch key_pos kv_head d_head"]) -> None:
         """The rows path's callback (`tl_geometry.capture.rows`): the analysed query rows only, and the values.
 
         The rows are those of `capture_positions`: the analysed queries, then the query sample's (if any).
+        They are kept, and analysed together with other layers' (`analyse_kept`) once the kept layers'
+        aligned values reach the memory budget, and after the pass: a few large chunks cost less than many
+        small ones.
         """
-        self.value_hook(v, hook=None, layer=layer)
-        n_queries = self.prepared.query_index.shape[1]
-        at = torch.arange(rows.shape[2], device=rows.device).expand(rows.shape[0], -1)
-        sample_index = None if self.sample is None else at[:, n_queries:]
-        self.analyse_layer(layer, rows, self.values.pop(layer), at[:, :n_queries], sample_index)
+        self._check_values(v, layer)
+        self.kept_rows[layer] = (rows, v)
+        n_keys, d_head = self.prepared.n_keys, v.shape[-1]
+        kept = sum(r.numel() + r.shape[0] * n_keys * len(self.heads) * d_head for r, _ in self.kept_rows.values())
+        if kept * v.element_size() >= self.plan.config.memory_budget_mib * 2**20:
+            self.analyse_kept()
 
-    def analyse_layer(self, layer: int, pattern: Float[Tensor, "batch pattern_head query_pos key_pos"],
-                      values: Float[Tensor, "batch key head_index d_head"], query_index: Int[Tensor, "batch query"],
-                      sample_index: Int[Tensor, "batch sample"] | None = None) -> None:
-        """Run every active diagnostic on one layer's attention rows (at ``query_index`` of the pattern's query
-        axis; the query sample's rows at ``sample_index``)."""
+    def analyse_kept(self) -> None:
+        """Analyse the kept layers of the rows path, those of one sliding window folded into one batch axis.
+
+        A layer with a pictured head is analysed on its own (its pictures observe its own context).
+        """
+        pictured = {layer for layer, _ in self.plan.config.picture_heads} if self.pictures is not None else set()
+        groups: dict[tuple[int | None, int | None], list[int]] = {}
+        for layer in self.kept_rows:
+            groups.setdefault((self.plan.windows[layer], layer if layer in pictured else None), []).append(layer)
+        n_queries = self.prepared.query_index.shape[1]
+        for layers in groups.values():
+            kept = [self.kept_rows.pop(layer) for layer in layers]
+            rows = torch.cat([r for r, _ in kept])
+            values = torch.cat([self._aligned(v) for _, v in kept])
+            del kept
+            at = torch.arange(rows.shape[2], device=rows.device).expand(rows.shape[0], -1)
+            sample_index = None if self.sample is None else at[:, n_queries:]
+            self.analyse_layers(tuple(layers), rows, values, at[:, :n_queries], sample_index,
+                                f"the attention rows of layers {layers}")
+
+    def analyse_layers(self, layers: tuple[int, ...], pattern: Float[Tensor, "fold_batch pattern_head query_pos key_pos"],
+                       values: Float[Tensor, "fold_batch key head_index d_head"],
+                       query_index: Int[Tensor, "fold_batch query"],
+                       sample_index: Int[Tensor, "fold_batch sample"] | None, label: str) -> None:
+        """Run every active diagnostic on the attention rows of ``layers`` (at ``query_index`` of the pattern's
+        query axis; the query sample's rows at ``sample_index``).
+
+        Several layers of one sliding window come folded into the batch axis, layer by layer (``[layer *
+        batch, ...]``): every diagnostic works per sequence, so each layer's results are its slice.
+        """
         p = self.prepared
+        fold = len(layers)
         device = pattern.device
-        if p.padded:  # padding keys get zero vectors (the indexing in value_hook made a copy of our own)
-            values.masked_fill_(~p.real[:, : p.n_keys, None, None].to(device), 0.0)
+        window = self.plan.windows[layers[0]]
+        if p.padded:  # padding keys get zero vectors (the values are a copy of our own)
+            values.masked_fill_(~_folded(p.real[:, : p.n_keys], fold)[:, :, None, None].to(device), 0.0)
         settings = {d.name: self.plan.config.settings_for(d.name) for d in self.plan.diagnostics}
         on_sample = self.sample is not None
         main = tuple(d for d in self.plan.diagnostics if not (on_sample and d in self.plan.sampled))
-        context = self._context(pattern, values, p, layer, query_index)
-        observers = {} if self.pictures is None else self.pictures.observers(layer, context, self.heads)
-        reduction = self._reduce(context, main, settings, None if on_sample else self.query_weights, observers)
+        weights = None if self.query_weights is None else _folded(self.query_weights, fold)
+        context = self._context(pattern, values, p, window, query_index, fold, label)
+        observers = {} if self.pictures is None or fold > 1 else self.pictures.observers(layers[0], context, self.heads)
+        reduction = self._reduce(context, main, settings, None if on_sample else weights, observers)
         out = reduction.means()
         replicates = reduction.replicate_means()
         if on_sample:
-            sample = self._context(pattern, values[:, : self.sample.n_keys], self.sample, layer, sample_index)
-            sampled = self._reduce(sample, self.plan.sampled, settings, self.query_weights, {})
+            sample = self._context(pattern, values[:, : self.sample.n_keys], self.sample, window,
+                                   sample_index, fold, label)  # type: ignore[arg-type]
+            sampled = self._reduce(sample, self.plan.sampled, settings, weights, {})
             out.update(sampled.means())
             replicates.update(sampled.replicate_means())
         for diagnostic in self.plan.diagnostics:
             out.update(diagnostic.declared(diagnostic.sequences(context, settings[diagnostic.name]), "sequences"))
-        self.out[layer] = out
-        self.replicates[layer] = replicates
-        if self.plan.config.keep_queries:
-            self.queries[layer] = reduction.query_rows()
+        queries = reduction.query_rows() if self.plan.config.keep_queries else {}
+        for i, layer in enumerate(layers):
+            self.out[layer] = _unfolded(out, fold, i)
+            self.replicates[layer] = _unfolded(replicates, fold, i)
+            if self.plan.config.keep_queries:
+                self.queries[layer] = _unfolded(queries, fold, i)
 
     def _context(
-        self, pattern: Tensor, values: Tensor, prepared: PreparedTokens, layer: int, query_index: Tensor
+        self, pattern: Tensor, values: Tensor, prepared: PreparedTokens, window: int | None, query_index: Tensor,
+        fold: int, label: str,
     ) -> SelectionContext:
-        """The selection context of ``prepared``'s query rows, at ``query_index`` of the pattern's query axis."""
+        """The selection context of ``prepared``'s query rows (``fold`` layers of them, folded into the batch
+        axis), at ``query_index`` of the pattern's query axis."""
         device = pattern.device
-        visible = prepared.visible(self.plan.windows[layer]).to(device)
+        visible = prepared.visible(window)
         return SelectionContext(
             pattern,
             values,
-            visible,
-            prepared.sink(visible).to(device),
-            prepared.query_valid.to(device),
+            _folded(visible, fold).to(device),
+            _folded(prepared.sink(visible), fold).to(device),
+            _folded(prepared.query_valid, fold).to(device),
             self.grid,
             ranking=self.plan.config.ranking,  # type: ignore[arg-type]
             distance=self.plan.config.distance,  # type: ignore[arg-type]
             memory_budget_mib=self.plan.config.memory_budget_mib,
             costs=[d.cost for d in self.plan.diagnostics],
             query_index=query_index.to(device),
-            real=prepared.real[:, : prepared.n_keys].to(device),
+            real=_folded(prepared.real[:, : prepared.n_keys], fold).to(device),
             kv_heads=self.plan.kv_heads.to(device),
             heads=self.heads.to(device),
-            label=pattern_hook(layer),
+            label=label,
         )
 
     def _reduce(
@@ -182,6 +229,16 @@ class _LayerAnalysis:
                 if (observe := observers.get(diagnostic)) is not None:
                     observe(chunk, rows)
         return reduction
+
+
+def _folded(t: Tensor, fold: int) -> Tensor:
+    """``t`` (batch first) repeated for ``fold`` layers folded into the batch axis, layer by layer."""
+    return t if fold == 1 else t.repeat(fold, *([1] * (t.ndim - 1)))
+
+
+def _unfolded(fields: dict[str, Tensor], fold: int, i: int) -> dict[str, Tensor]:
+    """The ``i``-th layer's slice of per-sequence fields whose batch axis folds ``fold`` layers."""
+    return fields if fold == 1 else {name: t.unflatten(0, (fold, -1))[i] for name, t in fields.items()}
 
 
 def new_accumulator(plan: RunPlan, grid: Int[Tensor, " n"]) -> Accumulator:
@@ -243,6 +300,7 @@ def analyse_prepared(model: HookableModel, prepared: PreparedTokens, plan: RunPl
     if plan.config.capture == "rows":
         capture = RowsCapture(capture_positions(prepared, sample), state.rows_hook, layers)
         run_rows_pass(model, tokens, kwargs.get("attention_mask"), capture)
+        state.analyse_kept()
     else:
         with torch.inference_mode(), model.hooks(fwd_hooks=fwd_hooks):
             model(tokens, **kwargs)

@@ -8,6 +8,7 @@ again under each row's Poisson weights.
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -58,27 +59,26 @@ class SequenceReduction:
             self.replicate_counts[name].index_add_(1, slot, u * defined.to(values.dtype).unsqueeze(0))
 
     def add_all(self, rows: dict[str, Tensor], batch: Tensor, head: Tensor, query: Tensor) -> None:
-        """`add` every field of one chunk; one-value fields go in stacks (one index_add for many fields)."""
-        scalars: dict[bool, list[str]] = {True: [], False: []}
+        """`add` every field of one chunk; fields of one shape and dtype go in stacks (one index_add for many)."""
+        groups: dict[tuple[Any, ...], list[str]] = {}
         for name, values in rows.items():
-            if values.ndim == 1:
-                scalars[name in self.resampled].append(name)
-            else:
-                self.add(name, values, batch, head, query)
-        for resampled, names in scalars.items():
-            if names:
-                key = "+".join(names)
-                self.stacks[key] = tuple(names)
-                if resampled:
-                    self.resampled = self.resampled | {key}
-                self.add(key, torch.stack([rows[name] for name in names], dim=-1), batch, head, query)
+            groups.setdefault((values.shape[1:], values.dtype, name in self.resampled), []).append(name)
+        for (_, _, resampled), names in groups.items():
+            if len(names) == 1:
+                self.add(names[0], rows[names[0]], batch, head, query)
+                continue
+            key = "+".join(names)
+            self.stacks[key] = tuple(names)
+            if resampled:
+                self.resampled = self.resampled | {key}
+            self.add(key, torch.stack([rows[name] for name in names], dim=-1), batch, head, query)
 
     def _unstacked(self, out: dict[str, Tensor]) -> dict[str, Tensor]:
         """``out`` with every stack split back into its fields (the stacked axis is the last)."""
         for key, names in self.stacks.items():
             if key in out:
                 stacked = out.pop(key)
-                out.update({name: stacked[..., i] for i, name in enumerate(names)})
+                out.update({name: stacked[..., i].contiguous() for i, name in enumerate(names)})
         return out
 
     def replicate_means(self) -> dict[str, Tensor]:

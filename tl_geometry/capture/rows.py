@@ -14,7 +14,8 @@ the forward pass runs through Hugging Face's attention interface instead:
   scaling, softcapping, sliding-window and padding masks, grouped-query
   ``repeat_kv``, all as the model does them) on the analysed query rows only;
 - those rows and the layer's value states go to the same layer analysis the
-  pattern hook runs (`tl_geometry.capture.hooks._LayerAnalysis.analyse_layer`).
+  pattern hook runs (`tl_geometry.capture.hooks._LayerAnalysis`), which
+  analyses several layers' rows at once.
 
 Why not the bridge's own forward: TransformerLens 4.x's attention bridges
 re-implement attention for rotary models (they compute the pattern

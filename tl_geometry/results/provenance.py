@@ -6,6 +6,7 @@ in its JSON file; merging results checks the identity here and combines the
 rest.
 """
 
+import functools
 import importlib.metadata
 from collections.abc import Sequence
 from typing import Any
@@ -28,16 +29,18 @@ def package_versions(names: Sequence[str] = _PACKAGES) -> dict[str, str]:
     >>> package_versions(["tl_geometry"])
     {'tl_geometry': '0.1.0'}
     """
-    out = {}
-    for name in names:
-        if name == "tl_geometry":  # this source's own version, installed or not
-            out[name] = __version__
-            continue
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = "not installed"
-    return out
+    return {name: _version_of(name) for name in names}
+
+
+# Read once per process: the modules imported are those of the first reading (about 4 ms a package).
+@functools.cache
+def _version_of(name: str) -> str:
+    if name == "tl_geometry":  # this source's own version, installed or not
+        return __version__
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def merge_check(mine: Any, theirs: Any) -> tuple[str, Any, Any] | None:
