@@ -106,6 +106,12 @@ def package(tokens, gemma3_cache):
                                    settings={"taxonomy": {"queries": "analysed"}})
 
 
+def test_the_default_run_reads_the_rows(package):
+    """The default capture takes the rows path on the bundled Gemma-3: the float64 eager reference below
+    checks the rows its own eager attention builds under SDPA's sliding-window mask."""
+    assert package.config.capture == "rows"
+
+
 def test_the_last_query_of_a_local_layer_has_no_sink(package):
     """700 tokens, window 512: the last query of a local layer cannot see BOS, so its sink quantities and
     the profile fit (whose position 0 is the sink) are NaN; on a global layer they are defined."""
