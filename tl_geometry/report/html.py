@@ -51,8 +51,10 @@ class Figure:
 
 
 def available(result: GeometryResult) -> set[str]:
-    """The diagnostics the run computed, as its config records them: the always-on ones and those it named."""
-    return {diagnostic.name for diagnostic in REGISTRY.active(result.config.diagnostics)}
+    """The diagnostics whose declared fields the result carries (the registry says which fields each has)."""
+    return {
+        name for name in REGISTRY.names() if all(spec.name in result.fields for spec in REGISTRY.get(name).fields)
+    }
 
 
 def _names(taxonomy: HeadTaxonomy | None) -> list[list[str]] | None:
@@ -217,7 +219,7 @@ def missing_note(figure: Figure) -> str:
     """Why ``figure`` is not drawn and which option would draw it."""
     if figure.draw is None:
         return figure.how_to_read
-    return (f"Not drawn: this run did not compute the {figure.needs!r} diagnostic. Analyse with diagnostics "
+    return (f"Not drawn: this result lacks the fields of the {figure.needs!r} diagnostic. Analyse with diagnostics "
             f"including {figure.needs!r} (the tl-geometry default; in Python diagnostics='all' or "
             f"diagnostics=[{figure.needs!r}, ...]) to draw it.")
 
