@@ -78,7 +78,7 @@ class SequenceReduction:
         for key, names in self.stacks.items():
             if key in out:
                 stacked = out.pop(key)
-                out.update({name: stacked[..., i].contiguous() for i, name in enumerate(names)})
+                out.update({name: stacked[..., i] for i, name in enumerate(names)})
         return out
 
     def replicate_means(self) -> dict[str, Tensor]:
