@@ -22,16 +22,40 @@ def result():
     return run_with_geometry_hooks(model, tokens, n_grid=[1, 2, 4, 21], diagnostics="all")
 
 
+def _not_drawn(page: str) -> set[str]:
+    return {f.key for f in report.FIGURES if f'<section id="section-{f.key}" class="not-drawn">' in page}
+
+
 def test_without_diagnostics_their_figures_leave_a_note_naming_the_option(result):
-    plain = dataclasses.replace(result, stats={k: v for k, v in result.stats.items() if k in REQUIRED_FIELDS})
-    assert set(plain.fields) == set(REQUIRED_FIELDS)
-    page = report.render_html(plain)
+    unasked = dataclasses.replace(
+        result,
+        config=dataclasses.replace(result.config, diagnostics=()),
+        stats={k: v for k, v in result.stats.items() if k in REQUIRED_FIELDS},
+    )
+    assert set(unasked.fields) == set(REQUIRED_FIELDS)
+    page = report.render_html(unasked)
     for figure in report.FIGURES:
         drawn = figure.draw is not None and figure.needs is None
         assert (f'id="{figure.key}"' in page) == drawn
-        assert (f'<section id="section-{figure.key}" class="not-drawn">' in page) == (not drawn)
+        assert (figure.key in _not_drawn(page)) == (not drawn)
         if figure.needs is not None:
+            assert html.escape(f"did not compute the '{figure.needs}' diagnostic") in page
             assert html.escape(f"Analyse with diagnostics including '{figure.needs}'") in page
+
+
+def test_the_report_reads_which_diagnostics_ran_from_the_config(result):
+    needing = {f.key for f in report.FIGURES if f.needs is not None}
+    # Every field there, but the config names no diagnostic: the figures that need one are not drawn.
+    unnamed = dataclasses.replace(result, config=dataclasses.replace(result.config, diagnostics=()))
+    assert report.render_figures(unnamed).taxonomy is None
+    assert _not_drawn(report.render_html(unnamed)) >= needing
+    # Named, but the fields are gone (an older version's result, or stripped): the note says that instead.
+    stripped = dataclasses.replace(result, stats={k: v for k, v in result.stats.items() if k in REQUIRED_FIELDS})
+    page = report.render_html(stripped)
+    assert _not_drawn(page) >= needing
+    for name in {f.needs for f in report.FIGURES if f.needs is not None}:
+        assert html.escape(f"the run asked for the '{name}' diagnostic, but this result does not carry") in page
+    assert "did not compute" not in page
 
 
 def test_figure_numbers_follow_the_paper_and_figure_9_says_why_it_is_not_drawn(result):

@@ -51,9 +51,15 @@ class Figure:
 
 
 def available(result: GeometryResult) -> set[str]:
-    """The diagnostics whose declared fields the result carries (the registry says which fields each has)."""
+    """The diagnostics the run asked for (its config; the always-on ones implied) whose declared fields it carries.
+
+    One the config names without all its fields (a result saved by an older version of that
+    diagnostic, or stripped of its fields) is not drawn, and `missing_note` says so.
+    """
     return {
-        name for name in REGISTRY.names() if all(spec.name in result.fields for spec in REGISTRY.get(name).fields)
+        diagnostic.name
+        for diagnostic in REGISTRY.active(result.config.diagnostics)
+        if all(spec.name in result.fields for spec in diagnostic.fields)
     }
 
 
@@ -215,11 +221,15 @@ class Rendered(NamedTuple):
     notes: Sequence[tuple[Figure, str]] = ()
 
 
-def missing_note(figure: Figure) -> str:
-    """Why ``figure`` is not drawn and which option would draw it."""
+def missing_note(figure: Figure, asked: Sequence[str] = ()) -> str:
+    """Why ``figure`` is not drawn and which option would draw it; ``asked``: the diagnostics the run named."""
     if figure.draw is None:
         return figure.how_to_read
-    return (f"Not drawn: this result lacks the fields of the {figure.needs!r} diagnostic. Analyse with diagnostics "
+    if figure.needs in asked:
+        return (f"Not drawn: the run asked for the {figure.needs!r} diagnostic, but this result does not carry all "
+                "its fields (saved by an older version of that diagnostic, or some fields removed). Analyse the "
+                "model again to draw it.")
+    return (f"Not drawn: this run did not compute the {figure.needs!r} diagnostic. Analyse with diagnostics "
             f"including {figure.needs!r} (the tl-geometry default; in Python diagnostics='all' or "
             f"diagnostics=[{figure.needs!r}, ...]) to draw it.")
 
@@ -230,7 +240,7 @@ def render_figures(result: GeometryResult) -> Rendered:
     taxonomy = taxonomy_from_result(result) if "taxonomy" in present else None
     drawable = [f for f in FIGURES if f.draw is not None and (f.needs is None or f.needs in present)]
     figures = [(f, f.draw(result, taxonomy)) for f in drawable]
-    notes = [(f, missing_note(f)) for f in FIGURES if f not in drawable]
+    notes = [(f, missing_note(f, result.config.diagnostics)) for f in FIGURES if f not in drawable]
     pictures = picture_figures(result)
     if pictures:
         figures += pictures
