@@ -40,7 +40,14 @@ $(VENV_TL3)/.installed-dev: pyproject.toml constraints-tl3.txt
 report: $(VENV)/.installed
 	$(VENV)/bin/tl-geometry report
 
-test: test-tl4 test-tl3
+# The environments are built side by side, then the suites run one after the other; both
+# share one export of the bundled Gemma-3, made by whichever needs it first.
+TEST_EXPORTS := .pytest_cache/exports
+test:
+	rm -rf $(TEST_EXPORTS)
+	$(MAKE) -j3 $(VENV)/.installed-dev $(VENV_TL3)/.installed-dev browser
+	TL_GEOMETRY_TEST_EXPORTS=$(CURDIR)/$(TEST_EXPORTS) $(MAKE) test-tl4 test-tl3
+	rm -rf $(TEST_EXPORTS)
 
 # The report's browser test needs Chromium: installed where apt-get runs as
 # root (CI, fresh machines); elsewhere that one test is skipped.
@@ -49,13 +56,14 @@ browser:
 		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
 		|| echo "Chromium is not installed: the browser test will be skipped"
 
-# Each half ends with its slowest tests.
+# One worker per core (pytest-xdist); each half ends with its slowest tests.
+PYTEST_PARALLEL := -n logical --dist worksteal --durations=15
 test-tl4: $(VENV)/.installed-dev browser
-	$(VENV)/bin/python -m pytest --durations=15
+	$(VENV)/bin/python -m pytest $(PYTEST_PARALLEL)
 
 # The model-facing tests again, against HookedTransformer and the 3.x bridge.
 test-tl3: $(VENV_TL3)/.installed-dev
-	$(VENV_TL3)/bin/python -m pytest --durations=15 -m "model or tl3"
+	$(VENV_TL3)/bin/python -m pytest $(PYTEST_PARALLEL) -m "model or tl3"
 
 # Speed and memory, measured side by side in one run each (not timed tests).
 bench: $(VENV)/.installed-dev

@@ -1,6 +1,7 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures shared by the test modules, and the settings of a parallel run."""
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -8,26 +9,64 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# ``make test`` runs one pytest worker per core (pytest-xdist); each worker then takes its share of
+# the cores, and so do the processes it starts (the command-line tests), instead of all of them each.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _THREADS = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+    for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_variable] = _THREADS
+
+# Set by ``make test`` to one fresh folder for both environments' suites, so that the bundled
+# Gemma-3 is exported once per ``make test``; a plain pytest run exports it into its own folder.
+SHARED_EXPORTS_VARIABLE = "TL_GEOMETRY_TEST_EXPORTS"
+
+
+def pytest_configure(config):
+    if _WORKERS > 1:
+        import torch
+
+        torch.set_num_threads(int(_THREADS))
+
+
+def _run_folder(tmp_path_factory) -> Path:
+    """A folder every worker of this pytest run shares (the workers' temporary folders' parent)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
 
 @pytest.fixture(scope="session")
-def smollm2():
-    """The real default model (SmolLM2-135M-Instruct bridge), loaded once per test session."""
+def smollm2(tmp_path_factory):
+    """The real default model (SmolLM2-135M-Instruct bridge), loaded once per test worker.
+
+    The lock lets one worker export it into the user cache on a fresh machine while the other waits,
+    then loads the export.
+    """
+    from filelock import FileLock
+
     from tl_geometry.models import load_model
 
-    return load_model(progress=False)
+    with FileLock(_run_folder(tmp_path_factory) / "smollm2.lock"):
+        return load_model(progress=False)
 
 
 @pytest.fixture(scope="session")
 def gemma3_cache(tmp_path_factory):
     """A model cache holding Gemma-3-270M's float32 export, built from its GGUF once per test run.
 
-    Every Gemma test loads from here: the export runs once (not once per test, and not skipped because
-    a user cache already holds it), and ``test_models.py::test_gemma3`` checks what it built.
+    Every Gemma test loads from here: the export runs once (not once per test or per worker, and not
+    skipped because a user cache already holds it), and ``test_models.py::test_gemma3`` checks what
+    it built.
     """
+    from filelock import FileLock
+
     from tl_geometry.models import load_model
 
-    path = tmp_path_factory.mktemp("gemma3-cache")
-    load_model("gemma3-270m", cache_dir=path, progress=False)
+    shared = os.environ.get(SHARED_EXPORTS_VARIABLE)
+    path = Path(shared) if shared else _run_folder(tmp_path_factory) / "gemma3-cache"
+    path.mkdir(parents=True, exist_ok=True)
+    with FileLock(path / "export.lock"):
+        load_model("gemma3-270m", cache_dir=path, progress=False)
     return path
 
 
