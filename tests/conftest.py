@@ -1,7 +1,12 @@
 """Fixtures shared by the test modules, and the settings of a parallel run."""
 
 import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -33,6 +38,45 @@ def _run_folder(tmp_path_factory) -> Path:
     """A folder every worker of this pytest run shares (the workers' temporary folders' parent)."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def _once_per_run(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """A folder that ``build`` fills once per pytest run, whichever worker asks first (the others wait)."""
+    from filelock import FileLock
+
+    folder = _run_folder(tmp_path_factory) / name
+    with FileLock(f"{folder}.lock"):
+        if not (folder / ".built").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            build(folder)
+            (folder / ".built").touch()
+    return folder
+
+
+class CommandRun(NamedTuple):
+    folder: Path
+    stdout: str
+
+
+@pytest.fixture(scope="session")
+def default_report(tmp_path_factory) -> CommandRun:
+    """``tl-geometry report --windows 1`` through the console script, once per test run: its folder and output.
+
+    The command-line test reads what it printed and wrote, the browser test opens its page.
+    """
+    script = Path(sys.executable).with_name("tl-geometry")
+    if not script.exists():
+        pytest.skip("the tl-geometry console script is not installed (pip install -e .)")
+
+    def build(folder: Path) -> None:
+        done = subprocess.run([str(script), "report", "--windows", "1", "--quiet"], capture_output=True, text=True, cwd=folder,
+                              timeout=900)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        (folder / "stdout.txt").write_text(done.stdout)
+
+    folder = _once_per_run(tmp_path_factory, "default-report", build)
+    return CommandRun(folder, (folder / "stdout.txt").read_text())
 
 
 @pytest.fixture(scope="session")

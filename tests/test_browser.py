@@ -156,16 +156,13 @@ def test_a_result_without_diagnostics_shows_notes_instead(result, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_default_report_stays_under_10_mb(tmp_path):
+def test_the_default_report_stays_under_10_mb(default_report, tmp_path):
     """The default command on one window (the page's size does not grow with the windows); prints its open time."""
-    from tl_geometry.cli import main
-
-    out = tmp_path / "report"
-    assert main(["report", "--windows", "1", "--out", str(out), "--quiet"]) == 0
-    size = (out / "index.html").stat().st_size
+    index = default_report.folder / "report" / "index.html"
+    size = index.stat().st_size
     browser = Browser(tmp_path / "profile", timeout=120)
     try:
-        seconds = open_page(browser, (out / "index.html").as_uri())
+        seconds = open_page(browser, index.as_uri())
         assert browser.console() == []
     finally:
         browser.close()

@@ -31,27 +31,26 @@ def test_help_lists_the_report_options(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.model
-def test_report_analyze_and_plot(tmp_path):
+def test_report_analyze_and_plot(default_report, tmp_path):
+    # report: the default command (run once for this and the browser test)
+    assert "Precision(r_max)" in default_report.stdout and "report/index.html" in default_report.stdout
+    page = (default_report.folder / "report" / "index.html").read_text()
+    assert page.count("<section") >= 3 and "Python reference documentation (pydoc_data)" in page
+    result = GeometryResult.load(default_report.folder / "report" / "result")
+    assert result.n_sequences == 1 and result.precision.shape[:2] == (30, 9)
+
+    # analyze writes the files only (the cheapest run: short windows of a text file, no diagnostics) ...
     text = tmp_path / "story.txt"
     text.write_text(" ".join(f"Sentence number {i} is about attention heads." for i in range(200)))
-    common = ("--text", str(text), "--windows", "2", "--context", "128", "--quiet")
-    done = run("report", *common, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert "Precision(r_max)" in done.stdout and "report/index.html" in done.stdout
-    page = (tmp_path / "report" / "index.html").read_text()
-    assert page.count("<section") >= 3 and "story.txt" in page
-    result = GeometryResult.load(tmp_path / "report" / "result")
-    assert result.n_sequences == 2 and result.precision.shape[:2] == (30, 9)
-
-    # analyze writes the files only (the cheapest run: one short window, no diagnostics) ...
-    done = run("analyze", "--text", str(text), "--windows", "1", "--context", "32", "--diagnostics", "none",
+    done = run("analyze", "--text", str(text), "--windows", "2", "--context", "32", "--diagnostics", "none",
                "--quiet", "--out", "only-files", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
+    assert "corpus: 1 documents read, 2 windows used" in done.stdout
     assert sorted(p.name for p in (tmp_path / "only-files").iterdir()) == ["result.json", "result.npz"]
-    assert GeometryResult.load(tmp_path / "only-files" / "result").n_documents == 1
+    assert GeometryResult.load(tmp_path / "only-files" / "result").n_sequences == 2
 
     # ... and plot draws a saved result's page again, without the model.
-    done = run("plot", "report/result", "--out", "replotted", cwd=tmp_path)
+    done = run("plot", str(default_report.folder / "report" / "result"), "--out", "replotted", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "replotted" / "index.html").read_text().count("<section") == page.count("<section")
 
@@ -74,7 +73,8 @@ def test_errors_are_one_line_and_exit_non_zero(tmp_path, args, message):
 def test_empty_text_file_is_refused(tmp_path):
     (tmp_path / "empty.txt").write_text("")
     done = run("report", "--text", "empty.txt", "--quiet", cwd=tmp_path)
-    assert done.returncode == 1 and "empty.txt" in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr == "tl-geometry: error: --data: empty.txt is empty; pass a file with some text\n"  # before loading
 
 
 # ---- every GeometryConfig option, inputs, merge (in process: no model needed) ----

@@ -574,6 +574,8 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise GeometryError(f"--data: {str(path)!r} does not exist; check the path")
         if path.is_file() and not os.access(path, os.R_OK):
             raise GeometryError(f"--data: {path} cannot be read; check its permissions")
+        if path.is_file() and path.stat().st_size == 0:
+            raise GeometryError(f"--data: {path} is empty; pass a file with some text")
         if path.is_dir():
             from tl_geometry.capture.readers import holds_readable_files
 
