@@ -135,3 +135,18 @@ def test_written_files_get_ordinary_permissions(result, tmp_path):
         os.umask(mask)
     for name in ("index.html", "result.npz", "result.json"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644, name
+
+
+def test_a_figure_that_fails_to_render_is_named(result, tmp_path, monkeypatch):
+    import plotly.io
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("renderer crashed")
+
+    monkeypatch.setattr(report, "_browser_for_png", lambda: "chromium")
+    monkeypatch.setattr(plotly.io, "write_images", broken)  # the batch fails: each figure alone says which
+    monkeypatch.setattr(report.go.Figure, "write_image", broken)
+    first = report.render_figures(result).figures[0][0].key
+    with pytest.raises(GeometryError, match=f"--png: could not render {first} with chromium: renderer crashed"):
+        report.write_report(result, tmp_path / "out", png=True)
+    assert not list((tmp_path / "out").iterdir())  # nothing committed, no staged file left

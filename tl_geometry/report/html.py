@@ -390,16 +390,23 @@ def _browser_for_png() -> str:
 
 def write_png(figures: list[tuple[Figure, go.Figure]], out_dir: Path, unit: Unit) -> list[Path]:
     """Stage one PNG per figure, ``out_dir/<figure key>.png``, in the report's commit."""
+    import plotly.io
+
     browser = _browser_for_png()
     os.environ.setdefault("BROWSER_PATH", browser)  # where kaleido's choreographer looks first
-    paths = []
-    for figure, drawn in figures:
-        path = out_dir / f"{figure.key}.png"
-        try:
-            drawn.write_image(unit.stage(path), format="png", width=1100, height=drawn.layout.height or 500)
-        except Exception as error:
-            raise GeometryError(f"--png: could not render {figure.key} with {browser}: {error}") from None
-        paths.append(path)
+    paths = [out_dir / f"{figure.key}.png" for figure, _ in figures]
+    drawn = [d for _, d in figures]
+    staged = [unit.stage(path) for path in paths]
+    heights = [d.layout.height or 500 for d in drawn]
+    try:  # one browser session for every figure: several times faster than one each
+        plotly.io.write_images(drawn, staged, format="png", width=1100, height=heights)
+    except Exception:
+        for (figure, one), path, height in zip(figures, staged, heights):  # which figure failed, and why
+            try:
+                one.write_image(path, format="png", width=1100, height=height)
+            except Exception as error:
+                raise GeometryError(f"--png: could not render {figure.key} with {browser}: {error}") from None
+        raise
     return paths
 
 
