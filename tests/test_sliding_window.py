@@ -98,11 +98,10 @@ def reference(hf_bundle, tokens):
 
 
 @pytest.fixture(scope="module")
-def package(tokens, gemma3_cache):
-    model = models.load_model("gemma3-270m", cache_dir=gemma3_cache, progress=False)
+def package(tokens, gemma3):
     # Every diagnostic on: the whole pipeline must run on windowed layers, not only the metrics.
     # The taxonomy on the analysed (last) query, not its sample of positions, where the sink is still visible.
-    return run_with_geometry_hooks(model, tokens, layers=list(LAYERS), n_grid=list(N_GRID), diagnostics="all",
+    return run_with_geometry_hooks(gemma3, tokens, layers=list(LAYERS), n_grid=list(N_GRID), diagnostics="all",
                                    settings={"taxonomy": {"queries": "analysed"}})
 
 

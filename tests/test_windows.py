@@ -256,7 +256,9 @@ def test_tiny_test_models_are_global(kind):
 
 @pytest.fixture(scope="module", params=[True, False], ids=["compat", "no-compat"])
 def gemma(request, gemma3_cache):
-    return models.load_model("gemma3-270m", cache_dir=gemma3_cache, progress=False, compatibility_mode=request.param)
+    if request.param:
+        return request.getfixturevalue("gemma3")  # the one loaded for every test in compatibility mode
+    return models.load_model("gemma3-270m", cache_dir=gemma3_cache, progress=False, compatibility_mode=False)
 
 
 @needs_gemma

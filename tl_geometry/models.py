@@ -16,6 +16,7 @@ all 9 query heads.
 
 import contextlib
 import difflib
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -450,14 +451,15 @@ def _dequantise_gguf(gguf_path: Path, steps: Any) -> tuple[Any, Any]:
     """Float32 Hugging Face model and tokenizer read from a GGUF file."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    steps.set_postfix_str("tokenizer")
-    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    steps.update()
-    steps.set_postfix_str("dequantising weights")
-    hf_model = AutoModelForCausalLM.from_pretrained(
-        gguf_path.parent, gguf_file=gguf_path.name, **_float32_kwarg()
-    )
-    steps.update()
+    with _gguf_read_once():
+        steps.set_postfix_str("tokenizer")
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        steps.update()
+        steps.set_postfix_str("dequantising weights")
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            gguf_path.parent, gguf_file=gguf_path.name, **_float32_kwarg()
+        )
+        steps.update()
     # transformers 5 marks GGUF-loaded models as quantised and refuses to save them,
     # although the weights are already plain float32 tensors.
     if getattr(hf_model, "hf_quantizer", None) is not None:
@@ -465,6 +467,34 @@ def _dequantise_gguf(gguf_path: Path, steps: Any) -> tuple[Any, Any]:
     if hasattr(hf_model.config, "quantization_config"):
         del hf_model.config.quantization_config
     return hf_model, tokenizer
+
+
+@contextlib.contextmanager
+def _gguf_read_once() -> Iterator[None]:
+    """Within the block, each GGUF file is parsed once and gguf's tensor-name map built once per architecture.
+
+    transformers parses the file three times in an export (tokenizer, config, weights) and rebuilds the
+    name map for every tensor; each parse walks the whole vocabulary. Both results are read-only.
+    """
+    try:
+        import gguf
+    except ImportError:  # transformers says what to install
+        yield
+        return
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple[str, str], Any] = {}
+
+    def read_once(path: str | os.PathLike, mode: str = "r") -> Any:
+        key = (os.fspath(path), mode)
+        if key not in readers:
+            readers[key] = reader(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = read_once, functools.cache(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
 
 
 def _write_marker(staging: Path, gguf_path: Path) -> None:
