@@ -4,6 +4,7 @@ memory."""
 
 import hashlib
 import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -85,6 +86,16 @@ def test_bit_flipped_npz_with_a_recomputed_checksum(kind, data):
                                       max_size=4)):
         flipped[at] ^= 1 << bit
     refused_or_sound(write(bytes(flipped), meta), loader)
+
+
+@KINDS
+def test_an_array_header_that_no_longer_parses_is_refused(kind):
+    """A flip that turns a comma of an array's shape into "(": numpy's header parser then fails in tokenize."""
+    loader, npz, meta = SAVED[kind]
+    at = re.search(rb"'shape': \(\d+, \d+, \d+(,) \d+\)", npz).start(1)  # (50, 2, 3, 4) -> (50, 2, 3( 4)
+    flipped = bytearray(npz)
+    flipped[at] ^= ord(",") ^ ord("(")
+    assert load_or_refuse(write(bytes(flipped), meta), loader) is None
 
 
 @FUZZ

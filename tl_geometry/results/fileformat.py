@@ -15,6 +15,7 @@ size its JSON announces before it is read.
 
 import json
 import os
+import tokenize
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -140,7 +141,9 @@ def malformed_as_error(npz_path: Path, json_path: Path, what: str) -> Iterator[N
         if str(error).startswith(("load: ", "cannot read")):
             raise
         raise GeometryError(f"load: {json_path}: {error}") from error
-    except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as error:
+    # numpy reads a damaged array header with ast, then tokenize: SyntaxError and TokenError come from there.
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError, SyntaxError,
+            tokenize.TokenError) as error:
         raise GeometryError(
             f"load: {json_path} or {npz_path} is malformed ({type(error).__name__}: {error}); save {what} again"
         ) from error
