@@ -239,6 +239,42 @@ def test_check_pattern_edits_names_the_model_and_the_fix():
         check_pattern_edits(make_model(kind))  # every supported kind passes
 
 
+class _DiscardingLayerOne(_DiscardingModel):
+    """Edits of layer 0 reach the logits, those of layer 1 do not; counts the passes each layer's check costs."""
+
+    class cfg(_DiscardingModel.cfg):
+        model_name = "layer-one-toy"
+
+    def __init__(self):
+        self.hooked, self.checked = (), []
+
+    @contextlib.contextmanager
+    def hooks(self, fwd_hooks=()):
+        self.hooked = tuple(name for name, _ in fwd_hooks)
+        self.checked += self.hooked
+        yield
+        self.hooked = ()
+
+    def __call__(self, tokens):
+        return torch.full((*tokens.shape, 8), float("blocks.0.attn.hook_pattern" in self.hooked))
+
+
+def test_check_pattern_edits_checks_the_layers_asked_for_once():
+    model = _DiscardingLayerOne()
+    check_pattern_edits(model, [0])
+    check_pattern_edits(model, [0])  # already checked: no pass
+    assert model.checked == ["blocks.0.attn.hook_pattern"]
+    with pytest.raises(GeometryError, match=r"layer-one-toy.*hook_pattern does not change the logits on layers \[1\]"):
+        check_pattern_edits(model)  # every layer: layer 1 is checked now, and refused
+    assert model.checked == ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
+    with pytest.raises(GeometryError, match=r"on layers \[1\]"):
+        check_pattern_edits(model, [1])  # a refused layer is not remembered as checked
+    model = _DiscardingLayerOne()
+    with pytest.raises(GeometryError):
+        topn_hooks(model, 1, mode="delete", layers=[1])  # the hooks of an intervention check their own layers
+    assert model.checked == ["blocks.1.attn.hook_pattern"]
+
+
 @pytest.mark.skipif(tl_major_version() < 4, reason="the TransformerBridge of transformer-lens 4.x")
 def test_bridge_4x_without_compatibility_mode_reaches_the_logits():
     check_pattern_edits(make_model("bridge-llama"))

@@ -26,7 +26,7 @@ head, query, key), so a document's control does not depend on its batch.
 Where a model computes attention inside a wrapped module and fires
 ``hook_pattern`` after the fact (some TransformerBridge adapters in
 transformer-lens 4.x), an edited pattern never reaches the logits;
-`check_pattern_edits` finds this once per model and raises `GeometryError`.
+`check_pattern_edits` finds this once per model and layer and raises `GeometryError`.
 """
 
 import warnings
@@ -318,7 +318,7 @@ def topn_hooks(
 
     Each layer gets its own sliding window (`tl_geometry.capture.windows.attention_windows`);
     the contribution ranking also gets its ``hook_v``. With ``check=True`` the
-    model is first checked (once) to really use edited patterns (`check_pattern_edits`).
+    model is first checked (once per layer) to really use edited patterns (`check_pattern_edits`).
 
     >>> with model.hooks(fwd_hooks=topn_hooks(model, 8, mode="delete")):  # doctest: +SKIP
     ...     logits = model(tokens)
@@ -329,7 +329,7 @@ def topn_hooks(
     if bad:
         raise GeometryError(f"layers: {bad} out of range; the model has {n_layers} layers (0..{n_layers - 1})")
     if check:
-        check_pattern_edits(model)
+        check_pattern_edits(model, chosen)
     windows = attention_windows(model)
     out: list[tuple[str, Callable[..., Any]]] = []
     for layer in chosen:
@@ -341,26 +341,28 @@ def topn_hooks(
     return out
 
 
-_CHECKED: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+_CHECKED: "weakref.WeakKeyDictionary[Any, set[int]]" = weakref.WeakKeyDictionary()
 
 
 def _model_label(model: Any) -> str:
     return f"{type(model).__name__} {getattr(model.cfg, 'model_name', '')!r}".strip()
 
 
-def check_pattern_edits(model: Any) -> None:
-    """Raise unless editing ``hook_pattern`` changes the logits, on every layer; checked once per model.
+def check_pattern_edits(model: Any, layers: Sequence[int] | None = None) -> None:
+    """Raise unless editing ``hook_pattern`` changes the logits on ``layers`` (default: every layer).
 
-    One short forward pass per layer: that layer's pattern is replaced by
-    attention to each query's own position only, and the logits must differ
-    from the clean ones.
+    One short forward pass per layer not checked before on this model: that
+    layer's pattern is replaced by attention to each query's own position
+    only, and the logits must differ from the clean ones.
 
     Raises:
         GeometryError: naming the model and the layers whose edits are discarded, and what to do.
     """
-    if _CHECKED.get(model):
+    checked = _CHECKED.setdefault(model, set())
+    wanted = range(int(model.cfg.n_layers)) if layers is None else layers
+    unchecked = sorted(set(int(layer) for layer in wanted) - checked)
+    if not unchecked:
         return
-    n_layers = int(model.cfg.n_layers)
     device = getattr(model.cfg, "device", None)
     tokens = torch.tensor([[0, 1, 2, 3]]) if device is None else torch.tensor([[0, 1, 2, 3]], device=device)
     tokens = tokens % int(model.cfg.d_vocab)
@@ -372,7 +374,7 @@ def check_pattern_edits(model: Any) -> None:
     with torch.inference_mode():
         clean = model(tokens)
         ignored = []
-        for layer in range(n_layers):
+        for layer in unchecked:
             with model.hooks(fwd_hooks=[(pattern_hook(layer), own_position)]), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # TransformerLens warns about discarded edits; we raise below
                 edited = model(tokens)
@@ -386,4 +388,4 @@ def check_pattern_edits(model: Any) -> None:
             "True) or boot the TransformerBridge with eager attention (attn_implementation='eager'), or use a "
             "HookedTransformer (transformer-lens 3.x)"
         )
-    _CHECKED[model] = True
+    checked.update(unchecked)

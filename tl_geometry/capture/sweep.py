@@ -427,7 +427,7 @@ def intervention_sweep(
 
     Args:
         model: a TransformerLens model whose ``hook_pattern`` edits reach the
-            logits (checked once, `tl_geometry.capture.interventions.check_pattern_edits`).
+            logits (checked once per layer, `tl_geometry.capture.interventions.check_pattern_edits`).
         corpus: texts, a ``[sequence, pos]`` token tensor, or an iterable of
             ``[batch, pos]`` token tensors (as `tl_geometry.analyze_corpus`); each sequence is one document.
         n_grid: the N values (increasing), e.g. powers of two ``[1, 2, 4, ..., 256]``.
@@ -463,10 +463,10 @@ def intervention_sweep(
         >>> sweep = intervention_sweep(model, texts, [1, 4, 16], scope="layer")  # doctest: +SKIP
         >>> sweep.relative("renormalise")[:, 0]  # [layer, n]  # doctest: +SKIP
     """
-    check_pattern_edits(model)
     plan = make_plan(model, n_grid, modes=modes, scope=scope, layers=layers, heads=heads, ranking=ranking,
                      controls=controls, seed=seed, n_bootstrap=n_bootstrap, reuse_residual=reuse_residual,
                      settings_per_pass=settings_per_pass, control_cache_mib=control_cache_mib)
+    check_pattern_edits(model, plan.layers)
     batches, ranks = _my_batches(model, corpus, plan, prepend_bos, batch_size)
     accumulator = new_sweep_accumulator(plan)
     total = plan.passes_per_batch * len(batches)
@@ -529,10 +529,10 @@ def effective_set_size(
     Returns:
         EffectiveSetSize (``n_star[tau, layer, head_index]``, ``low``, ``high``, the sweeps).
     """
-    check_pattern_edits(model)
     plan = make_plan(model, [1], modes=(mode,), scope=scope, layers=layers, heads=heads, ranking=ranking, controls=0,
                      seed=seed, n_bootstrap=n_bootstrap, reuse_residual=reuse_residual,
                      settings_per_pass=settings_per_pass)
+    check_pattern_edits(model, plan.layers)
     batches, ranks = _my_batches(model, corpus, plan, prepend_bos, batch_size)
     if max_n is None:  # the longest window of any rank's share
         max_n = distributed.agree_on_max(max((int(b.real.sum(-1).max()) for b in batches), default=1))
