@@ -70,8 +70,8 @@ def default_report(tmp_path_factory) -> CommandRun:
         pytest.skip("the tl-geometry console script is not installed (pip install -e .)")
 
     def build(folder: Path) -> None:
-        done = subprocess.run([str(script), "report", "--windows", "1", "--quiet"], capture_output=True, text=True, cwd=folder,
-                              timeout=900)  # fmt: skip
+        command = [str(script), "report", "--windows", "1", "--quiet"]
+        done = subprocess.run(command, capture_output=True, text=True, cwd=folder, timeout=900)
         assert done.returncode == 0, done.stderr
         (folder / "stdout.txt").write_text(done.stdout)
 
