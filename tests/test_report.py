@@ -150,3 +150,16 @@ def test_a_figure_that_fails_to_render_is_named(result, tmp_path, monkeypatch):
     with pytest.raises(GeometryError, match=f"--png: could not render {first} with chromium: renderer crashed"):
         report.write_report(result, tmp_path / "out", png=True)
     assert not list((tmp_path / "out").iterdir())  # nothing committed, no staged file left
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Chromium (make test installs it where it can)")
+def test_png_when_the_one_session_fails_each_figure_is_rendered_alone(result, tmp_path, monkeypatch):
+    import plotly.io
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("session lost")
+
+    monkeypatch.setattr(plotly.io, "write_images", broken)
+    report.write_report(result, tmp_path, png=True)
+    for figure, _ in report.render_figures(result).figures:
+        assert (tmp_path / f"{figure.key}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -400,13 +400,12 @@ def write_png(figures: list[tuple[Figure, go.Figure]], out_dir: Path, unit: Unit
     heights = [d.layout.height or 500 for d in drawn]
     try:  # one browser session for every figure: several times faster than one each
         plotly.io.write_images(drawn, staged, format="png", width=1100, height=heights)
-    except Exception:
-        for (figure, one), path, height in zip(figures, staged, heights):  # which figure failed, and why
+    except Exception:  # one at a time: the figure that fails is named; if none does, every PNG is written
+        for (figure, one), path, height in zip(figures, staged, heights):
             try:
                 one.write_image(path, format="png", width=1100, height=height)
             except Exception as error:
                 raise GeometryError(f"--png: could not render {figure.key} with {browser}: {error}") from None
-        raise
     return paths
 
 
