@@ -159,7 +159,15 @@ def test_png_when_the_one_session_fails_each_figure_is_rendered_alone(result, tm
     def broken(*args, **kwargs):
         raise RuntimeError("session lost")
 
+    def two_figures(result):  # one browser start per figure on this path: two show it
+        rendered = render_figures(result)
+        return rendered._replace(figures=rendered.figures[:2])
+
+    render_figures = report.render_figures
+    monkeypatch.setattr(report, "render_figures", two_figures)
     monkeypatch.setattr(plotly.io, "write_images", broken)
     report.write_report(result, tmp_path, png=True)
-    for figure, _ in report.render_figures(result).figures:
-        assert (tmp_path / f"{figure.key}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    written = sorted(path.name for path in tmp_path.glob("*.png"))
+    assert written == sorted(f"{figure.key}.png" for figure, _ in two_figures(result).figures)
+    for name in written:
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
