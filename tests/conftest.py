@@ -40,11 +40,11 @@ def _run_folder(tmp_path_factory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
-def _once_per_run(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
-    """A folder that ``build`` fills once per pytest run, whichever worker asks first (the others wait)."""
+def _built_once(folder: Path, build: Callable[[Path], None]) -> Path:
+    """``folder``, filled by ``build`` unless an earlier call did; one process builds while the others wait."""
     from filelock import FileLock
 
-    folder = _run_folder(tmp_path_factory) / name
+    folder.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{folder}.lock"):
         if not (folder / ".built").is_file():
             shutil.rmtree(folder, ignore_errors=True)
@@ -52,6 +52,11 @@ def _once_per_run(tmp_path_factory, name: str, build: Callable[[Path], None]) ->
             build(folder)
             (folder / ".built").touch()
     return folder
+
+
+def _once_per_run(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """A folder that ``build`` fills once per pytest run, whichever worker asks first."""
+    return _built_once(_run_folder(tmp_path_factory) / name, build)
 
 
 class CommandRun(NamedTuple):
@@ -102,16 +107,15 @@ def gemma3_cache(tmp_path_factory):
     skipped because a user cache already holds it), and ``test_models.py::test_gemma3`` checks what
     it built.
     """
-    from filelock import FileLock
-
     from tl_geometry.models import load_model
 
+    def export(folder: Path) -> None:
+        load_model("gemma3-270m", cache_dir=folder, progress=False)
+
     shared = os.environ.get(SHARED_EXPORTS_VARIABLE)
-    path = Path(shared) if shared else _run_folder(tmp_path_factory) / "gemma3-cache"
-    path.mkdir(parents=True, exist_ok=True)
-    with FileLock(path / "export.lock"):
-        load_model("gemma3-270m", cache_dir=path, progress=False)
-    return path
+    if shared:
+        return _built_once(Path(shared), export)
+    return _once_per_run(tmp_path_factory, "gemma3-cache", export)
 
 
 @pytest.fixture(scope="session")
