@@ -82,14 +82,10 @@ class _LayerAnalysis:
                 f"got {list(v.shape)}"
             )
 
-    def _aligned(self, v: Float[Tensor, "batch pos kv_head d_head"]) -> Float[Tensor, "batch key head_index d_head"]:
-        """The analysed heads' value states (GQA-aligned) of the keys the queries can see: a copy of our own."""
-        return v[:, : self.prepared.n_keys, self.plan.kv_heads.to(v.device)]
-
     def value_hook(self, v: Float[Tensor, "batch pos kv_head d_head"], *, hook: Any, layer: int) -> None:
-        """Keep the analysed heads' value states (GQA-aligned) of the keys the queries can see."""
+        """Keep the value states of the keys the queries can see (a view: read, never written, until the pattern)."""
         self._check_values(v, layer)
-        self.values[layer] = self._aligned(v)
+        self.values[layer] = v[:, : self.prepared.n_keys]
 
     def pattern_hook(self, pattern: Float[Tensor, "batch head_index query_pos key_pos"], *, hook: Any, layer: int) -> None:
         """Build the layer's selection context and run every active diagnostic on it."""
@@ -118,9 +114,8 @@ class _LayerAnalysis:
         small ones.
         """
         self._check_values(v, layer)
-        self.kept_rows[layer] = (rows, v)
-        n_keys, d_head = self.prepared.n_keys, v.shape[-1]
-        kept = sum(r.numel() + r.shape[0] * n_keys * len(self.heads) * d_head for r, _ in self.kept_rows.values())
+        self.kept_rows[layer] = (rows, v[:, : self.prepared.n_keys])
+        kept = sum(r.numel() + v.numel() for r, v in self.kept_rows.values())
         if kept * v.element_size() >= self.plan.config.memory_budget_mib * 2**20:
             self.analyse_kept()
 
@@ -137,7 +132,7 @@ class _LayerAnalysis:
         for layers in groups.values():
             kept = [self.kept_rows.pop(layer) for layer in layers]
             rows = torch.cat([r for r, _ in kept])
-            values = torch.cat([self._aligned(v) for _, v in kept])
+            values = torch.cat([v for _, v in kept])
             del kept
             at = torch.arange(rows.shape[2], device=rows.device).expand(rows.shape[0], -1)
             sample_index = None if self.sample is None else at[:, n_queries:]
@@ -145,7 +140,7 @@ class _LayerAnalysis:
                                 f"the attention rows of layers {layers}")
 
     def analyse_layers(self, layers: tuple[int, ...], pattern: Float[Tensor, "fold_batch pattern_head query_pos key_pos"],
-                       values: Float[Tensor, "fold_batch key head_index d_head"],
+                       values: Float[Tensor, "fold_batch key kv_head d_head"],
                        query_index: Int[Tensor, "fold_batch query"],
                        sample_index: Int[Tensor, "fold_batch sample"] | None, label: str) -> None:
         """Run every active diagnostic on the attention rows of ``layers`` (at ``query_index`` of the pattern's
@@ -158,8 +153,8 @@ class _LayerAnalysis:
         fold = len(layers)
         device = pattern.device
         window = self.plan.windows[layers[0]]
-        if p.padded:  # padding keys get zero vectors (the values are a copy of our own)
-            values.masked_fill_(~_folded(p.real[:, : p.n_keys], fold)[:, :, None, None].to(device), 0.0)
+        if p.padded:  # padding keys get zero vectors (a copy: the values may be the model's own tensor)
+            values = values.masked_fill(~_folded(p.real[:, : p.n_keys], fold)[:, :, None, None].to(device), 0.0)
         settings = {d.name: self.plan.config.settings_for(d.name) for d in self.plan.diagnostics}
         on_sample = self.sample is not None
         main = tuple(d for d in self.plan.diagnostics if not (on_sample and d in self.plan.sampled))
@@ -206,6 +201,7 @@ class _LayerAnalysis:
             query_index=query_index.to(device),
             real=_folded(prepared.real[:, : prepared.n_keys], fold).to(device),
             kv_heads=self.plan.kv_heads.to(device),
+            value_heads=self.plan.kv_heads.to(device),
             heads=self.heads.to(device),
             label=label,
         )

@@ -235,8 +235,8 @@ def _kv_groups(context: SelectionContext) -> tuple[Tensor, Tensor]:
     states, so statistics of the values alone are computed once per group:
     ``stats(values[:, :, first])[:, inverse]``.
     """
-    n_heads = context.values.shape[2]
-    device = context.values.device
+    n_heads = len(context.value_heads)
+    device = context.value_states.device
     if context.kv_heads is None:
         every = torch.arange(n_heads, device=device)
         return every, every
@@ -276,7 +276,8 @@ class AssumptionDiagnostic(Diagnostic):
         positions counted from the sequence's first real token.
         """
         first, inverse = _kv_groups(context)
-        values = einops.rearrange(context.values[:, :, first], "batch key head d_head -> batch head key d_head")
+        values = einops.rearrange(context.value_states[:, :, context.value_heads[first]],
+                                  "batch key head d_head -> batch head key d_head")
         n_keys = values.shape[2]
         real = context.from_first_real(context.real[:, None, :].float()).nan_to_num(0.0).bool()[:, 0]
         values = context.from_first_real(values).nan_to_num(0.0)

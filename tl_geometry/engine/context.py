@@ -1,7 +1,8 @@
 """The selection context: one per analysed layer, read by every diagnostic.
 
 For every analysed (sequence, head, query) row it holds the attention row,
-the GQA-aligned value vectors, the keys the query can see (causal, padding,
+the value vectors its head reads (under grouped-query attention, its KV
+head's, kept once per KV head and gathered per row), the keys the query can see (causal, padding,
 sliding window), the sink (the sequence's first real token when the query
 can see it, else none), and, chunk by chunk, the top-N order under the
 config's ranking with the sums s(N) of y_i = alpha_i v_i. The order is
@@ -73,7 +74,8 @@ class SelectionChunk:
         alpha: attention weights in the working dtype, hidden keys 0, ``[row, key]``.
         values: value vectors of the row's head in the working dtype, ``[row, key, d_head]``
             (gathered from ``value_source`` on first use: the core reads them sorted, straight from the source).
-        value_source: the context's GQA-aligned value states, ``[batch, key, head_index, d_head]``.
+        value_source: the context's value states, ``[batch, key, value_head, d_head]``.
+        value_head: the value head each row reads (its KV head under grouped-query attention), ``[row]``.
         visible: keys the query can see, ``[row, key]``.
         n_visible: number of visible keys, ``[row]``.
         sink: key index of the sink, -1 where the query cannot see it, ``[row]``.
@@ -94,7 +96,8 @@ class SelectionChunk:
     head: Int[Tensor, " row"]
     query: Int[Tensor, " row"]
     alpha: Float[Tensor, "row key"]
-    value_source: Float[Tensor, "batch key head_index d_head"]
+    value_source: Float[Tensor, "batch key value_head d_head"]
+    value_head: Int[Tensor, " row"]
     visible: Bool[Tensor, "row key"]
     n_visible: Int[Tensor, " row"]
     sink: Int[Tensor, " row"]
@@ -116,7 +119,7 @@ class SelectionChunk:
 
     @cached_property
     def values(self) -> Float[Tensor, "row key d_head"]:
-        return self.value_source[self.batch, :, self.head].to(self.alpha.dtype)
+        return self.value_source[self.batch, :, self.value_head].to(self.alpha.dtype)
 
     @property
     def has_sink(self) -> Bool[Tensor, " row"]:
@@ -160,7 +163,8 @@ class SelectionContext:
         pattern: the attention pattern the rows are read from, ``[batch, pattern_head, query_pos, key_pos]``
             (the model's own tensor: rows are gathered chunk by chunk, never copied whole;
             any values at hidden keys, they are zeroed here).
-        values: GQA-aligned value states, ``[batch, key, head_index, d_head]``.
+        values: value states, ``[batch, key, head_index, d_head]``, or with ``value_heads``
+            ``[batch, key, value_head, d_head]`` (as the model keeps them: no copy per query head).
         visible: keys each query can see, ``[batch, query, key]`` (the same for every head).
         sink: key index of each query's sink, -1 where it cannot see one, ``[batch, query]``.
         query_valid: False where a sequence has no such query, ``[batch, query]``.
@@ -174,13 +178,16 @@ class SelectionContext:
         heads: the pattern head of each analysed head, ``[head_index]`` (default: every head).
         label: names the source (e.g. the hook) in error messages.
         real: real (not padding) positions, ``[batch, key]`` (default: all).
-        kv_heads: the KV head each analysed head reads (None: every head its own).
+        kv_heads: the KV head each analysed head reads (None: every head its own), for statistics of the
+            values alone, computed once per KV head.
+        value_heads: the index on ``values``' head axis that each analysed head reads, ``[head_index]``
+            (None: ``values`` is per analysed head).
     """
 
     def __init__(
         self,
         pattern: Float[Tensor, "batch pattern_head query_pos key_pos"],
-        values: Float[Tensor, "batch key head_index d_head"],
+        values: Float[Tensor, "batch key value_head d_head"],
         visible: Bool[Tensor, "batch query key"],
         sink: Int[Tensor, "batch query"],
         query_valid: Bool[Tensor, "batch query"],
@@ -194,6 +201,7 @@ class SelectionContext:
         real: Bool[Tensor, "batch key"] | None = None,
         kv_heads: Int[Tensor, " head_index"] | None = None,
         heads: Int[Tensor, " head_index"] | None = None,
+        value_heads: Int[Tensor, " head_index"] | None = None,
         label: str = "attention",
     ) -> None:
         device = pattern.device
@@ -201,7 +209,7 @@ class SelectionContext:
         self.pattern = pattern
         self.label = label
         # Contiguous (a copy only for a strided input): the core gathers sorted vectors as rows of a flat view.
-        self.values = values.contiguous()
+        self.value_states = values.contiguous()
         self.visible = visible
         self.sink = sink
         self.query_valid = query_valid
@@ -211,7 +219,9 @@ class SelectionContext:
         self.memory_budget_mib = float(memory_budget_mib)
         self.costs = tuple(costs)
         n_batch, n_queries, n_keys = visible.shape
-        n_heads = values.shape[2]
+        self.value_heads = (value_heads if value_heads is not None else torch.arange(values.shape[2])).to(device)
+        n_heads = len(self.value_heads)
+        self._per_head = value_heads is None
         self.n_keys = n_keys
         self.heads = heads.to(device) if heads is not None else torch.arange(n_heads, device=device)
         self.query_index = (
@@ -242,7 +252,12 @@ class SelectionContext:
 
     @property
     def d_head(self) -> int:
-        return self.values.shape[-1]
+        return self.value_states.shape[-1]
+
+    @cached_property
+    def values(self) -> Float[Tensor, "batch key head_index d_head"]:
+        """The value states of every analysed head (a copy per query head under grouped-query attention)."""
+        return self.value_states if self._per_head else self.value_states[:, :, self.value_heads]
 
     def chunk_rows(self) -> int:
         """Rows per chunk: cache-sized planes, within the memory budget for the core and every diagnostic."""
@@ -319,14 +334,15 @@ class SelectionContext:
         alpha = self._checked(alpha, visible).masked_fill(~visible, 0.0)
         # Only the contribution ranking reads the row's values whole; the attention ranking's core reads them
         # sorted, gathered straight from the source (one copy of [row, key, d_head] instead of two).
-        values = self.values[batch, :, head].to(self.dtype) if self.ranking == "contribution" else None
+        value_head = self.value_heads[head]
+        values = self.value_states[batch, :, value_head].to(self.dtype) if self.ranking == "contribution" else None
         order = selection_order(alpha, values, visible, self.ranking)  # type: ignore[arg-type]
         keys = torch.arange(n_keys, device=order.device)
         rank = torch.empty_like(order).scatter_(1, order, keys.expand_as(order))
         y_sorted = buffers.y_sorted[:n_rows]
-        _, _, n_heads, d_head = self.values.shape
-        at = ((batch[:, None] * n_keys + order) * n_heads + head[:, None]).reshape(-1)
-        flat = self.values.view(-1, d_head)
+        _, _, n_value_heads, d_head = self.value_states.shape
+        at = ((batch[:, None] * n_keys + order) * n_value_heads + value_head[:, None]).reshape(-1)
+        flat = self.value_states.view(-1, d_head)
         if flat.dtype == y_sorted.dtype:  # index_select of whole rows: several times faster than 3-axis indexing
             torch.index_select(flat, 0, at, out=y_sorted.view(-1, d_head))
         else:
@@ -343,7 +359,8 @@ class SelectionContext:
             head=head,
             query=query,
             alpha=alpha,
-            value_source=self.values,
+            value_source=self.value_states,
+            value_head=value_head,
             visible=visible,
             n_visible=n_visible,
             sink=self.sink[batch, query],

@@ -126,6 +126,10 @@ class FieldStats:
         """Sizes of the trailing axes."""
         return tuple(self.count.shape[2:])
 
+    def counted_nothing(self) -> bool:
+        """No document was counted anywhere (and no replicate weight): the identity of `merge_stats`."""
+        return not bool(self.count.any()) and (self.replicate_count is None or not bool(self.replicate_count.any()))
+
     @property
     def n_replicates(self) -> int:
         """Bootstrap replicates kept (0 without)."""
@@ -247,6 +251,12 @@ def merge_stats(a: FieldStats, b: FieldStats) -> FieldStats:
     if len(a.trailing) != len(b.trailing):
         raise GeometryError(f"merge: field {a.spec.name!r} has trailing shapes {list(a.trailing)} vs {list(b.trailing)}")
     trailing = tuple(max(p, q) for p, q in zip(a.trailing, b.trailing))
+    # The union with nothing is the other side: spares a pass over the replicate sums on a run's first batch.
+    if b.counted_nothing():
+        return a.widened(trailing)
+    if a.counted_nothing():
+        b = b.widened(trailing)
+        return replace(b, **{s: t.to(getattr(a, s).dtype) for s, t in b.arrays().items()})
     a, b = a.widened(trailing), b.widened(trailing)
     left, right = a.arrays(), b.arrays()
     out = {}
