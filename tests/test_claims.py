@@ -21,6 +21,13 @@ from tests.fixtures import simulate_study, true_means
 from tests.reference import reference_disattenuated, reference_error_covariance, reference_shrunk
 from tl_geometry import GeometryConfig, GeometryError, GeometryResult, claims, run_with_geometry_hooks
 from tl_geometry.analysis import claims as claims_module
+from tl_geometry.diagnostics.assumptions import (
+    PROFILE_HAS_OSCILLATION,
+    PROFILE_HAS_PLATEAU,
+    PROFILE_HAS_RECENCY,
+    PROFILE_P_BASE,
+    PROFILE_P_SINK,
+)
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.report.scorecard import scorecard_html
 from tl_geometry.results.accumulators import Accumulator
@@ -172,9 +179,9 @@ def test_four_phase_interval_is_the_plain_percentile_of_the_replicates_expected_
 def test_a_profile_without_oscillation_counts():
     """Section 3.3 allows T1 = T2 (no oscillation): such heads show the profile; a head without recency does not."""
     one = lambda *v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
-    f = {"profile_p_sink": one(0.5, 0.5, 0.5), "profile_p_base": one(1e-3, 1e-3, 1e-2),
-         "profile_has_plateau": one(1.0, 1.0, 1.0), "profile_has_oscillation": one(0.0, 1.0, 1.0),
-         "profile_has_recency": one(1.0, 0.0, 1.0)}  # fmt: skip
+    f = {PROFILE_P_SINK: one(0.5, 0.5, 0.5), PROFILE_P_BASE: one(1e-3, 1e-3, 1e-2),
+         PROFILE_HAS_PLATEAU: one(1.0, 1.0, 1.0), PROFILE_HAS_OSCILLATION: one(0.0, 1.0, 1.0),
+         PROFILE_HAS_RECENCY: one(1.0, 0.0, 1.0)}  # fmt: skip
     assert claims_module._four_phase(f).tolist() == [1.0, 0.0, 0.0]  # the third: sink only 50 x the plateau
     # Mutant (requiring the oscillation, as before): the first head would not count.
 
@@ -749,18 +756,18 @@ def _depth_cases(mutant):
 
 CLAIM_MUTANTS = {
     "the sink's Precision claim reads recall": (
-        '_sink_correlation(result, "sink_precision_correlation", "precision")',
-        '_sink_correlation(result, "sink_precision_correlation", "recall")',
+        '_sink_correlation(result, "sink_precision_correlation", PRECISION)',
+        '_sink_correlation(result, "sink_precision_correlation", RECALL)',
         lambda mutant: test_sink_precision_correlation_on_hand_built_results(1.0, "holds"),
     ),
     "small-N separability without the chance correction": (
         "for name, v in _drops(f, result.n_grid).items()}",
-        'for name, v in zip(EXCESS, _drops(f, result.n_grid, ("precision", "recall")).values())}',
+        "for name, v in zip(EXCESS, _drops(f, result.n_grid, METRICS).values())}",
         lambda mutant: test_small_n_drop_on_hand_built_curves(),
     ),
     "the large-N return on the excess over chance": (
-        "for name, v in _returns(f, grid, metrics).items()}",
-        "for name, v in zip(metrics, _returns(f, grid, EXCESS).values())}",
+        "for name, v in _returns(f, grid, METRICS).items()}",
+        "for name, v in zip(METRICS, _returns(f, grid, EXCESS).values())}",
         lambda mutant: test_large_n_return_on_hand_built_curves(0.2, "holds"),
     ),
     "the tightness thresholds swapped (looser holds)": (
@@ -769,8 +776,8 @@ CLAIM_MUTANTS = {
         lambda mutant: test_envelope_tightness_on_hand_built_curves(0.1, "partly"),
     ),
     "Figure 11's precision and recall statements swapped": (
-        'at(member["retriever"], "recall", large) - at(others, "recall", large)',
-        'at(member["retriever"], "precision", large) - at(others, "precision", large)',
+        'at(member["retriever"], RECALL, large) - at(others, RECALL, large)',
+        'at(member["retriever"], PRECISION, large) - at(others, PRECISION, large)',
         _tradeoff_cases,
     ),
     "Reset and Mixer swapped in Figure 8's order": (

@@ -293,6 +293,15 @@ def test_every_field_of_a_diagnostic_is_exported_as_a_constant(module):
     assert not missing and found.DIAGNOSTIC.fields, missing
 
 
+@pytest.mark.parametrize("module", ["selection", "assumptions", "chance", "bounds", "taxonomy"])
+def test_each_field_constant_is_named_after_its_field(module):
+    """``RHO0`` declares ``"rho0"``: a constant read where its field is meant names that field (and the profile
+    fit's constants, unpacked from PROFILE_FIT, follow `ProfileFit`'s order)."""
+    found = importlib.import_module(f"tl_geometry.diagnostics.{module}")
+    constants = {name: value for name, value in vars(found).items() if isinstance(value, FieldSpec)}
+    assert constants and all(name == spec.name.upper() for name, spec in constants.items()), constants
+
+
 def test_every_built_in_field_is_declared_once_with_a_doc():
     seen = {}
     for name in REGISTRY.names():

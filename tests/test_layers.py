@@ -93,3 +93,58 @@ def test_an_added_back_edge_is_caught(tmp_path):
                                          if (p.suffix == ".py" or (p / "__init__.py").exists())}))
 def test_every_part_is_on_a_layer(part):
     level_of(part)
+
+
+# ---- fields are named by their declarations above the diagnostics ----
+
+NAMED_BY_DECLARATION = ("analysis", "report", "cli.py")
+"""The parts that name a field by its constant (``result.per_head(RHO0)``), never by a string literal."""
+# Strings that spell a field's name but mean something else: the attention-pattern detector "previous_token"
+# (`tl_geometry.analysis.mechanisms`, shown by the report's prompt-set checks), not the taxonomy's field.
+NOT_FIELDS = {"analysis/mechanisms.py": {"previous_token"}, "report/roles.py": {"previous_token"}}
+
+
+def declared_names() -> set[str]:
+    from tl_geometry.diagnostics.registry import REGISTRY
+
+    return {spec.name for name in REGISTRY.names() for spec in REGISTRY.get(name).fields}
+
+
+def fields_by_string(package: Path = PACKAGE) -> list[tuple[str, int, str]]:
+    """Every string literal in ``NAMED_BY_DECLARATION`` that is a declared field's name, as (path, line, name).
+
+    Docstrings (and any other bare string statement) are prose and examples, where a name shows a user that
+    strings work; a message that mentions a field is a longer string, so it never equals the name.
+    """
+    names = declared_names()
+    found = []
+    for part in NAMED_BY_DECLARATION:
+        paths = [package / part] if part.endswith(".py") else sorted((package / part).rglob("*.py"))
+        for path in paths:
+            where = path.relative_to(package).as_posix()
+            tree = ast.parse(path.read_text(), str(path))
+            prose = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+            found += [(where, node.lineno, node.value) for node in ast.walk(tree)
+                      if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
+                      and id(node) not in prose and node.value not in NOT_FIELDS.get(where, ())]
+    return found
+
+
+def test_fields_are_named_by_their_declarations():
+    """Above the diagnostics a field is read through its FieldSpec constant, so a renamed or removed field fails
+    at import, not as a string that silently no longer matches (docs: `tl_geometry.diagnostics.fields`)."""
+    assert fields_by_string() == []
+
+
+def test_a_field_named_by_a_string_is_caught(tmp_path):
+    """The check on a copy of the package where one reader spells a field's name fails, naming the line."""
+    import shutil
+
+    copy = tmp_path / "tl_geometry"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / "analysis" / "sink.py"
+    target.write_text(target.read_text() + '\n\ndef _late(result):\n    """Reads "rho0" (prose: not counted)."""\n'
+                      '    return result.per_head("rho0")\n')
+    [(where, line, name)] = fields_by_string(copy)
+    assert (where, name) == ("analysis/sink.py", "rho0")
+    assert target.read_text().splitlines()[line - 1] == '    return result.per_head("rho0")'

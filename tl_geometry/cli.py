@@ -284,6 +284,7 @@ def _intervene(args: argparse.Namespace) -> int:
     from tl_geometry.analysis.interventions import geometry_vs_dnll
     from tl_geometry.capture.corpus import analyze_corpus
     from tl_geometry.capture.sweep import effective_set_size, intervention_sweep
+    from tl_geometry.diagnostics.selection import F_SCORE, PRECISION, RECALL
     from tl_geometry.report.html import intervention_figures, render_html
     from tl_geometry.results.files import atomic_path
 
@@ -316,8 +317,8 @@ def _intervene(args: argparse.Namespace) -> int:
         if main:
             write_text(args.out / "n_star.json", text_out)
     geometry = analyze_corpus(model, windows, n_grid=n_grid, layers=args.layers, heads=args.heads,
-                              bootstrap_fields=["precision", "recall", "f_score"], n_bootstrap=args.bootstrap,
-                              batch_size=args.batch_size, progress=not quiet)
+                              bootstrap_fields=[f.name for f in (PRECISION, RECALL, F_SCORE)],
+                              n_bootstrap=args.bootstrap, batch_size=args.batch_size, progress=not quiet)
     if not main:
         return EXIT_OK
     if args.scope != "model":
@@ -348,9 +349,11 @@ def _summary(result, seconds: float) -> str:
     """A few lines on what was measured: mean P and R by N, and the layers' means at small N."""
     import torch
 
+    from tl_geometry.diagnostics.selection import PRECISION, RECALL
+
     grid = result.n_grid.tolist()
-    precision = torch.nanmean(result.precision.flatten(0, 1), dim=0)
-    recall = torch.nanmean(result.recall.flatten(0, 1), dim=0)
+    precision = torch.nanmean(result.per_head(PRECISION).flatten(0, 1), dim=0)
+    recall = torch.nanmean(result.per_head(RECALL).flatten(0, 1), dim=0)
     shown = [i for i, n in enumerate(grid) if n in (1, 2, 4, 8, 16, 64, 256, 1024) or i == len(grid) - 1]
     lines = [
         f"analysed {result.n_sequences} windows x {len(result.layers)} layers x {len(result.heads)} heads "

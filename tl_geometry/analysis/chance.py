@@ -16,19 +16,28 @@ from torch import Tensor
 
 from tl_geometry.analysis.summaries import mean_over_heads
 from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy
+from tl_geometry.diagnostics.chance import CHANCE_OF, EXCESS_OF
+from tl_geometry.diagnostics.fields import FieldSpec
+from tl_geometry.diagnostics.selection import PRECISION
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
+from tl_geometry.results.table import FieldName, field_name
 
-METRICS = ("precision", "recall")
+METRICS = tuple(CHANCE_OF)  # the metrics with a chance level: Precision and Recall
 
 
-def _check(result: GeometryResult, metric: str) -> None:
-    if metric not in METRICS:
-        raise GeometryError(f"metric: expected one of {METRICS}, got {metric!r}")
-    if f"chance_{metric}" not in result.fields:
+def _checked(result: GeometryResult, metric: FieldName) -> FieldSpec:
+    """The declaration of ``metric`` (given by name or declaration), once ``result`` has its chance level."""
+    by_name = {spec.name: spec for spec in METRICS}
+    name = field_name(metric)
+    if name not in by_name:
+        raise GeometryError(f"metric: expected one of {tuple(by_name)}, got {name!r}")
+    chance = CHANCE_OF[by_name[name]].name
+    if chance not in result.fields:
         raise GeometryError(
-            f"result: no chance baselines (field 'chance_{metric}'); analyse with diagnostics including 'chance'"
+            f"result: no chance baselines (field '{chance}'); analyse with diagnostics including 'chance'"
         )
+    return by_name[name]
 
 
 @dataclass(frozen=True)
@@ -52,7 +61,7 @@ class ExcessOverChance:
     high: Float[Tensor, " n"]
 
 
-def excess_over_chance(result: GeometryResult, metric: str = "precision", level: float = 0.95) -> ExcessOverChance:
+def excess_over_chance(result: GeometryResult, metric: FieldName = PRECISION, level: float = 0.95) -> ExcessOverChance:
     """P or R against chance, averaged over layers and heads, with a bootstrap interval over documents.
 
     The interval comes from the replicates of ``excess_{metric}``, kept when
@@ -62,27 +71,28 @@ def excess_over_chance(result: GeometryResult, metric: str = "precision", level:
     Raises:
         GeometryError: an unknown metric, or a result without the chance diagnostic.
     """
-    _check(result, metric)
-    name = f"excess_{metric}"
+    metric = _checked(result, metric)
+    excess = EXCESS_OF[metric]
     low = high = torch.full((len(result.n_grid),), math.nan, dtype=torch.float64)
-    if result.has_replicates(name):
-        means = torch.nanmean(result.replicates(name).flatten(1, 2), dim=1)  # [replicate, n]
+    if result.has_replicates(excess):
+        means = torch.nanmean(result.replicates(excess).flatten(1, 2), dim=1)  # [replicate, n]
         tail = (1 - level) / 2
         low, high = torch.nanquantile(means, tail, dim=0), torch.nanquantile(means, 1 - tail, dim=0)
     return ExcessOverChance(
         n_grid=result.n_grid,
         measured=mean_over_heads(result, metric),
-        chance=mean_over_heads(result, f"chance_{metric}"),
-        excess=mean_over_heads(result, name),
+        chance=mean_over_heads(result, CHANCE_OF[metric]),
+        excess=mean_over_heads(result, excess),
         low=low,
         high=high,
     )
 
 
-def chance_by_regime(result: GeometryResult, taxonomy: HeadTaxonomy, metric: str = "precision") -> Float[Tensor, "regime n"]:
+def chance_by_regime(
+    result: GeometryResult, taxonomy: HeadTaxonomy, metric: FieldName = PRECISION
+) -> Float[Tensor, "regime n"]:
     """Mean random-control level of P (or R) over the heads of each of ``REGIMES`` (Figure 11's chance lines)."""
-    _check(result, metric)
-    curve = result.per_head(f"chance_{metric}")
+    curve = result.per_head(CHANCE_OF[_checked(result, metric)])
     member = torch.nn.functional.one_hot(taxonomy.labels, len(REGIMES)).bool()  # [layer, head, regime]
     masked = torch.where(member.unsqueeze(-1), curve.unsqueeze(-2), torch.full((), math.nan, dtype=curve.dtype))
     return torch.nanmean(masked.flatten(0, 1), dim=0)

@@ -114,9 +114,26 @@ from tl_geometry.analysis.correlation import (
 from tl_geometry.analysis.intervals import METHODS, expanded_level
 from tl_geometry.analysis.summaries import mean_over_heads
 from tl_geometry.analysis.taxonomy import ROLES, replicate_roles, taxonomy_from_result
+from tl_geometry.diagnostics.assumptions import (
+    DECAY_MAE,
+    PROFILE_HAS_OSCILLATION,
+    PROFILE_HAS_PLATEAU,
+    PROFILE_HAS_RECENCY,
+    PROFILE_P_BASE,
+    PROFILE_P_SINK,
+    RHO0,
+    SINK_NORM_RATIO,
+    VALUE_NORM_BY_POSITION,
+    VALUE_NORM_CV,
+)
+from tl_geometry.diagnostics.bounds import BOUND_PRECISION_LOWER, ENVELOPE_OF
+from tl_geometry.diagnostics.chance import EXCESS_PRECISION, EXCESS_RECALL
+from tl_geometry.diagnostics.fields import FieldSpec
+from tl_geometry.diagnostics.selection import PRECISION, RECALL
 from tl_geometry.diagnostics.taxonomy import ROLE_FEATURES
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
+from tl_geometry.results.table import FieldName, field_name
 
 Verdict = Literal["holds", "partly", "does not hold", "not measured"]
 VERDICTS: tuple[str, ...] = get_args(Verdict)
@@ -131,7 +148,8 @@ SMALL_N = (2, 4)  # the paper's operating regime N in [1, 4], without the trivia
 MID_N_FROM = 8  # "the mid-range (tens)" starts here ...
 MID_N_FRACTION = 0.25  # ... and ends at this fraction of the largest N on the grid
 LARGE_N_FRACTION = 0.5  # "large N" (the U-shape's return) from this fraction of the largest N
-EXCESS = ("excess_precision", "excess_recall")  # P and R minus random top-N sets of the same size
+METRICS = (PRECISION, RECALL)  # Figure 5's curves
+EXCESS = (EXCESS_PRECISION, EXCESS_RECALL)  # P and R minus random top-N sets of the same size
 CORR_SMALL_N = (2, 8)  # "peaking around N = 3": where the largest correlation is reported (not tested)
 CORR_N = 3  # the claim's N, fixed before looking: the paper's peak ("around N = 3")
 CORR_N_LATER = 6  # the paper's LLaMA figure ("about 0.25 by N = 6"), reported beside
@@ -336,13 +354,13 @@ def _rule(key: str) -> str:
     return f"holds if {t.direction} {t.holds:g}, partly if {t.direction} {t.partly:g}"
 
 
-def _missing(result: GeometryResult, names: Sequence[str]) -> list[str]:
-    return [name for name in names if name not in result.fields]
+def _missing(result: GeometryResult, fields: Sequence[FieldName]) -> list[str]:
+    return [name for name in map(field_name, fields) if name not in result.fields]
 
 
 def _interval(
-    key: str, result: GeometryResult, names: Sequence[str],
-    statistic: Callable[[Mapping[str, Tensor]], Tensor] | Tensor,
+    key: str, result: GeometryResult, names: Sequence[FieldName],
+    statistic: Callable[[Mapping[FieldName, Tensor]], Tensor] | Tensor,
     value: float,
     limits: tuple[float, float] = (-math.inf, math.inf),
     pivot: float | None = None,
@@ -355,7 +373,7 @@ def _interval(
     ``pivot``, for a correlation: the value the replicates scatter around (the bootstrap world's truth). The
     interval is then taken on Fisher's z (`replicate_z`), of the replicates' deviations from the pivot moved to
     the value."""
-    lacking = [name for name in names if not result.has_replicates(name)]
+    lacking = [field_name(name) for name in names if not result.has_replicates(name)]
     if lacking:
         return math.nan, math.nan, (
             f"none: no bootstrap replicates of {', '.join(lacking)} (analyse with "
@@ -416,8 +434,8 @@ def _per_head_values(t: Tensor) -> tuple[Tensor, Tensor]:
 # ---- the claims ----
 
 
-def _share_stable(f: Mapping[str, Tensor]) -> float:
-    cv = f["value_norm_cv"].flatten()
+def _share_stable(cv: Tensor) -> float:
+    cv = cv.flatten()
     cv = cv[~cv.isnan()]
     return float((cv <= CV_STABLE).double().mean()) if len(cv) else math.nan
 
@@ -454,28 +472,28 @@ def _stable_norms(result: GeometryResult) -> Claim:
     result has that curve; the CV within each sequence (then averaged) is reported beside it. The within
     reading's statistic is the expected share (`_expected_share_stable`): a hard count of noisy CVs past a
     threshold is a step function, whose bootstrap interval does not cover (0.995 on simulated studies)."""
-    if _missing(result, ["value_norm_cv"]):
+    if _missing(result, [VALUE_NORM_CV]):
         return _not_measured("stable_norms", OPTIONS["assumptions"], "the result has no value_norm_cv")
-    within = result.per_head("value_norm_cv")
-    se = result.sem("value_norm_cv")
-    share_within = _share_stable({"value_norm_cv": within})
+    within = result.per_head(VALUE_NORM_CV)
+    se = result.sem(VALUE_NORM_CV)
+    share_within = _share_stable(within)
     expected_within = float(_expected_share_stable(within, se))
     within_text = (f"within each sequence: {share_within:.0%} of heads have CV <= {CV_STABLE} (expected share "
                    f"{_fmt(expected_within)}, each head counted by the probability that its CV is <= {CV_STABLE} "
                    f"given its standard error over documents; median CV {_fmt(float(within.nanmedian()))})")
-    if "value_norm_by_position" in result.fields:
-        across = _curve_cv(result.per_head("value_norm_by_position"))
-        value = _share_stable({"value_norm_cv": across})
+    if VALUE_NORM_BY_POSITION.name in result.fields:
+        across = _curve_cv(result.per_head(VALUE_NORM_BY_POSITION))
+        value = _share_stable(across)
         measured = (f"Figure 2's reading, the norm averaged over the sequences by position (the verdict's): "
                     f"{value:.0%} of heads have CV <= {CV_STABLE} (median CV {_fmt(float(across.nanmedian()))}); "
                     + within_text)
         interval = (math.nan, math.nan, "none: the averaged curve keeps no bootstrap replicates")
-        return _claim("stable_norms", value, interval, measured, {"value_norm_cv": _per_head_values(across)})
+        return _claim("stable_norms", value, interval, measured, {VALUE_NORM_CV.name: _per_head_values(across)})
     measured = within_text + " (the verdict's reading, the expected share: this result has no norm-by-position curve)"
-    interval = _interval("stable_norms", result, ["value_norm_cv"],
-                         lambda f: _expected_share_stable(f["value_norm_cv"], se), expected_within)
+    interval = _interval("stable_norms", result, [VALUE_NORM_CV],
+                         lambda f: _expected_share_stable(f[VALUE_NORM_CV], se), expected_within)
     return _claim("stable_norms", expected_within, interval, measured,
-                  {"value_norm_cv": _per_head_values(within)})
+                  {VALUE_NORM_CV.name: _per_head_values(within)})
 
 
 def _interquartile_mean(lam: Tensor) -> Tensor:
@@ -490,18 +508,18 @@ def _interquartile_mean(lam: Tensor) -> Tensor:
 
 
 def _compressed_sink(result: GeometryResult) -> Claim:
-    if _missing(result, ["sink_norm_ratio"]):
+    if _missing(result, [SINK_NORM_RATIO]):
         return _not_measured("compressed_sink", OPTIONS["assumptions"], "the result has no sink_norm_ratio")
-    ratio = result.per_head("sink_norm_ratio")
+    ratio = result.per_head(SINK_NORM_RATIO)
     value = float(_interquartile_mean(ratio))
     defined = ratio[~ratio.isnan()]
     below = float((defined < 1).double().mean())
     measured = (f"interquartile mean of lambda {_fmt(value)}; median {_fmt(float(defined.median()))}; {below:.0%} "
                 "of heads have lambda < 1")
-    interval = _interval("compressed_sink", result, ["sink_norm_ratio"],
-                         lambda f: _interquartile_mean(f["sink_norm_ratio"]), value)
+    interval = _interval("compressed_sink", result, [SINK_NORM_RATIO],
+                         lambda f: _interquartile_mean(f[SINK_NORM_RATIO]), value)
     return _claim("compressed_sink", value, interval, measured,
-                  {"sink_norm_ratio": _per_head_values(ratio)})
+                  {SINK_NORM_RATIO.name: _per_head_values(ratio)})
 
 
 def _mean_mae(mae: Tensor) -> Tensor:
@@ -510,52 +528,51 @@ def _mean_mae(mae: Tensor) -> Tensor:
 
 
 def _exponential_decay(result: GeometryResult) -> Claim:
-    if _missing(result, ["decay_mae"]):
+    if _missing(result, [DECAY_MAE]):
         return _not_measured("exponential_decay", OPTIONS["assumptions"], "the result has no decay_mae")
-    mae = result.per_head("decay_mae")
+    mae = result.per_head(DECAY_MAE)
     value = float(_mean_mae(mae))
     flat = mae[~mae.isnan()]
     within = float(((flat >= 0.05) & (flat <= 0.10)).double().mean()) if len(flat) else math.nan
     measured = f"mean MAE {_fmt(value)}; median {_fmt(float(mae.nanmedian()))}; {within:.0%} of heads in 0.05-0.10"
-    interval = _interval("exponential_decay", result, ["decay_mae"], lambda f: _mean_mae(f["decay_mae"]), value)
+    interval = _interval("exponential_decay", result, [DECAY_MAE], lambda f: _mean_mae(f[DECAY_MAE]), value)
     return _claim("exponential_decay", value, interval, measured,
-                  {"decay_mae": _per_head_values(mae)})
+                  {DECAY_MAE.name: _per_head_values(mae)})
 
 
-FOUR_PHASE_FIELDS = ("profile_p_sink", "profile_p_base", "profile_has_plateau", "profile_has_recency")
-PROFILE_FIELDS = ("profile_p_sink", "profile_p_base", "profile_has_plateau", "profile_has_oscillation",
-                  "profile_has_recency")  # fmt: skip
+REQUIRED_PHASES = (PROFILE_HAS_PLATEAU, PROFILE_HAS_RECENCY)  # the oscillation may be absent (T1 = T2)
+FOUR_PHASE_FIELDS = (PROFILE_P_SINK, PROFILE_P_BASE, *REQUIRED_PHASES)
+PROFILE_FIELDS = (*FOUR_PHASE_FIELDS, PROFILE_HAS_OSCILLATION)
 
 
-def _four_phase(f: Mapping[str, Tensor]) -> Tensor:
+def _four_phase(f: Mapping[FieldSpec, Tensor]) -> Tensor:
     """Per head: whether the fitted profile shows the phases the paper requires (NaN where the fit is undefined).
 
     The sink two orders above the plateau, the plateau and the recency rise; the oscillation may be absent
     (section 3.3: "T1 = T2" collapses it), so it is not required.
     """
-    sink = f["profile_p_sink"] >= SINK_RATIO * f["profile_p_base"]
-    phases = [f[f"profile_has_{phase}"] >= PHASE_SHARE for phase in ("plateau", "recency")]
+    sink = f[PROFILE_P_SINK] >= SINK_RATIO * f[PROFILE_P_BASE]
+    phases = [f[phase] >= PHASE_SHARE for phase in REQUIRED_PHASES]
     shows = (sink & phases[0] & phases[1]).double()
-    return torch.where(f["profile_p_sink"].isnan() | f["profile_p_base"].isnan(), math.nan, shows)
+    return torch.where(f[PROFILE_P_SINK].isnan() | f[PROFILE_P_BASE].isnan(), math.nan, shows)
 
 
-def _share_four_phase(f: Mapping[str, Tensor]) -> float:
+def _share_four_phase(f: Mapping[FieldSpec, Tensor]) -> float:
     shows = _four_phase(f).flatten()
     shows = shows[~shows.isnan()]
     return float(shows.mean()) if len(shows) else math.nan
 
 
-def _expected_share_four_phase(f: Mapping[str, Tensor], se: Mapping[str, Tensor]) -> Tensor:
+def _expected_share_four_phase(f: Mapping[FieldSpec, Tensor], se: Mapping[FieldSpec, Tensor]) -> Tensor:
     """The expected share of heads with the phase profile over the last two axes ``[*b, layer, head]``: each
     head counted by the product of the normal probabilities of its three conditions given the fields' means
     ``f`` and standard errors ``se`` ``[layer, head]`` over documents (the sink's margin p_sink - 100 p_base
     with the two errors combined as independent); heads without a fit left out."""
-    margin = (f["profile_p_sink"] - SINK_RATIO * f["profile_p_base"]).double()
-    margin_se = (se["profile_p_sink"].double() ** 2 + SINK_RATIO**2 * se["profile_p_base"].double() ** 2).sqrt()
+    margin = (f[PROFILE_P_SINK] - SINK_RATIO * f[PROFILE_P_BASE]).double()
+    margin_se = (se[PROFILE_P_SINK].double() ** 2 + SINK_RATIO**2 * se[PROFILE_P_BASE].double() ** 2).sqrt()
     p = _probability_at_least(margin, 0.0, margin_se)
-    for phase in ("plateau", "recency"):
-        name = f"profile_has_{phase}"
-        p = p * _probability_at_least(f[name].double(), PHASE_SHARE, se[name].double())
+    for phase in REQUIRED_PHASES:
+        p = p * _probability_at_least(f[phase].double(), PHASE_SHARE, se[phase].double())
     return torch.nanmean(p.masked_fill(margin.isnan(), math.nan).flatten(-2), -1)
 
 
@@ -563,7 +580,7 @@ def _four_phase_profile(result: GeometryResult) -> Claim:
     if _missing(result, PROFILE_FIELDS):
         return _not_measured("four_phase_profile", OPTIONS["assumptions"], "the result has no attention-profile fit")
     fit = result.profile_fit
-    f = {name: getattr(fit, name.removeprefix("profile_")) for name in PROFILE_FIELDS}
+    f = {name: result.per_head(name) for name in PROFILE_FIELDS}
     hard = _share_four_phase(f)
     se = {name: result.sem(name) for name in FOUR_PHASE_FIELDS}
     value = float(_expected_share_four_phase(f, se))
@@ -604,13 +621,13 @@ def _difference(curve: Tensor, first: Tensor, second: Tensor) -> Tensor:
     return curve[..., first].nanmean(-1) - curve[..., second].nanmean(-1)
 
 
-def _drops(f: Mapping[str, Tensor], grid: Tensor, names: Sequence[str] = EXCESS) -> dict[str, Tensor]:
+def _drops(f: Mapping[FieldSpec, Tensor], grid: Tensor, names: Sequence[FieldSpec] = EXCESS) -> dict[FieldSpec, Tensor]:
     """Per metric, the mean over heads' curve at small N minus at mid N."""
     small, mid = _ranges(grid)
     return {name: _difference(_mean_curve(f[name]), small, mid) for name in names}
 
 
-def _smallest(values: Mapping[str, Tensor]) -> Tensor:
+def _smallest(values: Mapping[FieldSpec, Tensor]) -> Tensor:
     return torch.stack(list(values.values())).amin(0)
 
 
@@ -619,7 +636,7 @@ def _large(grid: Tensor) -> Tensor:
     return grid >= LARGE_N_FRACTION * grid.max()
 
 
-def _returns(f: Mapping[str, Tensor], grid: Tensor, names: Sequence[str]) -> dict[str, Tensor]:
+def _returns(f: Mapping[FieldSpec, Tensor], grid: Tensor, names: Sequence[FieldSpec]) -> dict[FieldSpec, Tensor]:
     """Per metric, the mean over heads' curve at large N minus at mid N: the U-shape's return."""
     _, mid = _ranges(grid)
     return {name: _difference(_mean_curve(f[name]), _large(grid), mid) for name in names}
@@ -632,22 +649,21 @@ def _large_n_return(result: GeometryResult) -> Claim:
     large = _large(grid)
     if not bool(mid.any()) or not bool(large.any()):
         return _not_measured("large_n_return", OPTIONS["mid_n"], f"the grid {grid.tolist()} has no mid N or no large N")
-    metrics = ("precision", "recall")
-    f = {name: result.per_head(name) for name in (*metrics, *EXCESS) if name in result.fields}
-    returns = {name: float(v) for name, v in _returns(f, grid, metrics).items()}
+    f = {name: result.per_head(name) for name in (*METRICS, *EXCESS) if name.name in result.fields}
+    returns = {name: float(v) for name, v in _returns(f, grid, METRICS).items()}
     value = min(returns.values())
 
-    def batched(g: Mapping[str, Tensor]) -> Tensor:
-        return _smallest(_returns(g, grid, metrics))
+    def batched(g: Mapping[FieldSpec, Tensor]) -> Tensor:
+        return _smallest(_returns(g, grid, METRICS))
 
     measured = (f"from N in {int(grid[mid].min())}-{int(grid[mid].max())} to N >= {int(grid[_large(grid)].min())}: "
-                f"P rises by {_fmt(returns['precision'])}, R by {_fmt(returns['recall'])}")
+                f"P rises by {_fmt(returns[PRECISION])}, R by {_fmt(returns[RECALL])}")
     if all(name in f for name in EXCESS):
         excess = {name: float(v) for name, v in _returns(f, grid, EXCESS).items()}
-        measured += (f"; over chance (random sets return too): P {_fmt(excess['excess_precision'])}, "
-                     f"R {_fmt(excess['excess_recall'])}")
-    evidence = {name: (grid, mean_over_heads(result, name)) for name in metrics}
-    interval = _interval("large_n_return", result, list(metrics), batched, value)
+        measured += (f"; over chance (random sets return too): P {_fmt(excess[EXCESS_PRECISION])}, "
+                     f"R {_fmt(excess[EXCESS_RECALL])}")
+    evidence = {name.name: (grid, mean_over_heads(result, name)) for name in METRICS}
+    interval = _interval("large_n_return", result, list(METRICS), batched, value)
     return _claim("large_n_return", value, interval, measured, evidence)
 
 
@@ -659,20 +675,20 @@ def _small_n_separability(result: GeometryResult) -> Claim:
                              f"the grid {result.n_grid.tolist()} has no small N (2-4) or no mid N")
     if _missing(result, EXCESS):
         return _not_measured("small_n_separability", OPTIONS["chance"], "the result has no excess over chance")
-    f = {name: result.per_head(name) for name in (*EXCESS, "precision", "recall")}
+    f = {name: result.per_head(name) for name in (*EXCESS, *METRICS)}
     drops = {name: float(v) for name, v in _drops(f, result.n_grid).items()}
-    raw = {name: float(v) for name, v in _drops(f, result.n_grid, ("precision", "recall")).items()}
+    raw = {name: float(v) for name, v in _drops(f, result.n_grid, METRICS).items()}
     value = min(drops.values())
 
-    def batched(g: Mapping[str, Tensor]) -> Tensor:
+    def batched(g: Mapping[FieldSpec, Tensor]) -> Tensor:
         return _smallest(_drops(g, result.n_grid))
 
     grid = result.n_grid
     mid_grid = grid[mid]
-    measured = (f"excess over chance: P drops by {_fmt(drops['excess_precision'])}, R by "
-                f"{_fmt(drops['excess_recall'])} from N in 2-4 to N in {int(mid_grid.min())}-{int(mid_grid.max())} "
-                f"(raw: P {_fmt(raw['precision'])}, R {_fmt(raw['recall'])})")
-    evidence = {name: (grid, mean_over_heads(result, name)) for name in (*EXCESS, "precision", "recall")}
+    measured = (f"excess over chance: P drops by {_fmt(drops[EXCESS_PRECISION])}, R by "
+                f"{_fmt(drops[EXCESS_RECALL])} from N in 2-4 to N in {int(mid_grid.min())}-{int(mid_grid.max())} "
+                f"(raw: P {_fmt(raw[PRECISION])}, R {_fmt(raw[RECALL])})")
+    evidence = {name.name: (grid, mean_over_heads(result, name)) for name in (*EXCESS, *METRICS)}
     interval = _interval("small_n_separability", result, list(EXCESS), batched, value)
     return _claim("small_n_separability", value, interval, measured, evidence)
 
@@ -697,26 +713,26 @@ def _pearson_by_n(metric: Tensor, rho0: Tensor) -> Tensor:
     return _pearson(metric.flatten(-3, -2).transpose(-1, -2), rho0.flatten(-2).unsqueeze(-2))
 
 
-def _corrected(result: GeometryResult, metric: str, at: int) -> Disattenuated | None:
+def _corrected(result: GeometryResult, metric: FieldSpec, at: int) -> Disattenuated | None:
     """The disattenuated corr(metric at N index ``at``, rho_0) over heads, with its replicates; None without
     the replicates of both fields (or with one document)."""
-    if result.n_documents < 2 or not (result.has_replicates(metric) and result.has_replicates("rho0")):
+    if result.n_documents < 2 or not (result.has_replicates(metric) and result.has_replicates(RHO0)):
         return None
     return disattenuated_correlation(
-        result.per_head(metric)[..., at].flatten(), result.per_head("rho0").flatten(),
-        result.replicates(metric)[..., at].flatten(-2), result.replicates("rho0").flatten(-2), result.n_documents,
+        result.per_head(metric)[..., at].flatten(), result.per_head(RHO0).flatten(),
+        result.replicates(metric)[..., at].flatten(-2), result.replicates(RHO0).flatten(-2), result.n_documents,
     )
 
 
-def _sink_correlation(result: GeometryResult, key: str, metric: str) -> Claim:
+def _sink_correlation(result: GeometryResult, key: str, metric: FieldSpec) -> Claim:
     """corr(metric at N = 3, rho_0) over the heads' true means: the Pearson correlation of their means over
     documents, disattenuated for the documents' noise when the replicates measure it (each head's mean carries
     noise that pulls the correlation towards 0: 0.43 for a true 0.50 on simulated studies); the uncorrected
     value, depth partialled out, N = 6 and the largest over N = 2-8 beside."""
-    if _missing(result, ["rho0", metric]):
-        return _not_measured(key, OPTIONS["assumptions"], f"the result has no rho0 or no {metric}")
+    if _missing(result, [RHO0, metric]):
+        return _not_measured(key, OPTIONS["assumptions"], f"the result has no rho0 or no {metric.name}")
     grid = result.n_grid.tolist()
-    values, rho0 = result.per_head(metric).double(), result.per_head("rho0").double()
+    values, rho0 = result.per_head(metric).double(), result.per_head(RHO0).double()
     pearson = _pearson_by_n(values, rho0)
     if CORR_N not in grid or math.isnan(float(pearson[grid.index(CORR_N)])):
         return _not_measured(key, OPTIONS["corr_n"], f"no correlation at N = {CORR_N} on the grid {grid}")
@@ -728,16 +744,16 @@ def _sink_correlation(result: GeometryResult, key: str, metric: str) -> Claim:
                "deeper layers differ in both)")
     if corrected is None:
         value = raw
-        parts = [f"corr {_fmt(raw)} at N = {CORR_N} (not disattenuated: no bootstrap replicates of {metric} and "
+        parts = [f"corr {_fmt(raw)} at N = {CORR_N} (not disattenuated: no bootstrap replicates of {metric.name} and "
                  f"rho0 to measure the documents' noise), {partial}"]
     else:
         value = float(corrected.value)
         if math.isnan(value):
-            return _not_measured(key, "more documents", f"the heads' {metric} or rho0 means spread less than their "
+            return _not_measured(key, "more documents", f"the heads' {metric.name} or rho0 means spread less than their "
                                  "noise over documents: no disattenuated correlation")
         spread = [float(x[~x.isnan()].var()) for x in (values[..., at].flatten(), rho0.flatten())]
         reliability = ", ".join(f"{name} {_fmt(1 - float(v) / s, 2)}"
-                                for name, v, s in zip((metric, "rho0"), corrected.noise[:2], spread))
+                                for name, v, s in zip((metric.name, RHO0.name), corrected.noise[:2], spread))
         parts = [f"corr {_fmt(value)} at N = {CORR_N}, disattenuated for the documents' noise (uncorrected "
                  f"{_fmt(raw)}; the heads' means' reliability: {reliability}), {partial}"]
 
@@ -750,19 +766,19 @@ def _sink_correlation(result: GeometryResult, key: str, metric: str) -> Claim:
     parts.append(f"largest over N = 2-8: {_fmt(float(pearson[peak]))} uncorrected at N = {grid[peak]} (not the "
                  "statistic: a maximum over N is biased upwards)")
     if corrected is None:  # no replicates: _interval says which fields lack them
-        interval = _interval(key, result, [metric, "rho0"], torch.empty(0), value)
+        interval = _interval(key, result, [metric, RHO0], torch.empty(0), value)
     else:
-        interval = _interval(key, result, [metric, "rho0"], corrected.replicates, value, limits=(-1.0, 1.0),
+        interval = _interval(key, result, [metric, RHO0], corrected.replicates, value, limits=(-1.0, 1.0),
                              pivot=raw)
     return _claim(key, value, interval, "; ".join(parts), {"pearson": (result.n_grid, pearson)})
 
 
 def _sink_recall_correlation(result: GeometryResult) -> Claim:
-    return _sink_correlation(result, "sink_recall_correlation", "recall")
+    return _sink_correlation(result, "sink_recall_correlation", RECALL)
 
 
 def _sink_precision_correlation(result: GeometryResult) -> Claim:
-    return _sink_correlation(result, "sink_precision_correlation", "precision")
+    return _sink_correlation(result, "sink_precision_correlation", PRECISION)
 
 
 DEPTH_ORDER = ("retriever", "reset", "mixer")  # Figure 8: Retrievers first, then Resets, then Mixers
@@ -847,21 +863,21 @@ def _role_curve(weight: Tensor, metric: Tensor) -> Tensor:
     return (w * metric.double().nan_to_num()).sum((-3, -2)) / w.sum((-3, -2))
 
 
-def _tradeoff_margins(member: Mapping[str, Tensor], f: Mapping[str, Tensor], grid: Tensor) -> Tensor:
+def _tradeoff_margins(member: Mapping[str, Tensor], f: Mapping[FieldSpec, Tensor], grid: Tensor) -> Tensor:
     """By how much each of ``TRADEOFFS`` is met (``[3, *b]``; negative: not met) by heads weighted into roles by
     ``member`` (role -> ``[*b, layer, head]``) with curves ``f`` (``[*b, layer, head, n]``); a statement about a
     role without heads is not met, by ``ABSENT``."""
     _, mid = _ranges(grid)
     large = _large(grid)
 
-    def at(role_weight: Tensor, metric: str, mask: Tensor) -> Tensor:
+    def at(role_weight: Tensor, metric: FieldSpec, mask: Tensor) -> Tensor:
         return _role_curve(role_weight, f[metric])[..., mask].nanmean(-1)
 
     others = member["mixer"] + member["reset"]
     margins = torch.stack([
-        at(member["retriever"], "recall", large) - at(others, "recall", large),
-        at(others, "precision", large) - at(member["retriever"], "precision", large),
-        torch.minimum(*(at(member["reset"], m, large) - at(member["reset"], m, mid) for m in ("precision", "recall"))),
+        at(member["retriever"], RECALL, large) - at(others, RECALL, large),
+        at(others, PRECISION, large) - at(member["retriever"], PRECISION, large),
+        torch.minimum(*(at(member["reset"], m, large) - at(member["reset"], m, mid) for m in METRICS)),
     ])  # fmt: skip
     return margins.nan_to_num(ABSENT)
 
@@ -875,7 +891,7 @@ def _regime_tradeoffs(result: GeometryResult, roles: RoleProbabilities) -> Claim
         return _not_measured("regime_tradeoffs", OPTIONS["mid_n"], f"the grid {grid.tolist()} has no mid N or no large N")
     probabilities, draws = roles()
     member, replicated = _memberships(probabilities, draws)
-    f = {m: result.per_head(m) for m in ("precision", "recall")}
+    f = {m: result.per_head(m) for m in METRICS}
     margins = _tradeoff_margins(member, f, grid)
     value = float(margins.min())
     if replicated is None:
@@ -888,33 +904,33 @@ def _regime_tradeoffs(result: GeometryResult, roles: RoleProbabilities) -> Claim
     for role in DEPTH_ORDER:
         curve = {m: _role_curve(member[role], f[m]) for m in f}
         parts.append(f"{role} ({float(member[role].sum()):.1f} heads): " + ", ".join(
-            f"{m[0].upper()} {_fmt(float(curve[m][mid].nanmean()), 2)} at mid N, "
+            f"{m.name[0].upper()} {_fmt(float(curve[m][mid].nanmean()), 2)} at mid N, "
             f"{_fmt(float(curve[m][large].nanmean()), 2)} at large N" for m in f))
     measured = ("margins (negative: not met): "
                 + "; ".join(f"{text} by {_fmt(float(margin), 2)}" for margin, text in zip(margins, TRADEOFFS))
                 + ". Probability-weighted curves: " + "; ".join(parts))
-    evidence = {f"{m}_{r}": (grid, _role_curve(member[r], f[m])) for m in f for r in DEPTH_ORDER}
+    evidence = {f"{m.name}_{r}": (grid, _role_curve(member[r], f[m])) for m in f for r in DEPTH_ORDER}
     return _claim("regime_tradeoffs", value, interval, measured, evidence)
 
 
-ENVELOPE_FIELDS = tuple(f"bound_{m}_{side}" for m in ("precision", "recall") for side in ("lower", "upper"))
+ENVELOPE_FIELDS = tuple(spec for m in METRICS for spec in ENVELOPE_OF[m])
 
 
-TIGHT_RANGES = {"precision": ("small", "large"), "recall": ("small", "mid", "large")}
+TIGHT_RANGES = {PRECISION: ("small", "large"), RECALL: ("small", "mid", "large")}
 """Where Figure 5 calls the upper envelopes tight: Precision at small and large N, Recall at every N."""
 INFORMATIVE = 0.5  # a lower envelope says something where P_low > 1/2, i.e. R_low > 0 (T < 1)
 
 
-def _upper_gaps(f: Mapping[str, Tensor], grid: Tensor) -> dict[str, Tensor]:
+def _upper_gaps(f: Mapping[FieldSpec, Tensor], grid: Tensor) -> dict[str, Tensor]:
     """Per (metric, range) of ``TIGHT_RANGES``: the mean over the range of the upper envelope's mean curve minus
     the metric's mean curve (``[*b]`` for fields ``[*b, layer, head, n]``)."""
     small, mid = _ranges(grid)
     masks = {"small": small, "mid": mid, "large": _large(grid)}
     out = {}
     for metric, ranges in TIGHT_RANGES.items():
-        gap = _mean_curve(f[f"bound_{metric}_upper"]) - _mean_curve(f[metric])
+        gap = _mean_curve(f[ENVELOPE_OF[metric].upper]) - _mean_curve(f[metric])
         for name in ranges:
-            out[f"{metric} at {name} N"] = gap[..., masks[name]].nanmean(-1)
+            out[f"{metric.name} at {name} N"] = gap[..., masks[name]].nanmean(-1)
     return out
 
 
@@ -927,33 +943,36 @@ def _envelope_tightness(result: GeometryResult) -> Claim:
     small, mid = _ranges(grid)
     if not bool(small.any()) or not bool(mid.any()):
         return _not_measured("envelope_tightness", OPTIONS["mid_n"], f"the grid {grid.tolist()} has no small or mid N")
-    names = ["precision", "recall", *ENVELOPE_FIELDS]
+    names = [*METRICS, *ENVELOPE_FIELDS]
     f = {name: result.per_head(name) for name in names}
     gaps = {name: float(v) for name, v in _upper_gaps(f, grid).items()}
     worst = max(gaps, key=lambda k: gaps[k])
     value = gaps[worst]
 
-    def batched(g: Mapping[str, Tensor]) -> Tensor:
+    def batched(g: Mapping[FieldSpec, Tensor]) -> Tensor:
         return torch.stack(list(_upper_gaps(g, grid).values())).amax(0)
 
     # Lower envelopes: informative cells (head, 1 < N < the largest N), and what P is there.
     inner = (grid > 1) & (grid < grid.max())
-    lower = f["bound_precision_lower"].double()[..., inner]
+    lower = f[BOUND_PRECISION_LOWER].double()[..., inner]
     defined = ~lower.isnan()
     informative = defined & (lower > INFORMATIVE)
     share = float(informative.sum() / defined.sum()) if bool(defined.any()) else math.nan
-    at_informative = f["precision"].double()[..., inner][informative]
+    at_informative = f[PRECISION].double()[..., inner][informative]
     inside, points = 0, 0
     evidence: dict[str, tuple[Tensor, Tensor]] = {}
-    for metric in ("precision", "recall"):
+    above_lower = {}  # per metric: its mean curve minus its lower envelope's
+    for metric in METRICS:
         curve = mean_over_heads(result, metric).double()
-        low = mean_over_heads(result, f"bound_{metric}_lower").double()
-        up = mean_over_heads(result, f"bound_{metric}_upper").double()
+        low = mean_over_heads(result, ENVELOPE_OF[metric].lower).double()
+        up = mean_over_heads(result, ENVELOPE_OF[metric].upper).double()
         ok = ~(curve.isnan() | low.isnan() | up.isnan())
         inside += int((ok & (curve >= low - INSIDE_TOLERANCE) & (curve <= up + INSIDE_TOLERANCE)).sum())
         points += int(ok.sum())
-        evidence.update({metric: (grid, curve), f"{metric}_lower": (grid, low), f"{metric}_upper": (grid, up)})
-    lower_gap = float((evidence["recall"][1] - evidence["recall_lower"][1])[inner].nanmean())
+        above_lower[metric] = curve - low
+        name = metric.name
+        evidence.update({name: (grid, curve), f"{name}_lower": (grid, low), f"{name}_upper": (grid, up)})
+    lower_gap = float(above_lower[RECALL][inner].nanmean())
     measured = (f"largest gap {_fmt(value)} ({worst}); upper gaps: "
                 + ", ".join(f"{k} {_fmt(v)}" for k, v in gaps.items())
                 + f". Lower envelopes: informative (P_low > {INFORMATIVE:g}) in {share:.1%} of the (head, N) cells "

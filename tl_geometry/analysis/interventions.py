@@ -30,10 +30,12 @@ from jaxtyping import Float
 from torch import Tensor
 
 from tl_geometry.analysis.correlation import spearman
+from tl_geometry.diagnostics.selection import F_SCORE
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.interventions import ALL, InterventionResult
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.results.select import nanquantile
+from tl_geometry.results.table import FieldName, field_name
 
 DEFAULT_TAUS = (0.01, 0.05, 0.10)
 
@@ -240,8 +242,9 @@ def _unit_geometry(geometry: Tensor, geometry_layers: Sequence[int], geometry_he
     return torch.stack(rows, dim=-2), units
 
 
-def geometry_vs_dnll(geometry: GeometryResult, sweep: InterventionResult, *, field: str = "f_score", mode: str = "renormalise",
-                     relative: bool = False, level: float = 0.95) -> GeometryFunctionCorrelation:
+def geometry_vs_dnll(geometry: GeometryResult, sweep: InterventionResult, *, field: FieldName = F_SCORE,
+                     mode: str = "renormalise", relative: bool = False,
+                     level: float = 0.95) -> GeometryFunctionCorrelation:
     """Spearman, across the sweep's units (heads or layers), of a geometric field against dNLL at the same N.
 
     Args:
@@ -261,7 +264,9 @@ def geometry_vs_dnll(geometry: GeometryResult, sweep: InterventionResult, *, fie
         raise GeometryError(f"correlation: no N in common between the geometry grid {geometry.n_grid.tolist()} and "
                             f"the sweep grid {sweep.n_grid.tolist()}")
     if geometry.spec(field).axes != ("n",):
-        raise GeometryError(f"correlation: field {field!r} has axes {geometry.spec(field).axes}, expected ('n',)")
+        raise GeometryError(
+            f"correlation: field {field_name(field)!r} has axes {geometry.spec(field).axes}, expected ('n',)"
+        )
     g_index = torch.tensor([geometry.n_grid.tolist().index(n) for n in shared])
     s_index = torch.tensor([sweep.n_grid.tolist().index(n) for n in shared])
     x, units = _unit_geometry(geometry.per_head(field).index_select(-1, g_index), geometry.layers, geometry.heads, sweep)
@@ -282,11 +287,11 @@ def geometry_vs_dnll(geometry: GeometryResult, sweep: InterventionResult, *, fie
         reps = spearman(gx.transpose(-1, -2), gy.transpose(-1, -2))  # [replicate, n]
         tail = (1 - level) / 2
         low, high = nanquantile(reps, tail), nanquantile(reps, 1 - tail)
-    return GeometryFunctionCorrelation(field=field, mode=mode, n_grid=torch.tensor(shared), rho=rho, low=low,
+    return GeometryFunctionCorrelation(field=field_name(field), mode=mode, n_grid=torch.tensor(shared), rho=rho, low=low,
                                        high=high, x=x, y=y, units=tuple(units))
 
 
-def n_star_vs_geometry(geometry: GeometryResult, n_star: EffectiveSetSize, *, field: str = "f_score", n: int,
+def n_star_vs_geometry(geometry: GeometryResult, n_star: EffectiveSetSize, *, field: FieldName = F_SCORE, n: int,
                        tau: float = 0.05, level: float = 0.95) -> tuple[float, float, float]:
     """Spearman across units of N*_tau against a geometric field at one N: ``(rho, low, high)``.
 

@@ -36,6 +36,9 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.analysis.correlation import correlations, disattenuated_correlation, fisher_z, replicate_z
+from tl_geometry.diagnostics.assumptions import RHO0
+from tl_geometry.diagnostics.fields import FieldSpec
+from tl_geometry.diagnostics.selection import RECALL
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
 
@@ -126,7 +129,7 @@ def sink_recall_correlation(
     """
     if not isinstance(result, GeometryResult):
         raise GeometryError(f"result: expected a GeometryResult, got {type(result).__name__}")
-    if "rho0" not in result.fields or "recall" not in result.fields:
+    if RHO0.name not in result.fields or RECALL.name not in result.fields:
         raise GeometryError(
             "result: no 'rho0' field; run run_with_geometry_hooks(..., diagnostics=['assumptions']) to measure "
             "the sink similarity"
@@ -141,14 +144,14 @@ def sink_recall_correlation(
         raise GeometryError(f"over: expected {' or '.join(map(repr, get_args(Pairing)))}, got {over!r}")
     if not 0 < confidence < 1:
         raise GeometryError(f"confidence: expected a level in (0, 1), e.g. 0.95, got {confidence}")
-    kept = min(_replicates_kept(result, "recall"), _replicates_kept(result, "rho0"))
+    kept = min(_replicates_kept(result, RECALL), _replicates_kept(result, RHO0))
     if n_bootstrap is not None and n_bootstrap not in (0, kept):
         raise GeometryError(
             f"n_bootstrap: the bounds use the result's {kept} bootstrap replicates of recall and rho0, drawn when "
             f"it was analysed; got n_bootstrap={n_bootstrap}. Pass None (or 0 for no bounds), or analyse again "
             "with GeometryConfig(n_bootstrap=...) and recall and rho0 in GeometryConfig.bootstrap_fields"
         )
-    x, y = _pairs(result.per_head("recall").double(), result.per_head("rho0").double())
+    x, y = _pairs(result.per_head(RECALL).double(), result.per_head(RHO0).double())
     ones = torch.ones_like(x)
     pearson, spearman = correlations(x, y, ones)
     n_pairs = (~(x.isnan() | y.isnan())).double().sum(-1)
@@ -158,7 +161,7 @@ def sink_recall_correlation(
     used = kept if n_bootstrap != 0 and result.n_documents >= 2 else 0  # one document: nothing to resample
     if used:
         corrected = _disattenuated(result, x, y, pearson, confidence)
-        recall, rho0 = result.replicates("recall").double(), result.replicates("rho0").double()
+        recall, rho0 = result.replicates(RECALL).double(), result.replicates(RHO0).double()
         chunk = max(1, _CHUNK_ELEMENTS // max(1, n * x.shape[-1]))
         boot = [
             torch.stack(correlations(*_pairs(r, h), torch.ones(len(r), n, x.shape[-1], dtype=torch.float64)))
@@ -191,7 +194,7 @@ def _disattenuated(
     confidence: float,
 ) -> Float[Tensor, "3 n"]:
     """The disattenuated correlation at every N and its bounds (the module docstring says how)."""
-    rx, ry = _pairs(result.replicates("recall").double(), result.replicates("rho0").double())  # [replicate, n, pair]
+    rx, ry = _pairs(result.replicates(RECALL).double(), result.replicates(RHO0).double())  # [replicate, n, pair]
     corrected = disattenuated_correlation(x, y, rx, ry, result.n_documents)
     deviations = replicate_z(corrected.replicates) - fisher_z(pearson)  # around the bootstrap world's truth
     tail = (1 - confidence) / 2
@@ -200,5 +203,5 @@ def _disattenuated(
     return torch.stack([corrected.value, torch.tanh(z - q[1]), torch.tanh(z - q[0])])
 
 
-def _replicates_kept(result: GeometryResult, name: str) -> int:
-    return result.stats[name].n_replicates
+def _replicates_kept(result: GeometryResult, field: FieldSpec) -> int:
+    return result.stats[field.name].n_replicates

@@ -8,8 +8,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_geometry.diagnostics.selection import ATTENTION_MASS
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
+from tl_geometry.results.table import FieldName, field_name
 
 
 def n_index(result: GeometryResult, n: int) -> int:
@@ -24,18 +26,18 @@ def n_index(result: GeometryResult, n: int) -> int:
     return int(matches[0, 0])
 
 
-def mean_over_heads(result: GeometryResult, name: str) -> Float[Tensor, " n"]:
+def mean_over_heads(result: GeometryResult, name: FieldName) -> Float[Tensor, " n"]:
     """The global mean of a ``[layer, head_index, n]`` field over layers and heads (NaN skipped)."""
     return torch.nanmean(result.per_head(name).flatten(0, 1), dim=0)
 
 
-def spread_over_heads(result: GeometryResult, name: str, q: float = 0.25) -> tuple[Tensor, Tensor]:
+def spread_over_heads(result: GeometryResult, name: FieldName, q: float = 0.25) -> tuple[Tensor, Tensor]:
     """Lower and upper ``q`` quantiles of a ``[layer, head_index, n]`` field across layers and heads."""
     flat = result.per_head(name).flatten(0, 1)
     return torch.nanquantile(flat, q, dim=0), torch.nanquantile(flat, 1 - q, dim=0)
 
 
-def at_n(result: GeometryResult, name: str, n: int) -> Float[Tensor, "layer head_index"]:
+def at_n(result: GeometryResult, name: FieldName, n: int) -> Float[Tensor, "layer head_index"]:
     """A ``[layer, head_index, n]`` field at one selection size N."""
     return result.per_head(name)[..., n_index(result, n)]
 
@@ -61,12 +63,12 @@ def effective_n(result: GeometryResult, mass: float = EFFECTIVE_MASS) -> Float[T
     """
     if isinstance(mass, bool) or not isinstance(mass, (int, float)) or not 0 < mass <= 1:
         raise GeometryError(f"mass: expected a share of the attention in (0, 1], e.g. 0.9, got {mass!r}")
-    if "attention_mass" not in result.fields:
+    if ATTENTION_MASS.name not in result.fields:
         raise GeometryError(
             "result: no field 'attention_mass' (results saved by older versions lack it); analyse the text again "
             "to get each head's effective N"
         )
-    covered = result.per_head("attention_mass") >= mass - 1e-6  # float32 sums of weights that add up to 1
+    covered = result.per_head(ATTENTION_MASS) >= mass - 1e-6  # float32 sums of weights that add up to 1
     grid = result.n_grid.to(torch.float64)
     first = torch.where(covered, grid, torch.full((), float("inf"), dtype=torch.float64)).amin(-1)
     return first.masked_fill(torch.isinf(first), float("nan"))
@@ -79,7 +81,7 @@ def at_each_head(values: Float[Tensor, "layer head_index n"], grid: Tensor, n: F
     return picked.masked_fill(torch.isnan(n), float("nan"))
 
 
-def by_query_position(result: GeometryResult, name: str) -> tuple[list[int], Float[Tensor, "layer head_index position n"]]:
+def by_query_position(result: GeometryResult, name: FieldName) -> tuple[list[int], Float[Tensor, "layer head_index position n"]]:
     """A per-query field of a ``keep_queries=True`` run, averaged over documents at each query position.
 
     Positions count from each sequence's first real token (as
@@ -92,6 +94,7 @@ def by_query_position(result: GeometryResult, name: str) -> tuple[list[int], Flo
     Raises:
         GeometryError: the result keeps no per-query rows of ``name``.
     """
+    name = field_name(name)
     if result.queries is None or result.query_positions is None or name not in result.queries:
         raise GeometryError(
             f"result: keeps no per-query rows of {name!r}; analyse with keep_queries=True (and query_positions='all' "

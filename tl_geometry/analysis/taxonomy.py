@@ -64,9 +64,24 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from tl_geometry.diagnostics.taxonomy import ROLE_FEATURES, TAXONOMY_FEATURES
+from tl_geometry.diagnostics.selection import PRECISION, RECALL, S_NORM
+from tl_geometry.diagnostics.taxonomy import (
+    ALIGN_SELF_EXCESS,
+    CONTRIBUTION_BY_POSITION,
+    REST_EFFECTIVE_SHARE,
+    ROLE_FEATURES,
+    SHARE_REST,
+    SHARE_SELF,
+    SHARE_SINK,
+    SHIFT_SELF,
+    SHIFT_SINK,
+    TAXONOMY_FEATURES,
+    TOP_REST_LAG_SHARE,
+    TOP_REST_SHARE,
+)
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
+from tl_geometry.results.table import FieldName, field_name
 
 Role = Literal["retriever", "mixer", "reset", "content"]
 """A head role: the paper's three regimes and Content (a specific earlier token)."""
@@ -161,16 +176,16 @@ def role_of(
     >>> ROLES[int(role_of(f, {k: one(0.1) for k in f}, TaxonomyConfig()))]
     'retriever'
     """
-    sink = features["share_sink"].double().nan_to_num(-math.inf)  # no visible sink: it cannot dominate
-    own, rest = features["share_self"].double(), features["share_rest"].double()
-    z = {name: features[name].double() / se[name].double() for name in ("align_self_excess", "shift_self", "shift_sink")}
+    sink = features[SHARE_SINK.name].double().nan_to_num(-math.inf)  # no visible sink: it cannot dominate
+    own, rest = features[SHARE_SELF.name].double(), features[SHARE_REST.name].double()
+    z = {spec: features[spec.name].double() / se[spec.name].double() for spec in (ALIGN_SELF_EXCESS, SHIFT_SELF, SHIFT_SINK)}
     between = (own > torch.minimum(sink, rest)) & (own < torch.maximum(sink, rest))
-    rising = (z["shift_self"] > config.z_shift) & (features["shift_self"].double() >= config.shift_min)
-    falling = (z["shift_sink"] < -config.z_shift) & (features["shift_sink"].double() <= -config.shift_min)
+    rising = (z[SHIFT_SELF] > config.z_shift) & (features[SHIFT_SELF.name].double() >= config.shift_min)
+    falling = (z[SHIFT_SINK] < -config.z_shift) & (features[SHIFT_SINK.name].double() <= -config.shift_min)
     mixer = between & rising & falling
-    aligned = (z["align_self_excess"] > config.z_align) & (features["align_self_excess"].double() >= config.align_min)
+    aligned = (z[ALIGN_SELF_EXCESS] > config.z_align) & (features[ALIGN_SELF_EXCESS.name].double() >= config.align_min)
     retriever = (own >= sink) & (own >= rest) & aligned
-    concentrated = features["top_rest_share"].double() >= config.concentrated
+    concentrated = features[TOP_REST_SHARE.name].double() >= config.concentrated
     content = (rest > sink) & concentrated
     role = torch.where(content, CONTENT, RESET)
     role = torch.where(retriever, RETRIEVER, role)
@@ -290,9 +305,9 @@ class HeadTaxonomy:
             sub = self.subtype_text(layer, head)
             head_line = f"{layer}.{head}: {label}" + (f" ({sub})" if sub else "")
         return (
-            f"{head_line}; probabilities {odds}; shares of the output: sink {f['share_sink']:.2f}, own token "
-            f"{f['share_self']:.2f}, rest {f['share_rest']:.2f} (effective share of rest keys "
-            f"{f['rest_effective_share']:.3f}); alignment with v_L over chance {f['align_self_excess']:+.3f}"
+            f"{head_line}; probabilities {odds}; shares of the output: sink {f[SHARE_SINK.name]:.2f}, own token "
+            f"{f[SHARE_SELF.name]:.2f}, rest {f[SHARE_REST.name]:.2f} (effective share of rest keys "
+            f"{f[REST_EFFECTIVE_SHARE.name]:.3f}); alignment with v_L over chance {f[ALIGN_SELF_EXCESS.name]:+.3f}"
         )
 
     def table(self) -> list[dict[str, Any]]:
@@ -307,14 +322,16 @@ class HeadTaxonomy:
                 rows.append(row)
         return rows
 
-    def curves_by_regime(self, name: str = "precision") -> Float[Tensor, "5 n"]:
+    def curves_by_regime(self, name: FieldName = PRECISION) -> Float[Tensor, "5 n"]:
         """Mean curve over the heads of each label (Figure 11), NaN for an empty one.
 
         Args:
             name: ``"precision"``, ``"recall"`` or a curve feature of ``features``.
         """
-        if name in ("precision", "recall"):
-            curve = getattr(self, name)
+        name = field_name(name)
+        measured = {PRECISION.name: self.precision, RECALL.name: self.recall}
+        if name in measured:
+            curve = measured[name]
         elif name in self.features and self.features[name].ndim == 3:
             curve = self.features[name]
         else:
@@ -340,11 +357,11 @@ class HeadTaxonomy:
         """||alpha_i v_i|| by key position of each label's example head (Figure 10), None if it is empty."""
         out: dict[str, Tensor | None] = {}
         for regime, where in self.example_heads().items():
-            if where is None or "contribution_by_position" not in self.features:
+            if where is None or CONTRIBUTION_BY_POSITION.name not in self.features:
                 out[regime] = None
             else:
                 layer, head = self.layers.index(where[0]), self.heads.index(where[1])
-                out[regime] = self.features["contribution_by_position"][layer, head]
+                out[regime] = self.features[CONTRIBUTION_BY_POSITION.name][layer, head]
         return out
 
 
@@ -385,7 +402,7 @@ def replicate_roles(result: GeometryResult, config: TaxonomyConfig | None = None
 
 def _probabilities(result: GeometryResult, config: TaxonomyConfig) -> Tensor:
     """Each role's share of the replicates whose feature means are defined; NaN without replicates."""
-    layer_head = result.per_head("share_self").shape
+    layer_head = result.per_head(SHARE_SELF).shape
     if not all(result.has_replicates(name) for name in ROLE_FEATURES):
         return torch.full((*layer_head, len(ROLES)), math.nan, dtype=torch.float64)
     roles = replicate_roles(result, config)
@@ -399,7 +416,7 @@ def taxonomy_from_result(result: GeometryResult, config: TaxonomyConfig | None =
     if not isinstance(config, TaxonomyConfig):
         raise GeometryError(f"config: expected a TaxonomyConfig or None, got {type(config).__name__}")
     _require_roles(result)
-    features = {name: result.per_head(name) for name in (*TAXONOMY_FEATURES, "s_norm") if name in result.fields}
+    features = {name: result.per_head(name) for name in (*TAXONOMY_FEATURES, S_NORM.name) if name in result.fields}
     se = _standard_errors(result)
     point = role_of(features, se, config)
     probabilities = _probabilities(result, config)
@@ -408,7 +425,7 @@ def taxonomy_from_result(result: GeometryResult, config: TaxonomyConfig | None =
         runner_up, gap = torch.zeros_like(point), torch.full(point.shape, math.nan, dtype=torch.float64)
     else:
         labels, runner_up, gap = labels_from_probabilities(probabilities, config.margin)
-    lags = features.get("top_rest_lag_share")
+    lags = features.get(TOP_REST_LAG_SHARE.name)
     if lags is None:
         top_lag = torch.full(point.shape, -1)
         top_lag_share = torch.full(point.shape, math.nan, dtype=torch.float64)
@@ -418,7 +435,7 @@ def taxonomy_from_result(result: GeometryResult, config: TaxonomyConfig | None =
     return HeadTaxonomy(
         labels=labels, point=point, probabilities=probabilities, runner_up=runner_up, margin=gap,
         top_lag=top_lag, top_lag_share=top_lag_share, features=features, se=se,
-        precision=result.per_head("precision"), recall=result.per_head("recall"), n_grid=result.n_grid,
+        precision=result.per_head(PRECISION), recall=result.per_head(RECALL), n_grid=result.n_grid,
         layers=tuple(result.layers), heads=tuple(result.heads), config=config,
     )  # fmt: skip
 

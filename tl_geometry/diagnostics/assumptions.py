@@ -260,6 +260,8 @@ PROFILE_FIT = tuple(
     for f in dataclasses.fields(ProfileFit)
 )
 """The fitted profile's parameters, one field each (``profile_p_sink``, ...), in `ProfileFit`'s order."""
+(PROFILE_P_SINK, PROFILE_P_BASE, PROFILE_ETA, PROFILE_OMEGA, PROFILE_T1, PROFILE_T2, PROFILE_ERROR, PROFILE_HAS_PLATEAU,
+ PROFILE_HAS_OSCILLATION, PROFILE_HAS_RECENCY) = PROFILE_FIT
 
 
 class AssumptionDiagnostic(Diagnostic):

@@ -8,12 +8,13 @@ per sequence they are the nanmean over its analysed queries, like the metrics.
 
 import math
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import Any, NamedTuple, get_args
 
 from torch import Tensor
 
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.registry import Diagnostic
+from tl_geometry.diagnostics.selection import F_RMAX, F_RMIN, PRECISION, RECALL
 from tl_geometry.engine.context import SelectionChunk
 from tl_geometry.errors import GeometryError
 from tl_geometry.theory.bounds import DEFAULT_KAPPA, MARGINS_COST, SelectionMargins, Variant, chunk_margins, envelopes
@@ -63,18 +64,32 @@ class BoundSettings:
             )
 
 
-def _envelope(metric: str, side: str) -> FieldSpec:
-    return FieldSpec(f"bound_{metric}_{side}",
-                     f"{side} envelope of E[{metric}] (Theorems 1-2, Corollary 1; settings['bounds'].variant)", ("n",))
+def _envelope(metric: FieldSpec, side: str) -> FieldSpec:
+    return FieldSpec(f"bound_{metric.name}_{side}",
+                     f"{side} envelope of E[{metric.name}] (Theorems 1-2, Corollary 1; settings['bounds'].variant)",
+                     ("n",))
+
+
+class Envelope(NamedTuple):
+    """A metric's two envelope fields."""
+
+    lower: FieldSpec
+    upper: FieldSpec
 
 
 # The declarations, by name: ``result.per_head(BOUND_RECALL_LOWER)`` reads ``result.per_head("bound_recall_lower")``.
-BOUND_PRECISION_LOWER, BOUND_PRECISION_UPPER = _envelope("precision", "lower"), _envelope("precision", "upper")
-BOUND_RECALL_LOWER, BOUND_RECALL_UPPER = _envelope("recall", "lower"), _envelope("recall", "upper")
-BOUND_F_RMIN_LOWER, BOUND_F_RMIN_UPPER = _envelope("f_rmin", "lower"), _envelope("f_rmin", "upper")
-BOUND_F_RMAX_LOWER, BOUND_F_RMAX_UPPER = _envelope("f_rmax", "lower"), _envelope("f_rmax", "upper")
-ENVELOPES = (BOUND_PRECISION_LOWER, BOUND_PRECISION_UPPER, BOUND_RECALL_LOWER, BOUND_RECALL_UPPER,
-             BOUND_F_RMIN_LOWER, BOUND_F_RMIN_UPPER, BOUND_F_RMAX_LOWER, BOUND_F_RMAX_UPPER)
+BOUND_PRECISION_LOWER, BOUND_PRECISION_UPPER = _envelope(PRECISION, "lower"), _envelope(PRECISION, "upper")
+BOUND_RECALL_LOWER, BOUND_RECALL_UPPER = _envelope(RECALL, "lower"), _envelope(RECALL, "upper")
+BOUND_F_RMIN_LOWER, BOUND_F_RMIN_UPPER = _envelope(F_RMIN, "lower"), _envelope(F_RMIN, "upper")
+BOUND_F_RMAX_LOWER, BOUND_F_RMAX_UPPER = _envelope(F_RMAX, "lower"), _envelope(F_RMAX, "upper")
+# Each metric's envelopes by the metric's declaration: ``ENVELOPE_OF[RECALL].upper`` is BOUND_RECALL_UPPER.
+ENVELOPE_OF = {
+    PRECISION: Envelope(BOUND_PRECISION_LOWER, BOUND_PRECISION_UPPER),
+    RECALL: Envelope(BOUND_RECALL_LOWER, BOUND_RECALL_UPPER),
+    F_RMIN: Envelope(BOUND_F_RMIN_LOWER, BOUND_F_RMIN_UPPER),
+    F_RMAX: Envelope(BOUND_F_RMAX_LOWER, BOUND_F_RMAX_UPPER),
+}
+ENVELOPES = tuple(spec for envelope in ENVELOPE_OF.values() for spec in envelope)
 # The margins are read as means (to redraw the envelopes); their spread over documents is not kept.
 MARGINS = tuple(FieldSpec(f"margin_{name}", doc, ("n",), documents="mean") for name, doc in _MARGINS.items())
 MARGIN_N_KEYS = FieldSpec("margin_n_keys", "L: the keys the query sees, the sink included")

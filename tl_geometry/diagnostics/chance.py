@@ -31,6 +31,7 @@ from torch import Tensor
 from tl_geometry._hashing import MASK32, hash32
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.registry import Diagnostic
+from tl_geometry.diagnostics.selection import PRECISION, RECALL
 from tl_geometry.engine.context import COSINE_EPS, RowCost, SelectionChunk
 from tl_geometry.engine.metrics import ball_counts
 from tl_geometry.errors import GeometryError
@@ -127,6 +128,9 @@ CHANCE_RECALL = FieldSpec("chance_recall", "mean Recall of random top-N sets (ne
 # Intervals on request (bootstrap_fields): replicates of two more N curves would double a result file.
 EXCESS_PRECISION = FieldSpec("excess_precision", "Precision minus chance_precision, per row", ("n",))
 EXCESS_RECALL = FieldSpec("excess_recall", "Recall minus chance_recall, per row", ("n",))
+# Each metric's chance level and excess over it, by the metric's declaration (``CHANCE_OF[RECALL]``).
+CHANCE_OF = {PRECISION: CHANCE_PRECISION, RECALL: CHANCE_RECALL}
+EXCESS_OF = {PRECISION: EXCESS_PRECISION, RECALL: EXCESS_RECALL}
 
 
 class ChanceDiagnostic(Diagnostic):

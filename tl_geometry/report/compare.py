@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from tl_geometry.analysis.claims import SPECS, Claim, claim_list, claims_table
+from tl_geometry.diagnostics.assumptions import DECAY_MAE, SINK_NORM_RATIO, VALUE_NORM_CV
+from tl_geometry.diagnostics.selection import PRECISION, RECALL
 from tl_geometry.errors import GeometryError
 from tl_geometry.report.scorecard import VERDICT_COLOURS
 from tl_geometry.results.files import commit_unit
@@ -24,9 +26,9 @@ from tl_geometry.results.result import GeometryResult
 
 COLOURS = ("#0072B2", "#D55E00")  # result A, result B (Okabe-Ito)
 HISTOGRAMS = {  # claim -> the per-head evidence drawn as a histogram, and its axis title
-    "stable_norms": ("value_norm_cv", "CV of the non-sink value norms, per head"),
-    "compressed_sink": ("sink_norm_ratio", "lambda = ||v_0|| / median ||v_i>0||, per head"),
-    "exponential_decay": ("decay_mae", "MAE of the exponential cosine fit, per head"),
+    "stable_norms": (VALUE_NORM_CV, "CV of the non-sink value norms, per head"),
+    "compressed_sink": (SINK_NORM_RATIO, "lambda = ||v_0|| / median ||v_i>0||, per head"),
+    "exponential_decay": (DECAY_MAE, "MAE of the exponential cosine fit, per head"),
 }
 
 
@@ -41,8 +43,8 @@ def _histogram(key: str, pair: list[tuple[str, Claim]]) -> Any:
     field, title = HISTOGRAMS[key]
     fig = go.Figure()
     for (name, claim), colour in zip(pair, COLOURS):
-        if field in claim.evidence:
-            values = claim.evidence[field][1]
+        if field.name in claim.evidence:
+            values = claim.evidence[field.name][1]
             fig.add_trace(go.Histogram(x=values[~values.isnan()].tolist(), name=_label(claim, name),
                                        marker_color=colour, opacity=0.6, histnorm="percent"))
     fig.update_layout(barmode="overlay", xaxis_title=title, yaxis_title="% of heads")
@@ -65,7 +67,7 @@ def _curves(key: str, pair: list[tuple[str, Claim]], names: tuple[str, ...], das
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    metrics = [m for m in ("precision", "recall") if any(k.startswith(m) for _, c in pair for k in c.evidence)]
+    metrics = [m.name for m in (PRECISION, RECALL) if any(k.startswith(m.name) for _, c in pair for k in c.evidence)]
     metrics = metrics or ["pearson"]
     fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=metrics)
     for col, metric in enumerate(metrics, start=1):

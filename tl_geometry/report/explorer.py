@@ -20,17 +20,35 @@ from torch import Tensor
 
 from tl_geometry.analysis.summaries import EFFECTIVE_MASS, at_each_head, by_query_position, effective_n
 from tl_geometry.analysis.taxonomy import NAMED, REGIMES, ROLES, HeadTaxonomy
+from tl_geometry.diagnostics.assumptions import ATTENTION_PROFILE
+from tl_geometry.diagnostics.bounds import (
+    BOUND_PRECISION_LOWER,
+    BOUND_PRECISION_UPPER,
+    BOUND_RECALL_LOWER,
+    BOUND_RECALL_UPPER,
+)
+from tl_geometry.diagnostics.chance import (
+    CHANCE_PRECISION,
+    CHANCE_PRECISION_FLOOR,
+    CHANCE_RECALL,
+    EXCESS_PRECISION,
+    EXCESS_RECALL,
+)
+from tl_geometry.diagnostics.selection import ATTENTION_MASS, PRECISION, RECALL
+from tl_geometry.diagnostics.taxonomy import CONTRIBUTION_BY_POSITION, COS_LAST_BY_POSITION
 from tl_geometry.results.result import GeometryResult
 
 HEATMAPS = ("heatmap-precision", "heatmap-recall")
 """The report's figures that the N slider drives and whose cells select a head."""
 # Curves against N the panel draws when the result has them.
 CURVES = (
-    "precision", "recall", "chance_precision", "chance_recall", "chance_precision_floor",
-    "bound_precision_upper", "bound_precision_lower", "bound_recall_upper", "bound_recall_lower",
+    PRECISION, RECALL, CHANCE_PRECISION, CHANCE_RECALL, CHANCE_PRECISION_FLOOR,
+    BOUND_PRECISION_UPPER, BOUND_PRECISION_LOWER, BOUND_RECALL_UPPER, BOUND_RECALL_LOWER,
 )  # fmt: skip
 # Per-position views of each sequence's last analysed query (mean over documents), and their diagnostic.
-ROWS = {"attention_profile": "assumptions", "contribution_by_position": "taxonomy", "cos_last_by_position": "taxonomy"}
+ROWS = {ATTENTION_PROFILE: "assumptions", CONTRIBUTION_BY_POSITION: "taxonomy", COS_LAST_BY_POSITION: "taxonomy"}
+# The per-head table's columns, each read at the head's effective N.
+AT_EFFECTIVE_N = (PRECISION, RECALL, EXCESS_PRECISION, EXCESS_RECALL, CHANCE_PRECISION, CHANCE_RECALL)
 DIGITS = 4
 # Packed arrays: code 0 is NaN, 1 is zero on a log scale, 2..65535 spread evenly over [lo, hi] (of log10 x if log).
 LOG_RANGE = (-12.0, 4.0)  # attention weights and contributions below 1e-12 show as 1e-12
@@ -109,34 +127,35 @@ def explorer_data(result: GeometryResult, taxonomy: HeadTaxonomy | None = None) 
     """
     fields = result.fields
     notes: dict[str, str] = {}
-    curves = {name: _nested(result.per_head(name)) for name in CURVES if name in fields}
-    for metric in ("precision", "recall"):
+    curves = {spec.name: _nested(result.per_head(spec)) for spec in CURVES if spec.name in fields}
+    for metric in (PRECISION, RECALL):
         if result.has_replicates(metric):
             low, high = result.ci(metric)
-            curves[f"{metric}_low"], curves[f"{metric}_high"] = _nested(low), _nested(high)
-    if "chance_precision" not in fields:
+            curves[f"{metric.name}_low"], curves[f"{metric.name}_high"] = _nested(low), _nested(high)
+    if CHANCE_PRECISION.name not in fields:
         notes["chance"] = "No chance levels: " + _note("chance") + "."
-    if "bound_precision_upper" not in fields:
+    if BOUND_PRECISION_UPPER.name not in fields:
         notes["bounds"] = "No envelopes: " + _note("bounds") + " (Euclidean distance only)."
     rows = {}
-    for name in ROWS:
-        if name in fields:
-            values = _trim_positions(result.per_head(name))
-            rows[name] = pack(values, -1.0, 1.0) if name == "cos_last_by_position" else pack(values, *LOG_RANGE, log=True)
-    if "attention_profile" not in fields:
+    for spec in ROWS:
+        if spec.name in fields:
+            values = _trim_positions(result.per_head(spec))
+            cosine = spec == COS_LAST_BY_POSITION
+            rows[spec.name] = pack(values, -1.0, 1.0) if cosine else pack(values, *LOG_RANGE, log=True)
+    if ATTENTION_PROFILE.name not in fields:
         notes["attention"] = "No attention row: it " + _note("assumptions") + "."
-    if "contribution_by_position" not in fields:
+    if CONTRIBUTION_BY_POSITION.name not in fields:
         notes["contributions"] = "No contributions by position: they " + _note("taxonomy") + "."
 
     shape = (len(result.layers), len(result.heads))
     nan = torch.full(shape, math.nan, dtype=torch.float64)
     table: dict[str, Any] = {}
-    if "attention_mass" in fields:
+    if ATTENTION_MASS.name in fields:
         eff = effective_n(result)
         table["effective_n"] = _nested(eff)
-        for name in ("precision", "recall", "excess_precision", "excess_recall", "chance_precision", "chance_recall"):
-            values = at_each_head(result.per_head(name), result.n_grid, eff) if name in fields else nan
-            table[f"{name}_at_effective_n"] = _nested(values)
+        for spec in AT_EFFECTIVE_N:
+            values = at_each_head(result.per_head(spec), result.n_grid, eff) if spec.name in fields else nan
+            table[f"{spec.name}_at_effective_n"] = _nested(values)
     else:
         notes["effective_n"] = ("No effective N: this result has no field 'attention_mass' (saved by an older "
                                 "version); analyse again to record it.")
@@ -153,16 +172,16 @@ def explorer_data(result: GeometryResult, taxonomy: HeadTaxonomy | None = None) 
         notes["regime"] = "No regime: it " + _note("taxonomy") + "."
 
     queries = None
-    if result.queries is not None and "precision" in result.queries:
-        positions, precision = by_query_position(result, "precision")
-        _, recall = by_query_position(result, "recall")
+    if result.queries is not None and PRECISION.name in result.queries:
+        positions, precision = by_query_position(result, PRECISION)
+        _, recall = by_query_position(result, RECALL)
         if len(positions) > 1:
             per_n = 2 * precision[..., 0].numel()
             room = max(1, min(len(result.n_grid), QUERY_BUDGET // per_n))
             start = default_n_index(result)  # the N the page opens at, then its neighbours on the grid
             kept = sorted(sorted(range(len(result.n_grid)), key=lambda k: (abs(k - start), k))[:room])
-            queries = {"positions": positions, "n_index": kept,
-                       "precision": pack(precision[..., kept], 0.0, 1.0), "recall": pack(recall[..., kept], 0.0, 1.0)}
+            queries = {"positions": positions, "n_index": kept, PRECISION.name: pack(precision[..., kept], 0.0, 1.0),
+                       RECALL.name: pack(recall[..., kept], 0.0, 1.0)}
             if room < len(result.n_grid):
                 notes["queries"] = (f"P and R by query position are kept for N in {result.n_grid[kept].tolist()} only "
                                     "(the page stays small); analyse fewer positions or heads to see every N.")

@@ -25,6 +25,7 @@ from tl_geometry.report.roles import roles_html
 from tl_geometry.report.scorecard import scorecard_html
 from tl_geometry.errors import GeometryError
 from tl_geometry.diagnostics.registry import REGISTRY
+from tl_geometry.diagnostics.selection import ATTENTION_MASS, PRECISION, RECALL
 from tl_geometry.results import fileformat
 from tl_geometry.results.files import Unit, commit_unit
 from tl_geometry.results.result import GeometryResult
@@ -119,14 +120,14 @@ FIGURES: tuple[Figure, ...] = (
         "Precision per layer and head",
         "Each cell is one head's Precision(r_max) at a small N: how few non-selected tokens fall inside the "
         "ball around s(N) that holds the selected ones. Bright cells are heads that separate their top keys well.",
-        lambda result, taxonomy: plots.metric_heatmap(result, "precision", _small_n(result), _names(taxonomy)),
+        lambda result, taxonomy: plots.metric_heatmap(result, PRECISION, _small_n(result), _names(taxonomy)),
     ),
     Figure(
         "heatmap-recall",
         "Recall per layer and head",
         "Each cell is one head's Recall(r_min) at a small N: the share of selected tokens closer to s(N) than "
         "any non-selected one.",
-        lambda result, taxonomy: plots.metric_heatmap(result, "recall", _small_n(result), _names(taxonomy)),
+        lambda result, taxonomy: plots.metric_heatmap(result, RECALL, _small_n(result), _names(taxonomy)),
     ),
     Figure(
         "figure-6",
@@ -189,7 +190,7 @@ def summary_rows(
     result: GeometryResult, details: Mapping[str, str], taxonomy: HeadTaxonomy | None = None
 ) -> list[tuple[str, str]]:
     """The summary table: model, text, settings, versions and key figures."""
-    precision, recall = mean_over_heads(result, "precision"), mean_over_heads(result, "recall")
+    precision, recall = mean_over_heads(result, PRECISION), mean_over_heads(result, RECALL)
     grid = result.n_grid.tolist()
     small = [i for i, n in enumerate(grid) if n <= 4]
     config = result.config
@@ -269,7 +270,7 @@ def picture_figures(result: GeometryResult) -> list[tuple[Figure, go.Figure]]:
     largest such N the picture has.
     """
     out = []
-    effective = effective_n(result) if "attention_mass" in result.fields else None
+    effective = effective_n(result) if ATTENTION_MASS.name in result.fields else None
     for picture in result.pictures:
         offered = [n for n in picture.n_grid.tolist() if n <= min(16, picture.n_keys)]
         n = math.nan if effective is None else float(

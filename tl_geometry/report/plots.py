@@ -16,9 +16,30 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from tl_geometry.errors import GeometryError
+from tl_geometry.diagnostics.assumptions import (
+    ATTENTION_PROFILE,
+    COSINE_BY_LAG,
+    DECAY_BETA,
+    DECAY_MAE,
+    VALUE_NORM_BY_POSITION,
+    VALUE_NORM_CV,
+)
+from tl_geometry.diagnostics.bounds import ENVELOPE_OF, Envelope
+from tl_geometry.diagnostics.chance import CHANCE_OF, CHANCE_PRECISION_FLOOR
+from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.profile_fit import ProfileFit
+from tl_geometry.diagnostics.selection import PRECISION, RECALL, S_NORM
+from tl_geometry.diagnostics.taxonomy import (
+    CONTRIBUTION_BY_POSITION,
+    COS_LAST_BY_POSITION,
+    EXCESS_COS_SELF,
+    EXCESS_COS_SINK,
+    S_NORM_WITHOUT_LAST,
+    S_NORM_WITHOUT_SINK,
+)
 from tl_geometry.results.pictures import SelectionPicture
 from tl_geometry.results.result import GeometryResult
+from tl_geometry.results.table import FieldName, field_name
 from tl_geometry.analysis.sink import SinkRecallCorrelation
 from tl_geometry.theory.synthetic import Toy2D
 from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy
@@ -44,6 +65,11 @@ def _style(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
     return fig
 
 
+def _sides(envelope: Envelope) -> tuple[tuple[FieldSpec, str, str, str], ...]:
+    """Each envelope field with its side, dash and colour: upper dotted, lower dashed (as the paper draws them)."""
+    return (envelope.upper, "upper", "dot", ORANGE), (envelope.lower, "lower", "dash", GREEN)
+
+
 def _n_axes(fig: go.Figure, grid: Sequence[int], **where: int) -> None:
     """Log N axes spanning exactly the grid (plotly's autorange pads a log axis below N = 1)."""
     low, high = math.log10(min(grid)), math.log10(max(grid))
@@ -52,7 +78,7 @@ def _n_axes(fig: go.Figure, grid: Sequence[int], **where: int) -> None:
 
 
 def metric_heatmap(
-    result: GeometryResult, metric: str = "precision", n: int = 4, regimes: Sequence[Sequence[str]] | None = None
+    result: GeometryResult, metric: FieldName = PRECISION, n: int = 4, regimes: Sequence[Sequence[str]] | None = None
 ) -> go.Figure:
     """Any ``[layer, head_index, n]`` metric at one N, layers down and heads across.
 
@@ -67,6 +93,7 @@ def metric_heatmap(
         A heatmap whose hover shows layer, head, value and regime.
     """
     values = at_n(result, metric, n)
+    metric = field_name(metric)
     hover = [[f"regime: {regimes[i][j]}" if regimes is not None else "" for j in range(values.shape[1])]
              for i in range(values.shape[0])]
     fig = go.Figure(
@@ -97,7 +124,7 @@ def precision_recall_vs_n(result: GeometryResult) -> go.Figure:
     """
     grid = result.n_grid.tolist()
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Precision P(r_max, N)", "Recall R(r_min, N)"))
-    for col, (metric, bound) in enumerate((("precision", "bound_precision"), ("recall", "bound_recall")), start=1):
+    for col, metric in enumerate((PRECISION, RECALL), start=1):
         low, high = spread_over_heads(result, metric)
         fig.add_trace(go.Scatter(x=grid, y=high.tolist(), mode="lines", line={"width": 0}, showlegend=False, hoverinfo="skip"),
                       row=1, col=col)
@@ -112,25 +139,27 @@ def precision_recall_vs_n(result: GeometryResult) -> go.Figure:
             row=1, col=col,
         )
         _add_chance(fig, result, metric, grid, col, col == 1)
-        if f"{bound}_upper" in result.fields:
-            for side, dash, colour in (("upper", "dot", ORANGE), ("lower", "dash", GREEN)):
+        if ENVELOPE_OF[metric].upper.name in result.fields:
+            for bound, side, dash, colour in _sides(ENVELOPE_OF[metric]):
                 fig.add_trace(
-                    go.Scatter(x=grid, y=mean_over_heads(result, f"{bound}_{side}").tolist(), mode="lines",
+                    go.Scatter(x=grid, y=mean_over_heads(result, bound).tolist(), mode="lines",
                                line={"color": colour, "dash": dash}, name=f"theoretical {side} envelope",
                                showlegend=col == 1),
                     row=1, col=col,
                 )
         _n_axes(fig, grid, row=1, col=col)
         fig.update_xaxes(title="N (selected keys)", row=1, col=col)
-        fig.update_yaxes(range=[0, 1.05], title=metric, row=1, col=col)
+        fig.update_yaxes(range=[0, 1.05], title=metric.name, row=1, col=col)
     return _style(fig, "Separability of top-N selection vs N (mean over layers and heads)")
 
 
-def _add_chance(fig: go.Figure, result: GeometryResult, metric: str, grid: list[int], col: int, legend: bool) -> None:
+def _add_chance(fig: go.Figure, result: GeometryResult, metric: FieldSpec, grid: list[int], col: int,
+                legend: bool) -> None:
     """The chance band of ``metric`` (random top-N sets over heads) and, for Precision, the floor N / L."""
-    if f"chance_{metric}" not in result.fields:
+    chance = CHANCE_OF[metric]
+    if chance.name not in result.fields:
         return
-    low, high = spread_over_heads(result, f"chance_{metric}")
+    low, high = spread_over_heads(result, chance)
     fig.add_trace(go.Scatter(x=grid, y=high.tolist(), mode="lines", line={"width": 0}, showlegend=False, hoverinfo="skip"),
                   row=1, col=col)
     fig.add_trace(
@@ -139,13 +168,13 @@ def _add_chance(fig: go.Figure, result: GeometryResult, metric: str, grid: list[
         row=1, col=col,
     )
     fig.add_trace(
-        go.Scatter(x=grid, y=mean_over_heads(result, f"chance_{metric}").tolist(), mode="lines",
+        go.Scatter(x=grid, y=mean_over_heads(result, chance).tolist(), mode="lines",
                    line={"color": GREY}, name="chance: random top-N sets (mean)", showlegend=legend),
         row=1, col=col,
     )
-    if metric == "precision":
+    if metric == PRECISION:
         fig.add_trace(
-            go.Scatter(x=grid, y=mean_over_heads(result, "chance_precision_floor").tolist(), mode="lines",
+            go.Scatter(x=grid, y=mean_over_heads(result, CHANCE_PRECISION_FLOOR).tolist(), mode="lines",
                        line={"color": GREY, "dash": "dot"}, name="floor N / L", showlegend=legend),
             row=1, col=col,
         )
@@ -157,7 +186,7 @@ def head_curves(result: GeometryResult, layer: int | None = None, head: int | No
     li, hi = _example(result, layer, head)
     grid = result.n_grid.tolist()
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Precision P(r_max, N)", "Recall R(r_min, N)"))
-    for col, metric in enumerate(("precision", "recall"), start=1):
+    for col, metric in enumerate((PRECISION, RECALL), start=1):
         legend = col == 1
         if result.has_replicates(metric):
             low, high = (t[li, hi] for t in result.ci(metric))
@@ -168,22 +197,22 @@ def head_curves(result: GeometryResult, layer: int | None = None, head: int | No
                                      hoverinfo="skip"), row=1, col=col)
         fig.add_trace(go.Scatter(x=grid, y=result.per_head(metric)[li, hi].tolist(), mode="lines+markers",
                                  line={"color": BLUE}, name="measured", showlegend=legend), row=1, col=col)
-        if f"chance_{metric}" in result.fields:
-            fig.add_trace(go.Scatter(x=grid, y=result.per_head(f"chance_{metric}")[li, hi].tolist(), mode="lines",
+        if CHANCE_OF[metric].name in result.fields:
+            fig.add_trace(go.Scatter(x=grid, y=result.per_head(CHANCE_OF[metric])[li, hi].tolist(), mode="lines",
                                      line={"color": GREY}, name="chance: random top-N sets", showlegend=legend),
                           row=1, col=col)
-            if metric == "precision":
-                fig.add_trace(go.Scatter(x=grid, y=result.per_head("chance_precision_floor")[li, hi].tolist(),
+            if metric == PRECISION:
+                fig.add_trace(go.Scatter(x=grid, y=result.per_head(CHANCE_PRECISION_FLOOR)[li, hi].tolist(),
                                          mode="lines", line={"color": GREY, "dash": "dot"}, name="floor N / L",
                                          showlegend=legend), row=1, col=col)
-        if f"bound_{metric}_lower" in result.fields:
-            for side, dash, colour in (("upper", "dot", ORANGE), ("lower", "dash", GREEN)):
-                fig.add_trace(go.Scatter(x=grid, y=result.per_head(f"bound_{metric}_{side}")[li, hi].tolist(),
+        if ENVELOPE_OF[metric].lower.name in result.fields:
+            for bound, side, dash, colour in _sides(ENVELOPE_OF[metric]):
+                fig.add_trace(go.Scatter(x=grid, y=result.per_head(bound)[li, hi].tolist(),
                                          mode="lines", line={"color": colour, "dash": dash},
                                          name=f"theoretical {side} envelope", showlegend=legend), row=1, col=col)
         _n_axes(fig, grid, row=1, col=col)
         fig.update_xaxes(title="N (selected keys)", row=1, col=col)
-        fig.update_yaxes(range=[0, 1.05], title=metric, row=1, col=col)
+        fig.update_yaxes(range=[0, 1.05], title=metric.name, row=1, col=col)
     return _style(fig, f"Layer {result.layers[li]}, head {result.heads[hi]}: Precision and Recall against N")
 
 
@@ -199,27 +228,27 @@ def regime_diagnostics(taxonomy: HeadTaxonomy) -> go.Figure:
                         subplot_titles=[_example_head_label(examples[r], r) for r in REGIMES] + [""] * len(REGIMES))
     grid = taxonomy.n_grid.tolist()
     lines = (
-        (1, "s_norm", "||s(N)||", "solid"),
-        (1, "s_norm_without_sink", "||s(N) without the sink||", "dashdot"),
-        (1, "s_norm_without_last", "||s(N) without the last token||", "dash"),
-        (2, "excess_cos_sink", "cos(s(N), v_0) over chance", "solid"),
-        (2, "excess_cos_self", "cos(s(N), v_L) over chance", "dash"),
+        (1, S_NORM, "||s(N)||", "solid"),
+        (1, S_NORM_WITHOUT_SINK, "||s(N) without the sink||", "dashdot"),
+        (1, S_NORM_WITHOUT_LAST, "||s(N) without the last token||", "dash"),
+        (2, EXCESS_COS_SINK, "cos(s(N), v_0) over chance", "solid"),
+        (2, EXCESS_COS_SELF, "cos(s(N), v_L) over chance", "dash"),
     )
     for col, regime in enumerate(REGIMES, start=1):
         where = examples[regime]
         if where is None:
             continue
         layer, head = taxonomy.layers.index(where[0]), taxonomy.heads.index(where[1])
-        for row, name, label, dash in lines:
+        for row, spec, label, dash in lines:
             fig.add_trace(
-                go.Scatter(x=grid, y=taxonomy.features[name][layer, head].tolist(), mode="lines", name=label,
-                           line={"color": REGIME_COLOURS[regime], "dash": dash}, showlegend=False, legendgroup=name,
+                go.Scatter(x=grid, y=taxonomy.features[spec.name][layer, head].tolist(), mode="lines", name=label,
+                           line={"color": REGIME_COLOURS[regime], "dash": dash}, showlegend=False, legendgroup=spec.name,
                            hovertemplate=label + " = %{y:.3g} at N = %{x}<extra></extra>"),
                 row=row, col=col,
             )
-    for row, name, label, dash in lines:  # the legend: one neutral entry per line style (colour = regime)
+    for row, spec, label, dash in lines:  # the legend: one neutral entry per line style (colour = regime)
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=f"{label} ({'top' if row == 1 else 'bottom'})",
-                                 line={"color": "#444", "dash": dash}, legendgroup=name), row=row, col=1)
+                                 line={"color": "#444", "dash": dash}, legendgroup=spec.name), row=row, col=1)
     _n_axes(fig, grid)
     fig.update_xaxes(title="N (selected keys)", row=2)
     fig.update_yaxes(title="norm", row=1, col=1)
@@ -252,8 +281,8 @@ def contributions_by_regime(taxonomy: HeadTaxonomy) -> go.Figure:
         if where is None:
             continue
         layer, head = taxonomy.layers.index(where[0]), taxonomy.heads.index(where[1])
-        size = taxonomy.features["contribution_by_position"][layer, head]
-        cosine = taxonomy.features["cos_last_by_position"][layer, head]
+        size = taxonomy.features[CONTRIBUTION_BY_POSITION.name][layer, head]
+        cosine = taxonomy.features[COS_LAST_BY_POSITION.name][layer, head]
         fig.add_trace(
             go.Scatter(x=list(range(len(size))), y=size.tolist(), mode="markers", name=regime, showlegend=False,
                        marker={"color": cosine.tolist(), "colorscale": "RdBu", "cmin": -1, "cmax": 1, "size": 5,
@@ -277,9 +306,9 @@ def precision_recall_by_regime(taxonomy: HeadTaxonomy, result: GeometryResult | 
     """
     grid = taxonomy.n_grid.tolist()
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Precision P(r_max, N)", "Recall R(r_min, N)"))
-    for col, metric in enumerate(("precision", "recall"), start=1):
+    for col, metric in enumerate((PRECISION, RECALL), start=1):
         curves = taxonomy.curves_by_regime(metric)
-        if result is not None and f"chance_{metric}" in result.fields:
+        if result is not None and CHANCE_OF[metric].name in result.fields:
             chance = chance_by_regime(result, taxonomy, metric)
             top, bottom = torch.nan_to_num(chance, nan=-math.inf).amax(0), torch.nan_to_num(chance, nan=math.inf).amin(0)
             fig.add_trace(go.Scatter(x=grid, y=top.tolist(), mode="lines", line={"width": 0}, showlegend=False, hoverinfo="skip"),
@@ -299,7 +328,7 @@ def precision_recall_by_regime(taxonomy: HeadTaxonomy, result: GeometryResult | 
             )
         _n_axes(fig, grid, row=1, col=col)
         fig.update_xaxes(title="N (selected keys)", row=1, col=col)
-        fig.update_yaxes(range=[0, 1.05], title=metric, row=1, col=col)
+        fig.update_yaxes(range=[0, 1.05], title=metric.name, row=1, col=col)
     return _style(fig, "Precision and Recall by head regime")
 
 
@@ -346,7 +375,7 @@ def toy_selection(toy: Toy2D) -> go.Figure:
 def value_norms(result: GeometryResult) -> go.Figure:
     """Figure 2: mean ||v_i|| by position over all layer-heads (left, log x) and the
     coefficient of variation of the non-sink norms across heads (right)."""
-    norms = result.per_head("value_norm_by_position").flatten(0, 1)  # [layer*head, pos]
+    norms = result.per_head(VALUE_NORM_BY_POSITION).flatten(0, 1)  # [layer*head, pos]
     mean, low, high = torch.nanmean(norms, 0), torch.nanquantile(norms, 0.1, 0), torch.nanquantile(norms, 0.9, 0)
     positions = list(range(norms.shape[-1]))
     fig = make_subplots(rows=1, cols=2, subplot_titles=("value-state norm by position", "CV of non-sink norms"))
@@ -355,7 +384,7 @@ def value_norms(result: GeometryResult) -> go.Figure:
                              mode="lines", line={"width": 0}, name="10-90 % of layer-heads", hoverinfo="skip"))
     fig.add_trace(go.Scatter(x=positions, y=mean.tolist(), mode="lines", line={"color": BLUE},
                              name="mean over layer-heads"))
-    cv = result.value_norm_cv.flatten()
+    cv = result.per_head(VALUE_NORM_CV).flatten()
     fig.add_trace(go.Histogram(x=cv[~torch.isnan(cv)].tolist(), marker_color=BLUE, name="heads", showlegend=False),
                   row=1, col=2)
     fig.update_xaxes(type="log", title="position i (0 = sink)", row=1, col=1)
@@ -369,9 +398,9 @@ def cosine_decay(result: GeometryResult, layer: int | None = None, head: int | N
     """Figure 3: the error of the exponential fit of cosine similarity vs lag across heads
     (left) and one head's mean cosine by lag with its fit exp(-beta lag) (right)."""
     li, hi = _example(result, layer, head)
-    mae = result.decay_mae.flatten()
-    curve = result.cosine_by_lag[li, hi]
-    beta = result.decay_beta[li, hi]
+    mae = result.per_head(DECAY_MAE).flatten()
+    curve = result.per_head(COSINE_BY_LAG)[li, hi]
+    beta = result.per_head(DECAY_BETA)[li, hi]
     lags = torch.arange(len(curve))
     shown = (lags >= 1) & ~torch.isnan(curve)
     fig = make_subplots(rows=1, cols=2, subplot_titles=(
@@ -392,7 +421,7 @@ def attention_profile(result: GeometryResult, layer: int | None = None, head: in
     """Figure 4: one head's attention weights by position for the final query (mean over
     documents, log scale) with the four-phase profile of its mean fitted parameters."""
     li, hi = _example(result, layer, head)
-    profile = result.per_head("attention_profile")[li, hi]
+    profile = result.per_head(ATTENTION_PROFILE)[li, hi]
     fit = ProfileFit(**{name: value[li, hi] for name, value in vars(result.profile_fit).items()})
     positions = torch.arange(len(profile))
     shown = ~torch.isnan(profile)

@@ -33,7 +33,7 @@ scalars, 200 replicates of Precision, Recall and rho_0) saves about 32 MB,
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.config import GeometryConfig
+from tl_geometry.diagnostics.assumptions import PROFILE_FIT
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.profile_fit import ProfileFit
 from tl_geometry.engine.metrics import METRIC_NAMES
@@ -306,13 +307,12 @@ class GeometryResult(StatisticsTable):
         the ``has_*`` flags become the fraction of documents with that phase.
         Needs a run with ``diagnostics=["assumptions"]``.
         """
-        names = [f.name for f in fields(ProfileFit)]
-        if any("profile_" + name not in self.stats for name in names):
+        if any(spec.name not in self.stats for spec in PROFILE_FIT):
             raise GeometryError(
                 "profile_fit: this result has no attention-profile fit; run run_with_geometry_hooks(..., "
                 "diagnostics=['assumptions'])"
             )
-        return ProfileFit(**{name: self.per_head("profile_" + name) for name in names})
+        return ProfileFit(*(self.per_head(spec) for spec in PROFILE_FIT))  # PROFILE_FIT is in ProfileFit's order
 
     def __getattr__(self, name: str) -> Tensor:
         # Only called when normal lookup fails: gives result.precision etc.
