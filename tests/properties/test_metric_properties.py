@@ -127,3 +127,24 @@ def test_matches_the_reference_on_arbitrary_inputs(inputs, ranking, distance):
     ref = reference_metrics(alpha, values, fast.n_grid.tolist(), mask, ranking, distance)
     for name in ("k_in", "k_out"):
         assert torch.equal(getattr(fast, name).nan_to_num(-1), ref[name].nan_to_num(-1)), name
+
+
+@given(
+    n_keys=st.integers(1, 700),
+    n_levels=st.integers(1, 6),
+    largest=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+@settings(max_examples=60, deadline=None)
+def test_extreme_with_place_is_the_first_place_of_the_extreme(n_keys, n_levels, largest, seed):
+    """The blocked search equals a plain scan: the extreme, and the first key holding it (few levels: many ties;
+    +-inf as values; key counts on both sides of whole blocks)."""
+    from tl_geometry.engine.metrics import extreme_with_place
+
+    gen = torch.Generator().manual_seed(seed)
+    levels = torch.tensor([-math.inf, math.inf, *range(n_levels)], dtype=torch.float32)
+    x = levels[torch.randint(len(levels), (3, 2, n_keys), generator=gen)]
+    value, place = extreme_with_place(x, largest)
+    for row, got_value, got_place in zip(x.reshape(-1, n_keys).tolist(), value.flatten().tolist(), place.flatten().tolist()):
+        best = max(row) if largest else min(row)
+        assert got_value == best and got_place == row.index(best)

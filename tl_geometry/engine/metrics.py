@@ -129,6 +129,38 @@ def ball_members(chunk: SelectionChunk, rows: Int[Tensor, " pick"]) -> tuple[Boo
     return near <= far_in, near < near_out
 
 
+# Keys per block of `extreme_with_place`: amax over a block is vectorised, max with its index is not.
+_PLACE_BLOCK = 128
+
+
+def extreme_with_place(x: Float[Tensor, "*batch key"], largest: bool) -> tuple[Float[Tensor, "*batch"], Int[Tensor, "*batch"]]:
+    """``x.max(-1)`` (or ``x.min(-1)``): the value and the first place holding it, several times faster.
+
+    The extreme of each block of keys comes from a vectorised ``amax``; the
+    index search then runs over the block extremes and inside the one block
+    that holds the first extreme; keys past the last whole block are compared
+    after (a tie keeps the earlier place, as ``max`` does).
+    """
+    n_blocks = x.shape[-1] // _PLACE_BLOCK
+    if n_blocks < 2:
+        found = x.max(-1) if largest else x.min(-1)
+        return found.values, found.indices
+    extreme, first = (torch.amax, torch.argmax) if largest else (torch.amin, torch.argmin)
+    whole = n_blocks * _PLACE_BLOCK
+    blocks = x[..., :whole].unflatten(-1, (n_blocks, _PLACE_BLOCK))
+    block_extremes = extreme(blocks, -1)
+    block = first(block_extremes, -1, keepdim=True)
+    value = block_extremes.gather(-1, block).squeeze(-1)
+    inside = blocks.gather(-2, block.unsqueeze(-1).expand(*block.shape, _PLACE_BLOCK)).squeeze(-2)
+    place = block.squeeze(-1) * _PLACE_BLOCK + first(inside, -1)
+    if x.shape[-1] > whole:
+        rest = x[..., whole:].max(-1) if largest else x[..., whole:].min(-1)
+        better = rest.values > value if largest else rest.values < value
+        value = torch.where(better, rest.values, value)
+        place = torch.where(better, rest.indices + whole, place)
+    return value, place
+
+
 class BallCounts(NamedTuple):
     """K_out and K_in of top-N sets, with the keys that set the two radii (see `ball_counts`)."""
 
@@ -163,9 +195,11 @@ def ball_counts(
     selected = torch.arange(near.shape[-1], device=near.device) < sizes.unsqueeze(-1)  # [n, place]: in I_N
     scratch = torch.empty_like(near) if scratch is None else scratch
     flags = torch.empty(near.shape, dtype=torch.bool, device=near.device) if flags is None else flags
-    inf = near.new_tensor(math.inf)
-    far_in, far_in_place = torch.where(selected, near, -inf, out=scratch).max(-1)
-    near_out, near_out_place = torch.where(selected, inf, near, out=scratch).min(-1)
+    # +inf on I_N, -inf off it: min(near, cap) keeps the selected keys, max(near, cap) the others (several times
+    # faster than torch.where with a mask, and a hidden key's +inf meets no -inf sum).
+    cap = torch.where(selected, math.inf, -math.inf).to(near.dtype)
+    far_in, far_in_place = extreme_with_place(torch.minimum(near, cap, out=scratch), largest=True)
+    near_out, near_out_place = extreme_with_place(torch.maximum(near, cap, out=scratch), largest=False)
     k_out = torch.le(near, far_in.unsqueeze(-1), out=flags).sum(-1, dtype=torch.int32) - sizes.to(torch.int32)
     k_in = torch.lt(near, near_out.unsqueeze(-1), out=flags).sum(-1, dtype=torch.int32)
     return BallCounts(far_in, far_in_place, near_out, near_out_place, k_out, k_in)
