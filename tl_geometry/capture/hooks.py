@@ -110,7 +110,7 @@ class _LayerAnalysis:
 
         The rows are those of `capture_positions`: the analysed queries, then the query sample's (if any).
         They are kept, and analysed together with other layers' (`analyse_kept`) once the kept layers'
-        aligned values reach the memory budget, and after the pass: a few large chunks cost less than many
+        values reach the memory budget, and after the pass: a few large chunks cost less than many
         small ones.
         """
         self._check_values(v, layer)
