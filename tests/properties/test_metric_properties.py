@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from tests.reference import reference_metrics
 from tl_geometry import selection_metrics
+from tl_geometry.engine.metrics import extreme_with_place
 
 FLOATS = st.floats(min_value=-4.0, max_value=4.0, allow_nan=False, width=64)
 # Away from zero, values keep a dynamic range the float64 reference can resolve:
@@ -139,8 +140,6 @@ def test_matches_the_reference_on_arbitrary_inputs(inputs, ranking, distance):
 def test_extreme_with_place_is_the_first_place_of_the_extreme(n_keys, n_levels, largest, seed):
     """The blocked search equals a plain scan: the extreme, and the first key holding it (few levels: many ties;
     +-inf as values; key counts on both sides of whole blocks)."""
-    from tl_geometry.engine.metrics import extreme_with_place
-
     gen = torch.Generator().manual_seed(seed)
     levels = torch.tensor([-math.inf, math.inf, *range(n_levels)], dtype=torch.float32)
     x = levels[torch.randint(len(levels), (3, 2, n_keys), generator=gen)]

@@ -1,12 +1,12 @@
 """The selection context: one per analysed layer, read by every diagnostic.
 
 For every analysed (sequence, head, query) row it holds the attention row,
-the value vectors its head reads (under grouped-query attention, its KV
-head's, kept once per KV head and gathered per row), the keys the query can see (causal, padding,
-sliding window), the sink (the sequence's first real token when the query
-can see it, else none), and, chunk by chunk, the top-N order under the
-config's ranking with the sums s(N) of y_i = alpha_i v_i. The order is
-computed once per row here; metrics, bounds and taxonomy features read it,
+the value vectors its head reads (under grouped-query attention its KV
+head's: kept once per KV head, gathered per row), the keys the query can
+see (causal, padding, sliding window), the sink (the sequence's first real
+token when the query can see it, else none), and, chunk by chunk, the
+top-N order under the config's ranking with the sums s(N) of
+y_i = alpha_i v_i. The order is computed once per row here; metrics, bounds and taxonomy features read it,
 and none of them sorts or chunks on its own.
 
 Chunks: rows are processed in slices whose working memory fits the budget
