@@ -144,6 +144,7 @@ def test_extreme_with_place_is_the_first_place_of_the_extreme(n_keys, n_levels, 
     levels = torch.tensor([-math.inf, math.inf, *range(n_levels)], dtype=torch.float32)
     x = levels[torch.randint(len(levels), (3, 2, n_keys), generator=gen)]
     value, place = extreme_with_place(x, largest)
-    for row, got_value, got_place in zip(x.reshape(-1, n_keys).tolist(), value.flatten().tolist(), place.flatten().tolist()):
+    rows = x.reshape(-1, n_keys).tolist()
+    for row, got_value, got_place in zip(rows, value.flatten().tolist(), place.flatten().tolist()):
         best = max(row) if largest else min(row)
         assert got_value == best and got_place == row.index(best)

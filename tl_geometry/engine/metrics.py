@@ -134,7 +134,7 @@ _PLACE_BLOCK = 128
 
 
 def extreme_with_place(x: Float[Tensor, "*batch key"], largest: bool) -> tuple[Float[Tensor, "*batch"], Int[Tensor, "*batch"]]:
-    """``x.max(-1)`` (or ``x.min(-1)``): the value and the first place holding it, several times faster.
+    """``x.max(-1)`` (or ``x.min(-1)``): the value and the first place holding it, faster on long rows.
 
     The extreme of each block of keys comes from a vectorised ``amax``; the
     index search then runs over the block extremes and inside the one block
