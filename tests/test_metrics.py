@@ -114,11 +114,14 @@ def test_half_precision_inputs_are_computed_in_float32():
     assert torch.equal(half.k_out, full.k_out)
 
 
-def test_chunking_does_not_change_results():
+# 0.01 MiB: one row per chunk; 0.05 MiB: chunks of two rows sorted in blocks of three chunks (the last block short).
+@pytest.mark.parametrize("budget", [0.01, 0.05])
+@pytest.mark.parametrize("ranking", ["attention", "contribution"])
+def test_chunking_does_not_change_results(budget, ranking):
     g = torch.Generator().manual_seed(5)
     alpha, values = random_rows(g, (7, 3), 40, 6, dtype=torch.float32)
-    whole = selection_metrics(alpha, values)
-    chunked = selection_metrics(alpha, values, memory_budget_mib=0.01)  # one row per chunk
+    whole = selection_metrics(alpha, values, ranking=ranking)
+    chunked = selection_metrics(alpha, values, ranking=ranking, memory_budget_mib=budget)
     for name, tensor in whole.per_row_fields().items():
         torch.testing.assert_close(getattr(chunked, name), tensor, rtol=0, atol=0, equal_nan=True, msg=name)
 
