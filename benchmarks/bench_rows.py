@@ -13,6 +13,7 @@ reports its wall time and its peak resident memory above the loaded model.
 
 import argparse
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -29,12 +30,17 @@ def _tokens(model, n: int) -> torch.Tensor:
 
 def _clock_interleaved(fns: dict, repeats: int) -> dict[str, float]:
     """Median wall time of each function, run in turn within every repeat (the machine is shared: a slow
-    spell then slows every path alike instead of one)."""
+    spell then slows every path alike instead of one). Each repeat runs them in its own (seeded) random
+    order, so that no path always runs right after the same one (after an eager pass's large patterns, say)."""
     for fn in fns.values():
         fn()  # warm-up
     times: dict[str, list[float]] = {name: [] for name in fns}
+    order = random.Random(0)
     for _ in range(repeats):
-        for name, fn in fns.items():
+        names = list(fns)
+        order.shuffle(names)
+        for name in names:
+            fn = fns[name]
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
