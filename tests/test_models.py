@@ -1,6 +1,7 @@
 """Tests for tl_geometry.models: loading, the export cache, error messages."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -164,31 +165,33 @@ def test_hook_names_and_shapes(smollm2):
 
 
 @pytest.mark.slow
-def test_cache_is_reused_identical_and_rebuilt_when_broken(tmp_path, monkeypatch):
+def test_cache_is_reused_identical_and_rebuilt_when_broken(smollm2, tmp_path, monkeypatch):
     tokens = torch.tensor([[1, 504, 3575, 282, 4649, 314]])
     options = {"cache_dir": tmp_path, "progress": False, "compatibility_mode": False}
+    # The cache starts as a copy of the export the session's model loaded from (one export here, not two).
+    shutil.copytree(model_cache_dir() / "models" / "smollm2-135m", tmp_path / "models" / "smollm2-135m")
     exports = []
     real_export = models._export_gguf
     monkeypatch.setattr(models, "_export_gguf", lambda *a, **k: (exports.append(a), real_export(*a, **k))[1])
 
-    import gguf
-
-    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
     first = load_model(**options)
-    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)  # the export's shortcuts are undone
     second = load_model(**options)
-    assert len(exports) == 1  # the second load reads the cached float32 export
+    assert exports == []  # both loads read the cached float32 export
     with torch.no_grad():
         expected = first(tokens)
         assert torch.equal(second(tokens), expected)
 
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
     export = tmp_path / "models" / "smollm2-135m"
     marker = json.loads((export / models._MARKER_FILE).read_text())
     assert "model.safetensors" in marker["files"]
     weights = export / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: 1 << 20])  # a partial copy
     rebuilt = load_model(**options)
-    assert len(exports) == 2  # the broken export was detected and made again
+    assert len(exports) == 1  # the broken export was detected and made again
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)  # the export's shortcuts are undone
     assert weights.stat().st_size == marker["files"]["model.safetensors"]
     with torch.no_grad():
         assert torch.equal(rebuilt(tokens), expected)
