@@ -283,8 +283,9 @@ class SelectionContext:
         size = self.chunk_rows()
         if self.ranking == "contribution":  # its scores read the rows' values whole: sorted chunk by chunk
             return size
-        # Per row and key: alpha and the sort's copy of it, the sort's indices and the order, the visible mask.
-        per_row = self.n_keys * (2 * (torch.finfo(self.dtype).bits // 8) + 2 * 8 + 1)
+        # Per row and key at the sort's peak: alpha as read, masked, as scores and sorted; the sort's indices and
+        # the order; the visible mask.
+        per_row = self.n_keys * (4 * (torch.finfo(self.dtype).bits // 8) + 2 * 8 + 1)
         left = self.memory_budget_mib * 2**20 - size * self._chunk_row_bytes()
         return size * max(1, int(left // per_row) // size)
 
