@@ -7,6 +7,8 @@ import torch
 
 from tests.reference import exact_counts, reference_metrics
 from tl_geometry import GeometryError, selection_metrics
+from tl_geometry.engine.context import rows_context
+from tl_geometry.engine.metrics import METRICS_COST
 
 RADII = ("r_min", "r_max", "s_norm")
 COUNTS = ("k_in", "k_out", "precision", "recall", "f_rmax", "f_rmin", "f_score")
@@ -120,6 +122,11 @@ def test_half_precision_inputs_are_computed_in_float32():
 def test_chunking_does_not_change_results(budget, ranking):
     g = torch.Generator().manual_seed(5)
     alpha, values = random_rows(g, (7, 3), 40, 6, dtype=torch.float32)
+    context = rows_context(alpha.reshape(21, 40), values.reshape(21, 40, 6), torch.ones(21, 40, dtype=torch.bool),
+                           torch.arange(1, 41), ranking=ranking, distance="euclidean", memory_budget_mib=budget,
+                           costs=(METRICS_COST,))
+    blocks = {"attention": {0.01: (1, 1), 0.052: (2, 6)}, "contribution": {0.01: (1, 1), 0.052: (2, 2)}}
+    assert (context.chunk_rows(), context.sort_block_rows()) == blocks[ranking][budget]  # the layout this test is for
     whole = selection_metrics(alpha, values, ranking=ranking)
     chunked = selection_metrics(alpha, values, ranking=ranking, memory_budget_mib=budget)
     for name, tensor in whole.per_row_fields().items():

@@ -265,16 +265,15 @@ class SelectionContext:
 
     def _chunk_row_bytes(self) -> int:
         """Working memory of one row of a chunk: the core's and every diagnostic's."""
-        n_keys, n_grid, itemsize = self.n_keys, len(self.grid), torch.finfo(self.dtype).bits // 8
+        n_keys, n_grid, itemsize = self.n_keys, len(self.grid), self.dtype.itemsize
         # Summed, not the largest: reused scratch planes of one diagnostic stay allocated while the next runs.
         extra = sum(cost.per_row(n_keys, n_grid, self.d_head) for cost in self.costs)
         return int(itemsize * (CORE_COST.per_row(n_keys, n_grid, self.d_head) + 2 * n_grid * self.d_head + extra))
 
     def chunk_rows(self) -> int:
         """Rows per chunk: cache-sized planes, within the memory budget for the core and every diagnostic."""
-        itemsize = torch.finfo(self.dtype).bits // 8
         within_budget = int(self.memory_budget_mib * 2**20 // max(self._chunk_row_bytes(), 1))
-        cache_sized = CACHE_FRIENDLY_BYTES // (itemsize * len(self.grid) * self.n_keys)
+        cache_sized = CACHE_FRIENDLY_BYTES // (self.dtype.itemsize * len(self.grid) * self.n_keys)
         return max(1, min(within_budget, cache_sized))
 
     def sort_block_rows(self) -> int:
@@ -285,7 +284,7 @@ class SelectionContext:
             return size
         # Per row and key at the sort's peak: alpha as read, masked, as scores and sorted; the sort's indices and
         # the order; the visible mask.
-        per_row = self.n_keys * (4 * (torch.finfo(self.dtype).bits // 8) + 2 * 8 + 1)
+        per_row = self.n_keys * (4 * self.dtype.itemsize + 2 * 8 + 1)
         left = self.memory_budget_mib * 2**20 - size * self._chunk_row_bytes()
         return size * max(1, int(left // per_row) // size)
 
