@@ -25,7 +25,19 @@ SETTINGS = {"query_positions": "all", "keep_queries": True, "diagnostics": "all"
 CORPUS = TEXTS + ["sky sea star bird tree house moon sun", "ten nine eight"]
 
 
-def _spawn_ranks(out: Path, mode: str, world_size: int = 2) -> None:
+# What the two ranks do, in this order, in one launch (starting a pair of processes costs more than the work).
+MODES = ("run", "windows", "sweep", "mismatch")
+
+
+@pytest.fixture(scope="module")
+def ranks_out(tmp_path_factory) -> Path:
+    """The folder where two gloo ranks, launched once, left what each mode of `MODES` wrote: ``{mode}/rank{r}``."""
+    out = tmp_path_factory.mktemp("ranks")
+    _spawn_ranks(out)
+    return out
+
+
+def _spawn_ranks(out: Path, world_size: int = 2) -> None:
     """Start ``world_size`` ranks as torchrun does: the launcher (here the test) hosts the rendezvous store.
 
     Every rank is then a client of the store, so no rank's exit takes the store
@@ -35,12 +47,12 @@ def _spawn_ranks(out: Path, mode: str, world_size: int = 2) -> None:
     store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                        timeout=timedelta(seconds=120))
     try:
-        mp.spawn(_worker, args=(world_size, store.port, str(out), mode), nprocs=world_size, join=True)
+        mp.spawn(_worker, args=(world_size, store.port, str(out)), nprocs=world_size, join=True)
     finally:
         del store
 
 
-def _worker(rank: int, world_size: int, port: int, out: str, mode: str) -> None:
+def _worker(rank: int, world_size: int, port: int, out: str) -> None:
     """One rank, started as torchrun would: the rendezvous in the environment, joined by init_from_env."""
     faulthandler.enable(all_threads=True)  # a crash in a rank shows its Python stacks in the captured stderr
     os.environ.update(
@@ -52,25 +64,30 @@ def _worker(rank: int, world_size: int, port: int, out: str, mode: str) -> None:
     assert ranks == Ranks(rank, world_size)
     model = tm.make_model(KIND)
     try:
-        if mode == "mismatch":  # rank 1 asks for another grid: every rank must refuse before analysing
-            settings = {**SETTINGS, "n_grid": [1, 2] if rank else [1, 3]}
-            with pytest.raises(GeometryError, match=r"rank 1 has model and config .* but rank 0 has"):
-                analyze_corpus(model, CORPUS, progress=False, **settings)
-            Path(out, f"refused{rank}").touch()
-            return
-        if mode == "sweep":  # the intervention sweep and the N*_tau search run under the same launcher
-            sweep, n_star = _sweeps(model)
-            sweep.save(Path(out) / f"rank{rank}" / "sweep")
-            torch.save({"n_star": n_star.n_star, "low": n_star.low, "high": n_star.high},
-                       Path(out) / f"rank{rank}" / "n_star.pt")
-            return
-        corpus = _windows(model) if mode == "windows" else CORPUS
-        result = analyze_corpus(model, corpus, batch_size=2, progress=False, **SETTINGS)
-        result.save(Path(out) / f"rank{rank}" / "result")  # one folder each: a folder has one writer at a time
+        for mode in MODES:
+            _run_mode(model, mode, Path(out, mode, f"rank{rank}"))
     finally:
         # Leave together: a rank that destroys the group while the other is still in a collective aborts it.
         torch.distributed.monitored_barrier(timeout=timedelta(seconds=120))
         torch.distributed.destroy_process_group()
+
+
+def _run_mode(model, mode: str, out: Path) -> None:
+    """One rank's part of ``mode``, written to ``out`` (one folder per rank: a folder has one writer at a time)."""
+    if mode == "mismatch":  # rank 1 asks for another grid: every rank must refuse before analysing
+        rank = torch.distributed.get_rank()
+        settings = {**SETTINGS, "n_grid": [1, 2] if rank else [1, 3]}
+        with pytest.raises(GeometryError, match=r"rank 1 has model and config .* but rank 0 has"):
+            analyze_corpus(model, CORPUS, progress=False, **settings)
+        out.mkdir(parents=True)
+        (out / "refused").touch()
+    elif mode == "sweep":  # the intervention sweep and the N*_tau search run under the same launcher
+        sweep, n_star = _sweeps(model)
+        sweep.save(out / "sweep")
+        torch.save({"n_star": n_star.n_star, "low": n_star.low, "high": n_star.high}, out / "n_star.pt")
+    else:
+        corpus = _windows(model) if mode == "windows" else CORPUS
+        analyze_corpus(model, corpus, batch_size=2, progress=False, **SETTINGS).save(out / "result")
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +95,9 @@ def one_process():
     return analyze_corpus(tm.make_model(KIND), CORPUS, batch_size=3, progress=False, **SETTINGS)
 
 
-def test_two_gloo_processes_equal_one(tmp_path, one_process):
-    _spawn_ranks(tmp_path, "run")
+def test_two_gloo_processes_equal_one(ranks_out, one_process):
     for rank in range(2):  # every rank ends with the whole result (rank 0 writes it)
-        both = GeometryResult.load(tmp_path / f"rank{rank}" / "result")
+        both = GeometryResult.load(ranks_out / "run" / f"rank{rank}" / "result")
         assert both.n_documents == len(CORPUS)
         assert_equal_runs(both, one_process, tm.padding_close(tm.make_model(KIND)))
 
@@ -91,13 +107,12 @@ def _windows(model):
     return window_documents(model, lambda: [" ".join(CORPUS * 3)], context=12, n_windows=7)
 
 
-def test_two_gloo_processes_equal_one_on_a_window_stream(tmp_path):
-    _spawn_ranks(tmp_path, "windows")
+def test_two_gloo_processes_equal_one_on_a_window_stream(ranks_out):
     model = tm.make_model(KIND)
     alone = analyze_corpus(model, _windows(model), batch_size=3, progress=False, **SETTINGS)
     assert alone.n_documents == 7
     for rank in range(2):
-        assert_equal_runs(GeometryResult.load(tmp_path / f"rank{rank}" / "result"), alone, tm.padding_close(model))
+        assert_equal_runs(GeometryResult.load(ranks_out / "windows" / f"rank{rank}" / "result"), alone, tm.padding_close(model))
 
 
 def _sweeps(model):
@@ -108,15 +123,14 @@ def _sweeps(model):
     return sweep, effective_set_size(model, CORPUS, taus=(0.05, 0.5), scope="layer", **settings)
 
 
-def test_two_gloo_processes_sweep_as_one(tmp_path):
+def test_two_gloo_processes_sweep_as_one(ranks_out):
     from tl_geometry.results.interventions import InterventionResult
 
-    _spawn_ranks(tmp_path, "sweep")
     model = tm.make_model(KIND)
     sweep, n_star = _sweeps(model)
     close = {"equal_nan": True, "rtol": 1e-6, "atol": 1e-12, **tm.padding_close(model)}
     for rank in range(2):  # every rank ends with the whole sweep and the same search
-        both = InterventionResult.load(tmp_path / f"rank{rank}" / "sweep")
+        both = InterventionResult.load(ranks_out / "sweep" / f"rank{rank}" / "sweep")
         assert both.n_documents == sweep.n_documents == len(CORPUS) and both.n_tokens == sweep.n_tokens
         assert list(both.stats) == list(sweep.stats)
         for name, s in sweep.stats.items():
@@ -127,14 +141,14 @@ def test_two_gloo_processes_sweep_as_one(tmp_path):
                     torch.testing.assert_close(theirs[statistic], x, msg=f"{name}/{statistic}", **close)
                 else:
                     assert torch.equal(theirs[statistic], x), f"{name}/{statistic}"
-        searched = torch.load(tmp_path / f"rank{rank}" / "n_star.pt")
+        searched = torch.load(ranks_out / "sweep" / f"rank{rank}" / "n_star.pt")
         for what in ("n_star", "low", "high"):
             torch.testing.assert_close(searched[what], getattr(n_star, what), equal_nan=True, rtol=0, atol=0)
 
 
-def test_ranks_that_disagree_refuse(tmp_path):
-    _spawn_ranks(tmp_path, "mismatch")
-    assert {p.name for p in tmp_path.iterdir()} == {"refused0", "refused1"}
+def test_ranks_that_disagree_refuse(ranks_out):
+    assert [(p.parent.name, p.name) for p in sorted((ranks_out / "mismatch").glob("*/*"))] == [
+        ("rank0", "refused"), ("rank1", "refused")]
 
 
 def test_shards_are_round_robin_by_window_whatever_the_batching():
