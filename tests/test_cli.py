@@ -1,4 +1,5 @@
-"""The tl-geometry command, through its console script."""
+"""The tl-geometry command: the default report and the errors through its console script, the other runs in
+this process (each new process would load the model again)."""
 
 import subprocess
 import sys
@@ -8,6 +9,7 @@ import pytest
 
 from tests.fixtures import CONFIG, cli_config, make_result
 from tl_geometry import GeometryError, GeometryResult
+from tl_geometry.cli import main
 
 SCRIPT = Path(sys.executable).with_name("tl-geometry")
 
@@ -31,7 +33,7 @@ def test_help_lists_the_report_options(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.model
-def test_report_analyze_and_plot(default_report, tmp_path):
+def test_report_analyze_and_plot(default_report, tmp_path, monkeypatch, capsys):
     # report: the default command (run once for this and the browser test)
     assert "Precision(r_max)" in default_report.stdout and "report/index.html" in default_report.stdout
     page = (default_report.folder / "report" / "index.html").read_text()
@@ -40,18 +42,17 @@ def test_report_analyze_and_plot(default_report, tmp_path):
     assert result.n_sequences == 1 and result.precision.shape[:2] == (30, 9)
 
     # analyze writes the files only (the cheapest run: short windows of a text file, no diagnostics) ...
+    monkeypatch.chdir(tmp_path)
     text = tmp_path / "story.txt"
     text.write_text(" ".join(f"Sentence number {i} is about attention heads." for i in range(200)))
-    done = run("analyze", "--text", str(text), "--windows", "2", "--context", "32", "--diagnostics", "none",
-               "--quiet", "--out", "only-files", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert "corpus: 1 documents read, 2 windows used" in done.stdout
+    assert main(["analyze", "--text", str(text), "--windows", "2", "--context", "32", "--diagnostics", "none",
+                 "--quiet", "--out", "only-files"]) == 0
+    assert "corpus: 1 documents read, 2 windows used" in capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "only-files").iterdir()) == ["result.json", "result.npz"]
     assert GeometryResult.load(tmp_path / "only-files" / "result").n_sequences == 2
 
     # ... and plot draws a saved result's page again, without the model.
-    done = run("plot", str(default_report.folder / "report" / "result"), "--out", "replotted", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
+    assert main(["plot", str(default_report.folder / "report" / "result"), "--out", "replotted"]) == 0
     assert (tmp_path / "replotted" / "index.html").read_text().count("<section") == page.count("<section")
 
 
@@ -129,8 +130,6 @@ def test_defaults_are_the_config_defaults_with_every_diagnostic_that_applies():
     ],
 )
 def test_bad_options_are_usage_errors(args, message, capsys):
-    from tl_geometry.cli import main
-
     with pytest.raises(SystemExit) as exit_:
         main(["analyze", *args])
     assert exit_.value.code == 2 and message in capsys.readouterr().err
@@ -150,7 +149,6 @@ def test_bad_options_are_usage_errors(args, message, capsys):
 )
 def test_bad_config_values_fail_before_the_model_loads(args, message, capsys, monkeypatch, tmp_path):
     import tl_geometry.models
-    from tl_geometry.cli import main
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(tl_geometry.models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
@@ -170,8 +168,6 @@ def test_prompts_file(tmp_path):
 
 
 def test_merge_command(tmp_path, capsys):
-    from tl_geometry.cli import main
-
     a, b = make_result(seed=0), make_result(seed=1)
     a.save(tmp_path / "a" / "result")
     b.save(tmp_path / "b.npz")
@@ -197,18 +193,9 @@ def test_python_dash_m(tmp_path):
     assert done.returncode == 0 and "OUT" in done.stdout and "INPUT" in done.stdout
 
 
-def run_module(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """``python -m tl_geometry`` with this checkout's package first on the path."""
-    import os
-
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
-    return subprocess.run([sys.executable, "-m", "tl_geometry", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=900, env=env)
-
-
 @pytest.mark.slow
 @pytest.mark.model
-def test_data_prompts_and_parquet_end_to_end(tmp_path):
+def test_data_prompts_and_parquet_end_to_end(tmp_path, monkeypatch, capsys):
     import json
 
     import pandas as pd
@@ -219,10 +206,10 @@ def test_data_prompts_and_parquet_end_to_end(tmp_path):
     ) + "\n" + json.dumps({"body": ""}) + "\n")
     options = ("--layers", "0,29", "--heads", "0,8", "--n-grid", "1,2,4", "--bootstrap", "5", "--diagnostics",
                "none", "--quiet")
-    done = run_module("analyze", "--data", "data", "--text-column", "body", "--context", "64", "--windows", "all",
-               "--batch-size", "4", "--parquet", "--out", "w", *options, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert "skipped 1 empty documents" in done.stdout
+    monkeypatch.chdir(tmp_path)
+    assert main(["analyze", "--data", "data", "--text-column", "body", "--context", "64", "--windows", "all",
+                 "--batch-size", "4", "--parquet", "--out", "w", *options]) == 0
+    assert "skipped 1 empty documents" in capsys.readouterr().out
     result = GeometryResult.load(tmp_path / "w" / "result")
     assert result.layers == (0, 29) and result.heads == (0, 8) and result.n_grid.tolist() == [1, 2, 4]
     corpus = result.provenance["corpus"]
@@ -232,6 +219,5 @@ def test_data_prompts_and_parquet_end_to_end(tmp_path):
     assert set(table.layer) == {0, 29} and set(table.field) == set(result.fields)
 
     (tmp_path / "p.txt").write_text("The cat sat on the mat.\nAttention heads select tokens.\n")
-    done = run_module("analyze", "--prompts", "p.txt", "--out", "p", *options, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
+    assert main(["analyze", "--prompts", "p.txt", "--out", "p", *options]) == 0
     assert GeometryResult.load(tmp_path / "p" / "result").n_documents == 2
