@@ -112,7 +112,8 @@ def test_two_gloo_processes_equal_one_on_a_window_stream(ranks_out):
     alone = analyze_corpus(model, _windows(model), batch_size=3, progress=False, **SETTINGS)
     assert alone.n_documents == 7
     for rank in range(2):
-        assert_equal_runs(GeometryResult.load(ranks_out / "windows" / f"rank{rank}" / "result"), alone, tm.padding_close(model))
+        both = GeometryResult.load(ranks_out / "windows" / f"rank{rank}" / "result")
+        assert_equal_runs(both, alone, tm.padding_close(model))
 
 
 def _sweeps(model):
