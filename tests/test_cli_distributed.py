@@ -92,7 +92,7 @@ def test_torchrun_two_processes_intervene_as_one(tmp_path):
 
     common = ("intervene", "--windows", "3", "--context", "12", "--n-grid", "1,4", "--controls", "1", "--scope",
               "layer", "--layers", "0,1", "--n-star", "--taus", "0.05", "--bootstrap", "8", "--batch-size", "1",
-              "--quiet")
+              "--settings-per-pass", "8", "--quiet")
     assert in_this_process(*common, "--out", str(tmp_path / "one")) == 0
     both = cli(*common, "--out", str(tmp_path / "two"), launcher=torchrun(2))
     assert both.returncode == 0, both.stderr

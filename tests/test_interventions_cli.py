@@ -15,7 +15,7 @@ def test_intervene_writes_the_sweep_n_star_and_the_page(tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["intervene", "--windows", "2", "--context", "12", "--n-grid", "1,4", "--controls", "1",
                  "--scope", "layer", "--layers", "0,1,2", "--n-star", "--taus", "0.05", "--bootstrap", "4",
-                 "--quiet", "--out", str(out)])
+                 "--settings-per-pass", "8", "--quiet", "--out", str(out)])
     assert code == 0
     sweep = InterventionResult.load(out / "sweep")
     assert sweep.layers == (0, 1, 2) and sweep.n_grid.tolist() == [1, 4] and sweep.n_documents == 2
