@@ -474,20 +474,34 @@ def _gguf_read_once() -> Iterator[None]:
     """Within the block, each GGUF file is parsed once and gguf's tensor-name map built once per architecture.
 
     transformers parses the file three times in an export (tokenizer, config, weights) and rebuilds the
-    name map for every tensor; each parse walks the whole vocabulary. Both results are read-only.
+    name map for every tensor; each parse walks the whole vocabulary. Both results are read-only. The
+    reader's slices are plain ndarray views of the file's map (the same bytes).
     """
     try:
         import gguf
+        import numpy as np
     except ImportError:  # transformers says what to install
         yield
         return
     reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
     readers: dict[tuple[str, str], Any] = {}
 
+    class PlainViews(reader):  # type: ignore[misc, valid-type]
+        """Slices plain ndarray views of the same map: numpy's memmap subclass costs Python calls per slice,
+        and the reader slices the file several times per vocabulary entry."""
+
+        @property
+        def data(self) -> Any:
+            return self.__dict__["data"]
+
+        @data.setter
+        def data(self, mapped: Any) -> None:
+            self.__dict__["data"] = mapped.view(np.ndarray)
+
     def read_once(path: str | os.PathLike, mode: str = "r") -> Any:
         key = (os.fspath(path), mode)
         if key not in readers:
-            readers[key] = reader(path, mode)
+            readers[key] = PlainViews(path, mode)
         return readers[key]
 
     gguf.GGUFReader, gguf.get_tensor_name_map = read_once, functools.cache(name_map)
