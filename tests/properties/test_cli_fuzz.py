@@ -12,7 +12,9 @@ from tl_geometry import cli, models
 from tl_geometry.errors import GeometryError
 
 LOADED = "model loading reached"
-_ROOT = Path(tempfile.mkdtemp(prefix="tl-geometry-cli-fuzz-"))
+# Removed when the process ends.
+_TEMPORARY = tempfile.TemporaryDirectory(prefix="tl-geometry-cli-fuzz-")
+_ROOT = Path(_TEMPORARY.name)
 (_ROOT / "afile").write_text("a file, not a folder")
 (_ROOT / "story.txt").write_text("Once upon a time " * 50)
 (_ROOT / "folder").mkdir()

@@ -2,6 +2,7 @@
 altered JSON, either load or raise GeometryError naming the file; never another exception, never gigabytes of
 memory."""
 
+import functools
 import hashlib
 import json
 import re
@@ -19,16 +20,24 @@ from tl_geometry.results.interventions import InterventionResult
 from tl_geometry.results.result import GeometryResult
 from tests.fixtures import make_result
 
-_FOLDER = Path(tempfile.mkdtemp(prefix="tl-geometry-fuzz-"))
+# Removed when the process ends (the examples write thousands of small files).
+_TEMPORARY = tempfile.TemporaryDirectory(prefix="tl-geometry-fuzz-")
+_FOLDER = Path(_TEMPORARY.name)
 make_result(n_docs=4, keep_queries=True).save(_FOLDER / "good")
 NPZ = (_FOLDER / "good.npz").read_bytes()
 META = json.loads((_FOLDER / "good.json").read_text())
-intervention_sweep(
-    tm.make_model("bridge-llama"), tm.with_bos(tm.random_tokens(2, 8, seed=1)), [1, 3], scope="head", layers=[0],
-    heads=[0, 1], controls=2, n_bootstrap=4, progress=False,
-).save(_FOLDER / "sweep")
-SWEEP_NPZ = (_FOLDER / "sweep.npz").read_bytes()
-SWEEP_META = json.loads((_FOLDER / "sweep.json").read_text())
+
+
+@functools.cache
+def sweep_files() -> tuple[bytes, dict]:
+    """An intervention sweep's saved files, built on first use (not when pytest collects this module)."""
+    intervention_sweep(
+        tm.make_model("bridge-llama"), tm.with_bos(tm.random_tokens(2, 8, seed=1)), [1, 3], scope="head",
+        layers=[0], heads=[0, 1], controls=2, n_bootstrap=4, progress=False,
+    ).save(_FOLDER / "sweep")
+    return (_FOLDER / "sweep.npz").read_bytes(), json.loads((_FOLDER / "sweep.json").read_text())
+
+
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
@@ -63,15 +72,19 @@ def refused_or_sound(stem: Path, kind: type = GeometryResult) -> None:
 
 
 # Every attack runs on a result's files and on an intervention sweep's.
-SAVED = {"result": (GeometryResult, NPZ, META), "sweep": (InterventionResult, SWEEP_NPZ, SWEEP_META)}
-KINDS = pytest.mark.parametrize("kind", sorted(SAVED))
+KINDS = pytest.mark.parametrize("kind", ["result", "sweep"])
+
+
+def saved(kind: str) -> tuple[type, bytes, dict]:
+    """The loader and the saved files of ``kind``."""
+    return (GeometryResult, NPZ, META) if kind == "result" else (InterventionResult, *sweep_files())
 
 
 @KINDS
 @FUZZ
 @given(data=st.data())
 def test_truncated_npz_with_a_recomputed_checksum(kind, data):
-    loader, npz, meta = SAVED[kind]
+    loader, npz, meta = saved(kind)
     length = data.draw(st.integers(0, len(npz) - 1))
     assert load_or_refuse(write(npz[:length], meta), loader) is None
 
@@ -80,7 +93,7 @@ def test_truncated_npz_with_a_recomputed_checksum(kind, data):
 @FUZZ
 @given(data=st.data())
 def test_bit_flipped_npz_with_a_recomputed_checksum(kind, data):
-    loader, npz, meta = SAVED[kind]
+    loader, npz, meta = saved(kind)
     flipped = bytearray(npz)
     for at, bit in data.draw(st.lists(st.tuples(st.integers(0, len(npz) - 1), st.integers(0, 7)), min_size=1,
                                       max_size=4)):
@@ -91,7 +104,7 @@ def test_bit_flipped_npz_with_a_recomputed_checksum(kind, data):
 @KINDS
 def test_an_array_header_that_no_longer_parses_is_refused(kind):
     """A flip that turns a comma of an array's shape into "(": numpy's header parser then fails in tokenize."""
-    loader, npz, meta = SAVED[kind]
+    loader, npz, meta = saved(kind)
     at = re.search(rb"'shape': \(\d+, \d+, \d+(,) \d+\)", npz).start(1)  # (50, 2, 3, 4) -> (50, 2, 3( 4)
     flipped = bytearray(npz)
     flipped[at] ^= ord(",") ^ ord("(")
@@ -118,7 +131,7 @@ JSON_VALUES = st.recursive(
 @FUZZ
 @given(data=st.data(), value=JSON_VALUES, drop=st.booleans())
 def test_altered_or_missing_json_keys(kind, data, value, drop):
-    loader, npz, meta = SAVED[kind]
+    loader, npz, meta = saved(kind)
     key = data.draw(st.sampled_from(sorted(meta)))
     altered = {k: v for k, v in meta.items() if k != key} if drop else {**meta, key: value}
     refused_or_sound(write(npz, altered), loader)
@@ -133,7 +146,7 @@ def test_a_document_count_that_disagrees_with_the_arrays():
 @FUZZ
 @given(data=st.data(), key=st.sampled_from(["trailing", "replicates", "axes", "name"]), value=JSON_VALUES)
 def test_altered_field_declarations(kind, data, key, value):
-    loader, npz, meta = SAVED[kind]
+    loader, npz, meta = saved(kind)
     fields = [dict(f) for f in meta["fields"]]
     fields[data.draw(st.integers(0, len(fields) - 1))][key] = value
     refused_or_sound(write(npz, {**meta, "fields": fields}), loader)
@@ -147,15 +160,16 @@ def test_damaged_json_bytes(data):
 
 def test_a_sweep_announcing_small_arrays_cannot_unpack_large_ones():
     """Fields whose JSON announces one N while their arrays hold two: refused before the arrays are read."""
-    fields = [dict(f) for f in SWEEP_META["fields"]]
+    sweep_npz, sweep_meta = sweep_files()
+    fields = [dict(f) for f in sweep_meta["fields"]]
     for f in fields:
         if "n" in f["axes"]:
             f["trailing"] = [1 if a == "n" else t for a, t in zip(f["axes"], f["trailing"])]
     with pytest.raises(GeometryError, match="more than the|unpacks to|announces"):
-        InterventionResult.load(write(SWEEP_NPZ, {**SWEEP_META, "fields": fields}))
+        InterventionResult.load(write(sweep_npz, {**sweep_meta, "fields": fields}))
 
 
 def test_a_sweep_round_trips_and_a_result_is_not_a_sweep():
-    assert load_or_refuse(write(SWEEP_NPZ, SWEEP_META), InterventionResult) is not None
+    assert load_or_refuse(write(*sweep_files()), InterventionResult) is not None
     with pytest.raises(GeometryError, match="is not an intervention sweep"):
         InterventionResult.load(write(NPZ, META))
