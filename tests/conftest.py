@@ -111,6 +111,15 @@ def smollm2(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def hooked_smollm2(smollm2):
+    """The default model as a HookedTransformer (transformer-lens 3.x), loaded once per test worker (after
+    `smollm2`, which fills the model cache)."""
+    from tl_geometry.models import load_model
+
+    return load_model(kind="hooked", progress=False)
+
+
+@pytest.fixture(scope="session")
 def gemma3_cache(tmp_path_factory):
     """A model cache holding Gemma-3-270M's float32 export, built from its GGUF once per test run.
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tl_geometry import default_text, load_model, run_with_geometry_hooks, selection_metrics, text_windows
+from tl_geometry import default_text, run_with_geometry_hooks, selection_metrics, text_windows
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.models import transformer_lens_major_version
 
@@ -58,9 +58,8 @@ def test_result_round_trips_through_files(result, tmp_path):
 
 @pytest.mark.tl3
 @pytest.mark.skipif(transformer_lens_major_version() >= 4, reason="HookedTransformer needs transformer-lens 3.x")
-def test_hooked_transformer_agrees_with_the_bridge(window, result):
-    hooked = load_model(kind="hooked", progress=False)
-    other = run_with_geometry_hooks(hooked, window)
+def test_hooked_transformer_agrees_with_the_bridge(window, result, hooked_smollm2):
+    other = run_with_geometry_hooks(hooked_smollm2, window)
     assert torch.equal(other.n_grid, result.n_grid)
     # Activations agree to ~1e-6, so only near-ties may flip a count.
     assert (other.precision - result.precision).abs().mean() < 1e-3
