@@ -474,8 +474,7 @@ def _gguf_read_once() -> Iterator[None]:
     """Within the block, each GGUF file is parsed once and gguf's tensor-name map built once per architecture.
 
     transformers parses the file three times in an export (tokenizer, config, weights) and rebuilds the
-    name map for every tensor; each parse walks the whole vocabulary. Both results are read-only. The
-    reader's slices are plain ndarray views of the file's map (the same bytes).
+    name map for every tensor; each parse walks the whole vocabulary. Both results are read-only.
     """
     try:
         import gguf
