@@ -1,10 +1,14 @@
 """The rows capture path against the pattern path and the bare forward passes, SmolLM2, side by side in one run.
 
-Prints, for 1 x ``--short`` tokens (default 1024), median wall times of: the bare
-forward with the model's fast attention (SDPA, through the rows attention with
-nothing analysed), the bare eager forward of the bridge, the default run
-(``capture="auto"``, which takes the rows on this model), with
-``capture="rows"`` and with ``capture="pattern"``, and their ratios. Then for
+Prints, for 1 x ``--short`` tokens (default 1024), median wall times of two bare
+passes with the model's fast attention (SDPA): the model's forward (a plain
+Hugging Face model of the same architecture, logits included: what
+``model(tokens)`` costs; its weights are random, which does not change the
+time) and the decoder alone (the rows pass with nothing analysed: no
+unembedding, which no analysis needs, so the stricter baseline); then the bare
+eager forward of the bridge, the default run (``capture="auto"``, which takes
+the rows on this model), with ``capture="rows"`` and with
+``capture="pattern"``, and their ratios to both bare passes. Then for
 1 x ``--long`` tokens (default 8192) each path runs in its own process, which
 reports its wall time and its peak resident memory above the loaded model.
 
@@ -53,19 +57,37 @@ def short(n: int, repeats: int) -> None:
     from tl_geometry.models import load_model
 
     model = load_model(progress=False)
+    plain = _plain_sdpa_model(model)
     tokens = _tokens(model, n)
     nothing = lambda: RowsCapture(torch.tensor([[n - 1]]), lambda *a: None, ())  # noqa: E731
+    model_forward, decoder = "model forward, sdpa (logits)", "decoder pass, sdpa (no logits)"
     figures = _clock_interleaved({
-        "bare fast forward (sdpa)": lambda: run_rows_pass(model, tokens, None, nothing()),
+        model_forward: lambda: _plain_forward(plain, tokens),
+        decoder: lambda: run_rows_pass(model, tokens, None, nothing()),
         "bare eager forward (bridge)": lambda: _eager(model, tokens),
         'default run (capture="auto")': lambda: run_with_geometry_hooks(model, tokens),
         'default run, capture="rows"': lambda: run_with_geometry_hooks(model, tokens, capture="rows"),
         'default run, capture="pattern"': lambda: run_with_geometry_hooks(model, tokens, capture="pattern"),
     }, repeats)
-    base = figures["bare fast forward (sdpa)"]
-    print(f"1 x {n} tokens, SmolLM2, median of {repeats} (s, and ratio to the bare fast forward):")
+    print(f"1 x {n} tokens, SmolLM2, median of {repeats} (s, and ratios to the model's SDPA forward and to the "
+          "SDPA decoder pass):")
     for name, seconds in figures.items():
-        print(f"  {name:34s} {seconds:7.3f} s  {seconds / base:5.2f}x")
+        print(f"  {name:34s} {seconds:7.3f} s  {seconds / figures[model_forward]:5.2f}x  "
+              f"{seconds / figures[decoder]:5.2f}x")
+
+
+def _plain_sdpa_model(model):
+    """A plain Hugging Face model of the bridge's architecture with SDPA attention (random weights: the time
+    of a pass does not depend on them; the bridge's own Hugging Face modules are wrapped by its components)."""
+    from transformers import AutoModelForCausalLM
+
+    config = type(model.original_model.config).from_dict(model.original_model.config.to_dict())
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+
+
+def _plain_forward(plain, tokens):
+    with torch.inference_mode():
+        plain(input_ids=tokens, use_cache=False)
 
 
 def _eager(model, tokens):

@@ -77,7 +77,7 @@ def hf_model_of(model: Any) -> Any:
     if hf is None or not hasattr(config, "_attn_implementation"):
         raise GeometryError(
             f'capture="rows": {type(model).__name__} wraps no Hugging Face model whose attention goes through '
-            'its attention interface (only a TransformerBridge does); use capture="pattern" (the default)'
+            'its attention interface (only a TransformerBridge does); use capture="pattern"'
         )
     return hf
 
