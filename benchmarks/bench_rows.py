@@ -8,7 +8,8 @@ time) and the decoder alone (the rows pass with nothing analysed: no
 unembedding, which no analysis needs, so the stricter baseline); then the bare
 eager forward of the bridge, the default run (``capture="auto"``, which takes
 the rows on this model), with ``capture="rows"`` and with
-``capture="pattern"``, and their ratios to both bare passes. Then for
+``capture="pattern"``, and their ratios to both bare passes (the four fast
+passes take turns among themselves, then the two eager ones). Then for
 1 x ``--long`` tokens (default 8192) each path runs in its own process, which
 reports its wall time and its peak resident memory above the loaded model.
 
