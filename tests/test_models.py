@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from tests.fixtures import installed
+from tests.fixtures import installed, spy
 from tl_geometry import models
 from tl_geometry.errors import GeometryError
 from tl_geometry.models import check_model_name, load_model, model_cache_dir, transformer_lens_major_version
@@ -171,9 +171,7 @@ def test_cache_is_reused_identical_and_rebuilt_when_broken(smollm2, tmp_path, mo
     options = {"cache_dir": tmp_path, "progress": False, "compatibility_mode": False}
     # The cache starts as a copy of the export the session's model loaded from (one export here, not two).
     shutil.copytree(model_cache_dir() / "models" / "smollm2-135m", tmp_path / "models" / "smollm2-135m")
-    exports = []
-    real_export = models._export_gguf
-    monkeypatch.setattr(models, "_export_gguf", lambda *a, **k: (exports.append(a), real_export(*a, **k))[1])
+    exports = spy(monkeypatch, models, "_export_gguf")
 
     first = load_model(**options)
     second = load_model(**options)
