@@ -13,7 +13,9 @@ passes take turns among themselves, then the two eager ones). Then for
 1 x ``--long`` tokens (default 8192) each path runs in its own process, which
 reports its wall time and its peak resident memory above the loaded model.
 
-    python benchmarks/bench_rows.py [--short 1024] [--long 8192] [--repeats 3]
+With ``--every-query 128 256``, also both paths with every query analysed at those lengths.
+
+    python benchmarks/bench_rows.py [--short 1024] [--long 8192] [--repeats 3] [--every-query 128 256]
 """
 
 import argparse
@@ -79,6 +81,22 @@ def short(n: int, repeats: int) -> None:
     for name, seconds in figures.items():
         print(f"  {name:34s} {seconds:7.3f} s  {seconds / figures[model_forward]:5.2f}x  "
               f"{seconds / figures[decoder]:5.2f}x")
+
+
+def every_query(lengths: list[int], repeats: int) -> None:
+    """Both paths with every query analysed (``query_positions="all"``), where the rows path builds every row."""
+    from tl_geometry import run_with_geometry_hooks
+    from tl_geometry.models import load_model
+
+    model = load_model(progress=False)
+    for n in lengths:
+        tokens = _tokens(model, n)
+        figures = _clock_interleaved({
+            path: lambda path=path: run_with_geometry_hooks(model, tokens, capture=path, query_positions="all")
+            for path in ("rows", "pattern")
+        }, repeats)
+        print(f"1 x {n} tokens, every query, median of {repeats}: rows {figures['rows']:.2f} s, pattern "
+              f"{figures['pattern']:.2f} s ({figures['rows'] / figures['pattern']:.2f}x)")
 
 
 def _plain_sdpa_model(model):
@@ -149,10 +167,14 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--child")
     parser.add_argument("--skip-long", action="store_true")
+    parser.add_argument("--every-query", type=int, nargs="*", default=[], metavar="TOKENS",
+                        help="also time both paths with every query analysed, at these lengths")
     args = parser.parse_args()
     if args.child:
         one_long(args.child, args.long)
     else:
         short(args.short, args.repeats)
+        if args.every_query:
+            every_query(args.every_query, args.repeats)
         if not args.skip_long:
             long(args.long)
