@@ -38,6 +38,7 @@ def test_report_analyze_and_plot(default_report, tmp_path, monkeypatch, capsys):
     assert "Precision(r_max)" in default_report.stdout and "report/index.html" in default_report.stdout
     page = (default_report.folder / "report" / "index.html").read_text()
     assert page.count("<section") >= 3 and "Python reference documentation (pydoc_data)" in page
+    assert "natural text, 2 prompts" in page and "repeated twice, 2 prompts" in page  # --mechanism-prompts 2
     result = GeometryResult.load(default_report.folder / "report" / "result")
     assert result.n_sequences == 1 and result.precision.shape[:2] == (30, 9)
 
@@ -54,6 +55,26 @@ def test_report_analyze_and_plot(default_report, tmp_path, monkeypatch, capsys):
     # ... and plot draws a saved result's page again, without the model.
     assert main(["plot", str(default_report.folder / "report" / "result"), "--out", "replotted"]) == 0
     assert (tmp_path / "replotted" / "index.html").read_text().count("<section") == page.count("<section")
+
+
+@pytest.mark.slow  # the decision is the command's, whatever the TransformerLens: not run again in the 3.9 half
+def test_mechanism_prompts_0_leaves_the_check_out(tmp_path, capsys):
+    text = tmp_path / "story.txt"
+    text.write_text(" ".join(f"Sentence number {i} is about attention heads." for i in range(20)))
+    assert main(["report", "--text", str(text), "--windows", "1", "--context", "32", "--layers", "0", "--heads", "0",
+                 "--diagnostics", "taxonomy", "--bootstrap", "8", "--mechanism-prompts", "0", "--quiet",
+                 "--out", str(tmp_path / "no-check")]) == 0
+    assert "checking the head roles" not in capsys.readouterr().out
+    page = (tmp_path / "no-check" / "index.html").read_text()
+    assert "What kind of head is L.H?" in page and "Induction score" not in page and "No detector cross-tab" in page
+
+
+def test_negative_mechanism_prompts_is_refused_before_the_model_loads(tmp_path, capsys):
+    assert main(["report", "--mechanism-prompts", "-1", "--quiet", "--out", str(tmp_path / "out")]) == 1
+    assert capsys.readouterr().err == (
+        "tl-geometry: error: --mechanism-prompts: expected 0 (no check) or a positive number, got -1\n"
+    )
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(

@@ -59,6 +59,7 @@ def test_known_mechanisms_and_their_report_section():
     model = tm.tiny_bridge("gpt2")
     checks = check_known_mechanisms(model, n_prompts=2, context=24, period=10)
     assert set(checks) == {"natural", "repeated"} and checks["repeated"].period == 10
+    assert checks["natural"].n_prompts == checks["repeated"].n_prompts == 2
     natural = checks["natural"]
     top = natural.top_heads("previous_token", k=3)
     scores = natural.scores["previous_token"]
@@ -67,6 +68,7 @@ def test_known_mechanisms_and_their_report_section():
     assert natural.matches("previous_token") == expected
     page = roles_html(natural.taxonomy, checks)
     assert "What kind of head is L.H?" in page and "Induction score" in page and "Every head" in page
+    assert "natural text, 2 prompts" in page and "repeated twice, 2 prompts" in page
     assert "No detector cross-tab" in roles_html(natural.taxonomy, None)
     rows = [SensitivityRow("margin", 0.45, 3, (1, 0, 2, 4, 1))]
     assert "<td>margin</td><td>0.45</td><td>3</td><td>1</td>" in roles_html(natural.taxonomy, None, rows)

@@ -189,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(self-contained, opens offline), OUT/result.npz and OUT/result.json, and print a summary.",
     )
     report.add_argument("--png", action="store_true", help="also write a PNG of every figure (kaleido + Chromium)")
+    report.add_argument("--mechanism-prompts", type=int, default=8, metavar="N",
+                        help="prompts in each set of the check of the head roles against known mechanisms "
+                        "(natural text, repeated random tokens; default: 8); 0 leaves the check out")
     analyze = commands.add_parser(
         "analyze",
         parents=[run],
@@ -483,11 +486,11 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"{key}: {details[key]}")
     if args.command == "report":
         mechanisms = None
-        if "taxonomy" in result.config.diagnostics:
+        if "taxonomy" in result.config.diagnostics and args.mechanism_prompts > 0:
             from tl_geometry.capture.roles import check_known_mechanisms
 
             print("checking the head roles against known mechanisms (previous-token, induction prompts)")
-            mechanisms = check_known_mechanisms(model)
+            mechanisms = check_known_mechanisms(model, n_prompts=args.mechanism_prompts)
         index = write_report(result, args.out, details, png=args.png, mechanisms=mechanisms)
         print(f"wrote {index} (open it in a browser; it works offline)")
     else:
@@ -558,6 +561,10 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise GeometryError(f"--{name.replace('_', '-')}: expected a positive number, got {getattr(args, name)}")
     if args.windows is not None and args.windows < 1:
         raise GeometryError(f"--windows: expected a positive number or 'all', got {args.windows}")
+    if getattr(args, "mechanism_prompts", 0) < 0:
+        raise GeometryError(
+            f"--mechanism-prompts: expected 0 (no check) or a positive number, got {args.mechanism_prompts}"
+        )
     if isinstance(args.n_grid, list) and (not args.n_grid or min(args.n_grid) < 1):
         raise GeometryError(f"--n-grid: expected N >= 1 such as 1,2,4,8, got {args.n_grid}")
     if args.prompts is not None and args.data:

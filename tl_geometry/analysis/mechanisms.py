@@ -26,12 +26,14 @@ class PromptSetCheck:
         scores: detector name -> ``[layer, head]``.
         taxonomy: the roles on these prompts.
         period: T for repeated prompts, else None.
+        n_prompts: how many prompts the set holds (None where not recorded).
     """
 
     name: str
     scores: dict[str, Tensor]
     taxonomy: HeadTaxonomy
     period: int | None
+    n_prompts: int | None = None
 
     def top_heads(self, detector: str, k: int = 10) -> list[tuple[int, int]]:
         """The k heads with the highest score of ``detector`` (NaN last)."""

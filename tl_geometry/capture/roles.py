@@ -227,5 +227,5 @@ def check_known_mechanisms(
     for name, tokens, run_config, t in (("natural", natural, base, None), ("repeated", repeated, on_repeated, period)):
         scores = detector_scores(model, tokens, t)
         result = run_with_geometry_hooks(model, tokens, config=run_config)
-        out[name] = PromptSetCheck(name, scores, taxonomy_from_result(result, taxonomy), t)
+        out[name] = PromptSetCheck(name, scores, taxonomy_from_result(result, taxonomy), t, int(tokens.shape[0]))
     return out

@@ -36,6 +36,10 @@ def _cross_tab(check: PromptSetCheck, detector: str, roles: HeadTaxonomy, what: 
             f"<tbody>{''.join(rows)}</tbody></table>")
 
 
+def _prompt_count(check: PromptSetCheck) -> str:
+    return "" if check.n_prompts is None else f", {check.n_prompts} prompt{'s' if check.n_prompts != 1 else ''}"
+
+
 def _sensitivity(rows: Sequence[SensitivityRow]) -> str:
     head = "".join(f"<th>{c}</th>" for c in ("threshold", "moved to", "labels changed", *REGIMES))
     body = "".join(
@@ -70,14 +74,17 @@ def roles_html(
         parts.append("<p class='how'>Checked against mechanisms the field already knows: detector scores written "
                      "from their definitions on the attention pattern alone, on prompts where the mechanism acts.</p>")
         parts.append(_cross_tab(checks["natural"], "previous_token", roles,
-                                "Previous-token score (weight on the key just before the query), natural text"))
+                                "Previous-token score (weight on the key just before the query), natural text"
+                                + _prompt_count(checks["natural"])))
         period = checks["repeated"].period
         parts.append(_cross_tab(checks["repeated"], "induction", roles,
                                 f"Induction score (weight on the key after the previous occurrence of the query's "
-                                f"token, lag {period - 1 if period else '?'}), random tokens repeated twice"))
+                                f"token, lag {period - 1 if period else '?'}), random tokens repeated twice"
+                                + _prompt_count(checks["repeated"])))
     else:
         parts.append("<p class='note'>No detector cross-tab: it runs the model on its own prompts, which "
-                     "tl-geometry report does and tl-geometry plot (saved results only) cannot.</p>")
+                     "tl-geometry report does (unless --mechanism-prompts 0) and tl-geometry plot (saved results "
+                     "only) cannot.</p>")
     if sensitivity:
         parts.append(_sensitivity(sensitivity))
     lines = "".join(f"<li>{html.escape(roles.describe(layer, head))}</li>" for layer in roles.layers for head in roles.heads)
