@@ -1,5 +1,6 @@
 """The command at scale: torchrun with two processes writes the one-process result; devices checked first."""
 
+import json
 import os
 import subprocess
 import sys
@@ -65,17 +66,71 @@ def test_bad_checkpoint_every_is_one_line(tmp_path):
     ]
 
 
+ANALYZE = ("analyze", "--windows", "3", "--context", "48", "--n-grid", "1,2,4,8", "--batch-size", "1", "--quiet",
+           "--picture", "18.6", "--picture", "0.0")
+INTERVENE = ("intervene", "--windows", "3", "--context", "12", "--n-grid", "1,4", "--controls", "1", "--scope",
+             "layer", "--layers", "0,1", "--n-star", "--taus", "0.05", "--bootstrap", "8", "--batch-size", "1",
+             "--settings-per-pass", "8", "--quiet")
+# Both commands in one torchrun launch (a launch costs its agent and every rank's start, more than
+# either run): each rank calls the command line's `main` once per command, and each call joins the
+# process group and leaves it, as the command does. The second joins on a rendezvous of its own: the
+# launcher's store still holds the first group's keys.
+RANK_SCRIPT = """\
+import json
+import os
+import sys
+
+import torch.distributed
+
+from tl_geometry.cli import main
+
+commands, second_port = json.loads(sys.argv[1])
+for i, command in enumerate(commands):
+    if i:
+        os.environ.update(MASTER_PORT=str(second_port), TORCHELASTIC_USE_AGENT_STORE="False")
+    code = main(command)
+    if code or torch.distributed.is_initialized():
+        sys.exit(code or "main did not leave its process group")
+"""
+
+
+def test_a_callers_process_group_is_left_in_place(tmp_path):
+    torch.distributed.init_process_group("gloo", store=torch.distributed.FileStore(str(tmp_path / "store"), 1),
+                                         rank=0, world_size=1)
+    try:
+        assert in_this_process("analyze", "--checkpoint-every", "5 minutes", "--out", str(tmp_path / "out")) == 1
+        assert torch.distributed.is_initialized()
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 @pytest.mark.slow
 @pytest.mark.model
-def test_torchrun_two_processes_write_the_one_process_result(tmp_path):
-    common = ("analyze", "--windows", "3", "--context", "48", "--n-grid", "1,2,4,8", "--batch-size", "1", "--quiet",
-              "--picture", "18.6", "--picture", "0.0")
-    assert in_this_process(*common, "--out", str(tmp_path / "one")) == 0
-    both = cli(*common, "--out", str(tmp_path / "two"), launcher=torchrun(2))
-    assert both.returncode == 0, both.stderr
-    assert both.stdout.count("wrote") == 1  # rank 0 alone writes and prints
-    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["result.json", "result.npz"]  # no checkpoint left
-    two, one = GeometryResult.load(tmp_path / "two" / "result"), GeometryResult.load(tmp_path / "one" / "result")
+def test_torchrun_two_processes_analyze_and_intervene_as_one(tmp_path):
+    from tl_geometry.results.interventions import InterventionResult
+
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    commands = json.dumps([[[*ANALYZE, "--out", str(tmp_path / "analyze-two")],
+                            [*INTERVENE, "--out", str(tmp_path / "intervene-two")]], free_port()])
+    # The one-process runs go on here while the ranks run.
+    both = subprocess.Popen([*torchrun(2), str(script), commands], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT, env=ENV)
+    try:
+        assert in_this_process(*ANALYZE, "--out", str(tmp_path / "analyze-one")) == 0
+        assert in_this_process(*INTERVENE, "--out", str(tmp_path / "intervene-one")) == 0
+        stdout, stderr = both.communicate(timeout=900)
+    finally:
+        if both.poll() is None:  # a one-process run failed: stop the ranks too (torchrun passes SIGTERM on)
+            both.terminate()
+            both.communicate()
+    assert both.returncode == 0, stderr
+    assert stdout.count("wrote") == 2  # rank 0 alone writes and prints, once per command
+
+    # analyze: the result of one process; no checkpoint left.
+    assert sorted(p.name for p in (tmp_path / "analyze-two").iterdir()) == ["result.json", "result.npz"]
+    two = GeometryResult.load(tmp_path / "analyze-two" / "result")
+    one = GeometryResult.load(tmp_path / "analyze-one" / "result")
     assert_equal_runs(two, one)
     # The pictures are gathered: each head keeps the row of the same document as in one process.
     assert [(p.layer, p.head, p.document, p.query_position) for p in two.pictures] == [
@@ -84,23 +139,13 @@ def test_torchrun_two_processes_write_the_one_process_result(tmp_path):
         torch.testing.assert_close(a.y, b.y, atol=1e-5, rtol=0)
         assert a.order.tolist() == b.order.tolist()
 
-
-@pytest.mark.slow
-@pytest.mark.model
-def test_torchrun_two_processes_intervene_as_one(tmp_path):
-    from tl_geometry.results.interventions import InterventionResult
-
-    common = ("intervene", "--windows", "3", "--context", "12", "--n-grid", "1,4", "--controls", "1", "--scope",
-              "layer", "--layers", "0,1", "--n-star", "--taus", "0.05", "--bootstrap", "8", "--batch-size", "1",
-              "--settings-per-pass", "8", "--quiet")
-    assert in_this_process(*common, "--out", str(tmp_path / "one")) == 0
-    both = cli(*common, "--out", str(tmp_path / "two"), launcher=torchrun(2))
-    assert both.returncode == 0, both.stderr
-    assert both.stdout.count("wrote") == 1  # rank 0 alone writes and prints
-    one, two = InterventionResult.load(tmp_path / "one" / "sweep"), InterventionResult.load(tmp_path / "two" / "sweep")
+    # intervene: the sweep and N* of one process.
+    one = InterventionResult.load(tmp_path / "intervene-one" / "sweep")
+    two = InterventionResult.load(tmp_path / "intervene-two" / "sweep")
     assert two.n_documents == one.n_documents == 3
     for name, s in one.stats.items():
         for statistic, x in s.stored().arrays().items():
             y = two.stats[name].stored().arrays()[statistic]
             torch.testing.assert_close(y, x, equal_nan=True, rtol=1e-6, atol=1e-12, msg=f"{name}/{statistic}")
-    assert (tmp_path / "two" / "n_star.json").read_text() == (tmp_path / "one" / "n_star.json").read_text()
+    assert (tmp_path / "intervene-two" / "n_star.json").read_text() == (
+        tmp_path / "intervene-one" / "n_star.json").read_text()

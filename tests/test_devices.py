@@ -38,7 +38,7 @@ def test_a_missing_device_is_refused_before_anything_loads(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("load_model read the model before checking the device")
 
-    monkeypatch.setattr(models, "_load_bundled_hf", fail)
+    monkeypatch.setattr(models, "export_bundled_model", fail)
     monkeypatch.setattr(models, "_load_by_name", fail)
     with pytest.raises(GeometryError, match="device: 'cuda' asked for"):
         load_model(device="cuda")

@@ -38,6 +38,12 @@ def test_missing_package(monkeypatch):
         load_model()
 
 
+def test_only_a_bundled_model_is_exported():
+    with pytest.raises(GeometryError, match=r"^export_bundled_model: 'gpt2-small' is not a bundled model; expected "
+                                            r"one of \['smollm2-135m', 'gemma3-270m'\]$"):
+        models.export_bundled_model("gpt2-small")
+
+
 def test_unknown_model_offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(GeometryError, match=r"load_model\('no-such-org/no-such-model'\): TransformerLens could not load it") as caught:
@@ -59,7 +65,7 @@ def test_unknown_model_names_are_refused_with_the_closest_names(name, suggested,
     def no_loading(*args, **kwargs):
         raise AssertionError("a model loaded")
 
-    monkeypatch.setattr(models, "_load_bundled_hf", no_loading)
+    monkeypatch.setattr(models, "export_bundled_model", no_loading)
     monkeypatch.setattr(models, "_load_by_name", no_loading)
     with pytest.raises(GeometryError, match=r"^model: ") as caught:
         load_model(name)
@@ -173,6 +179,8 @@ def test_cache_is_reused_identical_and_rebuilt_when_broken(smollm2, tmp_path, mo
     shutil.copytree(model_cache_dir() / "models" / "smollm2-135m", tmp_path / "models" / "smollm2-135m")
     exports = spy(monkeypatch, models, "_export_gguf")
 
+    export = tmp_path / "models" / "smollm2-135m"
+    assert models.export_bundled_model("smollm2-135m", cache_dir=tmp_path, progress=False) == export
     first = load_model(**options)
     second = load_model(**options)
     assert exports == []  # both loads read the cached float32 export
@@ -183,7 +191,6 @@ def test_cache_is_reused_identical_and_rebuilt_when_broken(smollm2, tmp_path, mo
     import gguf
 
     reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    export = tmp_path / "models" / "smollm2-135m"
     marker = json.loads((export / models._MARKER_FILE).read_text())
     assert "model.safetensors" in marker["files"]
     weights = export / "model.safetensors"

@@ -38,8 +38,11 @@ N_GRID = (1, 2, 4, 8, 64, 256, 511, 512, CONTEXT)
 
 @pytest.fixture(scope="module")
 def hf_bundle(gemma3_cache):
-    """The exported float32 Hugging Face model and its tokenizer."""
-    return models._load_bundled_hf("gemma3-270m", cache_dir=gemma3_cache, progress=False)
+    """The exported float32 Hugging Face model and its tokenizer, read by plain transformers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    export = models.export_bundled_model("gemma3-270m", cache_dir=gemma3_cache, progress=False)
+    return AutoModelForCausalLM.from_pretrained(export), AutoTokenizer.from_pretrained(export)
 
 
 @pytest.fixture(scope="module")

@@ -423,24 +423,32 @@ def _analyse(args: argparse.Namespace):
 def _load_model_on_every_rank(args: argparse.Namespace) -> tuple[Any, bool]:
     """Join the torchrun process group (if any) and load the model on this rank; and whether to stay quiet.
 
-    Rank 0 loads first: it alone fills the model cache, the others then read it.
+    Rank 0 fills the model cache, the others then read it: for a bundled model rank 0 makes the float32
+    export if the cache lacks one and then every rank loads at once; any other model rank 0 loads
+    (downloading it) before the others.
     """
     from tqdm.auto import tqdm
 
     from tl_geometry.capture import distributed
-    from tl_geometry.models import load_model
+    from tl_geometry.models import bundled_model_names, export_bundled_model, load_model
 
     ranks = distributed.init_from_env(args.device)
     quiet = args.quiet or not ranks.is_main
+    device = distributed.rank_device(args.device, ranks)
     # A one-step bar: the cached load takes seconds, the first export of a bundled model longer
     # (load_model then shows its own steps).
     with tqdm(total=1, desc=f"tl_geometry: loading {args.model}", disable=quiet, bar_format="{desc} {elapsed}") as bar:
-        if not ranks.is_main:
+        if ranks.world_size > 1 and args.model in bundled_model_names():
+            if ranks.is_main:
+                export_bundled_model(args.model, progress=not quiet)
             distributed.barrier()
-        model = load_model(args.model, device=distributed.rank_device(args.device, ranks), dtype=args.dtype,
-                           progress=not quiet)
-        if ranks.is_main:
-            distributed.barrier()
+            model = load_model(args.model, device=device, dtype=args.dtype, progress=not quiet)
+        else:
+            if not ranks.is_main:
+                distributed.barrier()
+            model = load_model(args.model, device=device, dtype=args.dtype, progress=not quiet)
+            if ranks.is_main:
+                distributed.barrier()
         bar.update()
     return model, quiet
 
@@ -602,12 +610,10 @@ def _is_main_process() -> bool:
     return current_ranks().is_main
 
 
-def _leave_process_group() -> None:
-    """Leave the torchrun process group, if this run joined one."""
-    import torch.distributed
-
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+def _in_process_group() -> bool:
+    """Whether this process is in a torch.distributed process group (none without torch imported)."""
+    distributed = sys.modules.get("torch.distributed")
+    return distributed is not None and distributed.is_available() and distributed.is_initialized()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -617,10 +623,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     locked for the whole run (a second run on it is refused at once). SIGINT
     and SIGTERM end the run with 130 and 143 and a one-line message; the
     previous result in the folder is kept and no temporary file is left.
+    Under torchrun the run joins the launcher's process group and leaves it
+    at the end; a group the caller has joined already (a script calling
+    ``main`` once per command) is used and left in place.
     """
     from tl_geometry.results.files import folder_lock
 
     args = build_parser().parse_args(argv)
+    callers_group = _in_process_group()
     previous = _install_signal_handlers()
     # The folders this run would create (--out and any missing parents), innermost first.
     created = [folder for folder in (args.out, *args.out.parents) if not folder.exists()]
@@ -646,7 +656,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 break
             with contextlib.suppress(OSError):  # another run may have just started writing there
                 folder.rmdir()
-        _leave_process_group()
+        if _in_process_group() and not callers_group:
+            sys.modules["torch.distributed"].destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -188,7 +188,7 @@ def load_model(
             "dtypes after a cast); use dtype='float32', kind='hooked', or upgrade transformer-lens"
         )
     if name in _BUNDLED_MODELS:
-        hf_model, tokenizer = _load_bundled_hf(name, cache_dir=cache_dir, progress=progress)
+        hf_model, tokenizer = _load_export(export_bundled_model(name, cache_dir=cache_dir, progress=progress))
         hf_model = hf_model.to(device)
         if kind == "bridge":
             model = _bridge_from_hf(name, hf_model, tokenizer, device, compatibility_mode)
@@ -348,17 +348,36 @@ def _bundled_gguf_path(name: str, cache_root: Path) -> Path:
     return path
 
 
-def _load_bundled_hf(
-    name: str, *, cache_dir: str | os.PathLike | None, progress: bool
-) -> tuple[Any, Any]:
-    """Hugging Face model and tokenizer of a bundled model, from the cache or a fresh export."""
+def export_bundled_model(
+    name: str, *, cache_dir: str | os.PathLike | None = None, progress: bool = True
+) -> Path:
+    """The float32 export of a bundled model, made from its GGUF file unless the cache holds a complete one.
+
+    `load_model` calls this itself. Called alone, it fills the cache without loading the model: rank 0
+    of a torchrun run does, then every rank loads at once.
+
+    Args:
+        name: one of `bundled_model_names`.
+        cache_dir: as for `load_model`.
+        progress: show the export's progress bar.
+
+    Returns:
+        The directory of the export (a Hugging Face model directory).
+
+    Raises:
+        GeometryError: ``name`` is not a bundled model, or its package is missing.
+    """
+    if name not in _BUNDLED_MODELS:
+        raise GeometryError(
+            f"export_bundled_model: {name!r} is not a bundled model; expected one of {list(_BUNDLED_MODELS)}"
+        )
     cache_root = model_cache_dir(cache_dir)
     gguf_path = _bundled_gguf_path(name, cache_root)
     export_dir = cache_root / "models" / name
     remove_stale_exports(export_dir)
     if not _is_valid_export(export_dir, gguf_path):
         _export_gguf(gguf_path, export_dir, progress=progress)
-    return _load_export(export_dir)
+    return export_dir
 
 
 def _source_stamp(gguf_path: Path) -> dict[str, Any]:
