@@ -204,6 +204,29 @@ def test_cache_is_reused_identical_and_rebuilt_when_broken(smollm2, tmp_path, mo
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["smollm2-135m"]
 
 
+def test_loads_at_once_wait_for_one_export(smollm2, tmp_path, monkeypatch):
+    import threading
+    import time
+
+    exports = []
+
+    def export(gguf_path, export_dir, *, progress):  # as long as a real export takes, give or take
+        exports.append(export_dir)
+        time.sleep(1)
+        shutil.copytree(model_cache_dir() / "models" / "smollm2-135m", export_dir)
+
+    monkeypatch.setattr(models, "_export_gguf", export)
+    found = []
+    loads = [threading.Thread(target=lambda: found.append(models.export_bundled_model(
+        "smollm2-135m", cache_dir=tmp_path, progress=False))) for _ in range(3)]
+    for load in loads:
+        load.start()
+    for load in loads:
+        load.join()
+    assert exports == [tmp_path / "models" / "smollm2-135m"]  # one export; the others waited and read it
+    assert found == exports * 3
+
+
 @pytest.mark.slow
 @pytest.mark.tl3
 @pytest.mark.skipif(TL_MAJOR >= 4, reason="HookedTransformer needs transformer-lens<4")

@@ -354,7 +354,8 @@ def export_bundled_model(
     """The float32 export of a bundled model, made from its GGUF file unless the cache holds a complete one.
 
     `load_model` calls this itself. Called alone, it fills the cache without loading the model: rank 0
-    of a torchrun run does, then every rank loads at once.
+    of a torchrun run does, then every rank loads at once. Processes that ask at the same time wait
+    for the first one's export (a lock in the cache's ``locks`` folder).
 
     Args:
         name: one of `bundled_model_names`.
@@ -371,12 +372,19 @@ def export_bundled_model(
         raise GeometryError(
             f"export_bundled_model: {name!r} is not a bundled model; expected one of {list(_BUNDLED_MODELS)}"
         )
+    from filelock import FileLock
+
     cache_root = model_cache_dir(cache_dir)
     gguf_path = _bundled_gguf_path(name, cache_root)
     export_dir = cache_root / "models" / name
-    remove_stale_exports(export_dir)
-    if not _is_valid_export(export_dir, gguf_path):
-        _export_gguf(gguf_path, export_dir, progress=progress)
+    locks = cache_root / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    # Processes that load the model at once (notebooks, test workers, torchrun ranks) wait for one export
+    # instead of each making its own.
+    with FileLock(locks / f"{name}.lock"):
+        remove_stale_exports(export_dir)
+        if not _is_valid_export(export_dir, gguf_path):
+            _export_gguf(gguf_path, export_dir, progress=progress)
     return export_dir
 
 
