@@ -34,47 +34,15 @@ def pytest_configure(config):
         torch.set_num_threads(int(_THREADS))
 
 
-@pytest.hookimpl(trylast=True)  # after ``-m`` has deselected: the shares are of the tests that run
 def pytest_collection_modifyitems(config, items):
-    """Every worker's share of the run starts with long tests and ends with short ones.
+    """The tests of Gemma-3 first, then those of the real default model, then those of tiny models, then the rest.
 
-    pytest-xdist's worksteal scheduler hands worker i the i-th contiguous share of this list, and a
-    worker that runs out takes from the back of another's share. So the first share opens with the
-    tests of Gemma-3 (its worker exports the model while the others run other tests: none waits for
-    the export), the slow tests are dealt to the shares holding the fewest (the export counting as
-    two), and the other tests fill the shares in their order, those of the real default model first:
-    short tests at the back of every share are what the idle workers take at the end, and no long
-    test is left to start last.
+    Each worker starts on its half of this list and, once idle, takes from the back of the other's: the
+    first worker exports Gemma-3 first, while the other runs short tests, so that neither waits for the
+    export; long tests start early and short ones even out the end. The order is otherwise kept.
     """
-    shares = _share_sizes(len(items), _WORKERS)
-    gemma = [item for item in items if "gemma3_cache" in getattr(item, "fixturenames", ())]
-    slow = [item for item in items if item.get_closest_marker("slow") and item not in gemma]
-    placed = set(gemma) | set(slow)
-    fill = sorted((item for item in items if item not in placed),
-                  key=lambda item: item.get_closest_marker("model") is None)
-    heads: list[list[pytest.Item]] = [[] for _ in shares]
-    weights = [0] * len(shares)
-    heads[0] += gemma
-    weights[0] += 2 + sum(1 for item in gemma if item.get_closest_marker("slow"))
-    for item in slow:
-        lightest = weights.index(min(weights))
-        heads[lightest].append(item)
-        weights[lightest] += 1
-    items[:] = []
-    for head, size in zip(heads, shares):
-        taken = max(0, size - len(head))
-        items += head + fill[:taken]
-        fill = fill[taken:]
-    items += fill
-
-
-def _share_sizes(n: int, workers: int) -> list[int]:
-    """How many of ``n`` tests worksteal first hands each of ``workers`` workers (the rest split evenly)."""
-    sizes = []
-    for i in range(workers):
-        sizes.append(n // (workers - i))
-        n -= sizes[-1]
-    return sizes
+    items.sort(key=lambda item: ("gemma3_cache" not in getattr(item, "fixturenames", ()),
+                                 item.get_closest_marker("slow") is None, item.get_closest_marker("model") is None))
 
 
 def _run_folder(tmp_path_factory) -> Path:
