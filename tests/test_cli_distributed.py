@@ -18,9 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
-def cli(*args: str, launcher: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    command = [*launcher, "-m", "tl_geometry.cli", *args] if launcher else [sys.executable, "-m", "tl_geometry.cli", *args]
-    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=900)
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tl_geometry.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=ENV, timeout=900)
 
 
 def in_this_process(*args: str) -> int:
