@@ -5,6 +5,7 @@ import shutil
 
 import pytest
 import torch
+import transformers
 
 from tests.fixtures import installed, needs_gemma3, spy
 from tl_geometry import models
@@ -178,10 +179,13 @@ def test_cache_is_reused_identical_and_rebuilt_when_broken(smollm2, tmp_path, mo
     # The cache starts as a copy of the export the session's model loaded from (one export here, not two).
     shutil.copytree(model_cache_dir() / "models" / "smollm2-135m", tmp_path / "models" / "smollm2-135m")
     exports = spy(monkeypatch, models, "_export_gguf")
+    tokenizers = spy(monkeypatch, transformers.AutoTokenizer, "from_pretrained")
 
     export = tmp_path / "models" / "smollm2-135m"
     assert models.export_bundled_model("smollm2-135m", cache_dir=tmp_path, progress=False) == export
     first = load_model(**options)
+    # The tokenizer is read once, already prepending BOS, so TransformerLens keeps it instead of reading it again.
+    assert len(tokenizers) == 1 and first.to_tokens("Hi")[0, 0].item() == first.tokenizer.bos_token_id
     second = load_model(**options)
     assert exports == []  # both loads read the cached float32 export
     with torch.no_grad():

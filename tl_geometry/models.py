@@ -568,7 +568,9 @@ def _load_export(export_dir: Path) -> tuple[Any, Any]:
 
     with _hf_progress_bars(False):
         hf_model = AutoModelForCausalLM.from_pretrained(export_dir, **_float32_kwarg())
-        tokenizer = AutoTokenizer.from_pretrained(export_dir)
+        # Prepending BOS as TransformerLens wants, so that it keeps this tokenizer instead of reading it
+        # again (Gemma-3's takes 4 s to read).
+        tokenizer = AutoTokenizer.from_pretrained(export_dir, add_bos_token=True)
     return hf_model, tokenizer
 
 
