@@ -113,6 +113,37 @@ def smollm2(tmp_path_factory):
         return load_model(progress=False)
 
 
+@pytest.fixture
+def shared_default_model(request, monkeypatch):
+    """``load_model()`` with the default model and options returns the worker's `smollm2` instead of loading it
+    again (2-4 s a load), for tests that run the commands or the demos in their process; any other model or
+    option loads as usual. Tests that make loading fail patch ``load_model`` after this.
+    """
+    import torch
+
+    import tl_geometry
+    from tl_geometry import models
+
+    real = models.load_model
+    loading_smollm2 = []  # the fixture's own load, made through this function, must really load
+
+    def load_model(name: str = models.DEFAULT_MODEL, **options):
+        rest = {key: value for key, value in options.items() if key not in ("device", "dtype", "progress")}
+        default = (name == models.DEFAULT_MODEL and not rest and not loading_smollm2
+                   and models.check_device(options.get("device", "cpu")) == torch.device("cpu")
+                   and models.model_dtype(options.get("dtype", "float32")) == torch.float32)
+        if not default:
+            return real(name, **options)
+        loading_smollm2.append(name)
+        try:
+            return request.getfixturevalue("smollm2")
+        finally:
+            loading_smollm2.pop()
+
+    monkeypatch.setattr(models, "load_model", load_model)
+    monkeypatch.setattr(tl_geometry, "load_model", load_model)
+
+
 @pytest.fixture(scope="session")
 def hooked_smollm2(smollm2):
     """The default model as a HookedTransformer (transformer-lens 3.x), loaded once per test worker (after

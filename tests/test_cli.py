@@ -1,5 +1,5 @@
 """The tl-geometry command: the default report and the errors through its console script, the other runs in
-this process (each new process would load the model again)."""
+this process on the worker's loaded model (each new process would load the model again)."""
 
 import subprocess
 import sys
@@ -12,6 +12,7 @@ from tl_geometry import GeometryError, GeometryResult
 from tl_geometry.cli import main
 
 SCRIPT = Path(sys.executable).with_name("tl-geometry")
+pytestmark = pytest.mark.usefixtures("shared_default_model")
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:

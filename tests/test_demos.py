@@ -21,7 +21,7 @@ def test_demos_are_jupytext_percent_notebooks():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("demo", DEMOS, ids=[d.stem for d in DEMOS])
-def test_demo_runs(demo, tmp_path, monkeypatch):
+def test_demo_runs(demo, tmp_path, monkeypatch, shared_default_model):
     """Each demo runs as a notebook kernel runs it: top to bottom in one namespace, here in the test's process
     (a process of its own would import and load the model again)."""
     monkeypatch.setenv("TL_GEOMETRY_DEMO_SMALL", "1")

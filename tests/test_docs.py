@@ -63,7 +63,7 @@ def test_docs_name_only_real_commands():
 
 
 @pytest.mark.slow
-def test_quickstart_runs():
+def test_quickstart_runs(shared_default_model):
     """The Quickstart's code runs on the default model as written."""
     blocks = re.findall(r"```python\n(.*?)```", (DOCS / "quickstart.md").read_text(), flags=re.DOTALL)
     assert blocks

@@ -9,7 +9,7 @@ from tests.fixtures import spy
 from tl_geometry.cli import main
 from tl_geometry.results.interventions import InterventionResult
 
-pytestmark = [pytest.mark.slow, pytest.mark.model]
+pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.usefixtures("shared_default_model")]
 
 
 def test_intervene_writes_the_sweep_n_star_and_the_page(tmp_path, capsys, monkeypatch):

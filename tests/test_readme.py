@@ -17,7 +17,7 @@ def test_readme_shows_the_two_set_up_commands():
     assert re.search(r"^report:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
 
 
-def test_readme_python_examples_run():
+def test_readme_python_examples_run(shared_default_model):
     blocks = python_blocks()
     assert blocks, "the README has no Python example"
     for block in blocks:
