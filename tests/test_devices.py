@@ -91,15 +91,14 @@ def test_load_model_in_bfloat16(smollm2, capsys):
     model = load_model(dtype="bfloat16", progress=False)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16} and model.cfg.dtype == torch.bfloat16
     assert capsys.readouterr().out == ""  # TransformerLens's own cast prints
-    # Every tensor, the wrapped Hugging Face model's buffers included, is the float32 model's rounded to bfloat16.
-    for bridge in ("", "original_model."):
-        cast = {n: t for n, t in [*model.get_submodule(bridge[:-1]).state_dict().items(),
-                                   *model.get_submodule(bridge[:-1]).named_buffers()]}
-        full = {n: t for n, t in [*smollm2.get_submodule(bridge[:-1]).state_dict().items(),
-                                  *smollm2.get_submodule(bridge[:-1]).named_buffers()]}
+    # Every tensor of the bridge and of the Hugging Face model it wraps (buffers included) is the float32
+    # model's rounded to bfloat16.
+    for part in ("", "original_model"):
+        cast, full = ({**dict(m.get_submodule(part).state_dict()), **dict(m.get_submodule(part).named_buffers())}
+                      for m in (model, smollm2))
         assert cast.keys() == full.keys() and len(cast) > 100
         for name, tensor in full.items():
-            assert torch.equal(cast[name], tensor.to(torch.bfloat16)), f"{bridge}{name}"
+            assert torch.equal(cast[name], tensor.to(torch.bfloat16)), f"{part}: {name}"
     result = run_with_geometry_hooks(model, "The quick brown fox jumps over the lazy dog.", n_grid=[1, 2, 4])
     assert result.stats["recall"].total.dtype == torch.float64
     assert bool(torch.isfinite(result.per_head("recall")).all())
