@@ -137,6 +137,16 @@ def test_altered_or_missing_json_keys(kind, data, value, drop):
     refused_or_sound(write(npz, altered), loader)
 
 
+@KINDS
+def test_a_version_that_is_not_a_string_is_refused_wherever_it_stands(kind):
+    # Found by the fuzzing above: the constructors' type check samples one item of a mapping, so every
+    # version must be read (a sweep once loaded with one, then failed to load its own save).
+    loader, npz, meta = saved(kind)
+    versions = {**{f"package-{i}": "1.0" for i in range(100)}, "broken": None}
+    for _ in range(3):
+        assert load_or_refuse(write(npz, {**meta, "versions": versions}), loader) is None
+
+
 def test_a_document_count_that_disagrees_with_the_arrays():
     # Arrays that each read well but disagree with the count.
     assert load_or_refuse(write(NPZ, {**META, "n_documents": 1})) is None

@@ -232,11 +232,8 @@ def _fields(
     layers = tuple(non_negative_int(i, "layers[...]") for i in of_json_type(meta["layers"], list, "layers"))
     heads = tuple(non_negative_int(i, "heads[...]") for i in of_json_type(meta["heads"], list, "heads"))
     config = GeometryConfig.from_json(of_json_type(meta["config"], dict, "config"))
-    versions = of_json_type(meta["versions"], dict, "versions")
-    if not all(isinstance(v, str) for v in versions.values()):
-        raise GeometryError(f"'versions' is {versions!r}, expected package names -> version strings")
     out = {"n_grid": n_grid, "layers": layers, "heads": heads, "config": config,
-           "model_name": of_json_type(meta["model_name"], str, "model_name"), "versions": versions}
+           "model_name": of_json_type(meta["model_name"], str, "model_name"), "versions": read_versions(meta)}
     provenance = meta.get("provenance")
     if provenance is not None:  # files before 0.2 record none
         out["provenance"] = of_json_type(provenance, dict, "provenance")
@@ -305,6 +302,15 @@ def of_json_type(value: Any, kind: type, what: str) -> Any:
     if not isinstance(value, kind):
         raise GeometryError(f"{what!r} is {value!r}, expected a JSON {kind.__name__}")
     return value
+
+
+def read_versions(meta: Mapping[str, Any]) -> dict[str, str]:
+    """The ``versions`` entry, package names -> version strings, every one checked (the constructors' type
+    check samples one item of a mapping), else GeometryError."""
+    versions = of_json_type(meta["versions"], dict, "versions")
+    if not all(isinstance(v, str) for v in versions.values()):
+        raise GeometryError(f"'versions' is {versions!r}, expected package names -> version strings")
+    return versions
 
 
 def _format_1(

@@ -45,6 +45,7 @@ from tl_geometry.results.fileformat import (
     open_pair,
     paths,
     read_stats,
+    read_versions,
 )
 from tl_geometry.results.stats import FieldStats
 from tl_geometry.results.table import StatisticsTable, check_level, percentile_ci
@@ -285,7 +286,7 @@ class InterventionResult(StatisticsTable):
                 n_tokens=non_negative_int(meta["n_tokens"], "n_tokens"),
                 seed=non_negative_int(meta["seed"], "seed"),
                 model_name=of_json_type(meta["model_name"], str, "model_name"),
-                versions=of_json_type(meta["versions"], dict, "versions"),
+                versions=read_versions(meta),
             )
 
     def equals(self, other: "InterventionResult") -> bool:
