@@ -11,6 +11,9 @@ and its default query sample:
 
 - the labels: counts by role, the share of "uncertain" heads, and that every
   head has a role or "uncertain";
+- the paper's rules read literally beside ours (counts, and the cross-tab);
+- the sub-types: counts by kind, and their agreement across four disjoint
+  groups of the windows;
 - stability: the roles of the first and the second half of the windows,
   analysed separately, agree on the heads both label; the default sample and
   a sample with another seed agree;
@@ -18,7 +21,8 @@ and its default query sample:
   the ten heads with the highest previous-token score on natural text, the
   ten with the highest induction score on repeated random tokens, and the ten
   with the highest duplicate-token and BOS scores on natural text, and their
-  roles;
+  roles (recall); of the heads named previous-token or lag T - 1, how many
+  the detector confirms (score >= 0.3; precision);
 - the threshold sensitivity (+-10 % on each threshold);
 - Gaussian mixtures over the per-head features for k = 1..6 and their BIC.
 
@@ -33,7 +37,15 @@ import torch
 
 import tl_geometry as tg
 from tl_geometry.analysis.mixture import MIXTURE_FEATURES, mixture_bic, role_feature_matrix
-from tl_geometry.analysis.taxonomy import REGIMES, UNCERTAIN, agreement, role_counts, taxonomy_from_result, threshold_sensitivity
+from tl_geometry.analysis.taxonomy import (
+    LITERAL_ROLES,
+    REGIMES,
+    UNCERTAIN,
+    agreement,
+    role_counts,
+    taxonomy_from_result,
+    threshold_sensitivity,
+)
 from tl_geometry.capture.roles import check_known_mechanisms
 
 
@@ -49,10 +61,10 @@ def study(name: str, n_windows: int, context: int) -> None:
     model = tg.load_model(name, progress=False)
     windows = tg.text_windows(model, tg.default_text(), context=context, n_windows=n_windows)
     config = tg.GeometryConfig(diagnostics=["taxonomy"])
-    half = n_windows // 2
-    first = _analyse(model, windows[:half], config, save, f"{name}-first")
-    second = _analyse(model, windows[half:], config, save, f"{name}-second")
-    full = tg.GeometryResult.merge([first, second])
+    half, quarter = n_windows // 2, n_windows // 4
+    groups = [_analyse(model, windows[i * quarter : (i + 1) * quarter], config, save, f"{name}-group{i + 1}") for i in range(4)]
+    first, second = tg.GeometryResult.merge(groups[:2]), tg.GeometryResult.merge(groups[2:])
+    full = tg.GeometryResult.merge(groups)
     reseeded = _analyse(model, windows, config.with_overrides(settings={"taxonomy": {"seed": 1}}), save, f"{name}-seed1")
     roles = taxonomy_from_result(full)
     n_heads = roles.labels.numel()
@@ -66,6 +78,33 @@ def study(name: str, n_windows: int, context: int) -> None:
     print(f"- halves: windows 1-{half} and {half + 1}-{n_windows} agree on {100 * share:.1f} % of the {both} heads both label")
     share, both = agreement(roles, taxonomy_from_result(reseeded))
     print(f"- query sample: seed 0 and seed 1 agree on {100 * share:.1f} % of the {both} heads both label")
+    literal = [n for row in roles.literal_names() for n in row]
+    ours = [n for row in roles.label_names() for n in row]
+    print("\nThe paper's rules read literally (norms, raw cosines) against ours: rows ours, columns literal\n")
+    print("| ours | " + " | ".join(LITERAL_ROLES) + " |\n|" + "---|" * (len(LITERAL_ROLES) + 1))
+    for label in REGIMES:
+        print(f"| {label} | " + " | ".join(str(sum(o == label and t == lit for o, t in zip(ours, literal))) for lit in LITERAL_ROLES) + " |")
+    print(f"\n- Mixers: {ours.count('mixer')} ours, {literal.count('mixer')} read literally")
+    subs = [roles.subtype(layer, head) for layer in roles.layers for head in roles.heads]
+    kinds = {"previous-token": sum(s == "previous-token" for s in subs),
+             "lag k > 1": sum(s is not None and s.startswith("lag") for s in subs),
+             "secondary sink": sum(s is not None and s.startswith("secondary sink") for s in subs)}  # fmt: skip
+    print("- sub-types: " + ", ".join(f"{k} {v}" for k, v in kinds.items()))
+    group_roles = [taxonomy_from_result(g) for g in groups]
+    same_both = both_named = same_either = either_named = 0
+    for a in range(4):
+        for b in range(a + 1, 4):
+            for layer in roles.layers:
+                for head in roles.heads:
+                    sa, sb = group_roles[a].subtype(layer, head), group_roles[b].subtype(layer, head)
+                    if sa is not None or sb is not None:
+                        either_named += 1
+                        same_either += sa == sb
+                    if sa is not None and sb is not None:
+                        both_named += 1
+                        same_both += sa == sb
+    print(f"- sub-types across four disjoint groups of {quarter} windows (six pairs): the same in {same_both} of "
+          f"{both_named} (head, pair)s where both name one, {same_either} of {either_named} where either does")
     probability = roles.probabilities.amax(-1)
     print(f"- probability of the label: median {float(probability.median()):.2f}; "
           f"margin p1 - p2 below {roles.config.margin} for {int((roles.margin < roles.config.margin).sum())} heads")
@@ -84,10 +123,15 @@ def study(name: str, n_windows: int, context: int) -> None:
             sub = roles.subtype(layer, head)
             print(f"| {row['head']} | {row['score']:.2f} | {row['label']} | {row['subtype'] or '-'} | "
                   f"{row['p_content']:.2f} | {default}{f' ({sub})' if sub else ''} |")
-        if detector == "previous_token":
+        if detector in ("previous_token", "induction"):
             top = check.top_heads(detector)
-            on_default = sum(roles.subtype(layer, head) == "previous-token" for layer, head in top)
-            print(f"\nOn the default input: {on_default} of 10 are Content / previous-token.")
+            want = "previous-token" if detector == "previous_token" else f"lag {check.period - 1}"
+            on_default = sum(roles.subtype(layer, head) == want for layer, head in top)
+            print(f"\nRecall on the default input: {on_default} of 10 are named {want}.")
+            for where, taxonomy in (("these prompts", check.taxonomy), ("the default input", roles)):
+                found = check.precision(detector, taxonomy)
+                print(f"Precision on {where}: {len(found.confirmed)} of the {len(found.named)} heads named {want} "
+                      f"score >= {found.threshold} ({', '.join(f'{l}.{h}' for l, h in found.named)})")
 
     print("\nMean detector score by role on the default input's labels (natural prompts; repeated for induction)\n")
     print("| role | heads | previous-token | duplicate-token | induction | BOS |\n|---|---|---|---|---|---|")

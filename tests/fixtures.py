@@ -232,8 +232,8 @@ STUDY_ROLE_MIX = {"retriever": (0.6, 0.2, 0.0, 0.0), "reset": (0.3, 0.6, 0.4, 0.
 ROLE_SHARES = {"retriever": (0.15, 0.6, 0.25), "reset": (0.7, 0.1, 0.2), "mixer": (0.5, 0.3, 0.2),
                "content": (0.2, 0.1, 0.7)}  # (sink, self, rest) of each role's typical head
 # Each role feature's spread over documents (the shares' noise sums to zero over the three).
-ROLE_NOISE = {"share_sink": 0.1, "share_self": 0.1, "share_rest": 0.1, "align_self_excess": 0.08, "shift_self": 0.02,
-              "shift_sink": 0.02, "top_rest_share": 0.1, "rest_effective_share": 0.05, "previous_token": 0.05,
+ROLE_NOISE = {"share_sink": 0.1, "share_self": 0.1, "share_rest": 0.1, "align_self_excess": 0.08, "shift_self_raw": 0.02,
+              "shift_sink_raw": 0.02, "top_rest_share": 0.1, "rest_effective_share": 0.05, "previous_token": 0.05,
               "align_sink_excess": 0.05}  # fmt: skip
 
 
@@ -251,7 +251,7 @@ def role_means(rng: np.random.Generator, shape: tuple[int, int]) -> dict[str, np
             means["share_rest"][layer, head] = rest
             means["align_self_excess"][layer, head] = rng.uniform(0.02, 0.2) if role == "retriever" else rng.uniform(-0.02, 0.04)
             shift = rng.uniform(0.0, 0.04) if role == "mixer" else rng.normal(0, 0.004)
-            means["shift_self"][layer, head], means["shift_sink"][layer, head] = shift, -shift
+            means["shift_self_raw"][layer, head], means["shift_sink_raw"][layer, head] = shift, -shift
             means["top_rest_share"][layer, head] = rng.uniform(0.2, 0.7) if role == "content" else rng.uniform(0.1, 0.5)
     means["rest_effective_share"] = rng.uniform(0.2, 0.8, shape)
     means["previous_token"] = rng.uniform(0.0, 0.3, shape)
@@ -262,7 +262,7 @@ def role_means(rng: np.random.Generator, shape: tuple[int, int]) -> dict[str, np
 def study_roles(means: dict[str, np.ndarray]) -> np.ndarray:
     """Each head's role (``[layer, head]``, names) by the taxonomy's rules on its true means, with the standard
     errors a study of STUDY_DOCUMENTS documents has (the rules' z-scores are relative to them)."""
-    se = {name: ROLE_NOISE[name] / math.sqrt(STUDY_DOCUMENTS) for name in ("align_self_excess", "shift_self", "shift_sink")}
+    se = {name: ROLE_NOISE[name] / math.sqrt(STUDY_DOCUMENTS) for name in ("align_self_excess", "shift_self_raw", "shift_sink_raw")}
     roles = np.empty(means["share_self"].shape, dtype=object)
     for index in np.ndindex(roles.shape):
         head = {name: float(v[index]) for name, v in means.items() if v.ndim == 2}

@@ -200,12 +200,9 @@ def reference_role(f: dict, se: dict, cfg) -> int:
     own, rest = f["share_self"], f["share_rest"]
     if math.isnan(own) or math.isnan(rest):
         return -1
-    z = {k: f[k] / se[k] if se[k] > 0 else math.copysign(math.inf, f[k]) if f[k] else math.nan
-         for k in ("align_self_excess", "shift_self", "shift_sink")}  # fmt: skip
+    z = {k: _z(f[k], se[k]) for k in ("align_self_excess", "shift_self_raw", "shift_sink_raw")}
     # 1. Mixer: "the last token intermediate between sink and rest; alignment shifts from v_0 towards v_L".
-    rising = z["shift_self"] > cfg.z_shift and f["shift_self"] >= cfg.shift_min
-    falling = z["shift_sink"] < -cfg.z_shift and f["shift_sink"] <= -cfg.shift_min
-    if min(sink, rest) < own < max(sink, rest) and rising and falling:
+    if min(sink, rest) < own < max(sink, rest) and _shifts(f, z, cfg):
         return ROLES.index("mixer")
     # 2. Retriever: "the last token dominates; s(N) stays aligned with v_L" (beyond chance).
     if own >= sink and own >= rest and z["align_self_excess"] > cfg.z_align and f["align_self_excess"] >= cfg.align_min:
@@ -214,3 +211,61 @@ def reference_role(f: dict, se: dict, cfg) -> int:
     if rest > sink and f["top_rest_share"] >= cfg.concentrated:
         return ROLES.index("content")
     return ROLES.index("reset")
+
+
+def _z(value: float, se: float) -> float:
+    return value / se if se > 0 else math.copysign(math.inf, value) if value else math.nan
+
+
+def _shifts(f: dict, z: dict, cfg) -> bool:
+    """The raw cos(s, v_L) rises and cos(s, v_0) falls with ln N, each by z_shift standard errors and shift_min."""
+    rising = z["shift_self_raw"] > cfg.z_shift and f["shift_self_raw"] >= cfg.shift_min
+    falling = z["shift_sink_raw"] < -cfg.z_shift and f["shift_sink_raw"] <= -cfg.shift_min
+    return rising and falling
+
+
+LITERAL = ("retriever", "mixer", "reset", "none")
+
+
+def reference_literal_role(f: dict, se: dict, cfg) -> int:
+    """The paper's sentences of section 4.2 read literally, on norms and raw cosines (index into LITERAL):
+    Retriever "||alpha_L v_L|| is largest; s(N) stays strongly aligned with v_L"; Mixer "last token is
+    intermediate between sink and rest: alignment shifts from v_0 ... towards v_L"; Reset "||alpha_0 v_0|| is
+    comparable to or exceeds the others [or mass is broadly spread]; s(N) remains sink-biased with weak
+    cos(s, v_L)"."""
+    sink = 0.0 if math.isnan(f["contribution_sink"]) else f["contribution_sink"]
+    own, top = f["contribution_last"], f["contribution_top_rest"]
+    if math.isnan(own) or math.isnan(top):
+        return -1
+    z = {k: _z(f[k], se[k]) for k in ("shift_self_raw", "shift_sink_raw")}
+    if min(sink, top) < own < max(sink, top) and _shifts(f, z, cfg):
+        return LITERAL.index("mixer")
+    if own >= sink and own >= top and f["cos_self_raw"] >= cfg.literal_align:
+        return LITERAL.index("retriever")
+    sink_or_spread = sink >= cfg.comparable * max(own, top) or f["top_rest_share"] < cfg.concentrated
+    if sink_or_spread and f["cos_sink_raw"] > f["cos_self_raw"] and f["cos_self_raw"] < cfg.literal_align:
+        return LITERAL.index("reset")
+    return LITERAL.index("none")
+
+
+def reference_subtype(at_lag: dict, at_position: dict, cfg) -> tuple[str, int]:
+    """A head's sub-type from its per-offset means, one offset at a time: ``(kind, offset)``, kind "none" where
+    the candidate misses a floor. ``at_lag``/``at_position``: "top", "attention", "output" -> lists by offset.
+
+    The candidate: the offset >= 1 that is the top rest key of the most rows (the first such offset; on a tie
+    between kinds, the lag); named where its rows, weight and output reach the floors and its weight is at least
+    subtype_peak times each neighbour's (offset - 1 when >= 1, offset + 1 when there is one)."""
+    best = {}
+    for kind, at in (("lag", at_lag), ("position", at_position)):
+        top = [0.0 if math.isnan(x) else x for x in at["top"]]
+        offset = max(range(1, len(top)), key=lambda k: (top[k], -k))
+        weight = [0.0 if math.isnan(x) else x for x in at["attention"]]
+        neighbours = [weight[offset - 1]] if offset - 1 >= 1 else []
+        neighbours += [weight[offset + 1]] if offset + 1 < len(weight) else []
+        nearest = max(neighbours, default=0.0)
+        peak = weight[offset] / nearest if nearest > 0 else math.inf
+        best[kind] = (top[offset], offset, weight[offset], at["output"][offset], peak)
+    kind = "position" if best["position"][0] > best["lag"][0] else "lag"
+    rows, offset, weight, output, peak = best[kind]
+    named = rows >= cfg.subtype_rows and weight >= cfg.subtype_attention and output >= cfg.subtype_output
+    return (kind if named and peak >= cfg.subtype_peak else "none"), offset

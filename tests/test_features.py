@@ -174,8 +174,7 @@ def test_features_through_the_hooks_do_not_depend_on_batching():
     for i, one in enumerate(alone):
         for name in set(TAXONOMY_FEATURES) - set(POSITION_FEATURES):
             alone_rows = one.queries[name][0]
-            rows = together.queries[name][i][..., : alone_rows.shape[-1]] if name == "top_rest_lag_share" else together.queries[name][i]
-            torch.testing.assert_close(rows, alone_rows, equal_nan=True, msg=name)  # the lag axis: as wide as the keys
+            torch.testing.assert_close(together.queries[name][i], alone_rows, equal_nan=True, msg=name)
     # The per-position features belong to each sequence's last query: one sequence per run gives its own
     # values; together, position p averages the sequences that reach p, and padding is never counted.
     width = max(one.per_head("contribution_by_position").shape[-1] for one in alone)

@@ -9,7 +9,9 @@ Mutants and the test that catches each (run by hand):
 - the chance level as a ratio of means, E<S, v> / sqrt(E||S||^2): both tests below;
 - the chance level as the cosine of the mean random sum: test_role_features_match_reference;
 - the shift's slope including the N where the top-N set is the sink alone: test_role_features_match_reference;
-- the top rest key taken as the last index among ties: test_role_features_match_reference (ties=True).
+- the top rest key taken as the last index among ties: test_role_features_match_reference (ties=True);
+- the sub-type shares NaN (not 0) at offsets a row cannot reach: test_role_features_match_reference;
+- the raw shift's slope including the sink-alone point: test_role_features_match_reference.
 """
 
 import itertools
@@ -21,7 +23,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import tl_geometry.diagnostics.taxonomy as taxonomy_module
-from tl_geometry.diagnostics.taxonomy import ROLE_CURVES, ROLE_EXTRAS, ROLE_FEATURES, row_features
+from tl_geometry.diagnostics.taxonomy import ROLE_CURVES, ROLE_EXTRAS, ROLE_FEATURES, SUBTYPE_FEATURES, row_features
+
+REACH = 6  # offsets the sub-type features measure in these tests (fewer than the keys, so some fall outside)
 
 
 def _cos(a, b):
@@ -35,12 +39,12 @@ def _slope(xs, ys):
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
-def reference_roles(alpha, values, visible, grid, n_keys):
+def reference_roles(alpha, values, visible, grid, reach):
     """One query row's role features; sink the first visible key, L the last."""
     keys = [i for i in range(len(alpha)) if visible[i]]
-    nan_row = {name: math.nan for name in ROLE_FEATURES + ("loo_sink", "loo_self", "rest_effective_keys")}
+    nan_row = {name: math.nan for name in ROLE_FEATURES + ROLE_EXTRAS}
     nan_row.update({name: [math.nan] * len(grid) for name in ROLE_CURVES})
-    nan_row["top_rest_lag_share"] = [math.nan] * n_keys
+    nan_row.update({name: [math.nan] * reach for name in SUBTYPE_FEATURES})
     nan_row.update({f"_spread_{part}": {"curve": [0.0] * len(grid), "mean": 0.0, "slope": 0.0} for part in ("sink", "self")})
     if len(keys) < 2:
         return nan_row
@@ -57,10 +61,12 @@ def reference_roles(alpha, values, visible, grid, n_keys):
     }
     rest = [i for i in keys if i not in (sink, last)]
     mass = sum(float(alpha[i]) for i in rest)
+    # The paper's magnitudes: the largest single contribution of the rest (0 without rest keys).
+    out["contribution_top_rest"] = max((float(y[i].norm()) for i in rest), default=0.0)
     if not rest or mass <= 0:
         for name in ("rest_effective_keys", "rest_effective_share", "top_rest_share", "previous_token"):
             out[name] = math.nan
-        out["top_rest_lag_share"] = [math.nan] * n_keys
+        out.update({name: [math.nan] * reach for name in SUBTYPE_FEATURES})
     else:
         p = {i: float(alpha[i]) / mass for i in rest}
         entropy = -sum(q * math.log(q) for q in p.values() if q > 0)
@@ -69,12 +75,17 @@ def reference_roles(alpha, values, visible, grid, n_keys):
         out["rest_effective_share"] = math.exp(entropy) / len(rest)
         out["top_rest_share"] = p[top]
         out["previous_token"] = float(last - top == 1)
-        out["top_rest_lag_share"] = [float(k == last - top) if k < len(keys) else math.nan for k in range(n_keys)]
+        # Lag k is the key L - k, position p the key sink + p; an offset with no visible key there holds 0.
+        for kind, key_at in (("lag", lambda k: last - k), ("position", lambda k: sink + k)):
+            at = [key_at(k) if key_at(k) in keys else None for k in range(reach)]
+            out[f"top_rest_at_{kind}"] = [float(key == top) for key in at]
+            out[f"attention_at_{kind}"] = [0.0 if key is None else float(alpha[key]) for key in at]
+            out[f"output_share_at_{kind}"] = [0.0 if key is None else float(y[key] @ o) / o_sq for key in at]
     n = len(keys)
     order = sorted(keys, key=lambda i: (-float(alpha[i]), i))
     for part, key in (("sink", sink), ("self", last)):
         v = values[key]
-        curve, usable, for_slope, spreads = [], [], [], []
+        curve, usable, for_slope, spreads, raw = [], [], [], [], []
         for size in grid:
             if size > n:
                 curve.append(math.nan)
@@ -92,9 +103,13 @@ def reference_roles(alpha, values, visible, grid, n_keys):
                 usable.append(excess)
                 if not (size == 1 and order[0] == sink):
                     for_slope.append((math.log(size), excess))
+                    raw.append((math.log(size), _cos(s, v)))
         out[f"excess_cos_{part}"] = curve
         out[f"align_{part}_excess"] = sum(usable) / len(usable) if usable else math.nan
         out[f"shift_{part}"] = _slope([x for x, _ in for_slope], [e for _, e in for_slope])
+        # The paper's curve itself, over the same N: its mean and its slope against ln N.
+        out[f"cos_{part}_raw"] = sum(c for _, c in raw) / len(raw) if raw else math.nan
+        out[f"shift_{part}_raw"] = _slope([x for x, _ in raw], [c for _, c in raw])
         # The spread of one random set's cosine, for the tolerance of a Monte Carlo mean over many sets.
         xs = [x for x, _ in for_slope]
         leverage = math.sqrt(sum((x - sum(xs) / len(xs)) ** 2 for x in xs)) if len(xs) > 1 else math.inf
@@ -125,10 +140,10 @@ MANY_CONTROLS = 3000
 def test_role_features_match_reference(seed, ties, monkeypatch_controls):
     alpha, values, mask = random_rows(seed, ties=ties)
     grid = torch.tensor([1, 2, 3, 4, 6, 9])
-    fast = row_features(alpha, values, mask, grid)
+    fast = row_features(alpha, values, mask, grid, reach=REACH)
     for r in range(len(alpha)):
-        want = reference_roles(alpha[r], values[r], mask[r].tolist(), grid.tolist(), alpha.shape[-1])
-        for name in ROLE_FEATURES + ROLE_EXTRAS + ROLE_CURVES:
+        want = reference_roles(alpha[r], values[r], mask[r].tolist(), grid.tolist(), REACH)
+        for name in ROLE_FEATURES + ROLE_EXTRAS + ROLE_CURVES + SUBTYPE_FEATURES:
             expected = torch.tensor(want[name], dtype=torch.float64)
             tolerance = {}
             if name in CHANCE:  # the Monte Carlo chance level against every subset: within 6 of its standard errors
@@ -188,5 +203,6 @@ def test_a_previous_token_row_has_lag_one():
     values = torch.randn(1, keys, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     f = row_features(alpha, values, torch.ones(1, keys, dtype=torch.bool), torch.tensor([1, 2, 4]))
     assert float(f["previous_token"][0]) == 1.0
-    assert int(f["top_rest_lag_share"][0].argmax()) == 1
+    assert int(f["top_rest_at_lag"][0].argmax()) == 1 and float(f["top_rest_at_lag"][0].sum()) == 1.0
+    assert float(f["attention_at_lag"][0, 1]) == pytest.approx(0.9)
     assert float(f["top_rest_share"][0]) > 0.85

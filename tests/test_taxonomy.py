@@ -12,7 +12,12 @@ Mutants and the test that catches each (run by hand, or shown inside the test):
 - share_sink and share_self swapped in the rules: test_built_heads_come_out_as_built (inside);
 - the alignment without its chance correction (raw cosine): test_aligned_only_by_chance_is_not_a_retriever;
 - concentration read as "at most" instead of "at least": test_built_heads_come_out_as_built;
-- the label without the margin (argmax alone): test_labels_follow_the_margin.
+- the label without the margin (argmax alone): test_labels_follow_the_margin;
+- the sub-type's share over the rows that reach the offset (not all rows): test_built_heads_come_out_as_built
+  (the secondary sink is then a "lag" of a late row);
+- no peak test (a recency-biased head named previous-token): test_built_heads_come_out_as_built (inside);
+- a secondary sink left Content: test_built_heads_come_out_as_built;
+- the literal Reset without its sink-biased alignment: test_literal_rules_match_the_reference.
 """
 
 import dataclasses
@@ -24,26 +29,32 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests import tiny_models as tm
-from tests.reference import reference_role
+from tests.reference import LITERAL, reference_literal_role, reference_role, reference_subtype
+from tl_geometry.analysis.mechanisms import precision
 from tl_geometry.analysis.taxonomy import (
+    LITERAL_ROLES,
     REGIMES,
     ROLES,
+    SUBTYPE_KINDS,
     TaxonomyConfig,
     classify_queries,
     labels_from_probabilities,
+    literal_role_of,
     role_of,
+    subtypes_from_features,
     taxonomy_from_result,
     threshold_sensitivity,
 )
 from tl_geometry.capture.hooks import run_with_geometry_hooks
-from tl_geometry.capture.roles import classify_heads, detect_regime
+from tl_geometry.capture.roles import classify_heads, detect_regime, detector_scores
 from tl_geometry.config import GeometryConfig
-from tl_geometry.diagnostics.taxonomy import ROLE_FEATURES, TAXONOMY_FEATURES
+from tl_geometry.diagnostics.taxonomy import LITERAL_FEATURES, ROLE_FEATURES, SUBTYPE_FEATURES, TAXONOMY_FEATURES
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
 
 D = 8  # the tiny GPT-2's d_head
 N_DOC, POS, PERIOD = 8, 48, 20
+SECONDARY = 3  # the position of a built secondary sink
 
 
 def _unit(x):
@@ -65,6 +76,20 @@ def built_row(role: str, q: int, n_keys: int, v: torch.Tensor) -> torch.Tensor:
         a[0], a[q], mass = 0.5, 0.3, 0.2
     elif role == "broad":
         a[: q + 1] = 1.0
+        return a / a.sum()
+    elif role == "secondary_sink":  # every later query's top rest key is the key at position SECONDARY
+        if q > SECONDARY:
+            a[0], a[q], a[SECONDARY], mass = 0.25, 0.05, 0.6, 0.1
+            spread = [k for k in spread if k != SECONDARY]
+        else:
+            a[0], a[q], mass = 0.6, 0.2, 0.2
+    elif role == "recency":  # weights decaying by 0.6 a lag: the previous token wins every row, with no peak
+        a[0], a[q] = 0.15, 0.05
+        decay = torch.tensor([0.6**lag for lag in range(1, q)], dtype=torch.float64)
+        if q > 1:
+            a[1:q] = (0.8 * decay / decay.sum()).flip(0)  # key q - lag gets 0.6^lag
+        else:
+            a[0] += 0.8
         return a / a.sum()
     elif role in ("previous", "induction"):
         target = q - 1 if role == "previous" else q - PERIOD + 1
@@ -113,8 +138,9 @@ def gpt2():
     return tm.tiny_bridge("gpt2")
 
 
-ROLES_BUILT = {0: ["retriever", "sink", "broad", "previous"], 1: ["retriever", "sink", "aligned_by_chance", "previous"]}
-EXPECTED = {"retriever": "retriever", "sink": "reset", "broad": "reset", "previous": "content"}
+ROLES_BUILT = {0: ["retriever", "sink", "broad", "previous"], 1: ["secondary_sink", "recency", "aligned_by_chance", "previous"]}
+EXPECTED = {"retriever": "retriever", "sink": "reset", "broad": "reset", "previous": "content", "secondary_sink": "reset",
+            "recency": "content"}
 
 
 @pytest.fixture(scope="module")
@@ -128,16 +154,56 @@ def built(gpt2):
 @given(values=st.lists(st.floats(-0.2, 1), min_size=7, max_size=7), errors=st.lists(st.floats(0.001, 0.2), min_size=3, max_size=3),
        nan_sink=st.booleans())
 def test_rules_match_the_reference(values, errors, nan_sink):
-    names = ("share_sink", "share_self", "share_rest", "align_self_excess", "shift_self", "shift_sink", "top_rest_share")
+    names = ("share_sink", "share_self", "share_rest", "align_self_excess", "shift_self_raw", "shift_sink_raw", "top_rest_share")
     f = dict(zip(names, values))
     f["top_rest_share"] = abs(f["top_rest_share"])
     if nan_sink:
         f["share_sink"] = math.nan
-    se = dict(zip(("align_self_excess", "shift_self", "shift_sink"), errors))
+    se = dict(zip(("align_self_excess", "shift_self_raw", "shift_sink_raw"), errors))
     cfg = TaxonomyConfig()
     got = role_of({k: torch.tensor([v], dtype=torch.float64) for k, v in f.items()},
                   {k: torch.tensor([v], dtype=torch.float64) for k, v in se.items()}, cfg)  # fmt: skip
     assert int(got) == reference_role(f, se, cfg)
+
+
+LITERAL_NAMES = ("contribution_sink", "contribution_last", "contribution_top_rest", "cos_sink_raw", "cos_self_raw",
+                 "shift_self_raw", "shift_sink_raw", "top_rest_share")  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(st.floats(-0.3, 1), min_size=8, max_size=8), errors=st.lists(st.floats(0.001, 0.2), min_size=2, max_size=2),
+       nan_sink=st.booleans())
+def test_literal_rules_match_the_reference(values, errors, nan_sink):
+    f = dict(zip(LITERAL_NAMES, values))
+    for name in ("contribution_sink", "contribution_last", "contribution_top_rest", "top_rest_share"):
+        f[name] = abs(f[name])
+    if nan_sink:
+        f["contribution_sink"] = math.nan
+    se = dict(zip(("shift_self_raw", "shift_sink_raw"), errors))
+    cfg = TaxonomyConfig()
+    got = literal_role_of({k: torch.tensor([v], dtype=torch.float64) for k, v in f.items()},
+                          {k: torch.tensor([v], dtype=torch.float64) for k, v in se.items()}, cfg)  # fmt: skip
+    assert LITERAL_ROLES == LITERAL and int(got) == reference_literal_role(f, se, cfg)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), reach=st.integers(3, 9))
+def test_subtypes_match_the_reference(data, reach):
+    """Per-offset means drawn at random (with ties and NaN offsets), one head at a time against the reference."""
+    share = st.one_of(st.sampled_from([0.0, 0.25, 0.5]), st.floats(0, 1))
+    draw = {name: data.draw(st.lists(share, min_size=reach, max_size=reach)) for name in
+            ("top_rest_at_lag", "attention_at_lag", "output_share_at_lag", "top_rest_at_position",
+             "attention_at_position", "output_share_at_position")}  # fmt: skip
+    features = {name: torch.tensor(v, dtype=torch.float64).view(1, 1, -1) for name, v in draw.items()}
+    cfg = TaxonomyConfig()
+    found = subtypes_from_features(features, cfg)
+    want_kind, want_offset = reference_subtype(
+        {"top": draw["top_rest_at_lag"], "attention": draw["attention_at_lag"], "output": draw["output_share_at_lag"]},
+        {"top": draw["top_rest_at_position"], "attention": draw["attention_at_position"],
+         "output": draw["output_share_at_position"]}, cfg,
+    )  # fmt: skip
+    assert SUBTYPE_KINDS[int(found.kind[0, 0])] == want_kind
+    assert int(found.offset[0, 0]) == want_offset
 
 
 # ---- heads built to be each role ----
@@ -157,7 +223,19 @@ def test_built_heads_come_out_as_built(built):
             others = torch.cat([p[:want], p[want + 1 :]])
             assert float(p[want] - others.max()) >= margin, (layer, head, role, p)
     assert found.subtype(0, 3) == "previous-token" and found.subtype(1, 3) == "previous-token"
-    assert int(found.top_lag[0, 3]) == 1
+    assert int(found.subtypes.offset[0, 3]) == 1 and float(found.subtypes.rows[0, 3]) > 0.8
+    # The secondary sink: position SECONDARY wins every later row (each at another lag), and is Reset.
+    assert found.subtype(1, 0) == f"secondary sink (position {SECONDARY})", found.describe(1, 0)
+    assert float(found.probabilities[1, 0, ROLES.index("content")]) == 0.0
+    assert int(found.point[1, 0]) == ROLES.index("reset")
+    # The recency-biased head: the previous token is its top rest key in every row, but its weight has no peak.
+    assert float(found.subtypes.rows[1, 1]) > 0.8 and int(found.subtypes.offset[1, 1]) == 1
+    assert found.subtype(1, 1) is None, found.describe(1, 1)
+    # Mutant: no peak test: the recency-biased head would be named previous-token.
+    no_peak = dataclasses.replace(found.config, subtype_peak=1.0)
+    assert SUBTYPE_KINDS[int(subtypes_from_features(found.features, no_peak).kind[1, 1])] == "lag"
+    # Strength on the named key, against the built weights (0.7 of 1.0 at the previous token where it exists).
+    assert 0.5 < float(found.subtypes.attention[0, 3]) <= 0.7
     # Mutant: share_sink and share_self swapped: the Retrievers stop being Retrievers.
     swapped = {**found.features, "share_sink": found.features["share_self"], "share_self": found.features["share_sink"]}
     assert int(role_of(swapped, found.se, found.config)[0, 0]) != ROLES.index("retriever")
@@ -229,7 +307,7 @@ def test_probabilities_are_the_share_of_replicates_giving_each_role(built):
         for head in range(tm.N_HEADS):
             reps = built.replicates("share_self")[:, layer, head]
             se = {}
-            for k in ("align_self_excess", "shift_self", "shift_sink"):
+            for k in ("align_self_excess", "shift_self_raw", "shift_sink_raw"):
                 x = [float(v) for v in replicates[k][:, layer, head] if not math.isnan(v)]
                 mean = sum(x) / len(x)
                 se[k] = math.sqrt(sum((v - mean) ** 2 for v in x) / (len(x) - 1))
@@ -239,6 +317,13 @@ def test_probabilities_are_the_share_of_replicates_giving_each_role(built):
                     continue
                 role = reference_role({k: float(v[b, layer, head]) for k, v in replicates.items()}, se, found.config)
                 votes[role] += 1
+            # A secondary sink is Reset: its Content votes count for Reset.
+            at = {kind: {key: built.per_head(f"{name}_at_{kind}")[layer, head].tolist() for key, name in
+                         (("top", "top_rest"), ("attention", "attention"), ("output", "output_share"))}
+                  for kind in ("lag", "position")}  # fmt: skip
+            if reference_subtype(at["lag"], at["position"], found.config)[0] == "position":
+                votes[ROLES.index("reset")] += votes[ROLES.index("content")]
+                votes[ROLES.index("content")] = 0
             want = torch.tensor(votes, dtype=torch.float64) / sum(votes)
             torch.testing.assert_close(found.probabilities[layer, head], want, msg=str((layer, head)))
 
@@ -280,7 +365,8 @@ def test_summaries_and_sensitivity(built):
         moved = taxonomy_from_result(built, TaxonomyConfig(**{row.threshold: row.value}))
         assert row.changed == int((moved.labels != found.labels).sum())
         assert list(row.counts) == moved.counts_by_layer().sum(0).tolist()
-    assert "0.0: retriever" in found.describe(0, 0) and "0.3: content (previous-token, 100 % of rows)" in found.describe(0, 3)
+    assert "0.0: retriever" in found.describe(0, 0)
+    assert "0.3: content (previous-token: top rest key in 100 % of rows, weight 0." in found.describe(0, 3)
     table = found.table()
     assert len(table) == tm.N_LAYERS * tm.N_HEADS and all(abs(sum(r[f"p_{k}"] for k in ROLES) - 1) < 1e-9 for r in table)
 
@@ -323,6 +409,12 @@ def test_errors_and_old_results(gpt2, built):
     assert any(name in old.fields for name in TAXONOMY_FEATURES)
     with pytest.raises(GeometryError, match="older taxonomy diagnostic .* analyse the model again"):
         taxonomy_from_result(old)
+    # A result of the version before the sub-types: roles as before, no sub-type, and it says so.
+    before = dataclasses.replace(built, stats={k: v for k, v in built.stats.items() if k not in SUBTYPE_FEATURES + LITERAL_FEATURES})
+    found = taxonomy_from_result(before)
+    assert set(found.missing) == set(SUBTYPE_FEATURES + LITERAL_FEATURES)
+    assert all(found.subtype(layer, head) is None for layer in found.layers for head in found.heads)
+    assert (found.literal == -1).all() and "this result lacks contribution_top_rest" in found.describe(0, 3)
     from tl_geometry.report.html import render_figures
 
     assert render_figures(old).taxonomy is None  # the report of an old result draws the rest and says why not
@@ -354,3 +446,17 @@ def test_detect_regime_has_detect_heads_shape(gpt2):
     others = torch.ones_like(some, dtype=torch.bool)
     others[1, 2] = others[0, 0] = False
     assert some[others].isnan().all() and not some[~others].isnan().any()
+
+
+@pytest.mark.model
+def test_precision_counts_the_named_heads_a_detector_confirms(gpt2, built):
+    """The detector reads the built patterns: the previous-token heads score 0.7, the recency head 0.32."""
+    found = taxonomy_from_result(built)
+    tokens = tm.with_bos(tm.random_tokens(N_DOC, POS - 1))
+    with gpt2.hooks(fwd_hooks=building_hooks(ROLES_BUILT, N_DOC, POS)):
+        scores = detector_scores(gpt2, tokens)["previous_token"]
+    named = precision(found, scores, "previous-token")
+    assert set(named.named) == {(0, 3), (1, 3)} and named.confirmed == named.named and named.share == 1.0
+    assert 0.3 < float(scores[1, 1]) < 0.35  # the recency head: the detector's cut alone would count it
+    assert precision(found, scores, "previous-token", threshold=0.8).confirmed == ()
+    assert math.isnan(precision(found, scores, "lag 7").share)

@@ -15,6 +15,54 @@ from tl_geometry.analysis.taxonomy import CONTENT, HeadTaxonomy
 from tl_geometry.errors import GeometryError
 
 DETECTORS = ("previous_token", "duplicate_token", "induction", "bos")
+# A head is confirmed by a detector at this score (the usual cut of TransformerLens's head detector studies).
+CONFIRMED = 0.3
+
+
+def expected_subtype(detector: str, period: int | None) -> str:
+    """The sub-type a head of ``detector``'s mechanism gets: previous-token, or lag T - 1 for induction."""
+    if detector == "previous_token":
+        return "previous-token"
+    if detector == "induction":
+        if period is None:
+            raise GeometryError("period: the induction sub-type is lag T - 1, and this prompt set has no period T")
+        return f"lag {period - 1}"
+    raise GeometryError(f"detector: a sub-type is expected for previous_token and induction only, got {detector!r}")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Of the heads a taxonomy names with a sub-type, how many a detector confirms (score >= threshold).
+
+    Attributes:
+        subtype: the sub-type checked, e.g. ``"previous-token"``.
+        named: the heads with that sub-type, ``(layer, head)``.
+        confirmed: those whose detector score is at least ``threshold``.
+        threshold: the detector score that confirms.
+    """
+
+    subtype: str
+    named: tuple[tuple[int, int], ...]
+    confirmed: tuple[tuple[int, int], ...]
+    threshold: float
+
+    @property
+    def share(self) -> float:
+        """confirmed / named (NaN where no head is named)."""
+        return len(self.confirmed) / len(self.named) if self.named else math.nan
+
+
+def precision(taxonomy: HeadTaxonomy, scores: Tensor, subtype: str, threshold: float = CONFIRMED) -> Precision:
+    """Heads ``taxonomy`` names ``subtype``, and those a detector's ``scores`` ``[layer, head]`` confirm.
+
+    The taxonomy may come from other prompts than the scores (e.g. the
+    report's input against detectors on their own prompts): that is the check
+    of a naming on text the detector did not see.
+    """
+    named = tuple((layer, head) for layer in taxonomy.layers for head in taxonomy.heads
+                  if taxonomy.subtype(layer, head) == subtype)  # fmt: skip
+    confirmed = tuple((layer, head) for layer, head in named if float(scores[layer, head]) >= threshold)
+    return Precision(subtype, named, confirmed, threshold)
 
 
 @dataclass(frozen=True)
@@ -42,21 +90,23 @@ class PromptSetCheck:
         return [divmod(int(i), n_heads) for i in flat.topk(min(k, flat.numel())).indices]
 
     def matches(self, detector: str, k: int = 10) -> int:
-        """Of the top-k heads of ``detector``, how many the roles place as expected.
+        """Recall: of the top-k heads of ``detector``, how many the roles place as expected.
 
         previous_token: Content / previous-token; induction: Content with its
-        top rest key at lag T - 1; other detectors: not defined (ValueError).
+        key at lag T - 1; other detectors: not defined (GeometryError).
         """
-        found = 0
-        for layer, head in self.top_heads(detector, k):
-            sub = self.taxonomy.subtype(layer, head)
-            if detector == "previous_token":
-                found += sub == "previous-token"
-            elif detector == "induction":
-                found += sub == f"lag {self.period - 1}"
-            else:
-                raise GeometryError(f"detector: matches is defined for previous_token and induction, got {detector!r}")
-        return found
+        want = expected_subtype(detector, self.period)
+        return sum(self.taxonomy.subtype(layer, head) == want for layer, head in self.top_heads(detector, k))
+
+    def precision(self, detector: str, taxonomy: HeadTaxonomy | None = None, threshold: float = CONFIRMED) -> Precision:
+        """Precision: the heads named with ``detector``'s sub-type and those its score here confirms.
+
+        Args:
+            detector: ``"previous_token"`` or ``"induction"``.
+            taxonomy: whose names to check (default: the roles on these prompts).
+            threshold: the score that confirms.
+        """
+        return precision(taxonomy or self.taxonomy, self.scores[detector], expected_subtype(detector, self.period), threshold)
 
     def cross_tab(self, detector: str, k: int = 10) -> list[dict[str, Any]]:
         """The top-k heads of ``detector``: score, label, sub-type and the role probabilities."""
@@ -66,7 +116,7 @@ class PromptSetCheck:
             rows.append({
                 "head": f"{layer}.{head}", "score": float(self.scores[detector][layer, head]),
                 "label": self.taxonomy.label_names()[i][j], "subtype": self.taxonomy.subtype_text(layer, head),
-                "top_lag": int(self.taxonomy.top_lag[i, j]),
+                "offset": int(self.taxonomy.subtypes.offset[i, j]),
                 "p_content": float(self.taxonomy.probabilities[i, j, CONTENT]),
             })  # fmt: skip
         return rows

@@ -20,16 +20,16 @@ from tl_geometry.diagnostics.taxonomy import (
     ALIGN_SELF_EXCESS,
     SHARE_SELF,
     SHARE_SINK,
-    SHIFT_SELF,
-    SHIFT_SINK,
+    SHIFT_SELF_RAW,
+    SHIFT_SINK_RAW,
     TOP_REST_SHARE,
 )
 from tl_geometry.errors import GeometryError
 
 # The per-head features the mixture reads: composition (two shares; the third is 1 minus them), concentration
-# of the rest, alignment with v_L over chance and both shifts.
+# of the rest, alignment with v_L over chance and both raw shifts (what the rules read).
 MIXTURE_FEATURES = tuple(
-    spec.name for spec in (SHARE_SINK, SHARE_SELF, TOP_REST_SHARE, ALIGN_SELF_EXCESS, SHIFT_SELF, SHIFT_SINK)
+    spec.name for spec in (SHARE_SINK, SHARE_SELF, TOP_REST_SHARE, ALIGN_SELF_EXCESS, SHIFT_SELF_RAW, SHIFT_SINK_RAW)
 )
 _REG = 1e-4  # added to every covariance's diagonal (standardised units): no component collapses onto one head
 

@@ -1,4 +1,4 @@
-"""Head roles: the paper's Retriever / Mixer / Reset (section 4.2), plus Content, with probabilities.
+"""Head roles: the paper's Retriever / Mixer / Reset (section 4.2), plus Content, with probabilities and sub-types.
 
 The rules read the role features of `tl_geometry.diagnostics.taxonomy`, measured
 on a seeded sample of query positions per sequence and averaged over the
@@ -12,42 +12,70 @@ s(N) the sum of y_i over the top-N keys.
 - align_self_excess, align_sink_excess: cos(s(N), v_L) and cos(s(N), v_0) minus
   their expectation when the top-N set is replaced by a random N-subset with
   the same weights, averaged over 1 <= N < n (n the visible keys).
-- shift_self, shift_sink: the slope of those excesses against ln N.
+- shift_self_raw, shift_sink_raw: the slope of cos(s(N), v_L) and cos(s(N),
+  v_0) themselves against ln N (the paper's curves; the excess over chance is
+  pinned to 0 at N = n, so its slope cannot say "shifts towards v_L").
 - rest_effective_share: the effective number of the rest's keys (exp of the
   entropy of their weights) over their count; top_rest_share, previous_token
-  (the share of rows whose top rest key is the previous token) and the lag of
-  the rest's top key.
+  (the share of rows whose top rest key is the previous token).
 
 z-scores are a head's mean over its bootstrap standard error (the standard
 deviation of its replicates over documents and, within them, query rows).
 The rules, in order; the first that holds gives the role:
 
-1. Mixer. Paper: "the last token's contribution is intermediate between the
-   sink and the rest; alignment shifts from v_0 at small N toward v_L as N
-   increases". share_self lies between share_sink and share_rest, shift_self
-   rises (its z above ``z_shift``, its size at least ``shift_min``) and
-   shift_sink falls (z below -``z_shift``, size at least ``shift_min``).
-2. Retriever. Paper: "the last token dominates, s(N) remains strongly aligned
-   with v_L across N". share_self is the largest share and align_self_excess
+1. Mixer. Paper: "Last token is intermediate between sink and rest: alignment
+   shifts from v_0 at small N towards v_L as N increases". share_self lies
+   between share_sink and share_rest, shift_self_raw rises (its z above
+   ``z_shift``, its size at least ``shift_min``) and shift_sink_raw falls (z
+   below -``z_shift``, size at least ``shift_min``).
+2. Retriever. Paper: "Last token dominates: ||alpha_L v_L|| is largest; s(N)
+   stays strongly aligned with v_L (high cos(s, v_L)) across N". share_self is
+   the largest share and align_self_excess
    is above chance: its z exceeds ``z_align`` and it reaches ``align_min``
    (aligned beyond random sets, not merely high: random sets already reach a
    cosine of 0.5 in many heads).
-3. Reset. Paper: "the sink dominates, or mass is broadly spread with no
-   dominant token". share_sink is at least share_rest; or the rest dominates
-   but is broadly spread: its top key holds less than ``concentrated`` of the
-   rest's weight (top_rest_share, averaged over rows).
+3. Reset. Paper: "Sink dominates or mass is broadly spread: ||alpha_0 v_0|| is
+   comparable to or exceeds the others; s(N) remains sink-biased with weak
+   cos(s, v_L) except at very large N". share_sink is at least share_rest; or
+   the rest dominates but is broadly spread: its top key holds less than
+   ``concentrated`` of the rest's weight (top_rest_share, averaged over rows);
+   or the rest's top key is a secondary sink (below).
 4. Content (not in the paper): the rest dominates and is concentrated: its top
    key holds at least ``concentrated`` of the rest's weight. Previous-token heads,
    induction and copy heads attend to one specific earlier token, which none
-   of the paper's regimes describes. Its sub-type: the modal lag of the top
-   rest key (``top_lag``) where at least ``lag_min`` of the rows share it
-   (by chance, one over the rest's keys), ``"previous-token"`` for lag 1.
-   On a random token sequence repeated with period T, an induction head's
-   top key is at lag T - 1 (the token after the previous occurrence of the
-   query's token).
+   of the paper's regimes describes.
 
 A head whose share_self is largest but not aligned beyond chance falls
 through to rules 3-4 (its sink and rest decide).
+
+Sub-types name the key a head attends to: a fixed lag k behind the query
+(``"previous-token"`` for k = 1, else ``"lag k"``), or a fixed position p
+after the sink (``"secondary sink (position p)"``). The candidate is the lag
+or position (1..reach-1) that is the top rest key of the largest share of
+*all* sampled rows. It is named only where that key is the top rest key of
+at least ``subtype_rows`` of the rows, carries a mean attention weight of at
+least ``subtype_attention`` and an output share of at least
+``subtype_output``, and is a peak: its weight at least ``subtype_peak`` times
+that of each neighbouring offset (the null for a recency-biased head, whose
+top rest key is the previous token in most rows while its weight decays
+smoothly over the last keys). A named position is sink-like (a fixed early
+key that wins the rows of every later query), so it is read as the paper's
+"sink dominates": a Content head whose sub-type is a secondary sink is Reset,
+its Content probability moved to Reset. Lag sub-types are given to Content
+heads, secondary sinks to Reset heads. On a random token sequence repeated
+with period T, an induction head's top key is at lag T - 1 (the token after
+the previous occurrence of the query's token).
+
+The paper's rules read literally (``HeadTaxonomy.literal``, beside ours): the
+magnitudes are the norms ||alpha_0 v_0||, ||alpha_L v_L|| and the largest
+||alpha_i v_i|| of the rest (Figure 10), the alignments the raw cosines.
+Mixer: ||alpha_L v_L|| strictly between the other two and the raw shifts as
+in rule 1. Retriever: ||alpha_L v_L|| the largest and the mean raw cos(s(N),
+v_L) at least ``literal_align``. Reset: ||alpha_0 v_0|| at least
+``comparable`` times the largest other, or the rest broadly spread (as in
+rule 3), and s(N) sink-biased: the mean raw cos(s(N), v_0) above cos(s(N),
+v_L), which stays below ``literal_align``. Otherwise ``"none"``: none of the
+paper's regimes. These are point labels (no probabilities).
 
 Probabilities: the share of bootstrap replicates whose feature means give
 each role (the z-scores keep the head's standard errors). The label is the
@@ -64,19 +92,26 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.selection import PRECISION, RECALL, S_NORM
 from tl_geometry.diagnostics.taxonomy import (
     ALIGN_SELF_EXCESS,
     CONTRIBUTION_BY_POSITION,
+    CONTRIBUTION_LAST,
+    CONTRIBUTION_SINK,
+    CONTRIBUTION_TOP_REST,
+    COS_SELF_RAW,
+    COS_SINK_RAW,
+    LITERAL_FEATURES,
     REST_EFFECTIVE_SHARE,
     ROLE_FEATURES,
     SHARE_REST,
     SHARE_SELF,
     SHARE_SINK,
-    SHIFT_SELF,
-    SHIFT_SINK,
+    SHIFT_SELF_RAW,
+    SHIFT_SINK_RAW,
+    SUBTYPE_FEATURES,
     TAXONOMY_FEATURES,
-    TOP_REST_LAG_SHARE,
     TOP_REST_SHARE,
 )
 from tl_geometry.errors import GeometryError
@@ -95,9 +130,21 @@ NAMED: tuple[str, ...] = ROLES
 """The labels that name a role (every label but "uncertain"), as `detect_regime` accepts them."""
 UNCERTAIN = REGIMES.index("uncertain")
 MIXER, RETRIEVER, RESET, CONTENT = (ROLES.index(r) for r in ("mixer", "retriever", "reset", "content"))
+LiteralRole = Literal["retriever", "mixer", "reset", "none"]
+"""The paper's rules read literally: its three regimes, or "none" where no rule holds."""
+LITERAL_ROLES: tuple[str, ...] = get_args(LiteralRole)
+SubtypeKind = Literal["none", "lag", "position"]
+"""What a sub-type names: nothing, a fixed lag behind the query, or a fixed position after the sink."""
+SUBTYPE_KINDS: tuple[str, ...] = get_args(SubtypeKind)
 # The thresholds `threshold_sensitivity` moves by +-10 %.
-THRESHOLDS: tuple[str, ...] = ("z_align", "align_min", "z_shift", "shift_min", "concentrated", "margin", "lag_min")
+THRESHOLDS: tuple[str, ...] = (
+    "z_align", "align_min", "z_shift", "shift_min", "concentrated", "margin", "subtype_rows", "subtype_attention",
+    "subtype_output", "subtype_peak",
+)  # fmt: skip
+# Thresholds that are shares, capped at 1 when moved.
+_SHARES = ("concentrated", "margin", "subtype_rows", "subtype_attention", "subtype_output", "literal_align", "comparable")
 PREVIOUS_TOKEN = "previous-token"
+SECONDARY_SINK = "secondary sink"
 
 
 @dataclass(frozen=True)
@@ -121,10 +168,19 @@ class TaxonomyConfig:
             rest-dominated head is broadly spread (Reset). In (0, 1].
         margin: the most probable role is the label when its probability beats
             the runner-up's by at least this; else "uncertain". In [0, 1].
-        lag_min: a Content head's sub-type is the modal lag of its top rest
-            key (previous-token for lag 1) when at least this share of its rows
-            have their top rest key there; by chance the share is one over the
-            rest's keys (under 1 % in a 1024-token window). In (0, 1].
+        subtype_rows: a sub-type's key is the top rest key of at least this
+            share of all sampled rows. In (0, 1].
+        subtype_attention: ... and carries at least this mean attention weight
+            (over all sampled rows). In (0, 1].
+        subtype_output: ... and at least this mean share of the head's output
+            <y_k, o> / ||o||^2. In (0, 1].
+        subtype_peak: ... and at least this many times the weight of each
+            neighbouring lag or position (>= 1): a recency-biased head's
+            weight decays smoothly, a previous-token head's peaks.
+        literal_align: the literal reading's "strongly aligned" / "weak": a
+            mean raw cos(s(N), v_L) at or above this. In (0, 1].
+        comparable: the literal reading's "comparable": ||alpha_0 v_0|| at
+            least this times the largest other contribution. In (0, 1].
 
     >>> TaxonomyConfig(margin=2.0)
     Traceback (most recent call last):
@@ -138,10 +194,15 @@ class TaxonomyConfig:
     shift_min: float = 0.01
     concentrated: float = 0.3
     margin: float = 0.5
-    lag_min: float = 0.1
+    subtype_rows: float = 0.25
+    subtype_attention: float = 0.2
+    subtype_output: float = 0.1
+    subtype_peak: float = 2.0
+    literal_align: float = 0.5
+    comparable: float = 0.5
 
     def __post_init__(self) -> None:
-        for name in ("z_align", "align_min", "z_shift", "shift_min", "concentrated", "margin", "lag_min"):
+        for name in (*THRESHOLDS, "literal_align", "comparable"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise GeometryError(f"{name}: expected a finite number, got {value!r}")
@@ -153,9 +214,11 @@ class TaxonomyConfig:
                 raise GeometryError(f"{name}: expected a number >= 0, got {getattr(self, name)!r}")
         if not 0 <= self.margin <= 1:
             raise GeometryError(f"margin: expected a number in [0, 1], got {self.margin!r}")
-        for name in ("concentrated", "lag_min"):
+        for name in ("concentrated", "subtype_rows", "subtype_attention", "subtype_output", "literal_align", "comparable"):
             if not 0 < getattr(self, name) <= 1:
                 raise GeometryError(f"{name}: expected a share in (0, 1], got {getattr(self, name)!r}")
+        if self.subtype_peak < 1:
+            raise GeometryError(f"subtype_peak: expected a ratio >= 1, got {self.subtype_peak!r}")
 
 
 def role_of(
@@ -167,22 +230,20 @@ def role_of(
         features: every name of ``ROLE_FEATURES`` -> ``[*batch]`` (head means,
             replicate means or single query rows).
         se: their standard errors, broadcastable to ``[*batch]`` (only the
-            z-scored features are read: align_self_excess, shift_self, shift_sink).
+            z-scored features are read: align_self_excess, shift_self_raw, shift_sink_raw).
         config: the thresholds.
 
     >>> one = lambda v: torch.tensor([v], dtype=torch.float64)
     >>> f = {"share_sink": one(0.1), "share_self": one(0.8), "share_rest": one(0.1), "align_self_excess": one(0.3),
-    ...      "shift_self": one(0.0), "shift_sink": one(0.0), "top_rest_share": one(0.5)}
+    ...      "shift_self_raw": one(0.0), "shift_sink_raw": one(0.0), "top_rest_share": one(0.5)}
     >>> ROLES[int(role_of(f, {k: one(0.1) for k in f}, TaxonomyConfig()))]
     'retriever'
     """
     sink = features[SHARE_SINK.name].double().nan_to_num(-math.inf)  # no visible sink: it cannot dominate
     own, rest = features[SHARE_SELF.name].double(), features[SHARE_REST.name].double()
-    z = {spec: features[spec.name].double() / se[spec.name].double() for spec in (ALIGN_SELF_EXCESS, SHIFT_SELF, SHIFT_SINK)}
+    z = {spec: features[spec.name].double() / se[spec.name].double() for spec in (ALIGN_SELF_EXCESS, SHIFT_SELF_RAW, SHIFT_SINK_RAW)}
     between = (own > torch.minimum(sink, rest)) & (own < torch.maximum(sink, rest))
-    rising = (z[SHIFT_SELF] > config.z_shift) & (features[SHIFT_SELF.name].double() >= config.shift_min)
-    falling = (z[SHIFT_SINK] < -config.z_shift) & (features[SHIFT_SINK.name].double() <= -config.shift_min)
-    mixer = between & rising & falling
+    mixer = between & _shifting(features, z, config)
     aligned = (z[ALIGN_SELF_EXCESS] > config.z_align) & (features[ALIGN_SELF_EXCESS.name].double() >= config.align_min)
     retriever = (own >= sink) & (own >= rest) & aligned
     concentrated = features[TOP_REST_SHARE.name].double() >= config.concentrated
@@ -191,6 +252,40 @@ def role_of(
     role = torch.where(retriever, RETRIEVER, role)
     role = torch.where(mixer, MIXER, role)
     return role.masked_fill(own.isnan() | rest.isnan(), -1)
+
+
+def _shifting(features: Mapping[str, Tensor], z: Mapping[FieldSpec, Tensor], config: TaxonomyConfig) -> Tensor:
+    """The Mixer's shift on the raw curves: cos(s, v_L) rises and cos(s, v_0) falls with ln N, each by z and size."""
+    rising = (z[SHIFT_SELF_RAW] > config.z_shift) & (features[SHIFT_SELF_RAW.name].double() >= config.shift_min)
+    falling = (z[SHIFT_SINK_RAW] < -config.z_shift) & (features[SHIFT_SINK_RAW.name].double() <= -config.shift_min)
+    return rising & falling
+
+
+def literal_role_of(features: Mapping[str, Tensor], se: Mapping[str, Tensor], config: TaxonomyConfig) -> Int[Tensor, "*batch"]:
+    """The paper's rules read literally (module docstring): index into LITERAL_ROLES, -1 where undefined.
+
+    Args:
+        features: the head means of ``LITERAL_FEATURES``, ``contribution_sink``,
+            ``contribution_last``, ``top_rest_share`` and the raw shifts.
+        se: the raw shifts' standard errors.
+        config: the thresholds.
+    """
+    sink = features[CONTRIBUTION_SINK.name].double().nan_to_num(0.0)  # no visible sink: it cannot dominate
+    own, top = features[CONTRIBUTION_LAST.name].double(), features[CONTRIBUTION_TOP_REST.name].double()
+    cos_self, cos_sink = features[COS_SELF_RAW.name].double(), features[COS_SINK_RAW.name].double()
+    z = {spec: features[spec.name].double() / se[spec.name].double() for spec in (SHIFT_SELF_RAW, SHIFT_SINK_RAW)}
+    between = (own > torch.minimum(sink, top)) & (own < torch.maximum(sink, top))
+    mixer = between & _shifting(features, z, config)
+    retriever = (own >= sink) & (own >= top) & (cos_self >= config.literal_align)
+    sink_or_spread = (sink >= config.comparable * torch.maximum(own, top)) | (
+        features[TOP_REST_SHARE.name].double() < config.concentrated
+    )
+    reset = sink_or_spread & (cos_sink > cos_self) & (cos_self < config.literal_align)
+    role = torch.full_like(own, LITERAL_ROLES.index("none"), dtype=torch.long)
+    role = torch.where(reset, LITERAL_ROLES.index("reset"), role)
+    role = torch.where(retriever, LITERAL_ROLES.index("retriever"), role)
+    role = torch.where(mixer, LITERAL_ROLES.index("mixer"), role)
+    return role.masked_fill(own.isnan() | top.isnan(), -1)
 
 
 def labels_from_probabilities(
@@ -207,6 +302,74 @@ def labels_from_probabilities(
     labels = torch.where(gap >= margin - 1e-12, top.indices[..., 0], UNCERTAIN)
     labels = labels.masked_fill(probabilities.isnan().any(-1), UNCERTAIN)
     return labels, top.indices[..., 1], gap
+
+
+@dataclass(frozen=True)
+class Subtypes:
+    """Each head's sub-type candidate and its evidence, ``[layer, head_index]`` (module docstring).
+
+    Attributes:
+        kind: index into ``SUBTYPE_KINDS``: "lag" or "position" where the
+            candidate passes every floor, else "none".
+        offset: the candidate's lag (behind the query) or position (after the
+            sink), whether named or not; -1 without sub-type features.
+        candidate: index into ``SUBTYPE_KINDS`` of the candidate's kind, named or not.
+        rows: the share of all sampled rows whose top rest key is the candidate.
+        attention: the candidate key's mean attention weight over all sampled rows.
+        output: its mean output share <y_k, o> / ||o||^2.
+        peak: its weight over the larger of its neighbouring offsets' (inf where they carry none).
+    """
+
+    kind: Int[Tensor, "layer head_index"]
+    offset: Int[Tensor, "layer head_index"]
+    candidate: Int[Tensor, "layer head_index"]
+    rows: Float[Tensor, "layer head_index"]
+    attention: Float[Tensor, "layer head_index"]
+    output: Float[Tensor, "layer head_index"]
+    peak: Float[Tensor, "layer head_index"]
+
+
+def subtypes_from_features(features: Mapping[str, Tensor], config: TaxonomyConfig) -> Subtypes:
+    """The sub-type of every head from the head means of ``SUBTYPE_FEATURES`` (``[layer, head_index, offset]``)."""
+    by_kind = {}
+    for kind in ("lag", "position"):
+        top = features[f"top_rest_at_{kind}"].double().nan_to_num(0.0)
+        weight = features[f"attention_at_{kind}"].double().nan_to_num(0.0)
+        share = features[f"output_share_at_{kind}"].double()
+        rows, offset = top[..., 1:].max(-1)  # offset 0 is the query's own token (lag) or the sink (position)
+        offset = offset + 1
+        at = offset.unsqueeze(-1)
+        # The neighbours: offset - 1 where it is a rest offset (>= 1), offset + 1 where there is one.
+        padded = torch.nn.functional.pad(weight, (0, 1))
+        below = torch.where(at > 1, weight.gather(-1, (at - 1).clamp(min=0)), 0.0)
+        above = padded.gather(-1, at + 1)
+        neighbour = torch.maximum(below, above).squeeze(-1)
+        attention = weight.gather(-1, at).squeeze(-1)
+        peak = torch.where(neighbour > 0, attention / neighbour, math.inf)
+        by_kind[kind] = (rows, offset, attention, share.gather(-1, at).squeeze(-1), peak)
+    use_position = by_kind["position"][0] > by_kind["lag"][0]  # ties: the lag
+    rows, offset, attention, output, peak = (
+        torch.where(use_position, p, q) for p, q in zip(by_kind["position"], by_kind["lag"], strict=True)
+    )
+    named = (
+        (rows >= config.subtype_rows) & (attention >= config.subtype_attention)
+        & (output.nan_to_num(-math.inf) >= config.subtype_output) & (peak >= config.subtype_peak)
+    )  # fmt: skip
+    candidate = torch.where(use_position, SUBTYPE_KINDS.index("position"), SUBTYPE_KINDS.index("lag"))
+    kind = torch.where(named, candidate, SUBTYPE_KINDS.index("none"))
+    undefined = features["top_rest_at_lag"].isnan().all(-1)
+    return Subtypes(
+        kind=kind.masked_fill(undefined, 0), offset=offset.masked_fill(undefined, -1), candidate=candidate,
+        rows=rows.masked_fill(undefined, math.nan), attention=attention.masked_fill(undefined, math.nan),
+        output=output.masked_fill(undefined, math.nan), peak=peak.masked_fill(undefined, math.nan),
+    )  # fmt: skip
+
+
+def _no_subtypes(shape: torch.Size) -> Subtypes:
+    """The sub-types of a result that did not measure them: none named, no evidence."""
+    nan = torch.full(shape, math.nan, dtype=torch.float64)
+    none = torch.zeros(shape, dtype=torch.long)
+    return Subtypes(kind=none, offset=none - 1, candidate=none, rows=nan, attention=nan, output=nan, peak=nan)
 
 
 def _standard_errors(result: GeometryResult) -> dict[str, Tensor]:
@@ -236,15 +399,18 @@ class HeadTaxonomy:
             head_index, role]`` in ROLES order (NaN without replicates).
         runner_up: the second most probable role (index into ROLES).
         margin: the top probability minus the runner-up's.
-        top_lag: the modal lag (L - key) of the rest's top key, ``[layer,
-            head_index]`` (-1 where undefined); 1 is the previous token.
-        top_lag_share: the share of rows with that lag.
+        subtypes: each head's sub-type candidate and its evidence (`Subtypes`).
+        literal: the paper's rules read literally, index into
+            ``LITERAL_ROLES`` (-1 where undefined), ``[layer, head_index]``.
         features: the role features' head means, name -> ``[layer, head_index, ...]``.
         se: their standard errors (bootstrap), name -> ``[layer, head_index]``.
         precision, recall: the selection metrics, ``[layer, head_index, n]``.
         n_grid: the selection sizes N, ``[n]``.
         layers, heads: the analysed layers and heads (axes of every tensor).
         config: the TaxonomyConfig used.
+        missing: the taxonomy features the result lacks (one analysed by an
+            earlier version): without the sub-type features no sub-type is
+            named, without the literal ones ``literal`` is -1.
     """
 
     labels: Int[Tensor, "layer head_index"]
@@ -252,8 +418,8 @@ class HeadTaxonomy:
     probabilities: Float[Tensor, "layer head_index role"]
     runner_up: Int[Tensor, "layer head_index"]
     margin: Float[Tensor, "layer head_index"]
-    top_lag: Int[Tensor, "layer head_index"]
-    top_lag_share: Float[Tensor, "layer head_index"]
+    subtypes: Subtypes
+    literal: Int[Tensor, "layer head_index"]
     features: Mapping[str, Tensor]
     se: Mapping[str, Tensor]
     precision: Float[Tensor, "layer head_index n"]
@@ -262,30 +428,40 @@ class HeadTaxonomy:
     layers: tuple[int, ...]
     heads: tuple[int, ...]
     config: TaxonomyConfig = field(default_factory=TaxonomyConfig)
+    missing: tuple[str, ...] = ()
 
     def label_names(self) -> list[list[str]]:
         """The labels as names, ``[layer][head_index]``."""
         return [[REGIMES[i] for i in row] for row in self.labels.tolist()]
 
     def subtype(self, layer: int, head: int) -> str | None:
-        """A Content head's sub-type: ``"previous-token"`` or ``"lag k"`` (the top rest key's modal lag).
+        """The key the head attends to: ``"previous-token"``, ``"lag k"`` or ``"secondary sink (position p)"``.
 
-        None for other labels, and for a Content head whose modal lag holds
-        less than ``config.lag_min`` of its rows (its top key moves).
+        Lags for Content heads, secondary sinks for Reset heads; None for
+        other labels and where the candidate misses a floor of
+        ``TaxonomyConfig`` (rows, weight, output share, peak).
         """
         i, j = self.layers.index(layer), self.heads.index(head)
-        if int(self.labels[i, j]) != CONTENT or not float(self.top_lag_share[i, j]) >= self.config.lag_min:
-            return None
-        lag = int(self.top_lag[i, j])
-        return PREVIOUS_TOKEN if lag == 1 else f"lag {lag}"
+        kind, label, offset = SUBTYPE_KINDS[int(self.subtypes.kind[i, j])], int(self.labels[i, j]), int(self.subtypes.offset[i, j])
+        if kind == "lag" and label == CONTENT:
+            return PREVIOUS_TOKEN if offset == 1 else f"lag {offset}"
+        if kind == "position" and label == RESET:
+            return f"{SECONDARY_SINK} (position {offset})"
+        return None
 
     def subtype_text(self, layer: int, head: int) -> str | None:
-        """`subtype` with the share of rows behind it, e.g. ``"lag 63, 81 % of rows"``."""
+        """`subtype` with its evidence, e.g. ``"lag 63: top rest key in 81 % of rows, weight 0.52, output 0.40"``."""
         sub = self.subtype(layer, head)
         if sub is None:
             return None
-        share = float(self.top_lag_share[self.layers.index(layer), self.heads.index(head)])
-        return f"{sub}, {100 * share:.0f} % of rows"
+        i, j = self.layers.index(layer), self.heads.index(head)
+        t = self.subtypes
+        return (f"{sub}: top rest key in {100 * float(t.rows[i, j]):.0f} % of rows, weight {float(t.attention[i, j]):.2f}, "
+                f"output {float(t.output[i, j]):.2f}")
+
+    def literal_names(self) -> list[list[str]]:
+        """The paper's rules read literally, as names ``[layer][head_index]`` ("none": no rule holds; "-": not measured)."""
+        return [[LITERAL_ROLES[i] if i >= 0 else "-" for i in row] for row in self.literal.tolist()]
 
     def counts_by_layer(self) -> Int[Tensor, "layer 5"]:
         """Heads of each label per layer (Figure 8), columns in REGIMES order (uncertain last)."""
@@ -307,17 +483,20 @@ class HeadTaxonomy:
         return (
             f"{head_line}; probabilities {odds}; shares of the output: sink {f[SHARE_SINK.name]:.2f}, own token "
             f"{f[SHARE_SELF.name]:.2f}, rest {f[SHARE_REST.name]:.2f} (effective share of rest keys "
-            f"{f[REST_EFFECTIVE_SHARE.name]:.3f}); alignment with v_L over chance {f[ALIGN_SELF_EXCESS.name]:+.3f}"
+            f"{f[REST_EFFECTIVE_SHARE.name]:.3f}); alignment with v_L over chance {f[ALIGN_SELF_EXCESS.name]:+.3f}; "
+            f"the paper's rules read literally: {self.literal_names()[i][j]}"
+            + (f" (this result lacks {', '.join(self.missing)}: analyse again for sub-types and the literal reading)"
+               if self.missing else "")
         )
 
     def table(self) -> list[dict[str, Any]]:
-        """One row per head: layer, head, label, subtype, runner_up, margin and each role's probability."""
+        """One row per head: layer, head, label, subtype, literal, runner_up, margin and each role's probability."""
         rows = []
         for i, layer in enumerate(self.layers):
             for j, head in enumerate(self.heads):
                 row = {"layer": layer, "head": head, "label": REGIMES[int(self.labels[i, j])],
-                       "subtype": self.subtype(layer, head), "runner_up": ROLES[int(self.runner_up[i, j])],
-                       "margin": float(self.margin[i, j])}  # fmt: skip
+                       "subtype": self.subtype(layer, head), "literal": self.literal_names()[i][j],
+                       "runner_up": ROLES[int(self.runner_up[i, j])], "margin": float(self.margin[i, j])}  # fmt: skip
                 row.update({f"p_{role}": float(self.probabilities[i, j, k]) for k, role in enumerate(ROLES)})
                 rows.append(row)
         return rows
@@ -374,8 +553,8 @@ def _require_roles(result: GeometryResult) -> None:
     if any(name in result.fields for name in TAXONOMY_FEATURES):
         raise GeometryError(
             f"result: it was analysed by an older taxonomy diagnostic that did not measure the role features "
-            f"{missing} (composition shares and alignment over chance), so its heads cannot be given roles; "
-            "analyse the model again with diagnostics=['taxonomy']"
+            f"{missing} (composition shares, alignment over chance and the raw alignment shifts), so its heads "
+            "cannot be given roles; analyse the model again with diagnostics=['taxonomy']"
         )
     raise GeometryError(
         f"result: the GeometryResult lacks the taxonomy features {missing}; run it with diagnostics=['taxonomy'] "
@@ -420,21 +599,24 @@ def taxonomy_from_result(result: GeometryResult, config: TaxonomyConfig | None =
     se = _standard_errors(result)
     point = role_of(features, se, config)
     probabilities = _probabilities(result, config)
+    missing = tuple(name for name in (*LITERAL_FEATURES, *SUBTYPE_FEATURES) if name not in features)
+    subtypes = subtypes_from_features(features, config) if set(SUBTYPE_FEATURES) <= set(features) else _no_subtypes(point.shape)
+    literal = literal_role_of(features, se, config) if set(LITERAL_FEATURES) <= set(features) else torch.full_like(point, -1)
+    # A secondary sink is a sink: the Content its concentrated rest gave is Reset's "sink dominates".
+    secondary = subtypes.kind == SUBTYPE_KINDS.index("position")
+    point = torch.where(secondary & (point == CONTENT), RESET, point)
+    moved = probabilities.clone()
+    moved[..., RESET] = torch.where(secondary, probabilities[..., RESET] + probabilities[..., CONTENT], probabilities[..., RESET])
+    moved[..., CONTENT] = torch.where(secondary, 0.0, probabilities[..., CONTENT])
+    probabilities = moved
     if bool(probabilities.isnan().all()):  # no replicates: the point role, with no probability to beat
         labels = torch.where(point >= 0, point, UNCERTAIN)
         runner_up, gap = torch.zeros_like(point), torch.full(point.shape, math.nan, dtype=torch.float64)
     else:
         labels, runner_up, gap = labels_from_probabilities(probabilities, config.margin)
-    lags = features.get(TOP_REST_LAG_SHARE.name)
-    if lags is None:
-        top_lag = torch.full(point.shape, -1)
-        top_lag_share = torch.full(point.shape, math.nan, dtype=torch.float64)
-    else:
-        top_lag_share, top_lag = lags.nan_to_num(-1.0).max(-1)
-        top_lag = top_lag.masked_fill(lags.isnan().all(-1), -1)
     return HeadTaxonomy(
         labels=labels, point=point, probabilities=probabilities, runner_up=runner_up, margin=gap,
-        top_lag=top_lag, top_lag_share=top_lag_share, features=features, se=se,
+        subtypes=subtypes, literal=literal, features=features, se=se, missing=missing,
         precision=result.per_head(PRECISION), recall=result.per_head(RECALL), n_grid=result.n_grid,
         layers=tuple(result.layers), heads=tuple(result.heads), config=config,
     )  # fmt: skip
@@ -479,7 +661,7 @@ def threshold_sensitivity(
         value = getattr(config, name)
         for sign in (-1, 1):
             moved = value * (1 + sign * step)
-            if name in ("concentrated", "margin", "lag_min"):
+            if name in _SHARES:
                 moved = min(moved, 1.0)
             labels = taxonomy_from_result(result, replace(config, **{name: moved})).labels
             counts = torch.bincount(labels.flatten(), minlength=len(REGIMES))
@@ -571,7 +753,8 @@ def agreement(first: HeadTaxonomy, second: HeadTaxonomy) -> tuple[float, int]:
 
 
 __all__: Sequence[str] = (
-    "ROLES", "REGIMES", "NAMED", "Role", "Regime", "TaxonomyConfig", "HeadTaxonomy", "QueryTaxonomy",
-    "SensitivityRow", "role_of", "labels_from_probabilities", "taxonomy_from_result", "replicate_roles",
+    "ROLES", "REGIMES", "NAMED", "LITERAL_ROLES", "SUBTYPE_KINDS", "Role", "Regime", "LiteralRole", "TaxonomyConfig",
+    "HeadTaxonomy", "QueryTaxonomy", "Subtypes", "SensitivityRow", "role_of", "literal_role_of", "subtypes_from_features",
+    "labels_from_probabilities", "taxonomy_from_result", "replicate_roles",
     "threshold_sensitivity", "classify_queries", "role_counts", "agreement",
 )  # fmt: skip

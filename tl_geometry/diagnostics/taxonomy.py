@@ -29,10 +29,18 @@ o = sum of y_i over the visible keys (the head's output before W_O):
 - concentration of the rest (visible keys other than the sink and the query's
   own): p_i = alpha_i / (their total weight); the effective number of keys
   exp(-sum p_i log p_i), and as a share of the rest's keys; the top rest key's
-  share p_max, its lag L - i (1 for the previous token), the indicator that
-  this lag is 1, and a one-hot of the lag, NaN at lags beyond the row's
-  visible keys (averaged: the share of the rows that reach lag k whose top
-  rest key is there);
+  share p_max, and the indicator that its lag L - i is 1 (the previous token);
+- what a sub-type names, at each lag k = 0..reach-1 behind the query (the key
+  L - k) and each position p = 0..reach-1 after the sink (the key sink + p):
+  whether that key is the row's top rest key, its attention weight and its
+  output share <y_k, o> / ||o||^2. A row that cannot reach the offset holds
+  0 there, not NaN, so that a head's mean is a share of *all* its rows: two
+  late rows out of twelve that reach lag 948 make 1/6, not 100 %;
+- the paper's quantities read literally: the largest single contribution
+  ||alpha_i v_i|| among the rest's keys (beside ||y_sink|| and ||y_L||), and
+  the raw cosines cos(s(N), v_sink) and cos(s(N), v_L), their mean over
+  1 <= N < n and their slope against ln N (the point where the top-N set is
+  the sink alone left out);
 - alignment over chance: cos(s(N), v) - c(N) for v = v_sink and v = v_L,
   where c(N) is the mean of cos(S_c(N), v) over ``ROLE_CONTROLS`` random
   rankings c of the visible keys, S_c(N) the sum of y_i over the first N keys
@@ -85,12 +93,25 @@ POSITION_FEATURES = ("contribution_by_position", "cos_last_by_position")
 # the query rows within each document), so that every head gets role probabilities.
 ROLE_FEATURES = (
     "share_sink", "share_self", "share_rest", "rest_effective_share", "top_rest_share", "previous_token",
-    "align_sink_excess", "align_self_excess", "shift_sink", "shift_self",
+    "align_sink_excess", "align_self_excess", "shift_sink_raw", "shift_self_raw",
 )  # fmt: skip
-ROLE_EXTRAS = ("loo_sink", "loo_self", "rest_effective_keys", "top_rest_lag_share")
+# The paper's rules read literally (norms and raw cosines; docs: Head roles, two readings), and what the rules of
+# earlier versions read (the shift of the excess over chance).
+LITERAL_FEATURES = ("contribution_top_rest", "cos_sink_raw", "cos_self_raw")
+ROLE_EXTRAS = ("loo_sink", "loo_self", "rest_effective_keys", "shift_sink", "shift_self") + LITERAL_FEATURES
 ROLE_CURVES = ("excess_cos_sink", "excess_cos_self")
+# What the sub-types read, over every sampled row (a row that cannot reach an offset counts 0 there), by offset
+# 0..reach-1: lags behind the query and positions after the sink.
+LAG_FEATURES = ("top_rest_at_lag", "attention_at_lag", "output_share_at_lag")
+SINK_OFFSET_FEATURES = ("top_rest_at_position", "attention_at_position", "output_share_at_position")
+SUBTYPE_FEATURES = LAG_FEATURES + SINK_OFFSET_FEATURES
+# Lags and positions a sub-type can name (TaxonomySettings.reach): a fixed width, so that every row counts at
+# every offset whatever the batch's length.
+DEFAULT_REACH = 64
 # Every name the taxonomy diagnostic declares; classify_heads checks a result for these.
-TAXONOMY_FEATURES = CURVE_FEATURES + SCALAR_FEATURES + POSITION_FEATURES + ROLE_FEATURES + ROLE_EXTRAS + ROLE_CURVES
+TAXONOMY_FEATURES = (
+    CURVE_FEATURES + SCALAR_FEATURES + POSITION_FEATURES + ROLE_FEATURES + ROLE_EXTRAS + ROLE_CURVES + SUBTYPE_FEATURES
+)
 
 
 def _cosine(a: Float[Tensor, "*#batch d"], b: Float[Tensor, "*#batch d"]) -> Float[Tensor, "*#batch"]:
@@ -99,7 +120,7 @@ def _cosine(a: Float[Tensor, "*#batch d"], b: Float[Tensor, "*#batch d"]) -> Flo
     return (a * b).sum(-1) / (norms + COSINE_EPS)
 
 
-def chunk_features(chunk: SelectionChunk, seed: int = 0) -> dict[str, Tensor]:
+def chunk_features(chunk: SelectionChunk, seed: int = 0, reach: int = DEFAULT_REACH) -> dict[str, Tensor]:
     """The curve and scalar features of every row of a chunk, for every N at once.
 
     The leave-one-out curves subtract y_sink (y_L) where the sink (last key)
@@ -139,6 +160,7 @@ def chunk_features(chunk: SelectionChunk, seed: int = 0) -> dict[str, Tensor]:
     }
     out.update({name: t.masked_fill(single, math.nan) for name, t in scalars.items()})
     out.update(role_features(chunk, y_sink, y_last, total, seed))
+    out.update(subtype_features(chunk, total, reach))
     return out
 
 
@@ -187,13 +209,11 @@ def role_features(chunk: SelectionChunk, y_sink: Tensor, y_last: Tensor, total: 
     out["rest_effective_share"] = entropy.exp() / n_rest
     out["top_rest_share"] = p[rows, top]
     out["previous_token"] = (lag == 1).to(p.dtype)
-    # Lags the row cannot reach (beyond its visible keys) are undefined, not 0: the share at lag k is over the
-    # rows that see k keys back, whatever the batch's padding.
-    reach = torch.arange(chunk.alpha.shape[-1], device=rows.device) < chunk.n_visible.unsqueeze(-1)
-    out["top_rest_lag_share"] = torch.nn.functional.one_hot(lag, chunk.alpha.shape[-1]).to(p.dtype).masked_fill(~reach, math.nan)
-    for name in ("rest_effective_keys", "rest_effective_share", "top_rest_share", "previous_token", "top_rest_lag_share"):
-        undefined = ~has_rest if out[name].ndim == 1 else ~has_rest.unsqueeze(-1)
-        out[name] = out[name].masked_fill(undefined, math.nan)
+    for name in ("rest_effective_keys", "rest_effective_share", "top_rest_share", "previous_token"):
+        out[name] = out[name].masked_fill(~has_rest, math.nan)
+    # The paper's magnitudes: the largest single contribution ||alpha_i v_i|| among the rest (0 without rest keys).
+    norms = torch.linalg.vector_norm(chunk.y_sorted, dim=-1).masked_fill(~is_rest.gather(1, chunk.order), 0.0)
+    out["contribution_top_rest"] = norms.amax(-1)
     # Alignment over chance: the mean cosine of random top-N sets, drawn as the chance diagnostic draws them
     # (nested random rankings of the visible keys; hidden keys rank last, so N < n never reaches them).
     places = control_orders(chunk, ROLE_CONTROLS, seed)  # [row, control, place] -> rank in chunk.order
@@ -216,16 +236,60 @@ def role_features(chunk: SelectionChunk, y_sink: Tensor, y_last: Tensor, total: 
     for part, key in (("sink", sink), ("self", last)):
         v = chunk.values[rows, key]
         chance = _cosine(s_random, v[:, None, None, :]).mean(1)
-        excess = _cosine(chunk.s, v.unsqueeze(1)) - chance
+        raw = _cosine(chunk.s, v.unsqueeze(1))
+        excess = raw - chance
         curve = excess.masked_fill(chunk.missing | single.unsqueeze(-1), math.nan)
         mean = torch.where(usable, excess, 0.0).sum(-1) / usable.sum(-1)
         slope = _slope(excess, log_n, usable & ~sink_alone)
-        if part == "sink":
-            curve, mean, slope = (t.masked_fill(~has_sink.view(-1, *([1] * (t.ndim - 1))), math.nan) for t in (curve, mean, slope))
-        out[f"excess_cos_{part}"] = curve
-        out[f"align_{part}_excess"] = mean.masked_fill(~defined, math.nan)
-        out[f"shift_{part}"] = slope.masked_fill(~defined, math.nan)
+        # The paper's curves as they are (not pinned to 0 at N = n): their mean and their slope against ln N over
+        # the same N, the sink-alone point left out.
+        raw_mean = torch.where(usable & ~sink_alone, raw, 0.0).sum(-1) / (usable & ~sink_alone).sum(-1)
+        raw_slope = _slope(raw, log_n, usable & ~sink_alone)
+        parts = {f"excess_cos_{part}": curve, f"align_{part}_excess": mean, f"shift_{part}": slope,
+                 f"cos_{part}_raw": raw_mean, f"shift_{part}_raw": raw_slope}  # fmt: skip
+        for name, t in parts.items():
+            if part == "sink":
+                t = t.masked_fill(~has_sink.view(-1, *([1] * (t.ndim - 1))), math.nan)
+            out[name] = t if t.ndim > 1 else t.masked_fill(~defined, math.nan)
     return {name: t.masked_fill(single.view(-1, *([1] * (t.ndim - 1))), math.nan) for name, t in out.items()}
+
+
+def subtype_features(chunk: SelectionChunk, total: Float[Tensor, "row d_head"], reach: int) -> dict[str, Tensor]:
+    """What a head's sub-type reads, per row, at every lag and sink offset 0..reach-1 (module docstring).
+
+    At lag k the key L - k, at position p the key sink + p: whether it is the
+    row's top rest key, its attention weight and its output share <y_k, o> /
+    ||o||^2. An offset the row cannot reach (before its first key, past its
+    query, outside the window) holds no key: 0, so that the head's mean over
+    rows is a share of all its rows. Rows with no rest keys are NaN; so are the
+    position features of rows that do not see the sink.
+    """
+    rows = torch.arange(chunk.n_rows, device=chunk.alpha.device)
+    sink, last, has_sink = chunk.sink.clamp(min=0), chunk.last_key, chunk.has_sink
+    n_keys = chunk.alpha.shape[-1]
+    keys = torch.arange(n_keys, device=rows.device)
+    offsets = torch.arange(reach, device=rows.device)
+    is_rest = chunk.visible & (keys != last.unsqueeze(-1)) & ~((keys == sink.unsqueeze(-1)) & has_sink.unsqueeze(-1))
+    alpha_rest = chunk.alpha.masked_fill(~is_rest, 0.0)
+    has_rest = alpha_rest.sum(-1) > 0
+    top = alpha_rest.masked_fill(~is_rest, -1.0).argmax(-1)  # ties: the smallest key index, as top_rest_share
+    o_sq = (total * total).sum(-1, keepdim=True)
+    # Shares in selection order (y_sorted is there already), then back to key order.
+    share = torch.einsum("rkd,rd->rk", chunk.y_sorted, total).div(o_sq).gather(1, chunk.rank)
+    out = {}
+    for kind, key in (("lag", last.unsqueeze(-1) - offsets), ("position", sink.unsqueeze(-1) + offsets)):
+        inside = (key >= 0) & (key < n_keys)
+        at = key.clamp(0, n_keys - 1)
+        inside &= chunk.visible.gather(1, at)
+        weight = chunk.alpha.gather(1, at).masked_fill(~inside, 0.0)
+        out[f"top_rest_at_{kind}"] = ((key == top.unsqueeze(-1)) & inside).to(chunk.alpha.dtype)
+        out[f"attention_at_{kind}"] = weight
+        out[f"output_share_at_{kind}"] = share.gather(1, at).masked_fill(~inside, 0.0)
+    undefined = (~has_rest | (o_sq.squeeze(-1) <= 0)).unsqueeze(-1)
+    out = {name: t.masked_fill(undefined, math.nan) for name, t in out.items()}
+    for name in SINK_OFFSET_FEATURES:
+        out[name] = out[name].masked_fill(~has_sink.unsqueeze(-1), math.nan)
+    return out
 
 
 def position_features(
@@ -254,6 +318,7 @@ def row_features(
     key_mask: Bool[Tensor, "row key"],
     grid: Int[Tensor, " n"],
     ranking: str = "attention",
+    reach: int = DEFAULT_REACH,
 ) -> dict[str, Tensor]:
     """The taxonomy features of independent query rows; the sink is each row's first visible key.
 
@@ -268,7 +333,7 @@ def row_features(
     )  # fmt: skip
     parts: dict[str, list[Tensor]] = {}
     for chunk in context.chunks():
-        for name, t in chunk_features(chunk).items():
+        for name, t in chunk_features(chunk, reach=reach).items():
             parts.setdefault(name, []).append(t)
     return {name: torch.cat(ts) for name, ts in parts.items()}
 
@@ -292,11 +357,15 @@ class TaxonomySettings:
         seed: the seed (in [0, 2^32)) of the sample and of the random
             rankings behind the alignment's chance level; the positions of a
             sequence depend only on it, the seed and the sequence's tokens.
+        reach: the lags behind the query and the positions after the sink
+            that a sub-type can name are 0..reach-1 (>= 2; default 64: the
+            induction lag T - 1 of the known-mechanism check's period 64).
     """
 
     queries: str = "sample"
     n_queries: int = DEFAULT_QUERY_SAMPLE
     seed: int = 0
+    reach: int = DEFAULT_REACH
 
     def __post_init__(self) -> None:
         if self.queries not in get_args(QuerySample):
@@ -310,6 +379,11 @@ class TaxonomySettings:
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
             raise GeometryError(f"settings['taxonomy'].seed: expected an integer in [0, 2^32), got {self.seed!r}")
+        if isinstance(self.reach, bool) or not isinstance(self.reach, int) or self.reach < 2:
+            raise GeometryError(
+                f"settings['taxonomy'].reach: expected an integer >= 2 (the lags and sink offsets a sub-type can "
+                f"name), got {self.reach!r}"
+            )
 
 
 # The declarations, by name: ``result.per_head(SHARE_SINK)`` reads a field as ``result.per_head("share_sink")``.
@@ -335,12 +409,22 @@ TOP_REST_SHARE = FieldSpec("top_rest_share", "the top rest key's weight over the
 PREVIOUS_TOKEN = FieldSpec("previous_token", "1 where the top rest key is the previous token (lag 1), else 0", bootstrap=True, resample_queries=True)  # fmt: skip
 ALIGN_SINK_EXCESS = FieldSpec("align_sink_excess", "mean over 1 <= N < n of cos(s(N), v_sink) minus its random-set expectation", bootstrap=True, resample_queries=True)  # fmt: skip
 ALIGN_SELF_EXCESS = FieldSpec("align_self_excess", "mean over 1 <= N < n of cos(s(N), v_L) minus its random-set expectation", bootstrap=True, resample_queries=True)  # fmt: skip
-SHIFT_SINK = FieldSpec("shift_sink", "slope against ln N of the excess of cos(s(N), v_sink)", bootstrap=True, resample_queries=True)  # fmt: skip
-SHIFT_SELF = FieldSpec("shift_self", "slope against ln N of the excess of cos(s(N), v_L)", bootstrap=True, resample_queries=True)  # fmt: skip
+SHIFT_SINK_RAW = FieldSpec("shift_sink_raw", "slope against ln N of cos(s(N), v_sink) (1 <= N < n, sink alone left out)", bootstrap=True, resample_queries=True)  # fmt: skip
+SHIFT_SELF_RAW = FieldSpec("shift_self_raw", "slope against ln N of cos(s(N), v_L) (1 <= N < n, sink alone left out)", bootstrap=True, resample_queries=True)  # fmt: skip
+SHIFT_SINK = FieldSpec("shift_sink", "slope against ln N of the excess of cos(s(N), v_sink) over random sets")
+SHIFT_SELF = FieldSpec("shift_self", "slope against ln N of the excess of cos(s(N), v_L) over random sets")
+CONTRIBUTION_TOP_REST = FieldSpec("contribution_top_rest", "the largest ||alpha_i v_i|| among the rest's keys (0 without rest keys)")  # fmt: skip
+COS_SINK_RAW = FieldSpec("cos_sink_raw", "mean over 1 <= N < n of cos(s(N), v_sink), sink alone left out")
+COS_SELF_RAW = FieldSpec("cos_self_raw", "mean over 1 <= N < n of cos(s(N), v_L), sink alone left out")
 LOO_SINK = FieldSpec("loo_sink", "||o - y_sink|| / ||o|| (Figure 7, every key selected)")
 LOO_SELF = FieldSpec("loo_self", "||o - y_L|| / ||o|| (Figure 7, every key selected)")
 REST_EFFECTIVE_KEYS = FieldSpec("rest_effective_keys", "effective number of rest keys: exp of the entropy of their weights")  # fmt: skip
-TOP_REST_LAG_SHARE = FieldSpec("top_rest_lag_share", "share of query rows whose top rest key is at each lag behind the query", ("lag",), documents="mean")  # fmt: skip
+TOP_REST_AT_LAG = FieldSpec("top_rest_at_lag", "share of all query rows whose top rest key is at each lag behind the query", ("lag",), documents="mean")  # fmt: skip
+ATTENTION_AT_LAG = FieldSpec("attention_at_lag", "mean attention weight on the key at each lag (0 where a row cannot reach it)", ("lag",), documents="mean")  # fmt: skip
+OUTPUT_SHARE_AT_LAG = FieldSpec("output_share_at_lag", "mean output share <y_k, o> / ||o||^2 of the key at each lag", ("lag",), documents="mean")  # fmt: skip
+TOP_REST_AT_POSITION = FieldSpec("top_rest_at_position", "share of all query rows whose top rest key is at each position after the sink", ("position",), documents="mean")  # fmt: skip
+ATTENTION_AT_POSITION = FieldSpec("attention_at_position", "mean attention weight on the key at each position after the sink", ("position",), documents="mean")  # fmt: skip
+OUTPUT_SHARE_AT_POSITION = FieldSpec("output_share_at_position", "mean output share of the key at each position after the sink", ("position",), documents="mean")  # fmt: skip
 EXCESS_COS_SINK = FieldSpec("excess_cos_sink", "cos(s(N), v_sink) minus its expectation over random N-subsets", ("n",))
 EXCESS_COS_SELF = FieldSpec("excess_cos_self", "cos(s(N), v_L) minus its expectation over random N-subsets", ("n",))
 
@@ -354,12 +438,14 @@ class TaxonomyDiagnostic(Diagnostic):
         S_NORM_WITHOUT_SINK, S_NORM_WITHOUT_LAST, COS_S_SINK, COS_S_LAST, COS_S_SINK_MIXED, COS_S_LAST_MIXED,
         CONTRIBUTION_SINK, CONTRIBUTION_LAST, CONTRIBUTION_REST, TAXONOMY_ATTENTION_SINK, TAXONOMY_ATTENTION_LAST,
         CONTRIBUTION_BY_POSITION, COS_LAST_BY_POSITION, SHARE_SINK, SHARE_SELF, SHARE_REST, REST_EFFECTIVE_SHARE,
-        TOP_REST_SHARE, PREVIOUS_TOKEN, ALIGN_SINK_EXCESS, ALIGN_SELF_EXCESS, SHIFT_SINK, SHIFT_SELF, LOO_SINK,
-        LOO_SELF, REST_EFFECTIVE_KEYS, TOP_REST_LAG_SHARE, EXCESS_COS_SINK, EXCESS_COS_SELF,
+        TOP_REST_SHARE, PREVIOUS_TOKEN, ALIGN_SINK_EXCESS, ALIGN_SELF_EXCESS, SHIFT_SINK_RAW, SHIFT_SELF_RAW, LOO_SINK,
+        LOO_SELF, REST_EFFECTIVE_KEYS, SHIFT_SINK, SHIFT_SELF, CONTRIBUTION_TOP_REST, COS_SINK_RAW, COS_SELF_RAW,
+        EXCESS_COS_SINK, EXCESS_COS_SELF, TOP_REST_AT_LAG, ATTENTION_AT_LAG, OUTPUT_SHARE_AT_LAG, TOP_REST_AT_POSITION,
+        ATTENTION_AT_POSITION, OUTPUT_SHARE_AT_POSITION,
     )
 
     def rows(self, chunk: SelectionChunk, settings: Any) -> dict[str, Tensor]:
-        return chunk_features(chunk, settings.seed)
+        return chunk_features(chunk, settings.seed, settings.reach)
 
     def sequences(self, context: SelectionContext, settings: Any) -> dict[str, Tensor]:
         alpha, visible, _, _ = context.last_query()

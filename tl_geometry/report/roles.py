@@ -3,8 +3,8 @@
 import html
 from collections.abc import Mapping, Sequence
 
-from tl_geometry.analysis.mechanisms import PromptSetCheck
-from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy, SensitivityRow, role_counts
+from tl_geometry.analysis.mechanisms import Precision, PromptSetCheck
+from tl_geometry.analysis.taxonomy import LITERAL_ROLES, REGIMES, HeadTaxonomy, SensitivityRow, role_counts
 
 INTRO = (
     "Each head's role is read from its output o = sum of alpha_i v_i over a seeded sample of query positions: "
@@ -12,7 +12,9 @@ INTRO = (
     "weights), <b>mixer</b> (its own token between the sink and the rest, alignment shifting from v_0 to v_L as "
     "N grows), <b>reset</b> (the sink dominates, or the rest dominates but is broadly spread), and <b>content</b> "
     "(not in the paper: the rest dominates and is concentrated on a specific earlier token; previous-token, "
-    "induction and copy heads). The probability of each role is its share of bootstrap replicates over "
+    "induction and copy heads). A sub-type names the key: previous-token, a fixed lag, or a secondary sink (a fixed "
+    "early position that wins most rows, read as a sink: Reset), only where that key is the top rest key of a "
+    "quarter of the rows and carries a stated weight and output share. The probability of each role is its share of bootstrap replicates over "
     "documents and query positions; a head is <b>uncertain</b> where the most probable role does not beat the "
     "runner-up by {margin}."
 )
@@ -31,13 +33,40 @@ def _cross_tab(check: PromptSetCheck, detector: str, roles: HeadTaxonomy, what: 
     head = "".join(f"<th>{c}</th>" for c in ("head", "score", "role on these prompts", "sub-type", "p(content)",
                                                    "role on the analysed text"))
     expected, shown = check.matches(detector, TOP_K), len(rows)
-    return (f"<h3>{html.escape(what)}</h3><p class='how'>The {shown} heads with the highest score; {expected} of "
-            f"{shown} come out as expected on these prompts (Content, {'previous-token' if detector == 'previous_token' else 'top key at the induction lag'}).</p><table><thead><tr>{head}</tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table>")
+    here, there = check.precision(detector), check.precision(detector, roles)
+    return (f"<h3>{html.escape(what)}</h3><p class='how'>Recall: the {shown} heads with the highest score; {expected} of "
+            f"{shown} come out as expected on these prompts (Content, {'previous-token' if detector == 'previous_token' else 'top key at the induction lag'}). "
+            f"Precision: {_precision(here, 'on these prompts')}; {_precision(there, 'on the analysed text')}.</p>"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+def _precision(found: Precision, where: str) -> str:
+    named = len(found.named)
+    if not named:
+        return f"no head is named {found.subtype} {where}"
+    return (f"{len(found.confirmed)} of the {named} head{'s' if named != 1 else ''} named {found.subtype} {where} "
+            f"score at least {found.threshold:g}")
 
 
 def _prompt_count(check: PromptSetCheck) -> str:
     return "" if check.n_prompts is None else f", {check.n_prompts} prompt{'s' if check.n_prompts != 1 else ''}"
+
+
+def _literal(roles: HeadTaxonomy) -> str:
+    """Our labels against the paper's rules read literally (norms, raw cosines), as counts."""
+    ours = [name for row in roles.label_names() for name in row]
+    literal = [name for row in roles.literal_names() for name in row]
+    head = "".join(f"<th>{c}</th>" for c in ("ours \\ read literally", *LITERAL_ROLES))
+    body = "".join(
+        f"<tr><td>{label}</td>" + "".join(f"<td>{sum(o == label and t == lit for o, t in zip(ours, literal))}</td>"
+                                          for lit in LITERAL_ROLES) + "</tr>"
+        for label in REGIMES
+    )
+    return (f"<details><summary>The paper's rules read literally, beside ours ({sum(o != t for o, t in zip(ours, literal))} "
+            f"of {len(ours)} heads differ)</summary><p class='how'>Read literally, the paper's magnitudes are the norms "
+            f"||alpha_i v_i|| (not our shares) and its alignments the raw cosines; \"none\" is a head no rule of the "
+            f"paper fits. Rows: our label; columns: the literal one.</p><table><thead><tr>{head}</tr></thead>"
+            f"<tbody>{body}</tbody></table></details>")
 
 
 def _sensitivity(rows: Sequence[SensitivityRow]) -> str:
@@ -69,6 +98,7 @@ def roles_html(
         "<table><thead><tr>" + "".join(f"<th>{r}</th>" for r in REGIMES) + f"</tr></thead><tbody><tr>{count_row}"
         f"</tr></tbody></table><p class='how'>{n_heads} heads. The head panel below describes the head you pick; "
         "every head is listed at the end of this section.</p>",
+        _literal(roles),
     ]
     if checks:
         parts.append("<p class='how'>Checked against mechanisms the field already knows: detector scores written "
