@@ -248,24 +248,25 @@ def reference_literal_role(f: dict, se: dict, cfg) -> int:
     return LITERAL.index("none")
 
 
-def reference_subtype(at_lag: dict, at_position: dict, cfg) -> tuple[str, int]:
-    """A head's sub-type from its per-offset means, one offset at a time: ``(kind, offset)``, kind "none" where
-    the candidate misses a floor. ``at_lag``/``at_position``: "top", "attention", "output" -> lists by offset.
+def reference_subtype(at_lag: dict, early: dict, cfg) -> tuple[str, int]:
+    """A head's sub-type from its means, one lag at a time: ``(kind, lag)``, kind "none" where the candidate misses a
+    floor, lag -1 where the candidate is a secondary sink. ``at_lag``: "top", "attention", "output" -> lists by lag;
+    ``early``: "top", "attention", "output" -> the early-key means (NaN: no later rows).
 
-    The candidate: the offset >= 1 that is the top rest key of the most rows (the first such offset; on a tie
-    between kinds, the lag); named where its rows, weight and output reach the floors and its weight is at least
-    subtype_peak times each neighbour's (offset - 1 when >= 1, offset + 1 when there is one)."""
-    best = {}
-    for kind, at in (("lag", at_lag), ("position", at_position)):
-        top = [0.0 if math.isnan(x) else x for x in at["top"]]
-        offset = max(range(1, len(top)), key=lambda k: (top[k], -k))
-        weight = [0.0 if math.isnan(x) else x for x in at["attention"]]
-        neighbours = [weight[offset - 1]] if offset - 1 >= 1 else []
-        neighbours += [weight[offset + 1]] if offset + 1 < len(weight) else []
-        nearest = max(neighbours, default=0.0)
-        peak = weight[offset] / nearest if nearest > 0 else math.inf
-        best[kind] = (top[offset], offset, weight[offset], at["output"][offset], peak)
-    kind = "position" if best["position"][0] > best["lag"][0] else "lag"
-    rows, offset, weight, output, peak = best[kind]
-    named = rows >= cfg.subtype_rows and weight >= cfg.subtype_attention and output >= cfg.subtype_output
-    return (kind if named and peak >= cfg.subtype_peak else "none"), offset
+    The lag candidate: the lag >= 1 that is the top rest key of the most rows (the first such lag), a peak where its
+    weight is at least subtype_peak times each neighbour's (lag - 1 when >= 1, lag + 1 when there is one). The
+    secondary sink is the candidate where its share of later rows is larger (a tie goes to the lag). Named where
+    the rows, weight and output reach the floors."""
+    top = [0.0 if math.isnan(x) else x for x in at_lag["top"]]
+    lag = max(range(1, len(top)), key=lambda k: (top[k], -k))
+    weight = [0.0 if math.isnan(x) else x for x in at_lag["attention"]]
+    neighbours = ([weight[lag - 1]] if lag - 1 >= 1 else []) + ([weight[lag + 1]] if lag + 1 < len(weight) else [])
+    nearest = max(neighbours, default=0.0)
+    peak = weight[lag] / nearest if nearest > 0 else math.inf
+    sink_rows = 0.0 if math.isnan(early["top"]) else early["top"]
+    if sink_rows > top[lag]:
+        kind, rows, attention, output, peak, lag = "sink", sink_rows, early["attention"], early["output"], math.inf, -1
+    else:
+        kind, rows, attention, output = "lag", top[lag], weight[lag], at_lag["output"][lag]
+    named = rows >= cfg.subtype_rows and attention >= cfg.subtype_attention and output >= cfg.subtype_output
+    return (kind if named and peak >= cfg.subtype_peak else "none"), lag

@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 import tl_geometry.diagnostics.taxonomy as taxonomy_module
 from tl_geometry.diagnostics.taxonomy import ROLE_CURVES, ROLE_EXTRAS, ROLE_FEATURES, SUBTYPE_FEATURES, row_features
 
-REACH = 6  # offsets the sub-type features measure in these tests (fewer than the keys, so some fall outside)
+REACH = 6  # lags the sub-type features measure in these tests (fewer than the keys, so some fall outside)
+EARLY = 2  # keys 1 after the sink are early, on rows at 4 or more past it
 
 
 def _cos(a, b):
@@ -44,7 +45,7 @@ def reference_roles(alpha, values, visible, grid, reach):
     keys = [i for i in range(len(alpha)) if visible[i]]
     nan_row = {name: math.nan for name in ROLE_FEATURES + ROLE_EXTRAS}
     nan_row.update({name: [math.nan] * len(grid) for name in ROLE_CURVES})
-    nan_row.update({name: [math.nan] * reach for name in SUBTYPE_FEATURES})
+    nan_row.update({name: [math.nan] * reach if name.endswith("_at_lag") else math.nan for name in SUBTYPE_FEATURES})
     nan_row.update({f"_spread_{part}": {"curve": [0.0] * len(grid), "mean": 0.0, "slope": 0.0} for part in ("sink", "self")})
     if len(keys) < 2:
         return nan_row
@@ -66,7 +67,7 @@ def reference_roles(alpha, values, visible, grid, reach):
     if not rest or mass <= 0:
         for name in ("rest_effective_keys", "rest_effective_share", "top_rest_share", "previous_token"):
             out[name] = math.nan
-        out.update({name: [math.nan] * reach for name in SUBTYPE_FEATURES})
+        out.update({name: [math.nan] * reach if name.endswith("_at_lag") else math.nan for name in SUBTYPE_FEATURES})
     else:
         p = {i: float(alpha[i]) / mass for i in rest}
         entropy = -sum(q * math.log(q) for q in p.values() if q > 0)
@@ -75,12 +76,21 @@ def reference_roles(alpha, values, visible, grid, reach):
         out["rest_effective_share"] = math.exp(entropy) / len(rest)
         out["top_rest_share"] = p[top]
         out["previous_token"] = float(last - top == 1)
-        # Lag k is the key L - k, position p the key sink + p; an offset with no visible key there holds 0.
-        for kind, key_at in (("lag", lambda k: last - k), ("position", lambda k: sink + k)):
-            at = [key_at(k) if key_at(k) in keys else None for k in range(reach)]
-            out[f"top_rest_at_{kind}"] = [float(key == top) for key in at]
-            out[f"attention_at_{kind}"] = [0.0 if key is None else float(alpha[key]) for key in at]
-            out[f"output_share_at_{kind}"] = [0.0 if key is None else float(y[key] @ o) / o_sq for key in at]
+        # Lag k is the key L - k; a lag with no visible key there holds 0.
+        at = [last - k if last - k in keys else None for k in range(reach)]
+        out["top_rest_at_lag"] = [float(key == top) for key in at]
+        out["attention_at_lag"] = [0.0 if key is None else float(alpha[key]) for key in at]
+        out["output_share_at_lag"] = [0.0 if key is None else float(y[key] @ o) / o_sq for key in at]
+        # Early keys: rest keys at positions 1..EARLY-1 after the sink, read on rows at least 2 EARLY past it.
+        early = [i for i in rest if 1 <= i - sink < EARLY]
+        if last - sink >= 2 * EARLY and early:
+            strongest = max(early, key=lambda i: (float(alpha[i]), -i))
+            out["early_top_rest"] = float(top in early)
+            out["early_position"] = float(top - sink) if top in early else math.nan
+            out["early_attention"] = float(alpha[strongest])
+            out["early_output_share"] = float(y[strongest] @ o) / o_sq
+        else:
+            out.update({name: math.nan for name in ("early_top_rest", "early_position", "early_attention", "early_output_share")})
     n = len(keys)
     order = sorted(keys, key=lambda i: (-float(alpha[i]), i))
     for part, key in (("sink", sink), ("self", last)):
@@ -117,7 +127,7 @@ def reference_roles(alpha, values, visible, grid, reach):
     return out
 
 
-def random_rows(seed, rows=4, keys=7, d=3, ties=False):
+def random_rows(seed, rows=6, keys=7, d=3, ties=False):
     gen = torch.Generator().manual_seed(seed)
     alpha = torch.rand(rows, keys, generator=gen, dtype=torch.float64)
     if ties:
@@ -140,7 +150,7 @@ MANY_CONTROLS = 3000
 def test_role_features_match_reference(seed, ties, monkeypatch_controls):
     alpha, values, mask = random_rows(seed, ties=ties)
     grid = torch.tensor([1, 2, 3, 4, 6, 9])
-    fast = row_features(alpha, values, mask, grid, reach=REACH)
+    fast = row_features(alpha, values, mask, grid, reach=REACH, early=EARLY)
     for r in range(len(alpha)):
         want = reference_roles(alpha[r], values[r], mask[r].tolist(), grid.tolist(), REACH)
         for name in ROLE_FEATURES + ROLE_EXTRAS + ROLE_CURVES + SUBTYPE_FEATURES:

@@ -54,15 +54,14 @@ from tl_geometry.results.result import GeometryResult
 
 D = 8  # the tiny GPT-2's d_head
 N_DOC, POS, PERIOD = 8, 48, 20
-SECONDARY = 3  # the position of a built secondary sink
 
 
 def _unit(x):
     return x / x.norm(dim=-1, keepdim=True)
 
 
-def built_row(role: str, q: int, n_keys: int, v: torch.Tensor) -> torch.Tensor:
-    """The attention weights of query q for a head built to be ``role`` (sink 0, own token q)."""
+def built_row(role: str, q: int, n_keys: int, v: torch.Tensor, doc: int = 0) -> torch.Tensor:
+    """The attention weights of query q of document ``doc`` for a head built to be ``role`` (sink 0, own token q)."""
     a = torch.zeros(n_keys, dtype=torch.float64)
     if q == 0:
         a[0] = 1.0
@@ -77,10 +76,11 @@ def built_row(role: str, q: int, n_keys: int, v: torch.Tensor) -> torch.Tensor:
     elif role == "broad":
         a[: q + 1] = 1.0
         return a / a.sum()
-    elif role == "secondary_sink":  # every later query's top rest key is the key at position SECONDARY
-        if q > SECONDARY:
-            a[0], a[q], a[SECONDARY], mass = 0.25, 0.05, 0.6, 0.1
-            spread = [k for k in spread if k != SECONDARY]
+    elif role == "secondary_sink":  # every later query's top rest key is one early key, another in each document
+        secondary = 2 + doc % 5
+        if q > secondary:
+            a[0], a[q], a[secondary], mass = 0.25, 0.05, 0.6, 0.1
+            spread = [k for k in spread if k != secondary]
         else:
             a[0], a[q], mass = 0.6, 0.2, 0.2
     elif role == "recency":  # weights decaying by 0.6 a lag: the previous token wins every row, with no peak
@@ -127,7 +127,7 @@ def building_hooks(roles_by_layer: dict[int, list[str]], n_doc: int, pos: int, s
                 v = built_values(role, pos, gen)
                 values[d, :, h] = v
                 for q in range(pos):
-                    pattern[d, h, q] = built_row(role, q, pos, v)
+                    pattern[d, h, q] = built_row(role, q, pos, v, d)
         hooks.append((f"blocks.{layer}.attn.hook_pattern", lambda t, hook, p=pattern: p.to(t.dtype)))
         hooks.append((f"blocks.{layer}.attn.hook_v", lambda t, hook, v=values: v.to(t.dtype)))
     return hooks
@@ -189,21 +189,23 @@ def test_literal_rules_match_the_reference(values, errors, nan_sink):
 @settings(max_examples=300, deadline=None)
 @given(data=st.data(), reach=st.integers(3, 9))
 def test_subtypes_match_the_reference(data, reach):
-    """Per-offset means drawn at random (with ties and NaN offsets), one head at a time against the reference."""
+    """Per-lag and early-key means drawn at random (with ties and NaN), one head at a time against the reference."""
     share = st.one_of(st.sampled_from([0.0, 0.25, 0.5]), st.floats(0, 1))
     draw = {name: data.draw(st.lists(share, min_size=reach, max_size=reach)) for name in
-            ("top_rest_at_lag", "attention_at_lag", "output_share_at_lag", "top_rest_at_position",
-             "attention_at_position", "output_share_at_position")}  # fmt: skip
+            ("top_rest_at_lag", "attention_at_lag", "output_share_at_lag")}  # fmt: skip
+    early = {name: data.draw(st.one_of(share, st.just(math.nan))) for name in ("top", "attention", "output")}
     features = {name: torch.tensor(v, dtype=torch.float64).view(1, 1, -1) for name, v in draw.items()}
+    features.update({f"early_{name}": torch.tensor([[early[key]]], dtype=torch.float64) for key, name in
+                     (("top", "top_rest"), ("attention", "attention"), ("output", "output_share"))})  # fmt: skip
+    features["early_position"] = torch.tensor([[3.0]], dtype=torch.float64)
     cfg = TaxonomyConfig()
     found = subtypes_from_features(features, cfg)
-    want_kind, want_offset = reference_subtype(
+    want_kind, want_lag = reference_subtype(
         {"top": draw["top_rest_at_lag"], "attention": draw["attention_at_lag"], "output": draw["output_share_at_lag"]},
-        {"top": draw["top_rest_at_position"], "attention": draw["attention_at_position"],
-         "output": draw["output_share_at_position"]}, cfg,
+        early, cfg,
     )  # fmt: skip
     assert SUBTYPE_KINDS[int(found.kind[0, 0])] == want_kind
-    assert int(found.offset[0, 0]) == want_offset
+    assert int(found.lag[0, 0]) == want_lag
 
 
 # ---- heads built to be each role ----
@@ -223,13 +225,14 @@ def test_built_heads_come_out_as_built(built):
             others = torch.cat([p[:want], p[want + 1 :]])
             assert float(p[want] - others.max()) >= margin, (layer, head, role, p)
     assert found.subtype(0, 3) == "previous-token" and found.subtype(1, 3) == "previous-token"
-    assert int(found.subtypes.offset[0, 3]) == 1 and float(found.subtypes.rows[0, 3]) > 0.8
-    # The secondary sink: position SECONDARY wins every later row (each at another lag), and is Reset.
-    assert found.subtype(1, 0) == f"secondary sink (position {SECONDARY})", found.describe(1, 0)
+    assert int(found.subtypes.lag[0, 3]) == 1 and float(found.subtypes.rows[0, 3]) > 0.8
+    # The secondary sink: an early key (positions 2-6, by document) wins every later row, and is Reset.
+    assert found.subtype(1, 0) == "secondary sink", found.describe(1, 0)
+    assert 2 < float(found.subtypes.position[1, 0]) < 6 and float(found.subtypes.rows[1, 0]) == 1.0
     assert float(found.probabilities[1, 0, ROLES.index("content")]) == 0.0
     assert int(found.point[1, 0]) == ROLES.index("reset")
     # The recency-biased head: the previous token is its top rest key in every row, but its weight has no peak.
-    assert float(found.subtypes.rows[1, 1]) > 0.8 and int(found.subtypes.offset[1, 1]) == 1
+    assert float(found.subtypes.rows[1, 1]) > 0.8 and int(found.subtypes.lag[1, 1]) == 1
     assert found.subtype(1, 1) is None, found.describe(1, 1)
     # Mutant: no peak test: the recency-biased head would be named previous-token.
     no_peak = dataclasses.replace(found.config, subtype_peak=1.0)
@@ -318,10 +321,10 @@ def test_probabilities_are_the_share_of_replicates_giving_each_role(built):
                 role = reference_role({k: float(v[b, layer, head]) for k, v in replicates.items()}, se, found.config)
                 votes[role] += 1
             # A secondary sink is Reset: its Content votes count for Reset.
-            at = {kind: {key: built.per_head(f"{name}_at_{kind}")[layer, head].tolist() for key, name in
-                         (("top", "top_rest"), ("attention", "attention"), ("output", "output_share"))}
-                  for kind in ("lag", "position")}  # fmt: skip
-            if reference_subtype(at["lag"], at["position"], found.config)[0] == "position":
+            names = (("top", "top_rest"), ("attention", "attention"), ("output", "output_share"))
+            at_lag = {key: built.per_head(f"{name}_at_lag")[layer, head].tolist() for key, name in names}
+            early = {key: float(built.per_head(f"early_{name}")[layer, head]) for key, name in names}
+            if reference_subtype(at_lag, early, found.config)[0] == "sink":
                 votes[ROLES.index("reset")] += votes[ROLES.index("content")]
                 votes[ROLES.index("content")] = 0
             want = torch.tensor(votes, dtype=torch.float64) / sum(votes)

@@ -116,7 +116,7 @@ class PromptSetCheck:
             rows.append({
                 "head": f"{layer}.{head}", "score": float(self.scores[detector][layer, head]),
                 "label": self.taxonomy.label_names()[i][j], "subtype": self.taxonomy.subtype_text(layer, head),
-                "offset": int(self.taxonomy.subtypes.offset[i, j]),
+                "lag": int(self.taxonomy.subtypes.lag[i, j]),
                 "p_content": float(self.taxonomy.probabilities[i, j, CONTENT]),
             })  # fmt: skip
         return rows

@@ -49,17 +49,19 @@ A head whose share_self is largest but not aligned beyond chance falls
 through to rules 3-4 (its sink and rest decide).
 
 Sub-types name the key a head attends to: a fixed lag k behind the query
-(``"previous-token"`` for k = 1, else ``"lag k"``), or a fixed position p
-after the sink (``"secondary sink (position p)"``). The candidate is the lag
-or position (1..reach-1) that is the top rest key of the largest share of
-*all* sampled rows. It is named only where that key is the top rest key of
-at least ``subtype_rows`` of the rows, carries a mean attention weight of at
-least ``subtype_attention`` and an output share of at least
-``subtype_output``, and is a peak: its weight at least ``subtype_peak`` times
-that of each neighbouring offset (the null for a recency-biased head, whose
-top rest key is the previous token in most rows while its weight decays
-smoothly over the last keys). A named position is sink-like (a fixed early
-key that wins the rows of every later query), so it is read as the paper's
+(``"previous-token"`` for k = 1, else ``"lag k"``), or a secondary sink (an
+early key, positions 1..early-1 after the sink, that is the top rest key of
+the later rows; which early key varies from document to document). The lag
+candidate is the lag 1..reach-1 that is the top rest key of the largest
+share of *all* sampled rows; the secondary sink's candidate share is that of
+the later rows whose top rest key is early; the larger share is the
+candidate. It is named only where it is the top rest key of at least
+``subtype_rows`` of those rows, carries a mean attention weight of at least
+``subtype_attention`` and an output share of at least ``subtype_output``,
+and, for a lag, is a peak: its weight at least ``subtype_peak`` times that
+of each neighbouring lag (the null for a recency-biased head, whose top rest
+key is the previous token in most rows while its weight decays smoothly over
+the last keys). A secondary sink is sink-like, so it is read as the paper's
 "sink dominates": a Content head whose sub-type is a secondary sink is Reset,
 its Content probability moved to Reset. Lag sub-types are given to Content
 heads, secondary sinks to Reset heads. On a random token sequence repeated
@@ -133,8 +135,8 @@ MIXER, RETRIEVER, RESET, CONTENT = (ROLES.index(r) for r in ("mixer", "retriever
 LiteralRole = Literal["retriever", "mixer", "reset", "none"]
 """The paper's rules read literally: its three regimes, or "none" where no rule holds."""
 LITERAL_ROLES: tuple[str, ...] = get_args(LiteralRole)
-SubtypeKind = Literal["none", "lag", "position"]
-"""What a sub-type names: nothing, a fixed lag behind the query, or a fixed position after the sink."""
+SubtypeKind = Literal["none", "lag", "sink"]
+"""What a sub-type names: nothing, a fixed lag behind the query, or a secondary sink (an early key)."""
 SUBTYPE_KINDS: tuple[str, ...] = get_args(SubtypeKind)
 # The thresholds `threshold_sensitivity` moves by +-10 %.
 THRESHOLDS: tuple[str, ...] = (
@@ -309,20 +311,28 @@ class Subtypes:
     """Each head's sub-type candidate and its evidence, ``[layer, head_index]`` (module docstring).
 
     Attributes:
-        kind: index into ``SUBTYPE_KINDS``: "lag" or "position" where the
+        kind: index into ``SUBTYPE_KINDS``: "lag" or "sink" where the
             candidate passes every floor, else "none".
-        offset: the candidate's lag (behind the query) or position (after the
-            sink), whether named or not; -1 without sub-type features.
         candidate: index into ``SUBTYPE_KINDS`` of the candidate's kind, named or not.
-        rows: the share of all sampled rows whose top rest key is the candidate.
-        attention: the candidate key's mean attention weight over all sampled rows.
+        lag: the candidate lag (behind the query) where the candidate is a
+            lag, else -1.
+        position: for a secondary sink, the early key's mean position after
+            the sink over the rows it wins (it may vary between documents);
+            NaN for a lag.
+        rows: the share of the sampled rows whose top rest key is the
+            candidate (for a secondary sink: of the later rows, whose top
+            rest key is an early key).
+        attention: the candidate key's mean attention weight over those rows
+            (for a secondary sink: the largest weight on an early key).
         output: its mean output share <y_k, o> / ||o||^2.
-        peak: its weight over the larger of its neighbouring offsets' (inf where they carry none).
+        peak: for a lag, its weight over the larger of its neighbouring lags'
+            (inf where they carry none); inf for a secondary sink.
     """
 
     kind: Int[Tensor, "layer head_index"]
-    offset: Int[Tensor, "layer head_index"]
     candidate: Int[Tensor, "layer head_index"]
+    lag: Int[Tensor, "layer head_index"]
+    position: Float[Tensor, "layer head_index"]
     rows: Float[Tensor, "layer head_index"]
     attention: Float[Tensor, "layer head_index"]
     output: Float[Tensor, "layer head_index"]
@@ -330,37 +340,36 @@ class Subtypes:
 
 
 def subtypes_from_features(features: Mapping[str, Tensor], config: TaxonomyConfig) -> Subtypes:
-    """The sub-type of every head from the head means of ``SUBTYPE_FEATURES`` (``[layer, head_index, offset]``)."""
-    by_kind = {}
-    for kind in ("lag", "position"):
-        top = features[f"top_rest_at_{kind}"].double().nan_to_num(0.0)
-        weight = features[f"attention_at_{kind}"].double().nan_to_num(0.0)
-        share = features[f"output_share_at_{kind}"].double()
-        rows, offset = top[..., 1:].max(-1)  # offset 0 is the query's own token (lag) or the sink (position)
-        offset = offset + 1
-        at = offset.unsqueeze(-1)
-        # The neighbours: offset - 1 where it is a rest offset (>= 1), offset + 1 where there is one.
-        padded = torch.nn.functional.pad(weight, (0, 1))
-        below = torch.where(at > 1, weight.gather(-1, (at - 1).clamp(min=0)), 0.0)
-        above = padded.gather(-1, at + 1)
-        neighbour = torch.maximum(below, above).squeeze(-1)
-        attention = weight.gather(-1, at).squeeze(-1)
-        peak = torch.where(neighbour > 0, attention / neighbour, math.inf)
-        by_kind[kind] = (rows, offset, attention, share.gather(-1, at).squeeze(-1), peak)
-    use_position = by_kind["position"][0] > by_kind["lag"][0]  # ties: the lag
-    rows, offset, attention, output, peak = (
-        torch.where(use_position, p, q) for p, q in zip(by_kind["position"], by_kind["lag"], strict=True)
-    )
+    """The sub-type of every head from the head means of ``SUBTYPE_FEATURES``."""
+    top = features["top_rest_at_lag"].double().nan_to_num(0.0)
+    weight = features["attention_at_lag"].double().nan_to_num(0.0)
+    lag_rows, lag = top[..., 1:].max(-1)  # lag 0 is the query's own token
+    lag = lag + 1
+    at = lag.unsqueeze(-1)
+    # The neighbours: lag - 1 where it is a rest lag (>= 1), lag + 1 where there is one.
+    below = torch.where(at > 1, weight.gather(-1, (at - 1).clamp(min=0)), 0.0)
+    above = torch.nn.functional.pad(weight, (0, 1)).gather(-1, at + 1)
+    neighbour = torch.maximum(below, above).squeeze(-1)
+    lag_weight = weight.gather(-1, at).squeeze(-1)
+    lag_peak = torch.where(neighbour > 0, lag_weight / neighbour, math.inf)
+    lag_output = features["output_share_at_lag"].double().gather(-1, at).squeeze(-1)
+    sink_rows = features["early_top_rest"].double().nan_to_num(0.0)
+    use_sink = sink_rows > lag_rows  # ties: the lag
+    rows = torch.where(use_sink, sink_rows, lag_rows)
+    attention = torch.where(use_sink, features["early_attention"].double(), lag_weight)
+    output = torch.where(use_sink, features["early_output_share"].double(), lag_output)
+    peak = torch.where(use_sink, math.inf, lag_peak)
     named = (
-        (rows >= config.subtype_rows) & (attention >= config.subtype_attention)
+        (rows >= config.subtype_rows) & (attention.nan_to_num(-math.inf) >= config.subtype_attention)
         & (output.nan_to_num(-math.inf) >= config.subtype_output) & (peak >= config.subtype_peak)
     )  # fmt: skip
-    candidate = torch.where(use_position, SUBTYPE_KINDS.index("position"), SUBTYPE_KINDS.index("lag"))
+    candidate = torch.where(use_sink, SUBTYPE_KINDS.index("sink"), SUBTYPE_KINDS.index("lag"))
     kind = torch.where(named, candidate, SUBTYPE_KINDS.index("none"))
     undefined = features["top_rest_at_lag"].isnan().all(-1)
+    position = torch.where(use_sink, features["early_position"].double(), math.nan)
     return Subtypes(
-        kind=kind.masked_fill(undefined, 0), offset=offset.masked_fill(undefined, -1), candidate=candidate,
-        rows=rows.masked_fill(undefined, math.nan), attention=attention.masked_fill(undefined, math.nan),
+        kind=kind.masked_fill(undefined, 0), candidate=candidate, lag=torch.where(use_sink | undefined, -1, lag),
+        position=position, rows=rows.masked_fill(undefined, math.nan), attention=attention.masked_fill(undefined, math.nan),
         output=output.masked_fill(undefined, math.nan), peak=peak.masked_fill(undefined, math.nan),
     )  # fmt: skip
 
@@ -369,7 +378,7 @@ def _no_subtypes(shape: torch.Size) -> Subtypes:
     """The sub-types of a result that did not measure them: none named, no evidence."""
     nan = torch.full(shape, math.nan, dtype=torch.float64)
     none = torch.zeros(shape, dtype=torch.long)
-    return Subtypes(kind=none, offset=none - 1, candidate=none, rows=nan, attention=nan, output=nan, peak=nan)
+    return Subtypes(kind=none, candidate=none, lag=none - 1, position=nan, rows=nan, attention=nan, output=nan, peak=nan)
 
 
 def _standard_errors(result: GeometryResult) -> dict[str, Tensor]:
@@ -435,18 +444,20 @@ class HeadTaxonomy:
         return [[REGIMES[i] for i in row] for row in self.labels.tolist()]
 
     def subtype(self, layer: int, head: int) -> str | None:
-        """The key the head attends to: ``"previous-token"``, ``"lag k"`` or ``"secondary sink (position p)"``.
+        """The key the head attends to: ``"previous-token"``, ``"lag k"`` or ``"secondary sink"``.
 
-        Lags for Content heads, secondary sinks for Reset heads; None for
-        other labels and where the candidate misses a floor of
-        ``TaxonomyConfig`` (rows, weight, output share, peak).
+        Lags for Content heads, secondary sinks (an early key that wins the
+        later rows) for Reset heads; None for other labels and where the
+        candidate misses a floor of ``TaxonomyConfig`` (rows, weight, output
+        share, peak).
         """
         i, j = self.layers.index(layer), self.heads.index(head)
-        kind, label, offset = SUBTYPE_KINDS[int(self.subtypes.kind[i, j])], int(self.labels[i, j]), int(self.subtypes.offset[i, j])
+        kind, label = SUBTYPE_KINDS[int(self.subtypes.kind[i, j])], int(self.labels[i, j])
         if kind == "lag" and label == CONTENT:
-            return PREVIOUS_TOKEN if offset == 1 else f"lag {offset}"
-        if kind == "position" and label == RESET:
-            return f"{SECONDARY_SINK} (position {offset})"
+            lag = int(self.subtypes.lag[i, j])
+            return PREVIOUS_TOKEN if lag == 1 else f"lag {lag}"
+        if kind == "sink" and label == RESET:
+            return SECONDARY_SINK
         return None
 
     def subtype_text(self, layer: int, head: int) -> str | None:
@@ -456,8 +467,10 @@ class HeadTaxonomy:
             return None
         i, j = self.layers.index(layer), self.heads.index(head)
         t = self.subtypes
-        return (f"{sub}: top rest key in {100 * float(t.rows[i, j]):.0f} % of rows, weight {float(t.attention[i, j]):.2f}, "
-                f"output {float(t.output[i, j]):.2f}")
+        where = f" (an early key, mean position {float(t.position[i, j]):.1f})" if sub == SECONDARY_SINK else ""
+        rows = "later rows" if sub == SECONDARY_SINK else "rows"
+        return (f"{sub}{where}: top rest key in {100 * float(t.rows[i, j]):.0f} % of {rows}, "
+                f"weight {float(t.attention[i, j]):.2f}, output {float(t.output[i, j]):.2f}")
 
     def literal_names(self) -> list[list[str]]:
         """The paper's rules read literally, as names ``[layer][head_index]`` ("none": no rule holds; "-": not measured)."""
@@ -603,7 +616,7 @@ def taxonomy_from_result(result: GeometryResult, config: TaxonomyConfig | None =
     subtypes = subtypes_from_features(features, config) if set(SUBTYPE_FEATURES) <= set(features) else _no_subtypes(point.shape)
     literal = literal_role_of(features, se, config) if set(LITERAL_FEATURES) <= set(features) else torch.full_like(point, -1)
     # A secondary sink is a sink: the Content its concentrated rest gave is Reset's "sink dominates".
-    secondary = subtypes.kind == SUBTYPE_KINDS.index("position")
+    secondary = subtypes.kind == SUBTYPE_KINDS.index("sink")
     point = torch.where(secondary & (point == CONTENT), RESET, point)
     moved = probabilities.clone()
     moved[..., RESET] = torch.where(secondary, probabilities[..., RESET] + probabilities[..., CONTENT], probabilities[..., RESET])

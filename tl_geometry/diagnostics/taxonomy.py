@@ -30,12 +30,18 @@ o = sum of y_i over the visible keys (the head's output before W_O):
   own): p_i = alpha_i / (their total weight); the effective number of keys
   exp(-sum p_i log p_i), and as a share of the rest's keys; the top rest key's
   share p_max, and the indicator that its lag L - i is 1 (the previous token);
-- what a sub-type names, at each lag k = 0..reach-1 behind the query (the key
-  L - k) and each position p = 0..reach-1 after the sink (the key sink + p):
-  whether that key is the row's top rest key, its attention weight and its
-  output share <y_k, o> / ||o||^2. A row that cannot reach the offset holds
-  0 there, not NaN, so that a head's mean is a share of *all* its rows: two
-  late rows out of twelve that reach lag 948 make 1/6, not 100 %;
+- what a sub-type names: at each lag k = 0..reach-1 behind the query (the key
+  L - k), whether that key is the row's top rest key, its attention weight
+  and its output share <y_k, o> / ||o||^2. A row that cannot reach the lag
+  holds 0 there, not NaN, so that a head's mean is a share of *all* its rows:
+  two late rows out of twelve that reach lag 948 make 1/6, not 100 %. And the
+  early keys (positions 1..early-1 after the sink, other than the query's
+  own), for rows whose query is at least 2 x early past the sink (later
+  rows; earlier ones are NaN): whether the top rest key is an early key, its
+  position, and the largest weight on an early key with that key's output
+  share. A secondary sink is an early key that wins the later rows; which
+  key it is varies from document to document (an early " the"), so these
+  features do not fix its position;
 - the paper's quantities read literally: the largest single contribution
   ||alpha_i v_i|| among the rest's keys (beside ||y_sink|| and ||y_L||), and
   the raw cosines cos(s(N), v_sink) and cos(s(N), v_L), their mean over
@@ -100,14 +106,16 @@ ROLE_FEATURES = (
 LITERAL_FEATURES = ("contribution_top_rest", "cos_sink_raw", "cos_self_raw")
 ROLE_EXTRAS = ("loo_sink", "loo_self", "rest_effective_keys", "shift_sink", "shift_self") + LITERAL_FEATURES
 ROLE_CURVES = ("excess_cos_sink", "excess_cos_self")
-# What the sub-types read, over every sampled row (a row that cannot reach an offset counts 0 there), by offset
-# 0..reach-1: lags behind the query and positions after the sink.
+# What the sub-types read: by lag 0..reach-1 over every sampled row (a row that cannot reach a lag counts 0
+# there), and the early keys over the later rows.
 LAG_FEATURES = ("top_rest_at_lag", "attention_at_lag", "output_share_at_lag")
-SINK_OFFSET_FEATURES = ("top_rest_at_position", "attention_at_position", "output_share_at_position")
-SUBTYPE_FEATURES = LAG_FEATURES + SINK_OFFSET_FEATURES
-# Lags and positions a sub-type can name (TaxonomySettings.reach): a fixed width, so that every row counts at
-# every offset whatever the batch's length.
+EARLY_FEATURES = ("early_top_rest", "early_position", "early_attention", "early_output_share")
+SUBTYPE_FEATURES = LAG_FEATURES + EARLY_FEATURES
+# Lags a sub-type can name (TaxonomySettings.reach): a fixed width, so that every row counts at every lag
+# whatever the batch's length.
 DEFAULT_REACH = 64
+# Keys at positions 1..DEFAULT_EARLY-1 after the sink are early (TaxonomySettings.early).
+DEFAULT_EARLY = 16
 # Every name the taxonomy diagnostic declares; classify_heads checks a result for these.
 TAXONOMY_FEATURES = (
     CURVE_FEATURES + SCALAR_FEATURES + POSITION_FEATURES + ROLE_FEATURES + ROLE_EXTRAS + ROLE_CURVES + SUBTYPE_FEATURES
@@ -120,7 +128,9 @@ def _cosine(a: Float[Tensor, "*#batch d"], b: Float[Tensor, "*#batch d"]) -> Flo
     return (a * b).sum(-1) / (norms + COSINE_EPS)
 
 
-def chunk_features(chunk: SelectionChunk, seed: int = 0, reach: int = DEFAULT_REACH) -> dict[str, Tensor]:
+def chunk_features(
+    chunk: SelectionChunk, seed: int = 0, reach: int = DEFAULT_REACH, early: int = DEFAULT_EARLY
+) -> dict[str, Tensor]:
     """The curve and scalar features of every row of a chunk, for every N at once.
 
     The leave-one-out curves subtract y_sink (y_L) where the sink (last key)
@@ -160,7 +170,7 @@ def chunk_features(chunk: SelectionChunk, seed: int = 0, reach: int = DEFAULT_RE
     }
     out.update({name: t.masked_fill(single, math.nan) for name, t in scalars.items()})
     out.update(role_features(chunk, y_sink, y_last, total, seed))
-    out.update(subtype_features(chunk, total, reach))
+    out.update(subtype_features(chunk, total, reach, early))
     return out
 
 
@@ -254,21 +264,20 @@ def role_features(chunk: SelectionChunk, y_sink: Tensor, y_last: Tensor, total: 
     return {name: t.masked_fill(single.view(-1, *([1] * (t.ndim - 1))), math.nan) for name, t in out.items()}
 
 
-def subtype_features(chunk: SelectionChunk, total: Float[Tensor, "row d_head"], reach: int) -> dict[str, Tensor]:
-    """What a head's sub-type reads, per row, at every lag and sink offset 0..reach-1 (module docstring).
+def subtype_features(chunk: SelectionChunk, total: Float[Tensor, "row d_head"], reach: int, early: int) -> dict[str, Tensor]:
+    """What a head's sub-type reads, per row: every lag 0..reach-1, and the early keys (module docstring).
 
-    At lag k the key L - k, at position p the key sink + p: whether it is the
-    row's top rest key, its attention weight and its output share <y_k, o> /
-    ||o||^2. An offset the row cannot reach (before its first key, past its
-    query, outside the window) holds no key: 0, so that the head's mean over
-    rows is a share of all its rows. Rows with no rest keys are NaN; so are the
-    position features of rows that do not see the sink.
+    At lag k the key L - k: whether it is the row's top rest key, its
+    attention weight and its output share <y_k, o> / ||o||^2; a lag the row
+    cannot reach (before its first key, outside the window) holds no key: 0,
+    so that the head's mean over rows is a share of all its rows. The early
+    features are NaN for rows whose query is closer than 2 x early to the
+    sink, or that do not see it. Rows with no rest keys are NaN throughout.
     """
     rows = torch.arange(chunk.n_rows, device=chunk.alpha.device)
     sink, last, has_sink = chunk.sink.clamp(min=0), chunk.last_key, chunk.has_sink
     n_keys = chunk.alpha.shape[-1]
     keys = torch.arange(n_keys, device=rows.device)
-    offsets = torch.arange(reach, device=rows.device)
     is_rest = chunk.visible & (keys != last.unsqueeze(-1)) & ~((keys == sink.unsqueeze(-1)) & has_sink.unsqueeze(-1))
     alpha_rest = chunk.alpha.masked_fill(~is_rest, 0.0)
     has_rest = alpha_rest.sum(-1) > 0
@@ -276,20 +285,28 @@ def subtype_features(chunk: SelectionChunk, total: Float[Tensor, "row d_head"], 
     o_sq = (total * total).sum(-1, keepdim=True)
     # Shares in selection order (y_sorted is there already), then back to key order.
     share = torch.einsum("rkd,rd->rk", chunk.y_sorted, total).div(o_sq).gather(1, chunk.rank)
-    out = {}
-    for kind, key in (("lag", last.unsqueeze(-1) - offsets), ("position", sink.unsqueeze(-1) + offsets)):
-        inside = (key >= 0) & (key < n_keys)
-        at = key.clamp(0, n_keys - 1)
-        inside &= chunk.visible.gather(1, at)
-        weight = chunk.alpha.gather(1, at).masked_fill(~inside, 0.0)
-        out[f"top_rest_at_{kind}"] = ((key == top.unsqueeze(-1)) & inside).to(chunk.alpha.dtype)
-        out[f"attention_at_{kind}"] = weight
-        out[f"output_share_at_{kind}"] = share.gather(1, at).masked_fill(~inside, 0.0)
-    undefined = (~has_rest | (o_sq.squeeze(-1) <= 0)).unsqueeze(-1)
-    out = {name: t.masked_fill(undefined, math.nan) for name, t in out.items()}
-    for name in SINK_OFFSET_FEATURES:
-        out[name] = out[name].masked_fill(~has_sink.unsqueeze(-1), math.nan)
-    return out
+    key = last.unsqueeze(-1) - torch.arange(reach, device=rows.device)
+    inside = key >= 0
+    at = key.clamp(min=0)
+    inside &= chunk.visible.gather(1, at)
+    out = {
+        "top_rest_at_lag": ((key == top.unsqueeze(-1)) & inside).to(chunk.alpha.dtype),
+        "attention_at_lag": chunk.alpha.gather(1, at).masked_fill(~inside, 0.0),
+        "output_share_at_lag": share.gather(1, at).masked_fill(~inside, 0.0),
+    }
+    position = keys - sink.unsqueeze(-1)
+    is_early = is_rest & (position >= 1) & (position < early) & has_sink.unsqueeze(-1)
+    strongest = chunk.alpha.masked_fill(~is_early, -1.0).max(-1)
+    top_early = is_early.gather(1, top.unsqueeze(-1)).squeeze(-1)
+    later = has_sink & (last - sink >= 2 * early) & is_early.any(-1)
+    out["early_top_rest"] = top_early.to(chunk.alpha.dtype)
+    out["early_position"] = (top - sink).to(chunk.alpha.dtype).masked_fill(~top_early, math.nan)
+    out["early_attention"] = strongest.values
+    out["early_output_share"] = share.gather(1, strongest.indices.unsqueeze(-1)).squeeze(-1)
+    undefined = ~has_rest | (o_sq.squeeze(-1) <= 0)
+    for name in EARLY_FEATURES:
+        out[name] = out[name].masked_fill(~later, math.nan)
+    return {name: t.masked_fill(undefined.view(-1, *([1] * (t.ndim - 1))), math.nan) for name, t in out.items()}
 
 
 def position_features(
@@ -319,6 +336,7 @@ def row_features(
     grid: Int[Tensor, " n"],
     ranking: str = "attention",
     reach: int = DEFAULT_REACH,
+    early: int = DEFAULT_EARLY,
 ) -> dict[str, Tensor]:
     """The taxonomy features of independent query rows; the sink is each row's first visible key.
 
@@ -333,7 +351,7 @@ def row_features(
     )  # fmt: skip
     parts: dict[str, list[Tensor]] = {}
     for chunk in context.chunks():
-        for name, t in chunk_features(chunk, reach=reach).items():
+        for name, t in chunk_features(chunk, reach=reach, early=early).items():
             parts.setdefault(name, []).append(t)
     return {name: torch.cat(ts) for name, ts in parts.items()}
 
@@ -357,15 +375,19 @@ class TaxonomySettings:
         seed: the seed (in [0, 2^32)) of the sample and of the random
             rankings behind the alignment's chance level; the positions of a
             sequence depend only on it, the seed and the sequence's tokens.
-        reach: the lags behind the query and the positions after the sink
-            that a sub-type can name are 0..reach-1 (>= 2; default 64: the
-            induction lag T - 1 of the known-mechanism check's period 64).
+        reach: the lags behind the query that a sub-type can name are
+            0..reach-1 (>= 2; default 64: the induction lag T - 1 of the
+            known-mechanism check's period 64).
+        early: keys at positions 1..early-1 after the sink are early (a
+            secondary sink is one of them), read on rows whose query is at
+            least 2 x early past the sink (>= 2; default 16).
     """
 
     queries: str = "sample"
     n_queries: int = DEFAULT_QUERY_SAMPLE
     seed: int = 0
     reach: int = DEFAULT_REACH
+    early: int = DEFAULT_EARLY
 
     def __post_init__(self) -> None:
         if self.queries not in get_args(QuerySample):
@@ -379,11 +401,10 @@ class TaxonomySettings:
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
             raise GeometryError(f"settings['taxonomy'].seed: expected an integer in [0, 2^32), got {self.seed!r}")
-        if isinstance(self.reach, bool) or not isinstance(self.reach, int) or self.reach < 2:
-            raise GeometryError(
-                f"settings['taxonomy'].reach: expected an integer >= 2 (the lags and sink offsets a sub-type can "
-                f"name), got {self.reach!r}"
-            )
+        for name, what in (("reach", "the lags a sub-type can name"), ("early", "keys after the sink that are early")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+                raise GeometryError(f"settings['taxonomy'].{name}: expected an integer >= 2 ({what}), got {value!r}")
 
 
 # The declarations, by name: ``result.per_head(SHARE_SINK)`` reads a field as ``result.per_head("share_sink")``.
@@ -422,9 +443,10 @@ REST_EFFECTIVE_KEYS = FieldSpec("rest_effective_keys", "effective number of rest
 TOP_REST_AT_LAG = FieldSpec("top_rest_at_lag", "share of all query rows whose top rest key is at each lag behind the query", ("lag",), documents="mean")  # fmt: skip
 ATTENTION_AT_LAG = FieldSpec("attention_at_lag", "mean attention weight on the key at each lag (0 where a row cannot reach it)", ("lag",), documents="mean")  # fmt: skip
 OUTPUT_SHARE_AT_LAG = FieldSpec("output_share_at_lag", "mean output share <y_k, o> / ||o||^2 of the key at each lag", ("lag",), documents="mean")  # fmt: skip
-TOP_REST_AT_POSITION = FieldSpec("top_rest_at_position", "share of all query rows whose top rest key is at each position after the sink", ("position",), documents="mean")  # fmt: skip
-ATTENTION_AT_POSITION = FieldSpec("attention_at_position", "mean attention weight on the key at each position after the sink", ("position",), documents="mean")  # fmt: skip
-OUTPUT_SHARE_AT_POSITION = FieldSpec("output_share_at_position", "mean output share of the key at each position after the sink", ("position",), documents="mean")  # fmt: skip
+EARLY_TOP_REST = FieldSpec("early_top_rest", "1 where the top rest key is early (positions 1..early-1 after the sink), later rows")  # fmt: skip
+EARLY_POSITION = FieldSpec("early_position", "the top rest key's position after the sink where it is early")
+EARLY_ATTENTION = FieldSpec("early_attention", "the largest attention weight on an early key, later rows")
+EARLY_OUTPUT_SHARE = FieldSpec("early_output_share", "the output share <y_k, o> / ||o||^2 of that early key")
 EXCESS_COS_SINK = FieldSpec("excess_cos_sink", "cos(s(N), v_sink) minus its expectation over random N-subsets", ("n",))
 EXCESS_COS_SELF = FieldSpec("excess_cos_self", "cos(s(N), v_L) minus its expectation over random N-subsets", ("n",))
 
@@ -440,12 +462,12 @@ class TaxonomyDiagnostic(Diagnostic):
         CONTRIBUTION_BY_POSITION, COS_LAST_BY_POSITION, SHARE_SINK, SHARE_SELF, SHARE_REST, REST_EFFECTIVE_SHARE,
         TOP_REST_SHARE, PREVIOUS_TOKEN, ALIGN_SINK_EXCESS, ALIGN_SELF_EXCESS, SHIFT_SINK_RAW, SHIFT_SELF_RAW, LOO_SINK,
         LOO_SELF, REST_EFFECTIVE_KEYS, SHIFT_SINK, SHIFT_SELF, CONTRIBUTION_TOP_REST, COS_SINK_RAW, COS_SELF_RAW,
-        EXCESS_COS_SINK, EXCESS_COS_SELF, TOP_REST_AT_LAG, ATTENTION_AT_LAG, OUTPUT_SHARE_AT_LAG, TOP_REST_AT_POSITION,
-        ATTENTION_AT_POSITION, OUTPUT_SHARE_AT_POSITION,
+        EXCESS_COS_SINK, EXCESS_COS_SELF, TOP_REST_AT_LAG, ATTENTION_AT_LAG, OUTPUT_SHARE_AT_LAG, EARLY_TOP_REST,
+        EARLY_POSITION, EARLY_ATTENTION, EARLY_OUTPUT_SHARE,
     )
 
     def rows(self, chunk: SelectionChunk, settings: Any) -> dict[str, Tensor]:
-        return chunk_features(chunk, settings.seed, settings.reach)
+        return chunk_features(chunk, settings.seed, settings.reach, settings.early)
 
     def sequences(self, context: SelectionContext, settings: Any) -> dict[str, Tensor]:
         alpha, visible, _, _ = context.last_query()
