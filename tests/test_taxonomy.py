@@ -412,12 +412,20 @@ def test_errors_and_old_results(gpt2, built):
     assert any(name in old.fields for name in TAXONOMY_FEATURES)
     with pytest.raises(GeometryError, match="older taxonomy diagnostic .* analyse the model again"):
         taxonomy_from_result(old)
-    # A result of the version before the sub-types: roles as before, no sub-type, and it says so.
-    before = dataclasses.replace(built, stats={k: v for k, v in built.stats.items() if k not in SUBTYPE_FEATURES + LITERAL_FEATURES})
+    # A result of the version before: its Mixer on the excess shifts (that version's rule), no sub-type, and it
+    # says so; its labels are those of the earlier rules (the reference with the excess shifts in their place).
+    newer = (*SUBTYPE_FEATURES, *LITERAL_FEATURES, "shift_self_raw", "shift_sink_raw")
+    before = dataclasses.replace(built, stats={k: v for k, v in built.stats.items() if k not in newer})
     found = taxonomy_from_result(before)
-    assert set(found.missing) == set(SUBTYPE_FEATURES + LITERAL_FEATURES)
+    assert set(found.missing) == set(newer)
     assert all(found.subtype(layer, head) is None for layer in found.layers for head in found.heads)
-    assert (found.literal == -1).all() and "this result lacks contribution_top_rest" in found.describe(0, 3)
+    assert (found.literal == -1).all() and "earlier version lacks shift_sink_raw" in found.describe(0, 3)
+    se = {name: found.se[name] for name in ("align_self_excess", "shift_self_raw", "shift_sink_raw")}
+    torch.testing.assert_close(se["shift_self_raw"], built.sem("shift_self"), equal_nan=True)  # no replicates here
+    for layer, head in ((0, 0), (0, 3), (1, 2)):
+        f = {k: float(built.per_head(k)[layer, head]) for k in ROLE_FEATURES if not k.endswith("_raw")}
+        f.update({f"{k}_raw": float(built.per_head(k)[layer, head]) for k in ("shift_self", "shift_sink")})
+        assert int(found.point[layer, head]) == reference_role(f, {k: float(v[layer, head]) for k, v in se.items()}, found.config)
     from tl_geometry.report.html import render_figures
 
     assert render_figures(old).taxonomy is None  # the report of an old result draws the rest and says why not

@@ -374,6 +374,18 @@ def subtypes_from_features(features: Mapping[str, Tensor], config: TaxonomyConfi
     )  # fmt: skip
 
 
+# Results of the version before the raw shifts measured the shifts of the excess over chance only: their Mixer is
+# judged on those (the rule of that version), and `HeadTaxonomy.missing` says so.
+_EARLIER_SHIFTS = {SHIFT_SINK_RAW.name: "shift_sink", SHIFT_SELF_RAW.name: "shift_self"}
+
+
+def _stored(result: GeometryResult, name: str) -> str:
+    """The field a role feature is read from: itself, or the earlier version's shift where the raw one is missing."""
+    if name not in result.fields and _EARLIER_SHIFTS.get(name) in result.fields:
+        return _EARLIER_SHIFTS[name]
+    return name
+
+
 def _no_subtypes(shape: torch.Size) -> Subtypes:
     """The sub-types of a result that did not measure them: none named, no evidence."""
     nan = torch.full(shape, math.nan, dtype=torch.float64)
@@ -385,13 +397,14 @@ def _standard_errors(result: GeometryResult) -> dict[str, Tensor]:
     """Each role feature's bootstrap standard error (replicate std), else its sem over documents."""
     out = {}
     for name in ROLE_FEATURES:
-        if result.has_replicates(name):
-            reps = result.replicates(name)
+        stored = _stored(result, name)
+        if result.has_replicates(stored):
+            reps = result.replicates(stored)
             mean = torch.nanmean(reps, 0, keepdim=True)
             count = (~reps.isnan()).sum(0)
             out[name] = ((reps - mean).nan_to_num(0.0).pow(2).sum(0) / (count - 1).clamp(min=1)).sqrt()
         else:
-            out[name] = result.sem(name)
+            out[name] = result.sem(stored)
     return out
 
 
@@ -418,8 +431,10 @@ class HeadTaxonomy:
         layers, heads: the analysed layers and heads (axes of every tensor).
         config: the TaxonomyConfig used.
         missing: the taxonomy features the result lacks (one analysed by an
-            earlier version): without the sub-type features no sub-type is
-            named, without the literal ones ``literal`` is -1.
+            earlier version): without the raw shifts the Mixer is judged on
+            the shifts of the excess over chance (that version's rule),
+            without the sub-type features no sub-type is named, without the
+            literal ones ``literal`` is -1.
     """
 
     labels: Int[Tensor, "layer head_index"]
@@ -498,8 +513,8 @@ class HeadTaxonomy:
             f"{f[SHARE_SELF.name]:.2f}, rest {f[SHARE_REST.name]:.2f} (effective share of rest keys "
             f"{f[REST_EFFECTIVE_SHARE.name]:.3f}); alignment with v_L over chance {f[ALIGN_SELF_EXCESS.name]:+.3f}; "
             f"the paper's rules read literally: {self.literal_names()[i][j]}"
-            + (f" (this result lacks {', '.join(self.missing)}: analyse again for sub-types and the literal reading)"
-               if self.missing else "")
+            + (f" (this result of an earlier version lacks {', '.join(self.missing)}: analyse again for the raw "
+               "shifts, the sub-types and the literal reading)" if self.missing else "")
         )
 
     def table(self) -> list[dict[str, Any]]:
@@ -560,7 +575,7 @@ class HeadTaxonomy:
 def _require_roles(result: GeometryResult) -> None:
     if not isinstance(result, GeometryResult):
         raise GeometryError(f"result: expected a GeometryResult, got {type(result).__name__}")
-    missing = [name for name in ROLE_FEATURES if name not in result.fields]
+    missing = [name for name in ROLE_FEATURES if _stored(result, name) not in result.fields]
     if not missing:
         return
     if any(name in result.fields for name in TAXONOMY_FEATURES):
@@ -586,16 +601,16 @@ def replicate_roles(result: GeometryResult, config: TaxonomyConfig | None = None
     """
     config = config or TaxonomyConfig()
     _require_roles(result)
-    if not all(result.has_replicates(name) for name in ROLE_FEATURES):
+    if not all(result.has_replicates(_stored(result, name)) for name in ROLE_FEATURES):
         raise GeometryError("result: its role features kept no bootstrap replicates; analyse with n_bootstrap > 0")
-    replicates = {name: result.replicates(name) for name in ROLE_FEATURES}  # [replicate, layer, head]
+    replicates = {name: result.replicates(_stored(result, name)) for name in ROLE_FEATURES}  # [replicate, layer, head]
     return role_of(replicates, _standard_errors(result), config)
 
 
 def _probabilities(result: GeometryResult, config: TaxonomyConfig) -> Tensor:
     """Each role's share of the replicates whose feature means are defined; NaN without replicates."""
     layer_head = result.per_head(SHARE_SELF).shape
-    if not all(result.has_replicates(name) for name in ROLE_FEATURES):
+    if not all(result.has_replicates(_stored(result, name)) for name in ROLE_FEATURES):
         return torch.full((*layer_head, len(ROLES)), math.nan, dtype=torch.float64)
     roles = replicate_roles(result, config)
     votes = torch.nn.functional.one_hot(roles.clamp(min=0), len(ROLES)).double() * (roles >= 0).unsqueeze(-1)
@@ -609,10 +624,11 @@ def taxonomy_from_result(result: GeometryResult, config: TaxonomyConfig | None =
         raise GeometryError(f"config: expected a TaxonomyConfig or None, got {type(config).__name__}")
     _require_roles(result)
     features = {name: result.per_head(name) for name in (*TAXONOMY_FEATURES, S_NORM.name) if name in result.fields}
+    features.update({name: result.per_head(_stored(result, name)) for name in _EARLIER_SHIFTS})
     se = _standard_errors(result)
     point = role_of(features, se, config)
     probabilities = _probabilities(result, config)
-    missing = tuple(name for name in (*LITERAL_FEATURES, *SUBTYPE_FEATURES) if name not in features)
+    missing = tuple(name for name in (*_EARLIER_SHIFTS, *LITERAL_FEATURES, *SUBTYPE_FEATURES) if name not in result.fields)
     subtypes = subtypes_from_features(features, config) if set(SUBTYPE_FEATURES) <= set(features) else _no_subtypes(point.shape)
     literal = literal_role_of(features, se, config) if set(LITERAL_FEATURES) <= set(features) else torch.full_like(point, -1)
     # A secondary sink is a sink: the Content its concentrated rest gave is Reset's "sink dominates".
@@ -739,14 +755,14 @@ def classify_queries(result: GeometryResult, config: TaxonomyConfig | None = Non
             "model, prompts, diagnostics=['taxonomy'], keep_queries=True, query_positions='all', "
             "settings={'taxonomy': {'queries': 'analysed'}})"
         )
-    missing = [name for name in ROLE_FEATURES if name not in result.queries]
+    missing = [name for name in ROLE_FEATURES if _stored(result, name) not in result.queries]
     if missing:
         raise GeometryError(
             f"result: its per-query rows lack the role features {missing}: the taxonomy measured its own query "
             "sample; analyse with settings={'taxonomy': {'queries': 'analysed'}} and keep_queries=True"
         )
     se = {name: t.unsqueeze(0).unsqueeze(-1) for name, t in _standard_errors(result).items()}
-    rows = {name: result.queries[name] for name in ROLE_FEATURES}  # [doc, layer, head, query]
+    rows = {name: result.queries[_stored(result, name)] for name in ROLE_FEATURES}  # [doc, layer, head, query]
     return QueryTaxonomy(
         labels=role_of(rows, se, config), query_positions=result.query_positions,
         layers=tuple(result.layers), heads=tuple(result.heads), config=config,
