@@ -151,6 +151,7 @@ def test_role_groups_follow_the_labels_and_the_subtypes():
     assert set(groups) == {"role retriever", "role reset", "subtype previous-token", "subtype secondary sink 3"}
     assert [g.name for g in role_groups(taxonomy, min_heads=2)] == ["role retriever", "role reset",
                                                                     "subtype previous-token"]
+    assert [g.name for g in role_groups(taxonomy, min_heads=3)] == ["role retriever", "role reset"]  # roles stay
 
 
 @st.composite
@@ -344,3 +345,27 @@ def test_published_measures_refuse_bad_thresholds():
 
 def test_group_layer_counts():
     assert HeadGroup("g", "role", ((0, 1), (0, 2), (3, 0))).layer_counts() == {0: 2, 3: 1}
+
+
+def test_intervene_ablate_roles_writes_the_table_and_the_figure(tmp_path, monkeypatch, capsys):
+    """``tl-geometry intervene --ablate-roles`` on a tiny model standing in for the default one."""
+    import tl_geometry.models as models
+    from tl_geometry.cli import main
+
+    tiny = make_model("bridge-llama")
+    monkeypatch.setattr(models, "load_model", lambda *args, **kwargs: tiny)
+    before = hook_counts(tiny)
+    out = tmp_path / "run"
+    code = main(["intervene", "--ablate-roles", "--windows", "2", "--context", "16", "--random-sets", "2",
+                 "--bootstrap", "4", "--quiet", "--out", str(out)])
+    assert code == 0
+    frame = __import__("pandas").read_csv(out / "ablation.csv")
+    assert {"group", "task", "ablation", "dnll", "low", "high", "random_low", "random_high"} <= set(frame.columns)
+    assert (out / "ablation.html").read_text().count("random band") >= 1
+    assert "| group | heads | task |" in (out / "ablation.md").read_text()
+    assert "ablation.csv" in capsys.readouterr().out
+    assert hook_counts(tiny) == before
+    with pytest.raises(SystemExit):
+        main(["intervene", "--ablate-roles", "--random-sets", "x"])
+    assert main(["intervene", "--ablate-roles", "--random-sets", "1", "--quiet", "--out", str(out)]) == 1
+    assert "--random-sets: expected at least 2" in capsys.readouterr().err

@@ -69,7 +69,7 @@ def role_groups(taxonomy: Any, *, subtypes: bool = True, min_heads: int = 1) -> 
     Args:
         taxonomy: a HeadTaxonomy (read through ``layers``, ``heads``, ``label_names()`` and ``subtype()``).
         subtypes: also one group per distinct sub-type string (whatever label its heads have).
-        min_heads: leave out groups with fewer heads than this.
+        min_heads: leave out sub-type groups with fewer heads than this (every role class present is kept).
 
     A sub-type group named ``"subtype previous-token"`` is also measured on
     repeated random tokens (the second-copy loss); every group on natural text.
@@ -91,7 +91,7 @@ def role_groups(taxonomy: Any, *, subtypes: bool = True, min_heads: int = 1) -> 
     for sub in sorted(by_subtype):
         tasks = ("natural", "repeated") if sub == "previous-token" else ("natural",)
         groups.append(HeadGroup(f"subtype {sub}", "subtype", tuple(sorted(by_subtype[sub])), tasks))
-    return [g for g in groups if len(g.heads) >= min_heads]
+    return [g for g in groups if g.kind == "role" or len(g.heads) >= min_heads]
 
 
 def random_head_sets(

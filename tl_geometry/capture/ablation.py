@@ -261,7 +261,8 @@ def ablate_roles(
             prompts leaves that task out.
         detectors: also ablate the heads the detectors of `tl_geometry.capture.roles` name: previous-token
             (score >= ``detector_threshold`` on the evaluated windows) and induction (on the repeated prompts).
-        subtypes, min_heads: see `tl_geometry.analysis.ablation.role_groups`.
+        subtypes, min_heads: see `tl_geometry.analysis.ablation.role_groups`; ``min_heads`` also applies to the
+            detector groups.
         n_bootstrap, seed: the document bootstrap and the seed of the random sets and prompts.
         batch_size: documents per forward pass.
         progress: a progress bar over the forward passes.
