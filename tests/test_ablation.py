@@ -369,3 +369,17 @@ def test_intervene_ablate_roles_writes_the_table_and_the_figure(tmp_path, monkey
         main(["intervene", "--ablate-roles", "--random-sets", "x"])
     assert main(["intervene", "--ablate-roles", "--random-sets", "1", "--quiet", "--out", str(out)]) == 1
     assert "--random-sets: expected at least 2" in capsys.readouterr().err
+
+
+def test_the_mean_comes_from_the_windows_after_the_evaluated_ones(monkeypatch):
+    """Mutant: the mean z estimated on the evaluated windows (or on all of them)."""
+    import tl_geometry as tg
+    from tests.fixtures import spy
+
+    model = make_model("bridge-llama")
+    calls = spy(monkeypatch, ablation_module, "mean_z")
+    ablate_roles(model, taxonomy_of([(1, 2)]), n_windows=2, context=16, mean_windows=3, n_random=2, repeated_prompts=0,
+                 detectors=False, progress=False, n_bootstrap=10)
+    windows = tg.text_windows(model, tg.default_text(), context=16, n_windows=5)
+    (args, _), = calls
+    assert torch.equal(args[1], windows[2:])
