@@ -27,27 +27,34 @@ def main() -> None:
     parser.add_argument("model", nargs="?", default="smollm2-135m")
     parser.add_argument("--windows", type=int, default=8)
     parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--role-windows", type=int, default=8, help="windows the roles are classified on")
+    parser.add_argument("--role-context", type=int, default=256)
+    parser.add_argument("--no-uncertain", action="store_true", help="do not ablate the 'uncertain' heads as a group")
     parser.add_argument("--random", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--period", type=int, default=64)
     parser.add_argument("--sequences", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     parser.add_argument("--min-heads", type=int, default=1, help="smallest sub-type or detector group ablated")
     parser.add_argument("--thresholds", default="0.1,0.2,0.3", help="dormant thresholds to tabulate")
     args = parser.parse_args()
     torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     start = time.time()
     model = tg.load_model(args.model, progress=False)
-    windows = tg.text_windows(model, tg.default_text(), context=args.context, n_windows=args.windows)
+    windows = tg.text_windows(model, tg.default_text(), context=args.role_context, n_windows=args.role_windows)
     taxonomy = tg.classify_heads(model, windows)
     names = taxonomy.label_names()
     n_heads = len(taxonomy.layers) * len(taxonomy.heads)
     counts = {label: sum(row.count(label) for row in names) for label in ("retriever", "mixer", "reset", "content", "uncertain")}
     print(f"### {args.model}\n")
-    print(f"Roles on {args.windows} windows x {args.context} tokens of the default text ({n_heads} heads): "
+    print(f"Roles on {args.role_windows} windows x {args.role_context} tokens of the default text ({n_heads} heads): "
           + ", ".join(f"{k} {v}" for k, v in counts.items()) + ".\n")
     result = tg.ablate_roles(model, taxonomy, n_windows=args.windows, context=args.context, mean_windows=args.windows,
                              n_random=args.random, repeated_prompts=args.prompts, period=args.period, min_heads=args.min_heads,
+                             uncertain=not args.no_uncertain,
                              batch_size=args.batch_size, progress=True)
     s = result.settings
     print(f"Ablations: {s['windows']} evaluated windows x {s['context']} tokens (mean z from the next "

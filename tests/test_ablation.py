@@ -152,6 +152,9 @@ def test_role_groups_follow_the_labels_and_the_subtypes():
     assert [g.name for g in role_groups(taxonomy, min_heads=2)] == ["role retriever", "role reset",
                                                                     "subtype previous-token"]
     assert [g.name for g in role_groups(taxonomy, min_heads=3)] == ["role retriever", "role reset"]  # roles stay
+    mixed = FakeTaxonomy([["uncertain", "reset", "reset", "reset"], ["reset"] * 4])
+    assert [g.name for g in role_groups(mixed)] == ["role reset", "role uncertain"]
+    assert [g.name for g in role_groups(mixed, uncertain=False)] == ["role reset"]
 
 
 @st.composite

@@ -63,13 +63,14 @@ def _check_taxonomy(taxonomy: Any) -> None:
         )
 
 
-def role_groups(taxonomy: Any, *, subtypes: bool = True, min_heads: int = 1) -> list[HeadGroup]:
+def role_groups(taxonomy: Any, *, subtypes: bool = True, min_heads: int = 1, uncertain: bool = True) -> list[HeadGroup]:
     """One group per role label present (retriever, mixer, reset, content, uncertain) and per sub-type.
 
     Args:
         taxonomy: a HeadTaxonomy (read through ``layers``, ``heads``, ``label_names()`` and ``subtype()``).
         subtypes: also one group per distinct sub-type string (whatever label its heads have).
         min_heads: leave out sub-type groups with fewer heads than this (every role class present is kept).
+        uncertain: also the group of heads labelled "uncertain" (not a role; its heads are still in the sub-types).
 
     A sub-type group named ``"subtype previous-token"`` is also measured on
     repeated random tokens (the second-copy loss); every group on natural text.
@@ -87,7 +88,7 @@ def role_groups(taxonomy: Any, *, subtypes: bool = True, min_heads: int = 1) -> 
             if subtypes and sub is not None:
                 by_subtype.setdefault(str(sub), []).append((int(layer), int(head)))
     groups = [HeadGroup(f"role {label}", "role", tuple(sorted(by_label[label])))
-              for label in ROLE_LABELS if label in by_label]
+              for label in ROLE_LABELS if label in by_label and (uncertain or label != "uncertain")]
     for sub in sorted(by_subtype):
         tasks = ("natural", "repeated") if sub == "previous-token" else ("natural",)
         groups.append(HeadGroup(f"subtype {sub}", "subtype", tuple(sorted(by_subtype[sub])), tasks))

@@ -241,6 +241,7 @@ def ablate_roles(
     detector_threshold: float = 0.3,
     subtypes: bool = True,
     min_heads: int = 1,
+    uncertain: bool = True,
     n_bootstrap: int = 1000,
     seed: int = 0,
     batch_size: int = 4,
@@ -261,7 +262,7 @@ def ablate_roles(
             prompts leaves that task out.
         detectors: also ablate the heads the detectors of `tl_geometry.capture.roles` name: previous-token
             (score >= ``detector_threshold`` on the evaluated windows) and induction (on the repeated prompts).
-        subtypes, min_heads: see `tl_geometry.analysis.ablation.role_groups`; ``min_heads`` also applies to the
+        subtypes, min_heads, uncertain: see `tl_geometry.analysis.ablation.role_groups`; ``min_heads`` also applies to the
             detector groups.
         n_bootstrap, seed: the document bootstrap and the seed of the random sets and prompts.
         batch_size: documents per forward pass.
@@ -310,7 +311,7 @@ def ablate_roles(
     layers = sorted({int(layer) for layer in taxonomy.layers})
     check_z_hooks(model, list(range(int(model.cfg.n_layers))))
     available = {layer: [int(h) for h in taxonomy.heads] for layer in layers}
-    groups = role_groups(taxonomy, subtypes=subtypes, min_heads=min_heads)
+    groups = role_groups(taxonomy, subtypes=subtypes, min_heads=min_heads, uncertain=uncertain)
     if repeated_prompts:
         n_ctx = getattr(model.cfg, "n_ctx", None)
         if n_ctx and 2 * period + 1 > int(n_ctx):
