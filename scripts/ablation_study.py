@@ -64,16 +64,24 @@ def main() -> None:
           + ", ".join(sorted({f'{r.task} {r.clean:.3f}' for r in result.rows})) + " nats.\n")
     print(result.to_markdown())
     print()
+    label_of = {(layer, head): names[i][j] for i, layer in enumerate(taxonomy.layers)
+                for j, head in enumerate(taxonomy.heads)}
     for group in result.groups:
-        if group.kind != "role" and len(group.heads) <= 12:
-            print(f"- {group.name}: " + ", ".join(f"{l}.{h}" for l, h in group.heads))
+        if group.kind != "role":
+            labels = [label_of[head] for head in group.heads]
+            mix = ", ".join(f"{label} {labels.count(label)}" for label in dict.fromkeys(sorted(labels)))
+            listed = (": " + ", ".join(f"{l}.{h}" for l, h in group.heads)) if len(group.heads) <= 12 else ""
+            print(f"- {group.name} ({mix}){listed}")
     print()
     thresholds = [float(t) for t in args.thresholds.split(",")]
     measures = published_measures(model, n_sequences=args.sequences, length=64, batch_size=args.batch_size)
     table = measures.crosstab(taxonomy)
     print(f"First-token sink rate (Gu et al., epsilon = {measures.epsilon}, {measures.sequences} sequences x "
           f"{measures.length} tokens): {100 * measures.sink_rate:.1f} % of (sequence, layer, head); "
-          f"{int(measures.sink_heads.sum())} of {n_heads} heads have a mean first-token score above epsilon.\n")
+          f"{int(measures.sink_heads.sum())} of {n_heads} heads have a mean first-token score above epsilon. Output "
+          f"norms (before W_O) against the layer's mean: smallest ratio {float(measures.norm_ratio.min()):.3f} "
+          f"(head {divmod(int(measures.norm_ratio.argmin()), len(taxonomy.heads))}), 5th percentile "
+          f"{float(measures.norm_ratio.flatten().quantile(0.05)):.3f}.\n")
     labels = list(table["all"])
     header = "| heads | " + " | ".join(labels) + " | total |"
     print(header + "\n|---|" + "---:|" * (len(labels) + 1))

@@ -118,14 +118,16 @@ def test_a_groups_row_is_the_reference_change_in_loss():
     """The table's zero-ablation change for a group is the NLL of the zeroed-W_O model minus the clean NLL.
 
     Mutants: the wrong head index in the hook; the random sets' losses in the group's place; the loss from the
-    wrong position (an off-by-one in the targets).
+    wrong position (an off-by-one in the targets); the zero rows given the means when both ablations run.
     """
     model = make_model("bridge-llama")
     tokens, calibration = with_bos(random_tokens(4, 15, seed=3)), with_bos(random_tokens(2, 15, seed=4))
     retrievers = [(0, 3), (1, 1)]
-    result = ablate_roles(model, taxonomy_of(retrievers), tokens=tokens, mean_tokens=calibration, ablations=("zero",),
+    result = ablate_roles(model, taxonomy_of(retrievers), tokens=tokens, mean_tokens=calibration,
                           n_random=3, repeated_prompts=0, detectors=False, progress=False, n_bootstrap=50)
-    row = next(r for r in result.rows if r.group == "role retriever")
+    row = next(r for r in result.rows if r.group == "role retriever" and r.ablation == "zero")
+    mean_row = next(r for r in result.rows if r.group == "role retriever" and r.ablation == "mean")
+    assert mean_row.dnll != pytest.approx(row.dnll, rel=1e-3)  # zero rows must not be mean-ablated (a bug once)
 
     def nll(logits):
         logp = torch.log_softmax(logits.double(), -1)

@@ -150,7 +150,7 @@ def ablation_hooks(
     by_layer: dict[int, list[int]] = {}
     for layer, head in heads:
         by_layer.setdefault(int(layer), []).append(int(head))
-    return [(z_hook(layer), HeadAblationHook(layer, hs, None if means is None else means[layer]))
+    return [(z_hook(layer), HeadAblationHook(layer, hs, means[layer] if ablation == "mean" else None))
             for layer, hs in sorted(by_layer.items())]
 
 
