@@ -252,19 +252,24 @@ def ablate_roles(
     Args:
         model: a TransformerLens model (HookedTransformer or TransformerBridge); left as it was.
         taxonomy: its HeadTaxonomy (``tg.classify_heads(result)``); groups come from its labels and sub-types.
-        n_windows, context: the evaluated natural-text windows: the first ``n_windows`` windows of
-            ``context`` tokens (BOS first) of the default text (``tg.default_text()``).
+        n_windows: the evaluated natural-text windows: the first ``n_windows`` windows of ``context`` tokens
+            (BOS first) of the default text (``tg.default_text()``).
+        context: tokens per evaluated window.
         mean_windows: windows for the mean z: the ``mean_windows`` windows after the evaluated ones.
-        tokens, mean_tokens: your own evaluated windows and mean windows instead (no row may be in both).
+        tokens: your own evaluated windows instead (then ``mean_tokens`` is required).
+        mean_tokens: your own windows for the mean z (no row may also be in ``tokens``).
         ablations: ``"zero"`` and/or ``"mean"``.
         n_random: random head sets per group (seeded).
-        repeated_prompts, period: the repeated-random-token prompts (BOS + ``period`` tokens, twice); 0
-            prompts leaves that task out.
+        repeated_prompts: repeated-random-token prompts (BOS + ``period`` tokens, twice); 0 leaves that task out.
+        period: T, the random tokens of each copy.
         detectors: also ablate the heads the detectors of `tl_geometry.capture.roles` name: previous-token
             (score >= ``detector_threshold`` on the evaluated windows) and induction (on the repeated prompts).
-        subtypes, min_heads, uncertain: see `tl_geometry.analysis.ablation.role_groups`; ``min_heads`` also applies to the
-            detector groups.
-        n_bootstrap, seed: the document bootstrap and the seed of the random sets and prompts.
+        detector_threshold: the detector score a head needs to join a detector group.
+        subtypes: also one group per sub-type (see `tl_geometry.analysis.ablation.role_groups`).
+        min_heads: leave out sub-type and detector groups with fewer heads.
+        uncertain: also ablate the heads labelled "uncertain" as a group.
+        n_bootstrap: document bootstrap replicates of each interval.
+        seed: the seed of the random sets, the repeated prompts and the bootstrap.
         batch_size: documents per forward pass.
         progress: a progress bar over the forward passes.
 

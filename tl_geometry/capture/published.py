@@ -71,7 +71,8 @@ def published_measures(
         dormant_threshold: a head is dormant when its average output norm is below this fraction of its
             layer's average head output norm.
         space: ``"z"`` (output before W_O) or ``"result"`` (after W_O).
-        layers, heads: the heads reported (default all); a layer's average is over all its heads.
+        layers: the layers reported (default all).
+        heads: the heads reported (default all); a layer's average is over all its heads.
         batch_size: sequences per forward pass.
     """
     check_model(model)
