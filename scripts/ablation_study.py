@@ -3,10 +3,10 @@
 For one bundled model (argument: smollm2-135m or gemma3-270m), prints
 
 1. the head roles (``tg.classify_heads``) on the first W windows of C tokens of the default text;
-2. ``tg.ablate_roles``: zero- and mean-ablation of every role class, sub-type and detector group on
+2. ``tl_geometry.interventions.ablate_roles``: zero- and mean-ablation of every role class, sub-type and detector group on
    those windows (mean z from the next W windows) and on repeated random tokens, against random head
    sets of the same size and layer distribution;
-3. Gu et al.'s first-token sink rate and the dormant share by output norm (``tg.published_measures``) on
+3. Gu et al.'s first-token sink rate and the dormant share by output norm (``tl_geometry.interventions.published_measures``) on
    S sequences of 64 tokens, cross-tabulated with the roles.
 
 Usage: PYTHONPATH=. python scripts/ablation_study.py [MODEL] [--windows 8] [--context 256] [--random 8] [--min-heads 1]
@@ -19,7 +19,7 @@ import time
 import torch
 
 import tl_geometry as tg
-from tl_geometry.capture.published import published_measures
+from tl_geometry.interventions import ablate_roles, published_measures
 
 
 def main() -> None:
@@ -52,7 +52,7 @@ def main() -> None:
     print(f"### {args.model}\n")
     print(f"Roles on {args.role_windows} windows x {args.role_context} tokens of the default text ({n_heads} heads): "
           + ", ".join(f"{k} {v}" for k, v in counts.items()) + ".\n")
-    result = tg.ablate_roles(model, taxonomy, n_windows=args.windows, context=args.context, mean_windows=args.windows,
+    result = ablate_roles(model, taxonomy, n_windows=args.windows, context=args.context, mean_windows=args.windows,
                              n_random=args.random, repeated_prompts=args.prompts, period=args.period, min_heads=args.min_heads,
                              uncertain=not args.no_uncertain,
                              batch_size=args.batch_size, progress=True)

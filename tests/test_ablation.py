@@ -1,4 +1,4 @@
-"""Head ablations by role (`tg.ablate_roles`) and the published measures beside the roles (`tg.published_measures`).
+"""Head ablations by role (`ablate_roles`) and the published measures beside the roles (`published_measures`).
 
 References are written from the definitions, never with the package's helpers:
 zero-ablation is zeroing the head's rows of W_O in a fresh copy of the model;
@@ -265,7 +265,9 @@ def test_the_tasks_detectors_and_table_on_a_classified_tiny_model():
     model = make_model("bridge-gpt2")
     tokens = with_bos(random_tokens(6, 20, seed=7))
     taxonomy = tg.classify_heads(model, tokens[:4])
-    result = tg.ablate_roles(model, taxonomy, tokens=tokens[:4], mean_tokens=tokens[4:], n_random=2,
+    from tl_geometry.interventions import ablate_roles as public_ablate_roles
+
+    result = public_ablate_roles(model, taxonomy, tokens=tokens[:4], mean_tokens=tokens[4:], n_random=2,
                              repeated_prompts=2, period=8, detector_threshold=0.05, progress=False, n_bootstrap=20)
     frame = result.to_dataframe()
     assert set(frame["task"]) <= {"natural", "repeated"} and set(frame["ablation"]) == {"zero", "mean"}

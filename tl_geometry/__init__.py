@@ -21,11 +21,9 @@ from typing import Any
 from tl_geometry._version import __version__
 from tl_geometry.analysis.claims import claims
 from tl_geometry.analysis.sink import sink_recall_correlation
-from tl_geometry.capture.ablation import ablate_roles
 from tl_geometry.capture.cache import selection_metrics_from_cache
 from tl_geometry.capture.corpus import analyze_corpus
 from tl_geometry.capture.hooks import run_with_geometry_hooks
-from tl_geometry.capture.published import published_measures
 from tl_geometry.capture.roles import classify_heads
 from tl_geometry.capture.sources import read_corpus, text_windows
 from tl_geometry.config import GeometryConfig
@@ -43,14 +41,12 @@ __all__ = [
     "GeometryError",
     "GeometryResult",
     "SelectionMetrics",
-    "ablate_roles",
     "analyze_corpus",
     "claims",
     "classify_heads",
     "compare",
     "default_text",
     "load_model",
-    "published_measures",
     "read_corpus",
     "run_with_geometry_hooks",
     "selection_metrics",

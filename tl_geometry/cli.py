@@ -278,7 +278,7 @@ def _add_intervene_parser(commands, run: argparse.ArgumentParser) -> None:
     intervene.add_argument("--taus", type=_float_list, default=[0.01, 0.05, 0.1], help="default: 0.01,0.05,0.1")
     intervene.add_argument("--ablate-roles", action="store_true",
                            help="instead of the top-N sweep: zero- and mean-ablate each head role, sub-type and detector "
-                                "group (tg.ablate_roles) against random head sets of the same size and layers; the "
+                                "group (tl_geometry.interventions.ablate_roles) against random head sets of the same size and layers; the "
                                 "first --windows windows are evaluated, the next --windows give the mean z. Writes "
                                 "OUT/ablation.csv, OUT/ablation.md and OUT/ablation.html")
     intervene.add_argument("--random-sets", type=int, default=8, help="with --ablate-roles: random head sets per group "
@@ -358,7 +358,7 @@ def _intervene(args: argparse.Namespace) -> int:
 
 
 def _ablate_roles(args: argparse.Namespace) -> int:
-    """``tl-geometry intervene --ablate-roles``: the roles on the evaluated windows, then `tg.ablate_roles`."""
+    """``tl-geometry intervene --ablate-roles``: the roles on the evaluated windows, then `tl_geometry.interventions.ablate_roles`."""
     import torch
 
     from tl_geometry.capture.ablation import ablate_roles

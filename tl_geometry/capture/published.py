@@ -59,7 +59,7 @@ def published_measures(
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
     batch_size: int = 8,
-    progress: bool = False,
+    progress: bool = True,
 ) -> PublishedMeasures:
     """Gu et al.'s first-token sink scores and rate, and each head's output norm against its layer's.
 
@@ -74,6 +74,7 @@ def published_measures(
         layers: the layers reported (default all).
         heads: the heads reported (default all); a layer's average is over all its heads.
         batch_size: sequences per forward pass.
+        progress: a progress bar over the batches.
     """
     check_model(model)
     if not 0 < float(epsilon) < 1:

@@ -12,7 +12,7 @@ def ablation_figure(result: RoleAblation) -> go.Figure:
     """One row per (group, task): the group's ΔNLL with its bootstrap interval (a point with error bars) over
     the random band, the 5-95 % range of random head sets of the same size and layers (a pale bar), per ablation."""
     if not isinstance(result, RoleAblation):
-        raise GeometryError(f"result: expected a RoleAblation (from tg.ablate_roles), got {type(result).__name__}")
+        raise GeometryError(f"result: expected a RoleAblation (from tl_geometry.interventions.ablate_roles), got {type(result).__name__}")
     fig = go.Figure()
     ablations = list(dict.fromkeys(row.ablation for row in result.rows))
     for k, ablation in enumerate(ablations):
