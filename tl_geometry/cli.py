@@ -276,10 +276,19 @@ def _add_intervene_parser(commands, run: argparse.ArgumentParser) -> None:
                                 "x --batch-size (default: 1)")
     intervene.add_argument("--n-star", action="store_true", help="also search N*_tau per unit (renormalise)")
     intervene.add_argument("--taus", type=_float_list, default=[0.01, 0.05, 0.1], help="default: 0.01,0.05,0.1")
+    intervene.add_argument("--ablate-roles", action="store_true",
+                           help="instead of the top-N sweep: zero- and mean-ablate each head role, sub-type and detector "
+                                "group (tl_geometry.interventions.ablate_roles) against random head sets of the same size and layers; the "
+                                "first --windows windows are evaluated, the next --windows give the mean z. Writes "
+                                "OUT/ablation.csv, OUT/ablation.md and OUT/ablation.html")
+    intervene.add_argument("--random-sets", type=int, default=8, help="with --ablate-roles: random head sets per group "
+                           "(default: 8)")
 
 
 def _intervene(args: argparse.Namespace) -> int:
     """Run ``tl-geometry intervene``."""
+    if args.ablate_roles:
+        return _ablate_roles(args)
     import json
 
     import torch
@@ -345,6 +354,47 @@ def _intervene(args: argparse.Namespace) -> int:
     written = [args.out / "sweep.npz", args.out / "interventions.html"]
     written += [args.out / name for name, made in (("n_star.json", n_star), ("correlation.json", correlation)) if made]
     print("wrote " + ", ".join(str(path) for path in written))
+    return EXIT_OK
+
+
+def _ablate_roles(args: argparse.Namespace) -> int:
+    """``tl-geometry intervene --ablate-roles``: the roles on the evaluated windows, then `tl_geometry.interventions.ablate_roles`."""
+    import torch
+
+    from tl_geometry.capture.ablation import ablate_roles
+    from tl_geometry.capture.roles import classify_heads
+    from tl_geometry.report.ablation import ablation_figure
+    from tl_geometry.results.files import atomic_path
+
+    if args.random_sets < 2:
+        raise GeometryError(f"--random-sets: expected at least 2 random head sets per group, got {args.random_sets}")
+    if args.windows is None:
+        raise GeometryError("--windows: --ablate-roles needs a number of windows (as many again give the mean z), not 'all'")
+    model, quiet = _load_model_on_every_rank(args)
+    stream, _ = _corpus(argparse.Namespace(**{**vars(args), "windows": 2 * args.windows}), model, None)
+    windows = [window.tokens for window in stream]
+    if len(windows) < 2:
+        raise GeometryError(f"--data: the corpus gave {len(windows)} window(s) of {args.context} tokens; --ablate-roles "
+                            "needs at least 2 (evaluated, then mean z); pass more text or a smaller --context")
+    half = min(args.windows, len(windows) // 2)
+    tokens, mean_tokens = torch.stack(windows[:half]), torch.stack(windows[half : 2 * half])
+    taxonomy = classify_heads(model, tokens, config_from_args(args))
+    n_ctx = getattr(model.cfg, "n_ctx", None)
+    period = min(64, (int(n_ctx) - 1) // 2) if n_ctx else 64  # repeated prompts fit a short context
+    result = ablate_roles(model, taxonomy, tokens=tokens, mean_tokens=mean_tokens, n_random=args.random_sets, period=period,
+                          n_bootstrap=max(args.bootstrap, 100), seed=args.seed, batch_size=args.batch_size,
+                          progress=not quiet)
+    if not _is_main_process():
+        return EXIT_OK
+    args.out.mkdir(parents=True, exist_ok=True)
+    markdown = result.to_markdown()
+    for name, write in (("ablation.csv", lambda path: result.to_dataframe().to_csv(path, index=False)),
+                        ("ablation.md", lambda path: path.write_text(markdown + "\n")),
+                        ("ablation.html", lambda path: ablation_figure(result).write_html(path, include_plotlyjs=True))):
+        with atomic_path(args.out / name) as tmp:
+            write(tmp)
+    print(markdown)
+    print("wrote " + ", ".join(str(args.out / name) for name in ("ablation.csv", "ablation.md", "ablation.html")))
     return EXIT_OK
 
 

@@ -1,19 +1,30 @@
-"""Top-N interventions: keep each head's top-N attention, measure the loss, and relate it to the geometry.
+"""Interventions: top-N attention (keep each head's top-N keys, measure the loss, relate it to the geometry), and
+head ablations by role against random head sets, with the published sink and dormant measures beside the roles.
 
-    from tl_geometry.interventions import intervention_sweep, effective_set_size
+    from tl_geometry.interventions import intervention_sweep, effective_set_size, ablate_roles, published_measures
 """
 
+from tl_geometry.analysis.ablation import PublishedMeasures, RoleAblation
 from tl_geometry.analysis.interventions import EffectiveSetSize, geometry_vs_dnll
+from tl_geometry.capture.ablation import ablate_roles, ablation_hooks
 from tl_geometry.capture.interventions import topn_hooks, topn_pattern_hook
+from tl_geometry.capture.published import published_measures
 from tl_geometry.capture.sweep import effective_set_size, intervention_sweep
+from tl_geometry.report.ablation import ablation_figure
 from tl_geometry.results.interventions import InterventionResult
 
 __all__ = [
     "EffectiveSetSize",
     "InterventionResult",
+    "PublishedMeasures",
+    "RoleAblation",
+    "ablate_roles",
+    "ablation_figure",
+    "ablation_hooks",
     "effective_set_size",
     "geometry_vs_dnll",
     "intervention_sweep",
+    "published_measures",
     "topn_hooks",
     "topn_pattern_hook",
 ]
