@@ -26,7 +26,8 @@ and its default query sample:
 - the threshold sensitivity (+-10 % on each threshold);
 - Gaussian mixtures over the per-head features for k = 1..6 and their BIC.
 
-``STUDY_SAVE=DIR`` keeps the results (DIR/<model>-first, -second, -seed1).
+``STUDY_SAVE=DIR`` keeps the results (DIR/<model>-group1 to -group4 and -seed1); ``--no-reseed`` leaves the
+second query sample out.
 """
 
 import argparse
@@ -56,7 +57,7 @@ def _analyse(model, windows, config, save: str | None, tag: str):
     return result
 
 
-def study(name: str, n_windows: int, context: int) -> None:
+def study(name: str, n_windows: int, context: int, reseed: bool = True) -> None:
     save = os.environ.get("STUDY_SAVE")
     model = tg.load_model(name, progress=False)
     windows = tg.text_windows(model, tg.default_text(), context=context, n_windows=n_windows)
@@ -65,7 +66,8 @@ def study(name: str, n_windows: int, context: int) -> None:
     groups = [_analyse(model, windows[i * quarter : (i + 1) * quarter], config, save, f"{name}-group{i + 1}") for i in range(4)]
     first, second = tg.GeometryResult.merge(groups[:2]), tg.GeometryResult.merge(groups[2:])
     full = tg.GeometryResult.merge(groups)
-    reseeded = _analyse(model, windows, config.with_overrides(settings={"taxonomy": {"seed": 1}}), save, f"{name}-seed1")
+    reseeded = (_analyse(model, windows, config.with_overrides(settings={"taxonomy": {"seed": 1}}), save, f"{name}-seed1")
+                if reseed else None)
     roles = taxonomy_from_result(full)
     n_heads = roles.labels.numel()
     counts = role_counts(roles)
@@ -76,8 +78,9 @@ def study(name: str, n_windows: int, context: int) -> None:
           f"heads without a role or 'uncertain': {int(((roles.labels < 0) | (roles.labels > UNCERTAIN)).sum())}")
     share, both = agreement(taxonomy_from_result(first), taxonomy_from_result(second))
     print(f"- halves: windows 1-{half} and {half + 1}-{n_windows} agree on {100 * share:.1f} % of the {both} heads both label")
-    share, both = agreement(roles, taxonomy_from_result(reseeded))
-    print(f"- query sample: seed 0 and seed 1 agree on {100 * share:.1f} % of the {both} heads both label")
+    if reseeded is not None:
+        share, both = agreement(roles, taxonomy_from_result(reseeded))
+        print(f"- query sample: seed 0 and seed 1 agree on {100 * share:.1f} % of the {both} heads both label")
     literal = [n for row in roles.literal_names() for n in row]
     ours = [n for row in roles.label_names() for n in row]
     print("\nThe paper's rules read literally (norms, raw cosines) against ours: rows ours, columns literal\n")
@@ -163,9 +166,10 @@ def main() -> None:
     parser.add_argument("models", nargs="*", default=["smollm2-135m", "gemma3-270m"])
     parser.add_argument("--windows", type=int, default=16)
     parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--no-reseed", action="store_true", help="leave out the second query sample (seed 1)")
     args = parser.parse_args()
     for name in args.models:
-        study(name, args.windows, args.context)
+        study(name, args.windows, args.context, reseed=not args.no_reseed)
 
 
 if __name__ == "__main__":
