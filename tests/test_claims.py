@@ -289,8 +289,11 @@ def _tightness(fields, grid):
     """Figure 5: the upper envelope tight for P at small and large N, for R at small, mid and large N."""
     masks = _ranges(np.asarray(grid))
     gaps = []
+    grid = np.asarray(grid)
+    floors = {"precision": np.where(grid == 1, 1.0, 1 - 0.5 / (grid + 1)), "recall": np.where(grid == 1, 1.0, 0.5)}
     for metric, where in (("precision", ("small", "large")), ("recall", ("small", "mid", "large"))):
-        gap = _mean_curve(fields[f"bound_{metric}_upper"]) - _mean_curve(fields[metric])
+        # The envelope's floor (p_- <= 1/2 in eq. 13, 15) is the formula's: the gap is taken above it.
+        gap = _mean_curve(fields[f"bound_{metric}_upper"]) - np.maximum(_mean_curve(fields[metric]), floors[metric])
         gaps += [np.nanmean(gap[masks[w]]) for w in where]
     return max(gaps)
 
@@ -567,6 +570,29 @@ def test_envelope_tightness_on_hand_built_curves(gap, expected):
     assert f"{2 * len(grid)}/{2 * len(grid)} points of the mean curves inside" in row.measured
 
 
+def test_envelope_tightness_is_judged_against_the_floor_and_reported_literally():
+    """Precision curves far below the floor with the envelope at its floor (the reviewer's SmolLM2 case: a gap of
+    about 0.33 set by the formula): judged against the floor the envelope is tight; the literal gap is beside.
+    A mutant judging against the curve (floor=False) says 'does not hold'."""
+    grid = (1, 2, 4, 8, 16, 32, 64)
+    shape = (2, 2, len(grid))
+    g = np.array(grid, dtype=float)
+    p_floor = np.where(g == 1, 1.0, 1 - 0.5 / (g + 1))
+    p_curve = np.broadcast_to(np.array([1.0, 0.5, 0.55, 0.4, 0.5, 0.7, 1.0]), shape).copy()
+    r_curve = np.broadcast_to(np.array([1.0, 0.8, 0.7, 0.6, 0.6, 0.8, 1.0]), shape).copy()
+    fields = {"precision": p_curve, "recall": r_curve,
+              "bound_precision_upper": np.broadcast_to(np.maximum(p_floor, p_curve) + 0.01, shape).copy(),
+              "bound_recall_upper": np.minimum(r_curve + 0.01, 1.0)}
+    for metric in ("precision", "recall"):
+        fields[f"bound_{metric}_lower"] = np.zeros(shape)
+    row = claims(_hand_built(_with_required(fields, grid), grid)).loc["envelope_tightness"]
+    assert row.value == pytest.approx(0.01, abs=1e-6) and row.verdict == "holds"
+    assert "Read literally" in row.measured and "kappa = 1000" in row.measured
+    assert "B'^2 / sqrt(2 kappa d)" in row.measured and "1 - 0.5/(N+1)" in row.measured
+    literal = float(np.mean((np.maximum(p_floor, p_curve[0, 0]) + 0.01 - p_curve[0, 0])[(g >= 2) & (g <= 4)]))
+    assert f"largest {literal:.3g}" in row.measured
+
+
 @pytest.mark.parametrize("rise, expected", [(0.2, "holds"), (0.03, "partly"), (-0.1, "does not hold")])
 def test_large_n_return_on_hand_built_curves(rise, expected):
     """P and R at large N ``rise`` above mid N: the verdict follows the smaller rise. A mutant reading the excess
@@ -774,6 +800,11 @@ CLAIM_MUTANTS = {
         '"envelope_tightness": Thresholds("<=", 0.05, 0.15)',
         '"envelope_tightness": Thresholds("<=", 0.15, 0.15)',
         lambda mutant: test_envelope_tightness_on_hand_built_curves(0.1, "partly"),
+    ),
+    "the tightness judged against the curve, not the envelope's floor": (
+        "def _upper_gaps(f: Mapping[FieldSpec, Tensor], grid: Tensor, floor: bool = True)",
+        "def _upper_gaps(f: Mapping[FieldSpec, Tensor], grid: Tensor, floor: bool = False)",
+        lambda mutant: test_envelope_tightness_is_judged_against_the_floor_and_reported_literally(),
     ),
     "Figure 11's precision and recall statements swapped": (
         'at(member["retriever"], RECALL, large) - at(others, RECALL, large)',
