@@ -100,6 +100,15 @@ def test_a_row_without_intruder_lies_above_the_theorem_envelope_but_not_the_real
     assert float(p_up[0]) == 1.0
 
 
+def test_in_float32_the_bound_is_never_one_rounding_below_the_metric():
+    """One intruder gives P = N / (N + 1) exactly as the metrics compute it: the bound must equal it bit for bit
+    (1 - 1/(N+1) in float32 is 1 ulp lower for N = 5, 6, ...; the real model's rows found it)."""
+    grid = torch.arange(1, 200)
+    p_up, r_up = realised_upper_bounds(torch.ones(len(grid), dtype=torch.bool), grid, torch.float32)
+    n = grid.to(torch.float32)
+    assert bool((n / (n + 1) <= p_up).all()) and bool(((n - 1) / n <= r_up).all())
+
+
 @pytest.mark.model
 def test_the_diagnostic_realised_bounds_hold_on_every_row_and_count_the_exceedances():
     """Every analysed row: the realised bounds equal the slow reference and are never exceeded (0 cells); the
@@ -152,9 +161,10 @@ def _mutant(old: str, new: str) -> types.ModuleType:
 
 
 @pytest.mark.parametrize("old,new", [
-    ("return 1 - hit / (n + 1), 1 - hit / n", "return 1 - hit / (n + 2), 1 - hit / n"),  # a looser P bound
-    ("return 1 - hit / (n + 1), 1 - hit / n", "return 1 - hit / (n + 1), 1 - hit / (n + 1)"),  # a looser R bound
-    ("return 1 - hit / (n + 1), 1 - hit / n", "return 1 - hit / n, 1 - hit / n"),  # too tight: exceeded
+    ("return n / (n + hit), (n - hit) / n", "return n / (n + hit / 2), (n - hit) / n"),  # a looser P bound
+    ("return n / (n + hit), (n - hit) / n", "return n / (n + hit), (n - hit / 2) / n"),  # a looser R bound
+    ("return n / (n + hit), (n - hit) / n", "return (n - hit) / n, (n - hit) / n"),  # too tight: exceeded
+    ("return n / (n + hit), (n - hit) / n", "return 1 - hit / (n + 1), 1 - hit / n"),  # rounds below P in float32
 ])
 def test_mutants_of_the_realised_bounds_are_caught(old, new, monkeypatch):
     mutant = _mutant(old, new)
@@ -162,3 +172,4 @@ def test_mutants_of_the_realised_bounds_are_caught(old, new, monkeypatch):
     with pytest.raises(AssertionError):
         test_realised_bounds_match_the_slow_reference_and_are_never_exceeded.hypothesis.inner_test(
             seed=3, keys=8, d=2, ties=True)
+        test_in_float32_the_bound_is_never_one_rounding_below_the_metric()

@@ -647,7 +647,8 @@ def realised_upper_bounds(
         )
     n = n_grid.to(device=swapped.device, dtype=dtype)
     hit = swapped.to(dtype)
-    return 1 - hit / (n + 1), 1 - hit / n
+    # The metrics' own arithmetic (N / (N + K_out), K_in / N): 1 - 1/(N+1) can round 1 ulp below N/(N+1).
+    return n / (n + hit), (n - hit) / n
 
 
 def upper_envelope_floor(
