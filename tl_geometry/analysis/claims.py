@@ -17,7 +17,12 @@ Verdict rule (the same for every claim):
   the statistic has a bootstrap interval, the whole interval does too;
 - ``"partly"``: it reaches the ``partly`` threshold, or it reaches ``holds``
   but its interval crosses it;
-- ``"does not hold"``: otherwise.
+- ``"does not hold"``: otherwise;
+- ``"too few documents"``, in place of the three above: the result has fewer
+  documents than ``MIN_DOCUMENTS`` asks for the claim (below it the claim's
+  interval covered the truth in under 90 % of simulated studies), or the
+  statistic lies outside its own interval (the bootstrap is too biased there
+  to resolve the verdict). ``flip`` names how many documents would do.
 
 ``flip`` says in one line what change would change the verdict.
 
@@ -99,6 +104,7 @@ replicates that give each role; their replicates' statistics use each
 replicate's own roles.
 """
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -142,9 +148,9 @@ from tl_geometry.results.result import GeometryResult
 from tl_geometry.results.table import FieldName, field_name
 from tl_geometry.theory.bounds import upper_envelope_floor
 
-Verdict = Literal["holds", "partly", "does not hold", "not measured"]
+Verdict = Literal["holds", "partly", "does not hold", "too few documents", "not measured"]
 VERDICTS: tuple[str, ...] = get_args(Verdict)
-"""The four verdicts, best first."""
+"""The five verdicts, best first ("too few documents": the bootstrap cannot resolve it on this sample)."""
 Direction = Literal[">=", "<="]
 
 LEVEL = 0.95  # coverage of the intervals
@@ -177,6 +183,26 @@ INTERVAL_METHOD = {  # chosen by the coverage on simulated studies (docs/claims.
     "regimes_by_depth": "basic",
     "regime_tradeoffs": "shifted",
 }
+
+# Per claim: the documents below which the bootstrap cannot resolve the verdict: the smallest count of the ladder
+# 2, 4, 8, 16, 32 from which on the claim's interval covered the truth in at least 90 % of 30 simulated studies,
+# on a population that nothing else reports on (benchmarks/bench_min_documents.py; docs/claims.md has the table).
+# LADDER_END * 2 where no count of the ladder reached it: more than 32, untested beyond.
+LADDER_END = 32
+MIN_DOCUMENTS = {
+    "stable_norms": 2 * LADDER_END,  # 0.83 at 32
+    "compressed_sink": 8,
+    "exponential_decay": 4,
+    "four_phase_profile": 4,
+    "small_n_separability": 2 * LADDER_END,  # 0.93 at 16, 0.87 at 32
+    "large_n_return": 4,
+    "envelope_tightness": 4,
+    "sink_recall_correlation": 16,
+    "sink_precision_correlation": 8,
+    "regimes_by_depth": 2 * LADDER_END,  # 0.97 at 8, 0.80 at 16, 0.87 at 32
+    "regime_tradeoffs": 2,
+}
+TOO_FEW = "too few documents"
 
 ASSUMPTIONS = 'diagnostics=["assumptions"]'
 OPTIONS = {
@@ -292,6 +318,11 @@ class Claim:
         option: for "not measured", the run option that measures it ("" otherwise).
         evidence: the curves or per-head values behind the statistic (for
             figures), name -> ``(x, y)`` tensors.
+        literal: where our statistic reinterprets the paper's claim (the
+            excess over chance, an optional phase, another reading of a
+            figure), the other reading in words ("" where there is none);
+        literal_value, literal_low, literal_high, literal_verdict: its value,
+            interval (NaN when none) and verdict by the same thresholds and rule.
     """
 
     key: str
@@ -309,6 +340,11 @@ class Claim:
     flip: str
     option: str = ""
     evidence: Mapping[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    literal: str = ""
+    literal_value: float = math.nan
+    literal_low: float = math.nan
+    literal_high: float = math.nan
+    literal_verdict: str = ""
 
 
 @dataclass(frozen=True)
@@ -432,6 +468,15 @@ def _claim(key: str, value: float, interval: tuple[float, float, str], measured:
     )
 
 
+def _with_literal(claim: Claim, literal: str, value: float,
+                  interval: tuple[float, float, str] = (math.nan, math.nan, "")) -> Claim:
+    """The claim with the other reading beside it, judged by the same thresholds and rule."""
+    low, high, _ = interval
+    found = verdict(value, THRESHOLDS[claim.key], low, high)
+    return dataclasses.replace(claim, literal=literal, literal_value=value, literal_low=low, literal_high=high,
+                               literal_verdict=found)
+
+
 def _per_head_values(t: Tensor) -> tuple[Tensor, Tensor]:
     """(head number 0.., value) of a ``[layer, head_index]`` tensor, for evidence."""
     flat = t.flatten().double()
@@ -495,7 +540,12 @@ def _stable_norms(result: GeometryResult) -> Claim:
                     f"{value:.0%} of heads have CV <= {CV_STABLE} (median CV {_fmt(float(across.nanmedian()))}); "
                     + within_text)
         interval = (math.nan, math.nan, "none: the averaged curve keeps no bootstrap replicates")
-        return _claim("stable_norms", value, interval, measured, {VALUE_NORM_CV.name: _per_head_values(across)})
+        found = _claim("stable_norms", value, interval, measured, {VALUE_NORM_CV.name: _per_head_values(across)})
+        within_interval = _interval("stable_norms", result, [VALUE_NORM_CV],
+                                    lambda f: _expected_share_stable(f[VALUE_NORM_CV], se), expected_within)
+        return _with_literal(found, "by sequence: the expected share of heads whose CV within each sequence is "
+                             f"<= {CV_STABLE} (the verdict reads Figure 2's curve, averaged over sequences)",
+                             expected_within, within_interval)
     measured = within_text + " (the verdict's reading, the expected share: this result has no norm-by-position curve)"
     interval = _interval("stable_norms", result, [VALUE_NORM_CV],
                          lambda f: _expected_share_stable(f[VALUE_NORM_CV], se), expected_within)
@@ -607,8 +657,11 @@ def _four_phase_profile(result: GeometryResult) -> Claim:
                 f"{share(fit.p_sink >= SINK_RATIO * fit.p_base)}; {shares})")
     interval = _interval("four_phase_profile", result, FOUR_PHASE_FIELDS,
                          lambda g: _expected_share_four_phase(g, se), value)
-    return _claim("four_phase_profile", value, interval, measured,
-                  {"four_phase": _per_head_values(_four_phase(f))})
+    found = _claim("four_phase_profile", value, interval, measured, {"four_phase": _per_head_values(_four_phase(f))})
+    with_oscillation = (shows == 1) & (fit.has_oscillation >= PHASE_SHARE)
+    literal = float(with_oscillation[fitted].double().mean()) if bool(fitted.any()) else math.nan
+    return _with_literal(found, "all four phases (the oscillation required, as the claim names four): the share of "
+                         "heads with the sink, plateau, oscillation and recency (no interval)", literal)
 
 
 def _ranges(grid: Tensor) -> tuple[Tensor, Tensor]:
@@ -697,7 +750,16 @@ def _small_n_separability(result: GeometryResult) -> Claim:
                 f"(raw: P {_fmt(raw[PRECISION])}, R {_fmt(raw[RECALL])})")
     evidence = {name.name: (grid, mean_over_heads(result, name)) for name in (*EXCESS, *METRICS)}
     interval = _interval("small_n_separability", result, list(EXCESS), batched, value)
-    return _claim("small_n_separability", value, interval, measured, evidence)
+    found = _claim("small_n_separability", value, interval, measured, evidence)
+
+    def batched_raw(g: Mapping[FieldSpec, Tensor]) -> Tensor:
+        return _smallest(_drops(g, result.n_grid, METRICS))
+
+    literal = min(raw.values())
+    raw_interval = _interval("small_n_separability", result, list(METRICS), batched_raw, literal)
+    return _with_literal(found, "on the raw curves, as the paper states it: the smaller of the drops of the mean P "
+                         "and R from N in 2-4 to mid N (random top-N sets drop too; the verdict reads the excess)",
+                         literal, raw_interval)
 
 
 def _depth(result: GeometryResult) -> Tensor:
@@ -1005,6 +1067,47 @@ def _envelope_tightness(result: GeometryResult) -> Claim:
     return _claim("envelope_tightness", value, interval, measured, evidence)
 
 
+def _resolved(claim: Claim, n_documents: int) -> Claim:
+    """The claim, or "too few documents" where the bootstrap cannot resolve its verdict: fewer documents than
+    ``MIN_DOCUMENTS`` asks for, or a point estimate outside its own interval (a biased bootstrap: no interval
+    method of ours both covers there and contains the estimate, so the verdict is refused, not guessed)."""
+    if claim.verdict == "not measured":
+        return claim
+    if claim.literal_verdict and claim.literal_verdict != "not measured":  # the other reading, by the same rule
+        literal = _resolved(dataclasses.replace(claim, value=claim.literal_value, low=claim.literal_low,
+                                                high=claim.literal_high, verdict=claim.literal_verdict,
+                                                literal_verdict=""), n_documents)
+        claim = dataclasses.replace(claim, literal_verdict=literal.verdict)
+    need = MIN_DOCUMENTS[claim.key]
+    has_interval = not (math.isnan(claim.low) or math.isnan(claim.high))
+    outside = has_interval and not (claim.low - INSIDE_TOLERANCE <= claim.value <= claim.high + INSIDE_TOLERANCE)
+    if n_documents < need:
+        if need > LADDER_END:
+            flip = (f"more than {LADDER_END} documents (this result has {n_documents}; up to {LADDER_END} its "
+                    "bootstrap interval covered the truth in under 90 % of simulated studies)")
+        else:
+            flip = (f"a verdict from {need} documents on (this result has {n_documents}; below {need} its bootstrap "
+                    "interval covers the truth in under 90 % of simulated studies)")
+    elif outside:
+        flip = (f"a verdict once the estimate {_fmt(claim.value)} lies inside its own interval [{_fmt(claim.low)}, "
+                f"{_fmt(claim.high)}] (more than {n_documents} documents)")
+    else:
+        return claim
+    return dataclasses.replace(claim, verdict=TOO_FEW, flip=flip)
+
+
+def sample_warning(n_documents: int) -> str:
+    """One sentence for a report's first screen when ``n_documents`` is below what some claims need ("" if not)."""
+    short = {key: need for key, need in MIN_DOCUMENTS.items() if n_documents < need}
+    if not short:
+        return ""
+    most = max(short.values())
+    upto = f"more than {LADDER_END}" if most > LADDER_END else str(most)
+    return (f"Too few documents to trust: this result has {n_documents}; {len(short)} of the {len(MIN_DOCUMENTS)} "
+            f"claims need more ({', '.join(sorted(short))}; from {min(short.values())} to {upto}) before their "
+            "bootstrap intervals can resolve a verdict, and read 'too few documents' until then.")
+
+
 CHECKS: tuple[Callable[..., Claim], ...] = (
     _stable_norms, _compressed_sink, _exponential_decay, _four_phase_profile, _small_n_separability,
     _large_n_return, _envelope_tightness, _sink_recall_correlation, _sink_precision_correlation, _regimes_by_depth,
@@ -1015,7 +1118,8 @@ ROLE_CHECKS = (_regimes_by_depth, _regime_tradeoffs)
 """The checks that read the roles (called with the result and its cached `_role_probabilities`)."""
 
 COLUMNS = ("claim", "paper_ref", "paper_value", "statistic", "value", "low", "high", "interval", "measured",
-           "verdict", "rule", "flip", "option")  # fmt: skip
+           "verdict", "rule", "flip", "option", "literal", "literal_value", "literal_low", "literal_high",
+           "literal_verdict")  # fmt: skip
 
 
 def claim_list(result: object) -> list[Claim]:
@@ -1026,7 +1130,8 @@ def claim_list(result: object) -> list[Claim]:
             f"GeometryResult.load), got {type(result).__name__}"
         )
     roles = functools.cache(lambda: _role_probabilities(result))  # the taxonomy is the costly part: once
-    return [check(result, roles) if check in ROLE_CHECKS else check(result) for check in CHECKS]
+    found = [check(result, roles) if check in ROLE_CHECKS else check(result) for check in CHECKS]
+    return [_resolved(claim, result.n_documents) for claim in found]
 
 
 def claims(result: object) -> Any:
@@ -1037,8 +1142,11 @@ def claims(result: object) -> Any:
     bootstrap interval, NaN when there is none), ``interval`` (in words, or
     why there is none), ``measured`` (the value and the numbers behind it),
     ``verdict`` (holds / partly / does not hold / not measured), ``rule``
-    (the thresholds) and ``option`` (for "not measured": the run option that
-    measures it). The index is the claim's key. The verdict rule and every
+    (the thresholds), ``option`` (for "not measured": the run option that
+    measures it), and where our statistic reinterprets the paper's claim the
+    other reading beside it: ``literal`` (in words), ``literal_value``,
+    ``literal_low``, ``literal_high`` and ``literal_verdict``. The verdict
+    can also be "too few documents" (``MIN_DOCUMENTS``). The index is the claim's key. The verdict rule and every
     statistic are in `tl_geometry.analysis.claims`.
 
     Raises:
