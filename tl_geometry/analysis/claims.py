@@ -1101,11 +1101,15 @@ def sample_warning(n_documents: int) -> str:
     short = {key: need for key, need in MIN_DOCUMENTS.items() if n_documents < need}
     if not short:
         return ""
-    most = max(short.values())
-    upto = f"more than {LADDER_END}" if most > LADDER_END else str(most)
+    least, most = min(short.values()), max(short.values())
+
+    def count(x: int) -> str:
+        return f"more than {LADDER_END}" if x > LADDER_END else str(x)
+
+    need = count(least) if count(least) == count(most) else f"from {count(least)} to {count(most)}"
     return (f"Too few documents to trust: this result has {n_documents}; {len(short)} of the {len(MIN_DOCUMENTS)} "
-            f"claims need more ({', '.join(sorted(short))}; from {min(short.values())} to {upto}) before their "
-            "bootstrap intervals can resolve a verdict, and read 'too few documents' until then.")
+            f"claims need more ({', '.join(sorted(short))}: {need}) before their bootstrap intervals can resolve "
+            "a verdict, and read 'too few documents' until then.")
 
 
 CHECKS: tuple[Callable[..., Claim], ...] = (

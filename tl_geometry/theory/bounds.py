@@ -635,9 +635,10 @@ def realised_upper_bounds(
     ``P <= 1 - swapped / (N + 1)`` and ``R <= 1 - swapped / N``: never exceeded
     by the row, hence by no mean of rows. The F bounds follow by 2x / (1 + x).
 
-    >>> p, r = realised_upper_bounds(torch.tensor([[False, True, True]]), torch.tensor([1, 2, 4]))
-    >>> p.tolist(), r.tolist()
-    ([[1.0, 0.6666666865348816, 0.800000011920929]], [[1.0, 0.5, 0.75]])
+    Example:
+        >>> p, r = realised_upper_bounds(torch.tensor([[False, True, True]]), torch.tensor([1, 2, 4]))
+        >>> p.tolist(), r.tolist()
+        ([[1.0, 0.6666666865348816, 0.800000011920929]], [[1.0, 0.5, 0.75]])
     """
     if swapped.dtype != torch.bool:
         raise GeometryError(f"swapped: expected a boolean tensor (the event r_min <= r_max), got {swapped.dtype}")
@@ -661,8 +662,9 @@ def upper_envelope_floor(
     term of R's is >= 1/2. A gap between the envelope and a measured curve
     that lies below this floor is set by the formula, not by the data.
 
-    >>> [round(x, 3) for x in upper_envelope_floor(torch.tensor([1, 2, 4]))[0].tolist()]
-    [1.0, 0.833, 0.9]
+    Example:
+        >>> tuple(round(x, 3) for x in upper_envelope_floor(torch.tensor([1, 2, 4]))[0].tolist())
+        (1.0, 0.833, 0.9)
     """
     n = n_grid.to(torch.float64)
     one = n == 1  # reading 10: no swap at N = 1
