@@ -270,34 +270,36 @@ def study_roles(means: dict[str, np.ndarray]) -> np.ndarray:
     return roles
 
 
-def simulate_study(means: dict[str, np.ndarray], rng: np.random.Generator) -> GeometryResult:
-    """One study: each document's values scatter around the true means; the package accumulates them."""
+def simulate_study(means: dict[str, np.ndarray], rng: np.random.Generator,
+                   documents: int = STUDY_DOCUMENTS) -> GeometryResult:
+    """One study of ``documents`` documents: each document's values scatter around the true means; the package
+    accumulates them."""
     values = {}
     profiles = rng.spawn(1)[0]  # the fit's draws leave the other fields' stream as it was
     roles = profiles.spawn(1)[0]  # and the role features' leave both
-    role_noise = roles.normal(0.0, 1.0, (STUDY_DOCUMENTS, len(ROLE_NOISE), STUDY_LAYERS, STUDY_HEADS))
+    role_noise = roles.normal(0.0, 1.0, (documents, len(ROLE_NOISE), STUDY_LAYERS, STUDY_HEADS))
     role_noise[:, :3] -= role_noise[:, :3].mean(1, keepdims=True)  # the three shares still sum to 1
     for name, mean in means.items():
         if name in ROLE_NOISE:
             values[name] = mean + ROLE_NOISE[name] * role_noise[:, list(ROLE_NOISE).index(name)]
         elif name.startswith("profile_has_"):  # each document has the phase or not
-            values[name] = (profiles.random((STUDY_DOCUMENTS, *mean.shape)) < mean).astype(float)
+            values[name] = (profiles.random((documents, *mean.shape)) < mean).astype(float)
         elif name.startswith("profile_"):  # positive and right-skewed
-            values[name] = mean * profiles.gamma(4.0, 0.25, (STUDY_DOCUMENTS, *mean.shape))
+            values[name] = mean * profiles.gamma(4.0, 0.25, (documents, *mean.shape))
         elif name in ("decay_mae", "sink_norm_ratio", "value_norm_cv"):  # positive and right-skewed (CV 0.5)
-            values[name] = mean * rng.gamma(4.0, 0.25, (STUDY_DOCUMENTS, *mean.shape))
+            values[name] = mean * rng.gamma(4.0, 0.25, (documents, *mean.shape))
         elif name.startswith("bound_") and name.endswith("_lower"):
-            values[name] = np.zeros((STUDY_DOCUMENTS, *mean.shape))
+            values[name] = np.zeros((documents, *mean.shape))
         else:  # skewed too: a centred gamma, spread growing with the mean's distance from 1
-            noise = rng.gamma(2.0, 1.0, (STUDY_DOCUMENTS, *mean.shape)) - 2.0
+            noise = rng.gamma(2.0, 1.0, (documents, *mean.shape)) - 2.0
             values[name] = mean + 0.06 * noise * (0.5 + np.abs(1 - mean))
     names = (*values, *[r for r in REQUIRED_FIELDS if r not in values])
     specs = [FieldSpec(name, name, axes=("n",) if name in STUDY_CURVES or name in REQUIRED_FIELDS else (),
                        bootstrap=True) for name in names]
-    ones = np.ones((STUDY_DOCUMENTS, STUDY_LAYERS, STUDY_HEADS, len(STUDY_GRID)))
+    ones = np.ones((documents, STUDY_LAYERS, STUDY_HEADS, len(STUDY_GRID)))
     tensors = {spec.name: torch.tensor(values.get(spec.name, ones)) for spec in specs}
     acc = Accumulator(specs, layers=range(STUDY_LAYERS), heads=range(STUDY_HEADS), n_grid=torch.tensor(STUDY_GRID),
                       n_bootstrap=STUDY_REPLICATES, replicate_fields=frozenset(values))
-    weights = torch.tensor(rng.poisson(1.0, (STUDY_DOCUMENTS, STUDY_REPLICATES)), dtype=torch.float64)
-    acc.add(tensors, weights, n_tokens=STUDY_DOCUMENTS)
+    weights = torch.tensor(rng.poisson(1.0, (documents, STUDY_REPLICATES)), dtype=torch.float64)
+    acc.add(tensors, weights, n_tokens=documents)
     return GeometryResult.from_accumulator(acc, config=GeometryConfig(), model_name="simulated study")

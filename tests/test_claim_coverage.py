@@ -74,7 +74,10 @@ def _role_truths(m: dict[str, np.ndarray]) -> dict[str, float]:
 def true_values(m: dict[str, np.ndarray]) -> dict[str, float]:
     drop = lambda name: _curve(m[name])[SMALL].mean() - _curve(m[name])[MID].mean()  # noqa: E731
     rise = lambda name: _curve(m[name])[LARGE].mean() - _curve(m[name])[MID].mean()  # noqa: E731
-    gap = lambda metric, mask: (_curve(m[f"bound_{metric}_upper"]) - _curve(m[metric]))[mask].mean()  # noqa: E731
+    # The envelopes' floors (p_- <= 1/2): the gap is taken above the larger of the curve and the floor.
+    floor = {"precision": np.where(GRID == 1, 1.0, 1 - 0.5 / (GRID + 1)), "recall": np.where(GRID == 1, 1.0, 0.5)}
+    gap = lambda metric, mask: (_curve(m[f"bound_{metric}_upper"])  # noqa: E731
+                                - np.maximum(_curve(m[metric]), floor[metric]))[mask].mean()
     ratios = np.sort(m["sink_norm_ratio"].ravel())
     cut = len(ratios) // 4
     return {

@@ -198,3 +198,20 @@ def test_missing_parts_name_the_option_that_adds_them(result):
 
 def test_script_data_cannot_close_its_script_element():
     assert "</" not in explorer._json_for_script({"text": "</script><script>alert(1)</script>"})
+
+
+def test_the_head_panel_says_what_the_upper_envelope_bounds(result):
+    """With the bounds: the realised bound is drawn, each head carries the share of its measured rows above the
+    theorem's upper envelope (written here from the per-row field), and the notes give kappa, sigma and the floor."""
+    if "bound_precision_upper" not in result.fields:
+        pytest.skip("the module's result was run without the bounds")
+    data = explorer.explorer_data(result, None)
+    assert "bound_precision_realised" in data["curves"] and "bound_recall_realised" in data["curves"]
+    grid = result.n_grid
+    inner = (grid > 1) & (grid < grid.max())
+    want = result.per_head("bound_precision_upper_exceeded").double()[..., inner].nanmean(-1)
+    got = torch.tensor([[math.nan if x is None else x for x in row] for row in data["table"]["precision_upper_exceeded"]],
+                       dtype=torch.float64)
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-6, equal_nan=True)
+    note = data["notes"]["envelopes"]
+    assert "re-drawn" in note and "kappa = " in note and "sqrt(2 kappa d)" in note and "1 - 0.5/(N+1)" in note

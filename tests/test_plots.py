@@ -164,9 +164,28 @@ def test_precision_recall_vs_n_draws_envelopes_when_bounds_were_computed(full):
     fig = plots.precision_recall_vs_n(full)
     envelopes = [t for t in fig.data if "envelope" in (t.name or "")]
     assert len(envelopes) == 4
-    upper = next(t for t in envelopes if t.name == "theoretical upper envelope")
+    upper = next(t for t in envelopes if t.name.startswith("Theorems 1-2 upper envelope (bounds re-drawn rows"))
     torch.testing.assert_close(torch.tensor(upper.y, dtype=torch.float64),
                                mean_over_heads(full, "bound_precision_upper").double(), equal_nan=True)
+
+
+def test_figure_5_draws_the_realised_bound_and_names_the_theorem_envelope_with_its_exceedance():
+    """On a real run with the bounds: the drawn bound on the measurement is never exceeded (0 points), and the
+    theorem's upper envelope is named as a bound on re-drawn rows with the share of measured rows above it."""
+    from tests import tiny_models as tm
+    from tl_geometry.capture.hooks import run_with_geometry_hooks
+
+    model = tm.make_model("bridge-llama", dtype=torch.float64)
+    result = run_with_geometry_hooks(model, tm.with_bos(tm.random_tokens(2, 16)), diagnostics=["bounds"],
+                                     n_grid=[1, 2, 3, 4, 8])
+    fig = plots.precision_recall_vs_n(result)
+    realised = [t for t in fig.data if (t.name or "").startswith("bound on the measured rows")]
+    measured = [t for t in fig.data if t.name == "measured mean"]
+    assert len(realised) == 2
+    for bound, curve in zip(realised, measured):
+        assert all(c <= b + 1e-12 for c, b in zip(curve.y, bound.y) if not math.isnan(c))
+    upper = [t for t in fig.data if (t.name or "").startswith("Theorems 1-2 upper envelope")]
+    assert len(upper) == 2 and all("measured rows above it:" in t.name for t in upper)
 
 
 def test_figure_7_names_its_line_styles_in_the_legend_not_the_title(taxonomy):

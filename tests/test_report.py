@@ -72,6 +72,13 @@ def test_the_scorecard_sits_between_the_summary_and_the_explorer(result):
             < page.index('<section id="explorer">') < page.index("<h2>Figures</h2>"))
 
 
+def test_the_first_screen_says_the_sample_is_too_small(result):
+    """Two documents: the warning comes before the summary table (the first screen), and names the count."""
+    page = report.render_html(result)
+    assert result.n_documents == 2
+    assert 0 <= page.index("Too few documents to trust: this result has 2") < page.index('<table id="summary">')
+
+
 def test_page_embeds_plotly_once_and_shows_every_figure(result):
     page = report.render_html(result, {"text": "random tokens"})
     assert "<th>head regimes</th>" in page

@@ -16,8 +16,17 @@ from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.registry import Diagnostic
 from tl_geometry.diagnostics.selection import F_RMAX, F_RMIN, PRECISION, RECALL
 from tl_geometry.engine.context import SelectionChunk
+from tl_geometry.engine.metrics import chunk_metrics
 from tl_geometry.errors import GeometryError
-from tl_geometry.theory.bounds import DEFAULT_KAPPA, MARGINS_COST, SelectionMargins, Variant, chunk_margins, envelopes
+from tl_geometry.theory.bounds import (
+    DEFAULT_KAPPA,
+    MARGINS_COST,
+    SelectionMargins,
+    Variant,
+    chunk_margins,
+    envelopes,
+    realised_upper_bounds,
+)
 
 _MARGINS = {
     "delta": "the paper's Delta = a_min_in^2 - 2 a_max_out S_in rho_out (eq. 8; NaN when I_N holds only the sink)",
@@ -65,9 +74,19 @@ class BoundSettings:
 
 
 def _envelope(metric: FieldSpec, side: str) -> FieldSpec:
-    return FieldSpec(f"bound_{metric.name}_{side}",
-                     f"{side} envelope of E[{metric.name}] (Theorems 1-2, Corollary 1; settings['bounds'].variant)",
-                     ("n",))
+    if side == "upper":  # the realised gaps with Gaussian noise around them: a statement about re-drawn rows
+        doc = (f"upper envelope of E[{metric.name}] over value states re-drawn around the measured row (Theorems 1-2, "
+               "Corollary 1; sigma = B'^2 or B over sqrt(2 kappa d), settings['bounds']); not a bound on the measured "
+               f"row: see bound_{metric.name}_realised and the exceedance share")
+    else:
+        doc = f"lower envelope of E[{metric.name}] (Theorems 1-2, Corollary 1; settings['bounds'].variant)"
+    return FieldSpec(f"bound_{metric.name}_{side}", doc, ("n",))
+
+
+def _realised(metric: FieldSpec, formula: str) -> FieldSpec:
+    return FieldSpec(f"bound_{metric.name}_realised",
+                     f"upper bound on the measured {metric.name}: {formula} (eq. 13/15 with the realised swap "
+                     "r_min <= r_max for its Gaussian tail; never exceeded)", ("n",))
 
 
 class Envelope(NamedTuple):
@@ -90,6 +109,24 @@ ENVELOPE_OF = {
     F_RMAX: Envelope(BOUND_F_RMAX_LOWER, BOUND_F_RMAX_UPPER),
 }
 ENVELOPES = tuple(spec for envelope in ENVELOPE_OF.values() for spec in envelope)
+# The bounds on the measured rows themselves: what a curve of measured means can be drawn against.
+BOUND_PRECISION_REALISED = _realised(PRECISION, "1 - 1{r_min <= r_max} / (N + 1)")
+BOUND_RECALL_REALISED = _realised(RECALL, "1 - 1{r_min <= r_max} / N")
+BOUND_F_RMAX_REALISED = _realised(F_RMAX, "2P_up / (1 + P_up) of the realised P bound")
+BOUND_F_RMIN_REALISED = _realised(F_RMIN, "2R_up / (1 + R_up) of the realised R bound")
+REALISED_BOUND_OF = {PRECISION: BOUND_PRECISION_REALISED, RECALL: BOUND_RECALL_REALISED,
+                     F_RMAX: BOUND_F_RMAX_REALISED, F_RMIN: BOUND_F_RMIN_REALISED}
+
+
+def _exceeded(metric: FieldSpec) -> FieldSpec:
+    return FieldSpec(f"bound_{metric.name}_upper_exceeded",
+                     f"share of analysed rows whose measured {metric.name} lies above bound_{metric.name}_upper "
+                     "(that envelope bounds rows re-drawn around the measured one, not the measured row)", ("n",))
+
+
+# Per (head, N): the share of measured rows above the theorem's upper envelope.
+BOUND_PRECISION_UPPER_EXCEEDED, BOUND_RECALL_UPPER_EXCEEDED = _exceeded(PRECISION), _exceeded(RECALL)
+EXCEEDED_OF = {PRECISION: BOUND_PRECISION_UPPER_EXCEEDED, RECALL: BOUND_RECALL_UPPER_EXCEEDED}
 # The margins are read as means (to redraw the envelopes); their spread over documents is not kept.
 MARGINS = tuple(FieldSpec(f"margin_{name}", doc, ("n",), documents="mean") for name, doc in _MARGINS.items())
 MARGIN_N_KEYS = FieldSpec("margin_n_keys", "L: the keys the query sees, the sink included")
@@ -99,7 +136,7 @@ class BoundDiagnostic(Diagnostic):
     name = "bounds"
     Settings = BoundSettings
     cost = MARGINS_COST
-    fields = (*ENVELOPES, *MARGINS, MARGIN_N_KEYS)
+    fields = (*ENVELOPES, *REALISED_BOUND_OF.values(), *EXCEEDED_OF.values(), *MARGINS, MARGIN_N_KEYS)
 
     def check(self, config: Any) -> None:
         if config.distance != "euclidean":
@@ -114,6 +151,18 @@ class BoundDiagnostic(Diagnostic):
         margins = SelectionMargins(n_grid=chunk.grid, n_visible=chunk.n_visible, **raw)
         bounds = envelopes(margins, d_head=chunk.values.shape[-1], kappa=float(settings.kappa), variant=settings.variant)
         out = {f"bound_{name}": t for name, t in bounds.as_dict().items()}
+        # The metrics' own ball comparisons (recomputed on this chunk, bit for bit the selection diagnostic's), so
+        # that the realised bound and the exceedances agree with P and R on ties.
+        measured = chunk_metrics(chunk)
+        swapped = measured["k_out"] > 0
+        p_up, r_up = realised_upper_bounds(swapped, chunk.grid, measured["precision"].dtype)
+        for metric, bound in ((PRECISION, p_up), (RECALL, r_up)):
+            out[REALISED_BOUND_OF[metric].name] = bound.masked_fill(chunk.missing, math.nan)
+        for metric, bound in ((F_RMAX, p_up), (F_RMIN, r_up)):
+            out[REALISED_BOUND_OF[metric].name] = (2 * bound / (1 + bound)).masked_fill(chunk.missing, math.nan)
+        for metric, exceeded in EXCEEDED_OF.items():
+            above = (measured[metric.name] > out[ENVELOPE_OF[metric].upper.name].to(measured[metric.name].dtype))
+            out[exceeded.name] = above.to(measured[metric.name].dtype).masked_fill(chunk.missing, math.nan)
         out.update({f"margin_{name}": raw[name] for name in _MARGINS})
         out["margin_n_keys"] = chunk.n_visible.to(chunk.alpha.dtype)
         return out

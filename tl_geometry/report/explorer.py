@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tl_geometry.analysis.envelopes import upper_envelope_facts
 from tl_geometry.analysis.summaries import EFFECTIVE_MASS, at_each_head, by_query_position, effective_n
 from tl_geometry.analysis.taxonomy import NAMED, REGIMES, ROLES, HeadTaxonomy
 from tl_geometry.diagnostics.assumptions import ATTENTION_PROFILE
@@ -25,6 +26,8 @@ from tl_geometry.diagnostics.bounds import (
     BOUND_PRECISION_LOWER,
     BOUND_PRECISION_UPPER,
     BOUND_RECALL_LOWER,
+    BOUND_PRECISION_REALISED,
+    BOUND_RECALL_REALISED,
     BOUND_RECALL_UPPER,
 )
 from tl_geometry.diagnostics.chance import (
@@ -44,6 +47,7 @@ HEATMAPS = ("heatmap-precision", "heatmap-recall")
 CURVES = (
     PRECISION, RECALL, CHANCE_PRECISION, CHANCE_RECALL, CHANCE_PRECISION_FLOOR,
     BOUND_PRECISION_UPPER, BOUND_PRECISION_LOWER, BOUND_RECALL_UPPER, BOUND_RECALL_LOWER,
+    BOUND_PRECISION_REALISED, BOUND_RECALL_REALISED,
 )  # fmt: skip
 # Per-position views of each sequence's last analysed query (mean over documents), and their diagnostic.
 ROWS = {ATTENTION_PROFILE: "assumptions", CONTRIBUTION_BY_POSITION: "taxonomy", COS_LAST_BY_POSITION: "taxonomy"}
@@ -136,6 +140,10 @@ def explorer_data(result: GeometryResult, taxonomy: HeadTaxonomy | None = None) 
         notes["chance"] = "No chance levels: " + _note("chance") + "."
     if BOUND_PRECISION_UPPER.name not in fields:
         notes["bounds"] = "No envelopes: " + _note("bounds") + " (Euclidean distance only)."
+        envelope_facts = None
+    else:  # what the theorem's upper envelope bounds, said where it is drawn
+        envelope_facts = upper_envelope_facts(result)
+        notes["envelopes"] = envelope_facts.summary()
     rows = {}
     for spec in ROWS:
         if spec.name in fields:
@@ -159,6 +167,9 @@ def explorer_data(result: GeometryResult, taxonomy: HeadTaxonomy | None = None) 
     else:
         notes["effective_n"] = ("No effective N: this result has no field 'attention_mass' (saved by an older "
                                 "version); analyse again to record it.")
+    if envelope_facts is not None:  # per head: the share of measured rows above the theorem's upper envelope
+        table["precision_upper_exceeded"] = _nested(envelope_facts.precision_exceeded)
+        table["recall_upper_exceeded"] = _nested(envelope_facts.recall_exceeded)
     if taxonomy is not None:
         table["regime"] = taxonomy.label_names()
         table["probabilities"] = _nested(taxonomy.probabilities)
@@ -289,11 +300,18 @@ window.addEventListener("load", function () {
                                              "solid", axes, {showlegend: legend, legendgroup: "c"}));
     if (metric === "precision" && C.chance_precision_floor) out.push(line(G, at("chance_precision_floor"),
       "floor N / L", "#7F7F7F", "dot", axes, {showlegend: legend, legendgroup: "f"}));
-    for (const [side, dash, color] of [["upper", "dot", "#E69F00"], ["lower", "dash", "#009E73"]]) {
+    const exceeded = T[metric + "_upper_exceeded"] ? T[metric + "_upper_exceeded"][layer][head] : null;
+    const upperName = "Theorems 1-2 upper envelope (bounds re-drawn rows, not the measured ones" +
+      (exceeded === null ? "" : "; measured rows above it: " + (100 * exceeded).toFixed(1) + " %") + ")";
+    for (const [side, dash, color, label] of [["upper", "dot", "#E69F00", upperName],
+                                              ["lower", "dash", "#009E73", "Theorems 1-2 lower envelope"]]) {
       const name = "bound_" + metric + "_" + side;
-      if (C[name]) out.push(line(G, at(name), "theoretical " + side + " envelope", color, dash, axes,
-                                 {showlegend: legend, legendgroup: side}));
+      if (C[name]) out.push(line(G, at(name), label, color, dash, axes,
+                                 {showlegend: side === "upper" || legend, legendgroup: side + metric}));
     }
+    const realised = "bound_" + metric + "_realised";
+    if (C[realised]) out.push(line(G, at(realised), "bound on the measured rows: 1 - 1{r_min <= r_max}/(N+1) (P), /N (R)",
+                                   "#D55E00", "dashdot", axes, {showlegend: legend, legendgroup: "realised"}));
     return out;
   }
 

@@ -29,6 +29,7 @@ from tl_geometry.diagnostics.selection import ATTENTION_MASS, PRECISION, RECALL
 from tl_geometry.results import fileformat
 from tl_geometry.results.files import Unit, commit_unit
 from tl_geometry.results.result import GeometryResult
+from tl_geometry.analysis.claims import sample_warning
 from tl_geometry.analysis.sink import sink_recall_correlation
 from tl_geometry.theory.synthetic import toy_2d
 from tl_geometry.analysis.summaries import effective_n, mean_over_heads
@@ -309,6 +310,13 @@ def _note_section(figure: Figure, note: str) -> str:
             f'<p class="note">{html.escape(note)}</p></section>')
 
 
+def _sample_banner(result: GeometryResult) -> str:
+    """The first screen's warning when the result has fewer documents than some claims need ("" otherwise)."""
+    warning = sample_warning(result.n_documents)
+    return (f'<p class="note sample-warning" style="color:#5e3c99;background:#ece6f5"><b>{html.escape(warning)}</b></p>'
+            if warning else "")
+
+
 def render_html(
     result: GeometryResult,
     details: Mapping[str, str] | None = None,
@@ -357,6 +365,7 @@ th[data-order=descending]::after {{ content: " \\25BC"; }} th[data-order=ascendi
 <h1>Geometry of token selection: {html.escape(result.model_name)}</h1>
 <p>Precision, Recall and the geometry of top-N selection in value-state space, per layer and head
 (tl_geometry, after "Geometric Analysis of Token Selection in Multi-Head Attention").</p>
+{_sample_banner(result)}
 <table id="summary">
 {table}
 </table>

@@ -24,7 +24,7 @@ from tl_geometry.diagnostics.assumptions import (
     VALUE_NORM_BY_POSITION,
     VALUE_NORM_CV,
 )
-from tl_geometry.diagnostics.bounds import ENVELOPE_OF, Envelope
+from tl_geometry.diagnostics.bounds import ENVELOPE_OF, EXCEEDED_OF, REALISED_BOUND_OF, Envelope
 from tl_geometry.diagnostics.chance import CHANCE_OF, CHANCE_PRECISION_FLOOR
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.profile_fit import ProfileFit
@@ -65,9 +65,31 @@ def _style(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
     return fig
 
 
-def _sides(envelope: Envelope) -> tuple[tuple[FieldSpec, str, str, str], ...]:
-    """Each envelope field with its side, dash and colour: upper dotted, lower dashed (as the paper draws them)."""
-    return (envelope.upper, "upper", "dot", ORANGE), (envelope.lower, "lower", "dash", GREEN)
+UPPER_NAME = "Theorems 1-2 upper envelope (bounds re-drawn rows, not the measured ones)"
+LOWER_NAME = "Theorems 1-2 lower envelope"
+REALISED_NAME = "bound on the measured rows: 1 - 1{r_min <= r_max}/(N+1) (P), /N (R)"
+
+
+def _exceeded_share(result: GeometryResult, metric: FieldSpec, where: tuple[int, int] | None = None) -> str:
+    """``", exceeded by x % of measured rows at 1 < N < L"`` from the exceedance field, when the result has it."""
+    spec = EXCEEDED_OF.get(metric)
+    if spec is None or spec.name not in result.fields:
+        return ""
+    grid = result.n_grid
+    values = result.per_head(spec).double()
+    if where is not None:
+        values = values[where]
+    inner = values[..., (grid > 1) & (grid < grid.max())]
+    share = float(inner.nanmean()) if bool((~inner.isnan()).any()) else math.nan
+    return "" if math.isnan(share) else f"; measured rows above it: {share:.1%}"
+
+
+def _sides(envelope: Envelope, result: GeometryResult, metric: FieldSpec,
+           where: tuple[int, int] | None = None) -> tuple[tuple[FieldSpec, str, str, str], ...]:
+    """Each envelope field with its legend name, dash and colour: upper dotted, lower dashed (as the paper draws
+    them); the upper one named for what it bounds, with the share of measured rows above it."""
+    upper = UPPER_NAME[:-1] + _exceeded_share(result, metric, where) + ")"
+    return (envelope.upper, upper, "dot", ORANGE), (envelope.lower, LOWER_NAME, "dash", GREEN)
 
 
 def _n_axes(fig: go.Figure, grid: Sequence[int], **where: int) -> None:
@@ -140,13 +162,18 @@ def precision_recall_vs_n(result: GeometryResult) -> go.Figure:
         )
         _add_chance(fig, result, metric, grid, col, col == 1)
         if ENVELOPE_OF[metric].upper.name in result.fields:
-            for bound, side, dash, colour in _sides(ENVELOPE_OF[metric]):
+            for bound, name, dash, colour in _sides(ENVELOPE_OF[metric], result, metric):
                 fig.add_trace(
                     go.Scatter(x=grid, y=mean_over_heads(result, bound).tolist(), mode="lines",
-                               line={"color": colour, "dash": dash}, name=f"theoretical {side} envelope",
-                               showlegend=col == 1),
+                               line={"color": colour, "dash": dash}, name=name, showlegend=True),
                     row=1, col=col,
                 )
+        if REALISED_BOUND_OF[metric].name in result.fields:
+            fig.add_trace(
+                go.Scatter(x=grid, y=mean_over_heads(result, REALISED_BOUND_OF[metric]).tolist(), mode="lines",
+                           line={"color": VERMILLION, "dash": "dashdot"}, name=REALISED_NAME, showlegend=col == 1),
+                row=1, col=col,
+            )
         _n_axes(fig, grid, row=1, col=col)
         fig.update_xaxes(title="N (selected keys)", row=1, col=col)
         fig.update_yaxes(range=[0, 1.05], title=metric.name, row=1, col=col)
@@ -206,10 +233,14 @@ def head_curves(result: GeometryResult, layer: int | None = None, head: int | No
                                          mode="lines", line={"color": GREY, "dash": "dot"}, name="floor N / L",
                                          showlegend=legend), row=1, col=col)
         if ENVELOPE_OF[metric].lower.name in result.fields:
-            for bound, side, dash, colour in _sides(ENVELOPE_OF[metric]):
+            for bound, name, dash, colour in _sides(ENVELOPE_OF[metric], result, metric, (li, hi)):
                 fig.add_trace(go.Scatter(x=grid, y=result.per_head(bound)[li, hi].tolist(),
                                          mode="lines", line={"color": colour, "dash": dash},
-                                         name=f"theoretical {side} envelope", showlegend=legend), row=1, col=col)
+                                         name=name, showlegend=True), row=1, col=col)
+        if REALISED_BOUND_OF[metric].name in result.fields:
+            fig.add_trace(go.Scatter(x=grid, y=result.per_head(REALISED_BOUND_OF[metric])[li, hi].tolist(),
+                                     mode="lines", line={"color": VERMILLION, "dash": "dashdot"}, name=REALISED_NAME,
+                                     showlegend=legend), row=1, col=col)
         _n_axes(fig, grid, row=1, col=col)
         fig.update_xaxes(title="N (selected keys)", row=1, col=col)
         fig.update_yaxes(range=[0, 1.05], title=metric.name, row=1, col=col)

@@ -10,13 +10,14 @@ import html
 import math
 from typing import Any
 
-from tl_geometry.analysis.claims import Claim, claim_list
+from tl_geometry.analysis.claims import Claim, claim_list, sample_warning
 from tl_geometry.results.result import GeometryResult
 
 VERDICT_COLOURS = {
     "holds": ("#1b7837", "#e6f4ea"),
     "partly": ("#8c6d00", "#fff4ce"),
     "does not hold": ("#b2182b", "#fde0dd"),
+    "too few documents": ("#5e3c99", "#ece6f5"),
     "not measured": ("#555555", "#eeeeee"),
 }
 
@@ -27,6 +28,7 @@ STYLE = """<style>
 #claims-scorecard th { background: #f6f6f6; font-weight: 600; }
 #claims-scorecard .verdict { font-weight: 600; border-radius: 0.3em; padding: 0.1em 0.45em; white-space: nowrap; }
 #claims-scorecard .small { color: #555; font-size: 0.88em; }
+#claims-scorecard .warning, p.sample-warning { color: #5e3c99; background: #ece6f5; padding: 0.5em 0.8em; }
 </style>"""
 
 
@@ -45,13 +47,26 @@ def _value_cell(claim: Claim) -> str:
     )
 
 
+def _badge(verdict: str) -> str:
+    colour, background = VERDICT_COLOURS[verdict]
+    return f'<span class="verdict" style="color:{colour};background:{background}">{html.escape(verdict)}</span>'
+
+
+def _literal(claim: Claim) -> str:
+    """The other reading of the claim (the paper's, where ours reinterprets it), with its own verdict."""
+    if not claim.literal_verdict:
+        return ""
+    interval = (f" [{_number(claim.literal_low)}, {_number(claim.literal_high)}]"
+                if not math.isnan(claim.literal_low) else "")
+    return (f'<div class="small literal">read {html.escape(claim.literal)}: <b>{_number(claim.literal_value)}</b>'
+            f"{interval} {_badge(claim.literal_verdict)}</div>")
+
+
 def _verdict_cell(claim: Claim) -> str:
-    colour, background = VERDICT_COLOURS[claim.verdict]
     extra = (f'<div class="small">measure it with {html.escape(claim.option)}</div>' if claim.option else
              f'<div class="small">{html.escape(claim.rule)}</div>'
              f'<div class="small">would change: {html.escape(claim.flip)}</div>')
-    return (f'<td><span class="verdict" style="color:{colour};background:{background}">'
-            f"{html.escape(claim.verdict)}</span>{extra}</td>")
+    return f"<td>{_badge(claim.verdict)}{extra}{_literal(claim)}</td>"
 
 
 def scorecard_html(result: GeometryResult) -> str:
@@ -63,17 +78,26 @@ def scorecard_html(result: GeometryResult) -> str:
     would change it (or, when not measured, the option that would measure it).
     """
     rows = []
-    for claim in claim_list(result):
+    claims = claim_list(result)
+    refused = [c.key for c in claims if c.verdict == "too few documents"]
+    warning = sample_warning(result.n_documents)
+    if refused and not warning:  # enough documents, but an estimate outside its own interval
+        warning = (f"Too few documents to trust {len(refused)} claim(s) ({', '.join(refused)}): the estimate lies "
+                   f"outside its own bootstrap interval on {result.n_documents} documents.")
+    banner = f'<p class="warning"><b>{html.escape(warning)}</b></p>' if warning else ""
+    for claim in claims:
         rows.append(
             f'<tr id="claim-{claim.key}"><td>{html.escape(claim.claim)}'
             f'<div class="small">{html.escape(claim.paper_ref)}</div></td>'
             f"<td>{html.escape(claim.paper_value)}</td>{_value_cell(claim)}{_verdict_cell(claim)}</tr>"
         )
     return (
-        f'<section id="claims-scorecard">{STYLE}<h2>The paper\'s claims on this model</h2>'
+        f'<section id="claims-scorecard">{STYLE}<h2>The paper\'s claims on this model</h2>{banner}'
         "<p>Each claim of the paper reduced to one statistic of this result, with its bias-corrected bootstrap interval over "
         "documents where the fields kept replicates. Verdict: <i>holds</i> when the statistic reaches the "
         "claim's threshold (and so does its whole interval), <i>partly</i> when it reaches the weaker one, "
+        "<i>too few documents</i> when the sample is below what the claim's bootstrap needs to resolve a verdict "
+        "(or the estimate lies outside its own interval), "
         "<i>not measured</i> when the run lacks the diagnostic (tl_geometry.analysis.claims states every "
         "rule).</p>"
         "<table><thead><tr><th>claim (paper)</th><th>paper's value</th><th>measured [95% interval]</th>"
@@ -95,8 +119,12 @@ def scorecard_markdown(table: Any) -> str:
         value = "&ndash;" if math.isnan(row.value) else f"**{row.value:.3g}**"
         if not math.isnan(row.low):
             value += f" [{row.low:.3g}, {row.high:.3g}]"
+        verdict = f"{_cell(row.verdict)} ({_cell(row.rule)})"
+        literal = getattr(row, "literal_verdict", "")
+        if isinstance(literal, str) and literal:  # the other reading (tables saved before it have none)
+            verdict += f"; read {_cell(row.literal)}: {row.literal_value:.3g}, {_cell(literal)}"
         lines.append(
             f"| {_cell(row.claim)} ({_cell(row.paper_ref)}) | {_cell(row.paper_value)} | {value}: "
-            f"{_cell(row.measured)} | {_cell(row.verdict)} ({_cell(row.rule)}) | {_cell(row.flip)} |"
+            f"{_cell(row.measured)} | {verdict} | {_cell(row.flip)} |"
         )
     return "\n".join(lines) + "\n"

@@ -31,6 +31,20 @@ and z = 1 when the sink is selected:
 - F(r_min) and F(r_max) envelopes: 2x / (1 + x) of the R and P envelopes
   (Corollary 1; the map is increasing, so it carries the bounds over).
 
+What the upper envelopes bound. With the measured cosines mu_ij is the
+row's realised gap, so sigma spreads a Gaussian around the row that was
+measured: eq. 13 and 15 then bound the mean over value states re-drawn
+around that row, not the row itself. A measured row with no intruder
+(r_min > r_max, so P = R = 1) lies above them whenever some p_- > 0, and
+P's envelope never falls below 1 - 1/2 / (N + 1) (p_- <= 1/2), whatever the
+data: its floor. The bound on the measured row is the same derivation
+with the realised event in place of its Gaussian tail
+(`realised_upper_bounds`): one intruder in the closed r_max ball (the event
+r_min <= r_max) makes P <= N / (N + 1) and leaves the farthest selected key
+outside the open r_min ball, R <= (N - 1) / N:
+P <= 1 - 1{r_min <= r_max} / (N + 1) and R <= 1 - 1{r_min <= r_max} / N,
+never exceeded by the row, nor by any mean of rows.
+
 Readings chosen where the paper is ambiguous (listed on the docs page too):
 
 1. Delta_0 of ``variant="paper"`` uses rho_out (appendix eq. 29), not the
@@ -606,6 +620,68 @@ def envelopes(
         f_rmax_lower=_f(precision_lower),
         f_rmax_upper=_f(precision_upper),
     )
+
+
+def realised_upper_bounds(
+    swapped: Bool[Tensor, "*batch n"], n_grid: Int[Tensor, " n"], dtype: torch.dtype = torch.float32
+) -> tuple[Float[Tensor, "*batch n"], Float[Tensor, "*batch n"]]:
+    """The upper bounds of the measured P and R: eq. 13 and 15 with the realised event for its Gaussian tail.
+
+    ``swapped`` is the event r_min <= r_max of each (row, N): a non-selected
+    key at least as close to s(N) as the farthest selected one, i.e. K_out >= 1
+    (the same comparison that counts K_out and K_in, so the bound agrees with
+    the metrics on ties). Then P = N / (N + K_out) <= N / (N + 1) and
+    R = K_in / N <= (N - 1) / N; without it P = R = 1. So
+    ``P <= 1 - swapped / (N + 1)`` and ``R <= 1 - swapped / N``: never exceeded
+    by the row, hence by no mean of rows. The F bounds follow by 2x / (1 + x).
+
+    Example:
+        >>> p, r = realised_upper_bounds(torch.tensor([[False, True, True]]), torch.tensor([1, 2, 4]))
+        >>> p.tolist(), r.tolist()
+        ([[1.0, 0.6666666865348816, 0.800000011920929]], [[1.0, 0.5, 0.75]])
+    """
+    if swapped.dtype != torch.bool:
+        raise GeometryError(f"swapped: expected a boolean tensor (the event r_min <= r_max), got {swapped.dtype}")
+    if swapped.shape[-1:] != n_grid.shape:
+        raise GeometryError(
+            f"swapped: its last axis ({tuple(swapped.shape)}) must match the N grid ({tuple(n_grid.shape)})"
+        )
+    n = n_grid.to(device=swapped.device, dtype=dtype)
+    hit = swapped.to(dtype)
+    # The metrics' own arithmetic (N / (N + K_out), K_in / N): 1 - 1/(N+1) can round 1 ulp below N/(N+1).
+    return n / (n + hit), (n - hit) / n
+
+
+def upper_envelope_floor(
+    n_grid: Int[Tensor, " n"],
+) -> tuple[Float[Tensor, " n"], Float[Tensor, " n"]]:
+    """The lowest values eq. 13 and 15 can take, for any data: (1 - 1/2 / (N + 1), 1/2), both 1 at N = 1.
+
+    p_- <= 1/2 (its value for a negative margin; phi(xi) xi / (1 + xi^2) stays
+    below 0.2 for xi >= 0), so P's envelope is >= 1 - 1/2 / (N + 1) and each
+    term of R's is >= 1/2. A gap between the envelope and a measured curve
+    that lies below this floor is set by the formula, not by the data.
+
+    Example:
+        >>> tuple(round(x, 3) for x in upper_envelope_floor(torch.tensor([1, 2, 4]))[0].tolist())
+        (1.0, 0.833, 0.9)
+    """
+    n = n_grid.to(torch.float64)
+    one = n == 1  # reading 10: no swap at N = 1
+    precision = torch.where(one, 1.0, 1 - 0.5 / (n + 1))
+    recall = torch.where(one, 1.0, torch.full_like(n, 0.5))
+    return precision, recall
+
+
+def sigma_form(variant: str) -> str:
+    """The scale of the upper envelopes' Gaussian, in words: B'^2 / sqrt(2 kappa d) (sink-aware) or the paper's B / sqrt(2 kappa d)."""
+    _variant_terms_check(variant)
+    return "B'^2 / sqrt(2 kappa d) (sink-aware)" if variant == "sink_aware" else "B / sqrt(2 kappa d) (the paper's eq. 10)"
+
+
+def _variant_terms_check(variant: str) -> None:
+    if variant not in get_args(Variant):
+        raise GeometryError(f"variant: expected one of {get_args(Variant)}, got {variant!r}")
 
 
 def assumption_margins(
