@@ -35,6 +35,7 @@ from torch import Tensor
 
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.errors import GeometryError
+from tl_geometry.results.display import Summary, names, plural, ranges, short_list
 from tl_geometry.results.fileformat import (
     FORMAT_VERSION,
     array_limits,
@@ -93,7 +94,7 @@ def sweep_specs(modes: Sequence[str], n_controls: int) -> list[FieldSpec]:
     return specs
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)  # repr: a summary (StatisticsTable.__repr__), not every replicate
 class InterventionResult(StatisticsTable):
     """dNLL statistics of a top-N sweep over documents, per scope unit, mode, N and control.
 
@@ -171,10 +172,37 @@ class InterventionResult(StatisticsTable):
         lines = [
             (f"{self.model_name}: top-N sweep, scope={self.scope!r}, ranking={self.ranking!r}, modes={list(self.modes)}, "
              f"{self.n_controls} random controls; {len(self.layers)} x {len(self.heads)} units, N = {self.n_grid.tolist()}"),
-            f"  {self.n_documents} documents, {self.n_tokens} tokens, clean NLL {self.nll_clean():.4f} nats",
+            f"  {plural(self.n_documents, 'document')}, {plural(self.n_tokens, 'token')}, "
+            f"clean NLL {self.nll_clean():.4f} nats",
         ]
         lines += [f"  {name} [{', '.join(('layer', 'head_index', *s.spec.axes))}]: {s.spec.doc}" for name, s in self.stats.items()]
         return "\n".join(lines)
+
+    def _summary(self) -> Summary:
+        def labels(values: tuple[int, ...], what: str) -> str:
+            return f"all {what}s at once" if values == (ALL,) else f"{what}s {ranges(values)}"
+
+        heads = "all heads" if self.intervened_heads is None else f"heads {ranges(self.intervened_heads)}"
+        mode, layer, head = self.modes[0], self.layers[0], self.heads[0]
+        n = int(self.n_grid[0])
+        units = len(self.layers) * len(self.heads)
+        rows = [
+            ("model", self.model_name),
+            ("sample", f"{plural(self.n_documents, 'document')}, {plural(self.n_tokens, 'token')}; "
+                       f"clean NLL {self.nll_clean():.4f} nats"),
+            ("sweep", f"scope={self.scope!r}, ranking={self.ranking!r}, modes={list(self.modes)}, "
+                      f"{plural(self.n_controls, 'random control')}, seed {self.seed}"),
+            ("units", f"{plural(units, 'unit')}: {labels(self.layers, 'layer')} x {labels(self.heads, 'head')}"),
+            ("intervened", f"layers {ranges(self.intervened_layers)}; {heads}"),
+            ("N grid", f"{plural(len(self.n_grid), 'value')}: {short_list(self.n_grid.tolist())}"),
+            ("fields", f"{len(self.stats)}: " + names(list(self.stats), 6, "result.describe()")),
+            ("bootstrap", f"{self.n_bootstrap} replicates (result.ci)" if self.n_bootstrap else
+                          "none (n_bootstrap=0: no intervals)"),
+            ("read", f"result.sel({mode!r}, layer={layer}, head={head}, n={n}); result.dnll({mode!r}) is "
+                     f"[layer, head, n]; result.relative({mode!r})"),
+            ("next", "tl_geometry.interventions.effective_set_size; result.save(path)"),
+        ]
+        return Summary(f"InterventionResult of {self.model_name}", tuple(rows))
 
     # ---- merging and joining ----
 

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.errors import GeometryError
+from tl_geometry.results.display import Summary
 from tl_geometry.results.select import nanquantile, take
 from tl_geometry.results.stats import FieldStats, merge_stats, same_values
 
@@ -54,6 +55,16 @@ class StatisticsTable:
     n_documents: int
     n_tokens: int
     kind: ClassVar[str] = "result"  # how messages name the table
+
+    def _summary(self) -> Summary:
+        raise NotImplementedError  # each result kind says what a reader needs first
+
+    def __repr__(self) -> str:
+        # A summary, not every tensor (the dataclass default printed ~180,000 characters for one prompt).
+        return self._summary().text()
+
+    def _repr_html_(self) -> str:
+        return self._summary().html()
 
     @property
     def fields(self) -> tuple[str, ...]:
