@@ -101,8 +101,10 @@ def _add_analysis_options(run: argparse.ArgumentParser) -> None:
                         help="also keep a document's shorter last window of at least this many tokens "
                         "(default: full windows only)")
     analysis = run.add_argument_group("analysis (as in GeometryConfig)")
-    analysis.add_argument("--layers", type=_indices_argument, default=None, help="'all' (default) or e.g. 0,5,17")
-    analysis.add_argument("--heads", type=_indices_argument, default=None, help="'all' (default) or e.g. 0,3")
+    analysis.add_argument("--layers", type=_indices_argument, default=None,
+                          help="'all' (default) or e.g. 0,5,17 (negative from the end: --layers=-1 is the last)")
+    analysis.add_argument("--heads", type=_indices_argument, default=None,
+                          help="'all' (default) or e.g. 0,3 (negative from the end: --heads=-1)")
     analysis.add_argument("--queries", type=_queries_argument, default="last",
                           help="'last' (default), 'all' or positions like 0,5 (negative from the end: --queries=-1,-2)")
     analysis.add_argument("--ranking", choices=get_args(Ranking), default="attention", help="top-N score (default: attention)")
@@ -160,8 +162,42 @@ def _add_scale_arguments(run: argparse.ArgumentParser) -> None:
                      help=f"the checkpoint file (default: OUT/{CHECKPOINT_NAME}; deleted when the run ends)")
 
 
+def _close_option(word: str, parser: argparse.ArgumentParser) -> str | None:
+    """The option of ``parser`` closest to a misspelled ``word`` (``--contxt=256`` -> ``--context``), if any."""
+    import difflib
+
+    options = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+    close = difflib.get_close_matches(word.split("=", 1)[0], options, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+class _Parser(argparse.ArgumentParser):
+    """The top-level parser: a misspelled option or command gets the closest one and the command's usage."""
+
+    commands: dict[str, argparse.ArgumentParser]
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self.commands.get(getattr(parsed, "command", None) or "", self)
+            hints = [f"{word} (did you mean {close}?)" if (close := _close_option(word, command)) else word
+                     for word in extras]
+            command.error(f"unrecognized arguments: {' '.join(hints)}")  # the command's usage, exit 2
+        return parsed
+
+    def error(self, message: str) -> Any:
+        import difflib
+        import re
+
+        choice = re.match(r"argument COMMAND: invalid choice: '([^']*)'", message)
+        close = difflib.get_close_matches(choice.group(1), list(self.commands), n=1) if choice else []
+        if close:
+            message += f"; did you mean {close[0]!r}?"
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tl-geometry",
         description="Geometric analysis of token selection in multi-head attention (TransformerLens plugin). "
         "Exit codes: 0 done, 1 bad input (one-line message), 2 bad command line, 130 interrupted (SIGINT), "
@@ -219,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--png", action="store_true", help="also write a PNG of every figure (kaleido + Chromium)")
     _add_intervene_parser(commands, run)
     _add_compare_parser(commands)
+    parser.commands = dict(commands.choices)
     return parser
 
 

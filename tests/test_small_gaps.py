@@ -1,0 +1,135 @@
+"""The small gaps of issue 44: misspelled options, blank text, diagnostics="none", negative indices, a cache's
+layer out of range. (Row sums of `selection_metrics`: tests/test_metrics.py.)"""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests import tiny_models as tm
+from tl_geometry import GeometryConfig, GeometryError, run_with_geometry_hooks, selection_metrics_from_cache
+from tl_geometry.cli import main
+from tl_geometry.config import resolve_indices
+from tl_geometry.interventions import intervention_sweep
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tm.make_model("bridge-llama")
+
+
+# ---------------------------------------------------------------- the command line
+
+
+@pytest.mark.parametrize(
+    ("argv", "suggestion"),
+    [
+        (["report", "--contxt", "256"], "--contxt (did you mean --context?)"),
+        (["analyze", "--windws=2"], "--windws=2 (did you mean --windows?)"),
+        (["intervene", "--moddes", "delete"], "--moddes (did you mean --modes?)"),
+        (["plot", "r", "--pgn"], "--pgn (did you mean --png?)"),
+        (["reprot"], "invalid choice: 'reprot'"),
+    ],
+)
+def test_a_misspelled_option_gets_the_closest_one(argv, suggestion, capsys, monkeypatch, tmp_path):
+    import tl_geometry.models
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tl_geometry.models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and suggestion in err
+    if argv[0] == "reprot":
+        assert "did you mean 'report'?" in err
+    else:
+        assert f"usage: tl-geometry {argv[0]}" in err  # the command's usage, not the top level's
+
+
+def test_an_option_with_nothing_close_is_named_without_a_guess(capsys):
+    with pytest.raises(SystemExit):
+        main(["analyze", "--zzzzzz"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --zzzzzz" in err and "did you mean" not in err
+
+
+# ---------------------------------------------------------------- Python
+
+
+@pytest.mark.parametrize("text", ["   ", "\n\t ", ["a cat", " \n"]])
+def test_whitespace_only_text_is_refused_like_the_empty_string(model, text):
+    hooks = tm.hook_counts(model)
+    with pytest.raises(GeometryError, match=r"are empty strings or only whitespace .*\[t for t in texts if t.strip\(\)\]"):
+        run_with_geometry_hooks(model, text)
+    assert tm.hook_counts(model) == hooks  # the model left as it was
+
+
+def test_diagnostics_none_reads_as_on_the_command_line():
+    assert GeometryConfig(diagnostics="none").diagnostics == () == GeometryConfig(diagnostics=[]).diagnostics
+    from tests.fixtures import cli_config
+
+    assert cli_config("--diagnostics", "none").diagnostics == GeometryConfig(diagnostics="none").diagnostics
+
+
+@given(st.integers(1, 40), st.data())
+def test_negative_indices_count_from_the_end(size, data):
+    chosen = data.draw(st.lists(st.integers(-size, size - 1), unique_by=lambda i: i % size))
+    assert resolve_indices("layers", chosen, size, "n_layers") == tuple(i % size for i in chosen)
+    assert resolve_indices("layers", None, size, "n_layers") == tuple(range(size))
+    outside = data.draw(st.one_of(st.integers(max_value=-size - 1), st.integers(min_value=size)))
+    with pytest.raises(GeometryError, match=rf"layers: \[{outside}\] out of range; the model has {size} layers "
+                                            rf"\(cfg.n_layers\), use indices 0..{size - 1} \(or -{size}..-1"):
+        resolve_indices("layers", [outside], size, "n_layers")
+
+
+def test_layer_minus_one_is_the_last_layer(model):
+    tokens = tm.with_bos(tm.random_tokens(2, 10))
+    last, head = model.cfg.n_layers - 1, model.cfg.n_heads - 1
+    by_negative = run_with_geometry_hooks(model, tokens, layers=[-1], heads=[0, -1], n_grid=[1, 2, 4])
+    by_number = run_with_geometry_hooks(model, tokens, layers=[last], heads=[0, head], n_grid=[1, 2, 4])
+    assert by_negative.layers == (last,) and by_negative.heads == (0, head)
+    assert by_negative.config.layers == (last,) and by_negative.config.heads == (0, head)  # recorded resolved
+    assert by_negative.equals(by_number)
+    by_negative.merge(by_number)  # one config: the two merge
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"layers": [-3]}, r"layers: \[-3\] out of range; the model has 2 layers .*or -2..-1, counted from the end"),
+        ({"heads": [-5]}, r"heads: \[-5\] out of range; the model has 4 heads"),
+        ({"layers": [1, -1]}, r"layers: \[1, -1\] name the same index twice .*read as \[1, 1\]"),
+    ],
+)
+def test_negative_indices_outside_the_model_are_refused(model, overrides, message):
+    hooks = tm.hook_counts(model)
+    with pytest.raises(GeometryError, match=message):
+        run_with_geometry_hooks(model, "the cat sat", **overrides)
+    assert tm.hook_counts(model) == hooks
+
+
+def test_a_sweep_reads_negative_layers_and_heads(model):
+    tokens = tm.with_bos(tm.random_tokens(2, 10))
+    kwargs = dict(scope="head", controls=0, n_bootstrap=0, progress=False, modes=("delete",))
+    by_negative = intervention_sweep(model, tokens, [1, 2], layers=[-1], heads=[-1], **kwargs)
+    last, head = model.cfg.n_layers - 1, model.cfg.n_heads - 1
+    by_number = intervention_sweep(model, tokens, [1, 2], layers=[last], heads=[head], **kwargs)
+    assert by_negative.equals(by_number) and by_negative.layers == (last,) and by_negative.heads == (head,)
+
+
+def test_a_cache_layer_reads_as_transformer_lens_reads_it(model):
+    tokens = tm.with_bos(tm.random_tokens(1, 8))
+    _, cache = model.run_with_cache(tokens)
+    last = model.cfg.n_layers - 1
+    torch.testing.assert_close(selection_metrics_from_cache(cache, -1, 0).recall,
+                               selection_metrics_from_cache(cache, last, 0).recall, equal_nan=True)
+    for layer in (40, model.cfg.n_layers, -model.cfg.n_layers - 1):
+        with pytest.raises(GeometryError) as info:
+            selection_metrics_from_cache(cache, layer, 0)
+        assert str(info.value) == (f"layer: {layer} is out of range; the model has {model.cfg.n_layers} layers "
+                                   f"(cfg.n_layers), use 0..{last} (or -{model.cfg.n_layers}..-1, counted from the end)")
+    plain = {name: cache[name] for name in cache.keys() if name.startswith("blocks.0.")}  # no model behind it
+    with pytest.raises(GeometryError, match=r"layer: -1 counts from the end, but the cache has no model"):
+        selection_metrics_from_cache(plain, -1, 0)
+    with pytest.raises(GeometryError, match=r"no blocks.1.attn.hook_pattern .*\(it holds the patterns of layers \[0\]\)"):
+        selection_metrics_from_cache(plain, 1, 0)
