@@ -133,3 +133,71 @@ def test_a_cache_layer_reads_as_transformer_lens_reads_it(model):
         selection_metrics_from_cache(plain, -1, 0)
     with pytest.raises(GeometryError, match=r"no blocks.1.attn.hook_pattern .*\(it holds the patterns of layers \[0\]\)"):
         selection_metrics_from_cache(plain, 1, 0)
+
+
+# ---------------------------------------------------------------- options against the model's config, before loading
+
+
+@pytest.fixture
+def exported_shape(tmp_path, monkeypatch):
+    """A model cache whose smollm2 export holds only its config (no weights): what the command line may read."""
+    import json
+
+    import tl_geometry.models
+
+    folder = tmp_path / "cache" / "models" / "smollm2-135m"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(
+        {"num_hidden_layers": 7, "num_attention_heads": 5, "max_position_embeddings": 300, "hidden_size": 10}))
+    monkeypatch.setenv("TL_GEOMETRY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tl_geometry.models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    return tl_geometry.models.ModelShape(7, 5, 300)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["analyze", "--layers", "0,7"], "--layers: [7] out of range; the model has 7 layers (cfg.n_layers), use "
+                                         "indices 0..6 (or -7..-1, counted from the end) (smollm2-135m)"),
+        (["report", "--layers=-8"], "--layers: [-8] out of range; the model has 7 layers"),
+        (["intervene", "--heads", "5"], "--heads: [5] out of range; the model has 5 heads (cfg.n_heads)"),
+        (["analyze", "--layers=6,-1"], "--layers: [6, -1] name the same index twice"),
+        (["analyze", "--context", "301"], "--context: 301 tokens is longer than smollm2-135m's context n_ctx=300; "
+                                          "pass --context 300 or less"),
+        (["report", "--picture", "7.0"], "--picture: 7.0 is not a head of smollm2-135m, which has 7 layers and 5 "
+                                         "heads per layer"),
+    ],
+)
+def test_layers_heads_and_context_are_checked_before_the_model_loads(exported_shape, argv, message, capsys):
+    assert main([*argv, "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_context_one_is_refused_for_any_model(capsys, monkeypatch, tmp_path):
+    import tl_geometry.models
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tl_geometry.models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert main(["analyze", "--context", "1", "--quiet"]) == 1
+    assert "--context: 1 token leaves no room for text after BOS; pass at least 2" in capsys.readouterr().err
+
+
+def test_options_inside_the_model_pass_the_early_check(exported_shape):
+    from tl_geometry.cli import _check_against_model, build_parser
+
+    for argv in (["analyze", "--layers=-7,5", "--heads", "4", "--context", "300"], ["report", "--picture", "6.4", "--context", "2"]):
+        _check_against_model(build_parser().parse_args(argv))  # no error
+    from tl_geometry.models import bundled_model_shape
+
+    assert bundled_model_shape("smollm2-135m") == exported_shape
+    assert bundled_model_shape("gpt2-small") is None  # other models: checked once loaded
+
+
+@pytest.mark.model
+def test_the_shape_read_without_weights_is_the_loaded_models(smollm2):
+    from tl_geometry.models import bundled_model_shape
+
+    shape = bundled_model_shape("smollm2-135m")  # the fixture's load has exported it
+    assert (shape.n_layers, shape.n_heads, shape.n_ctx) == (smollm2.cfg.n_layers, smollm2.cfg.n_heads, smollm2.cfg.n_ctx)

@@ -590,6 +590,31 @@ def _saved_result_exists(path: Path, command: str) -> None:
         raise GeometryError(f"{command}: {' and '.join(missing)} not found; pass results written by analyze or report")
 
 
+def _check_against_model(args: argparse.Namespace) -> None:
+    """``--layers``, ``--heads``, ``--picture`` and ``--context`` against the model's config, where it can be read
+    without loading weights (a bundled model the cache has exported; `tl_geometry.models.bundled_model_shape`);
+    other models are checked once they have loaded."""
+    from tl_geometry.config import resolve_indices
+    from tl_geometry.models import bundled_model_shape
+
+    shape = bundled_model_shape(args.model)
+    if shape is None:
+        return
+    try:
+        resolve_indices("layers", args.layers, shape.n_layers, "n_layers")
+        resolve_indices("heads", args.heads, shape.n_heads, "n_heads")
+    except GeometryError as error:
+        raise GeometryError(f"--{error} ({args.model})") from None
+    for layer, head in getattr(args, "picture", []):
+        if layer >= shape.n_layers or head >= shape.n_heads:
+            raise GeometryError(f"--picture: {layer}.{head} is not a head of {args.model}, which has "
+                                f"{shape.n_layers} layers and {shape.n_heads} heads per layer; use layers "
+                                f"0..{shape.n_layers - 1} and heads 0..{shape.n_heads - 1}")
+    if args.prompts is None and args.context > shape.n_ctx:
+        raise GeometryError(f"--context: {args.context} tokens is longer than {args.model}'s context "
+                            f"n_ctx={shape.n_ctx}; pass --context {shape.n_ctx} or less")
+
+
 def check_arguments(args: argparse.Namespace) -> None:
     """Everything the command line says that can be checked before a model loads (GeometryError otherwise)."""
     _writable_folder(args.out)
@@ -604,6 +629,9 @@ def check_arguments(args: argparse.Namespace) -> None:
     for name in ("context", "batch_size", "settings_per_pass"):
         if getattr(args, name, 1) < 1:
             raise GeometryError(f"--{name.replace('_', '-')}: expected a positive number, got {getattr(args, name)}")
+    if args.prompts is None and args.context < 2:  # every window starts with BOS
+        raise GeometryError(f"--context: {args.context} token leaves no room for text after BOS; pass at least 2 "
+                            "(e.g. --context 256)")
     if args.windows is not None and args.windows < 1:
         raise GeometryError(f"--windows: expected a positive number or 'all', got {args.windows}")
     if getattr(args, "mechanism_prompts", 0) < 0:
@@ -620,6 +648,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 
     CheckpointEvery.parse(args.checkpoint_every)
     check_model_name(args.model)
+    _check_against_model(args)
     check_device(args.device)
     model_dtype(args.dtype)
     if args.prompts is not None:
