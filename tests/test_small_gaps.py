@@ -1,6 +1,12 @@
 """The small gaps of issue 44: misspelled options, blank text, diagnostics="none", negative indices, a cache's
 layer out of range. (Row sums of `selection_metrics`: tests/test_metrics.py.)"""
 
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -201,3 +207,73 @@ def test_the_shape_read_without_weights_is_the_loaded_models(smollm2):
 
     shape = bundled_model_shape("smollm2-135m")  # the fixture's load has exported it
     assert (shape.n_layers, shape.n_heads, shape.n_ctx) == (smollm2.cfg.n_layers, smollm2.cfg.n_heads, smollm2.cfg.n_ctx)
+
+
+# ---------------------------------------------------------------- strict JSON, plurals, output folders
+
+
+def strict_loads(text: str):
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+def nan_as_none(x):
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: nan_as_none(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [nan_as_none(v) for v in x]
+    return x
+
+
+@given(JSON_VALUES)
+def test_json_text_is_strict_json_with_null_for_what_is_not_finite(value):
+    from tl_geometry.results.files import json_text
+
+    assert strict_loads(json_text(value)) == nan_as_none(value)
+
+
+def test_json_text_writes_tensors_as_lists():
+    from tl_geometry.results.files import json_text
+
+    data = {"rho": torch.tensor([0.5, math.nan, math.inf]), "n": np.array([1, 2]), "x": np.float64("nan")}
+    assert strict_loads(json_text(data)) == {"rho": [0.5, None, None], "n": [1, 2], "x": None}
+
+
+def test_saved_results_are_strict_json(tmp_path):
+    from tests.fixtures import make_result
+
+    make_result().save(tmp_path / "r")
+    strict_loads((tmp_path / "r.json").read_text())
+
+
+def test_the_corpus_summary_counts_in_words():
+    from tl_geometry.capture.readers import SKIP_BAD_RECORD, SKIP_EMPTY, CorpusReport
+
+    report = CorpusReport(documents=1, windows=1, tail_tokens=1)
+    report.skip(SKIP_EMPTY, "a.txt")
+    report.skip(SKIP_BAD_RECORD, "b.jsonl:3")
+    report.skip(SKIP_BAD_RECORD, "b.jsonl:4")
+    line = report.summary()
+    assert line.startswith("1 document read, 1 window used, 1 token at document ends too few for a window")
+    assert "1 empty document (e.g. a.txt)" in line and "2 records that are not valid JSON objects" in line
+    assert re.search(r"\b1 \w+s\b", line) is None  # no "1 documents"
+
+
+def test_each_command_writes_to_its_own_folder_by_default():
+    from tl_geometry.cli import build_parser
+
+    parser = build_parser()
+    folders = {command: parser.parse_args([command]).out for command in ("report", "analyze", "intervene")}
+    assert folders == {"report": Path("report"), "analyze": Path("analysis"), "intervene": Path("interventions")}
+    assert parser.parse_args(["analyze", "--out", "x"]).out == Path("x")

@@ -30,6 +30,8 @@ from tl_geometry.config import DEFAULT_BOOTSTRAP, Capture, GeometryConfig
 from tl_geometry.errors import GeometryError
 
 EXIT_OK, EXIT_USAGE, EXIT_INPUT = 0, 2, 1
+DEFAULT_OUT = {"report": "report", "analyze": "analysis", "intervene": "interventions", "plot": "report"}
+"""Each command's output folder when ``--out`` is not given."""
 # Where a run checkpoints by default: in its output folder, removed when the run ends.
 CHECKPOINT_NAME = ".tl_geometry-checkpoint.pt"
 
@@ -183,6 +185,8 @@ class _Parser(argparse.ArgumentParser):
             hints = [f"{word} (did you mean {close}?)" if (close := _close_option(word, command)) else word
                      for word in extras]
             command.error(f"unrecognized arguments: {' '.join(hints)}")  # the command's usage, exit 2
+        if getattr(parsed, "out", "") is None:  # set here: the commands share one --out action (one default)
+            parsed.out = Path(DEFAULT_OUT[parsed.command])
         return parsed
 
     def error(self, message: str) -> Any:
@@ -213,7 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--n-grid", type=_n_grid_argument, default="default", help="'default', 'all' or a list like 1,2,4,8"
     )
     run.add_argument("--batch-size", type=int, default=1, help="windows per forward pass (default: 1)")
-    run.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
+    # Each command writes to its own folder by default, so that analyze or intervene never replaces a report.
+    run.add_argument("--out", type=Path, default=None,
+                     help="output directory (default: report, analysis or interventions, after the command)")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_analysis_options(run)
     _add_scale_arguments(run)
@@ -317,8 +323,6 @@ def _add_intervene_parser(commands, run: argparse.ArgumentParser) -> None:
 
 def _intervene(args: argparse.Namespace) -> int:
     """Run ``tl-geometry intervene``."""
-    import json
-
     import torch
 
     from tl_geometry.analysis.interventions import geometry_vs_dnll
@@ -326,7 +330,7 @@ def _intervene(args: argparse.Namespace) -> int:
     from tl_geometry.capture.sweep import effective_set_size, intervention_sweep
     from tl_geometry.diagnostics.selection import F_SCORE, PRECISION, RECALL
     from tl_geometry.report.html import intervention_figures, render_html
-    from tl_geometry.results.files import atomic_path
+    from tl_geometry.results.files import atomic_path, json_text
 
     if args.n_grid == "all":
         raise GeometryError("--n-grid: intervene needs a list of N like 1,2,4,8 (each N is a forward pass), not 'all'")
@@ -352,8 +356,9 @@ def _intervene(args: argparse.Namespace) -> int:
         n_star = effective_set_size(model, windows, taus=tuple(args.taus), mode=modes[0], scope=args.scope, **common)
         table = {f"{tau:g}": {"n_star": n_star.n_star[t].tolist(), "low": n_star.low[t].tolist(),
                               "high": n_star.high[t].tolist()} for t, tau in enumerate(n_star.taus)}
-        text_out = json.dumps({"layers": list(n_star.layers), "heads": list(n_star.heads), "mode": n_star.mode,
-                               "taus": table}, indent=2)
+        text_out = json_text({"layers": list(n_star.layers), "heads": list(n_star.heads), "mode": n_star.mode,
+                              "max_n": n_star.max_n, "taus": table,
+                              "null": "n_star: no N up to max_n passes; high: replicates that never pass"}, indent=2)
         if main:
             write_text(args.out / "n_star.json", text_out)
     geometry = analyze_corpus(model, windows, n_grid=n_grid, layers=args.layers, heads=args.heads,
@@ -363,11 +368,12 @@ def _intervene(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.scope != "model":
         correlation = geometry_vs_dnll(geometry, sweep, mode=modes[0])
-        write_text(args.out / "correlation.json", json.dumps({
+        write_text(args.out / "correlation.json", json_text({
             "field": correlation.field, "mode": correlation.mode, "n_grid": correlation.n_grid.tolist(),
             "spearman": correlation.rho.tolist(), "low": correlation.low.tolist(), "high": correlation.high.tolist(),
             "units": [list(unit) for unit in correlation.units],
             "geometry": correlation.x.tolist(), "dnll": correlation.y.tolist(),
+            "null": "a value not defined (e.g. rho where a unit's geometry or dNLL is constant or missing)",
         }, indent=2))
     tau = 0.05 if n_star is None or 0.05 in n_star.taus else n_star.taus[0]
     figures = intervention_figures(sweep, n_star, correlation, tau=tau)
@@ -390,13 +396,15 @@ def _summary(result, seconds: float) -> str:
     import torch
 
     from tl_geometry.diagnostics.selection import PRECISION, RECALL
+    from tl_geometry.results.display import plural
 
     grid = result.n_grid.tolist()
     precision = torch.nanmean(result.per_head(PRECISION).flatten(0, 1), dim=0)
     recall = torch.nanmean(result.per_head(RECALL).flatten(0, 1), dim=0)
     shown = [i for i, n in enumerate(grid) if n in (1, 2, 4, 8, 16, 64, 256, 1024) or i == len(grid) - 1]
     lines = [
-        f"analysed {result.n_sequences} windows x {len(result.layers)} layers x {len(result.heads)} heads "
+        f"analysed {plural(result.n_sequences, 'window')} x {plural(len(result.layers), 'layer')} x "
+        f"{plural(len(result.heads), 'head')} "
         f"in {seconds:.1f} s",
         "mean over heads   " + "".join(f"{'N=' + str(grid[i]):>8}" for i in shown),
         "  Precision(r_max)" + "".join(f"{precision[i].item():>8.3f}" for i in shown),

@@ -50,7 +50,7 @@ from tl_geometry.results.fileformat import (
 )
 from tl_geometry.results.stats import FieldStats
 from tl_geometry.results.table import StatisticsTable, check_level, percentile_ci
-from tl_geometry.results.files import commit_unit
+from tl_geometry.results.files import commit_unit, json_text
 from tl_geometry.results.storage import read_npz, sha256, stats_arrays
 
 ALL = -1
@@ -276,7 +276,7 @@ class InterventionResult(StatisticsTable):
                         "replicates": s.n_replicates} for s in self.stats.values()],
             "npz_sha256": npz_sha256,
         }
-        return json.dumps(meta, indent=2, sort_keys=True)
+        return json_text(meta, indent=2, sort_keys=True)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "InterventionResult":
