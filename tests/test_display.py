@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import tl_geometry as tg
 from tests.fixtures import make_result, simulate_study, true_means
 from tests.tiny_models import random_tokens, tiny_bridge, with_bos
+from tl_geometry import GeometryError
 from tl_geometry.interventions import intervention_sweep
 from tl_geometry.results.display import MAX_LINES, WIDTH, Summary, plural, ranges, short_list
 from tl_geometry.results.result import GeometryResult
@@ -126,3 +127,43 @@ def test_short_list_keeps_the_ends(items):
 def test_plural():
     assert (plural(1, "document"), plural(2, "document"), plural(0, "query", "queries")) == \
         ("1 document", "2 documents", "0 queries")
+
+
+# ---------------------------------------------------------------- an intervention sweep read as a GeometryResult is
+
+
+@pytest.fixture(scope="module")
+def sweep(run):
+    model, tokens, _ = run
+    return intervention_sweep(model, tokens, [1, 2, 4], scope="head", controls=2, progress=False, n_bootstrap=32,
+                              modes=("delete",))
+
+
+def test_a_sweep_reads_its_fields_by_name_like_a_result(sweep):
+    torch.testing.assert_close(sweep.per_head("dnll_delete"), sweep.dnll("delete"), equal_nan=True)
+    assert sweep.sel("dnll_delete", layer=1, head=2, n=4).item() == sweep.sel("delete", layer=1, head=2, n=4).item()
+    for by_field, by_mode in zip(sweep.ci("dnll_delete"), sweep.ci("delete")):
+        torch.testing.assert_close(by_field, by_mode, equal_nan=True)
+    low, high = sweep.ci("nll_clean", level=0.5)
+    assert low.shape == (2, 4) and bool((low <= high).all())
+    assert sweep.sel("dnll_delete_random", n=2).shape == (2, 4, 2)  # [layer, head_index, control]
+    assert sweep.sel("dnll_delete", stat="count", layer=0, head=0, n=1).item() == sweep.n_documents
+    with pytest.raises(GeometryError, match=r"'dnll_delete' is a field: relative= and control= apply to a mode"):
+        sweep.sel("dnll_delete", relative=True)
+    with pytest.raises(GeometryError, match=r"stat: a mode gives the mean dNLL; for 'std' name a field, e.g. "
+                                            r"sweep.sel\('dnll_delete', stat='std'\)"):
+        sweep.sel("delete", stat="std")
+
+
+def test_a_sweep_as_a_long_table(sweep):
+    table = sweep.to_dataframe(level=0.9)
+    assert list(table.columns) == ["field", "layer", "head", "n", "control", "mean", "std", "count", "ci_low",
+                                   "ci_high"]
+    assert len(table) == sum(s.count.numel() for s in sweep.stats.values())
+    rows = table[(table.field == "dnll_delete") & (table.layer == 1) & (table["head"] == 3) & (table.n == 2)]
+    assert len(rows) == 1 and rows["mean"].item() == pytest.approx(sweep.sel("delete", layer=1, head=3, n=2).item())
+    low, high = sweep.ci("dnll_delete", level=0.9)
+    assert rows["ci_low"].item() == pytest.approx(low[1, 3, 1].item())
+    controls = table[table.field == "dnll_delete_random"]
+    assert sorted(controls["control"].unique()) == [0.0, 1.0] and controls["ci_low"].isna().all()
+    assert table[table.field != "dnll_delete_random"]["control"].isna().all()

@@ -284,7 +284,7 @@ def _add_compare_parser(commands) -> None:
 def _compare(args: argparse.Namespace) -> int:
     from tl_geometry.report.compare import compare
 
-    index = compare(args.a, args.b, args.out)
+    index = compare(args.a, args.b, args.out).path
     print(f"wrote {index} and the claims tables beside it (open it in a browser; it works offline)")
     return EXIT_OK
 

@@ -59,10 +59,12 @@ class Summary:
 
     def text(self) -> str:
         """At most `MAX_LINES` lines, none longer than `WIDTH` characters."""
-        label_width = max((len(label) for label, _ in self.rows), default=0)
+        # Line breaks inside a value (\r, \x85, \u2028, ...) would add lines: every run of whitespace is one space.
+        rows = [(" ".join(label.split()), " ".join(value.split())) for label, value in self.rows]
+        label_width = max((len(label) for label, _ in rows), default=0)
         indent = " " * (label_width + 4)
-        lines = textwrap.wrap(self.title, WIDTH) or [""]
-        for label, value in self.rows:
+        lines = textwrap.wrap(" ".join(self.title.split()), WIDTH) or [""]
+        for label, value in rows:
             lines += textwrap.wrap(value, WIDTH, initial_indent=f"  {label.ljust(label_width)}  ",
                                    subsequent_indent=indent, break_on_hyphens=False) or [f"  {label}"]
         if len(lines) > MAX_LINES:  # a guard: the summaries are written to fit

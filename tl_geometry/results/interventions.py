@@ -156,16 +156,68 @@ class InterventionResult(StatisticsTable):
             out = out / self._replicate_means(CLEAN_FIELD.name, keep)[..., None]
         return out
 
-    def ci(self, mode: str, *, relative: bool = False, control: bool = False, level: float = 0.95) -> tuple[Tensor, Tensor]:
-        """Percentile bootstrap interval of mean (relative) dNLL, ``(low, high)`` each ``[layer, head_index, n]``."""
-        check_level(level)
-        return percentile_ci(self.replicates(mode, relative=relative, control=control), level)
+    def ci(self, what: str, *, relative: bool = False, control: bool = False,
+           level: float = 0.95) -> tuple[Tensor, Tensor]:
+        """Percentile bootstrap interval, ``(low, high)`` each ``[layer, head_index, ...]``.
 
-    def sel(self, mode: str, *, layer: int | None = None, head: int | None = None, n: int | None = None,
-            relative: bool = False, control: bool = False) -> Tensor:
-        """Mean (relative) dNLL indexed by layer label, head label and N value (-1: the all-layer/head unit)."""
-        t = self.relative(mode, control=control) if relative else self.dnll(mode, control=control)
+        Args:
+            what: a mode (the interval of its mean dNLL, or of the relative
+                dNLL, or of the controls' mean dNLL, ``[layer, head_index, n]``)
+                or a field that keeps replicates (``"nll_clean"``,
+                ``"dnll_delete"``, ...), as `GeometryResult.ci` reads a field.
+            relative: for a mode only: the interval of the relative dNLL.
+            control: for a mode only: the interval of the controls' mean dNLL.
+            level: coverage in (0, 1).
+        """
+        check_level(level)
+        if what in self.stats:
+            self._no_mode_options(what, relative, control)
+            return percentile_ci(self._replicate_means(what, "run the sweep with n_bootstrap > 0"), level)
+        return percentile_ci(self.replicates(what, relative=relative, control=control), level)
+
+    def sel(self, what: str, *, layer: int | Sequence[int] | None = None, head: int | Sequence[int] | None = None,
+            n: int | Sequence[int] | None = None, relative: bool = False, control: bool = False,
+            stat: str = "mean") -> Tensor:
+        """A statistic indexed by layer label, head label and N value (-1: the all-layer/head unit).
+
+        Args:
+            what: a mode (its mean dNLL, relative with ``relative=True``, of
+                the random controls with ``control=True``) or a field name
+                (``"nll_clean"``, ``"dnll_delete_random"``, ...; ``stat``
+                ``"mean"``, ``"std"`` or ``"count"``), as `GeometryResult.sel`.
+            layer: a layer label (drops the axis), a list of them (keeps it), or None (all).
+            head: a head label, a list of them, or None, likewise.
+            n: an N value of the grid, a list of them, or None, likewise.
+            relative: for a mode: the relative dNLL (dNLL / clean NLL).
+            control: for a mode: the mean dNLL of the random controls.
+            stat: for a field: ``"mean"``, ``"std"`` or ``"count"``.
+
+        Example: ``sweep.sel("delete", layer=-1, head=-1, n=4)`` is 0-d;
+        ``sweep.sel("dnll_delete_random", n=4)`` is ``[layer, head_index, control]``.
+        """
+        if what in self.stats:
+            self._no_mode_options(what, relative, control)
+            getter = {"mean": self.per_head, "std": self.std, "count": self.count}
+            if stat not in getter:
+                raise GeometryError(f"stat: expected one of {tuple(getter)}, got {stat!r}")
+            return self._select(getter[stat](what), self.spec(what).axes, layer, head, n)
+        if stat != "mean":
+            raise GeometryError(f"stat: a mode gives the mean dNLL; for {stat!r} name a field, e.g. "
+                                f"sweep.sel({dnll_spec(what).name!r}, stat={stat!r})")
+        t = self.relative(what, control=control) if relative else self.dnll(what, control=control)
         return self._select(t, ("n",), layer, head, n)
+
+    def _no_mode_options(self, name: str, relative: bool, control: bool) -> None:
+        if relative or control:
+            raise GeometryError(f"{name!r} is a field: relative= and control= apply to a mode {list(self.modes)}; "
+                                "name the field you want instead (e.g. 'dnll_delete_random_mean')")
+
+    def to_dataframe(self, fields: Sequence[str] | str | None = None, level: float = 0.95) -> Any:
+        """A pandas long table, as `GeometryResult.to_dataframe`: field, layer, head, n, control, mean, std, count,
+        ci_low, ci_high (layer or head -1: the unit of every layer or head; control NaN for fields without one)."""
+        from tl_geometry.results.dataframe import to_dataframe
+
+        return to_dataframe(self, fields, level, axis_columns=("n", "control"))
 
     def describe(self) -> str:
         """A few lines: scope, units, grid, documents, clean NLL and fields."""
@@ -199,7 +251,7 @@ class InterventionResult(StatisticsTable):
             ("bootstrap", f"{self.n_bootstrap} replicates (result.ci)" if self.n_bootstrap else
                           "none (n_bootstrap=0: no intervals)"),
             ("read", f"result.sel({mode!r}, layer={layer}, head={head}, n={n}); result.dnll({mode!r}) is "
-                     f"[layer, head, n]; result.relative({mode!r})"),
+                     f"[layer, head, n]; result.relative({mode!r}); result.to_dataframe()"),
             ("next", "tl_geometry.interventions.effective_set_size; result.save(path)"),
         ]
         return Summary(f"InterventionResult of {self.model_name}", tuple(rows))

@@ -185,34 +185,6 @@ from tl_geometry.results.display import Summary, names, plural, ranges, short_li
         """Documents (sequences, windows) analysed: `n_documents` under the name the report prints."""
         return self.n_documents
 
-    def spec(self, name: FieldName) -> FieldSpec:
-        """The declaration of field ``name``."""
-        return self._stats(name).spec
-
-    def _moments(self, name: FieldName, what: str) -> FieldStats:
-        s = self._stats(name)
-        if s.spec.documents != "moments":
-            raise GeometryError(
-                f"{what}: field {s.spec.name!r} is declared with documents={s.spec.documents!r} (count and sum only), so "
-                "its spread over documents was not kept; only its mean and count are available"
-            )
-        return s
-
-    def per_head(self, name: FieldName) -> Float[Tensor, "layer head_index *rest"]:
-        """Mean of field ``name`` over documents, ``[layer, head_index, ...]`` (float64).
-
-        NaN where no document defined it; +inf kept (as ``torch.nanmean`` does).
-        """
-        return self._stats(name).mean()
-
-    def count(self, name: FieldName) -> Int[Tensor, "layer head_index *rest"]:
-        """Documents where field ``name`` is defined, ``[layer, head_index, ...]``."""
-        return self._stats(name).count.clone()
-
-    def std(self, name: FieldName) -> Float[Tensor, "layer head_index *rest"]:
-        """Sample standard deviation over documents (ddof = 1); NaN with fewer than 2 documents."""
-        return self._moments(name, "std").std()
-
     def sem(self, name: FieldName) -> Float[Tensor, "layer head_index *rest"]:
         """Standard error of the mean over documents, std / sqrt(count)."""
         s = self._moments(name, "sem")
@@ -225,10 +197,6 @@ from tl_geometry.results.display import Summary, names, plural, ranges, short_li
     def max(self, name: FieldName) -> Float[Tensor, "layer head_index *rest"]:
         """Largest per-document value (NaN where none)."""
         return self._moments(name, "max").maximum.double()
-
-    def has_replicates(self, name: FieldName) -> bool:
-        """Whether field ``name`` kept bootstrap replicates (so that `ci` and `replicates` work)."""
-        return bool(self._stats(name).n_replicates)
 
     def replicates(self, name: FieldName) -> Float[Tensor, "replicate layer head_index *rest"]:
         """The Poisson-bootstrap replicate means of field ``name``, ``[replicate, layer, head_index, ...]``.

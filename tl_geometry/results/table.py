@@ -82,6 +82,40 @@ class StatisticsTable:
             raise GeometryError(f"unknown field {name!r}; this {self.kind} has {sorted(self.stats)}")
         return self.stats[name]
 
+    # ---- one way to read a field of every result kind: its declaration, mean, count, spread, replicates ----
+
+    def spec(self, name: FieldName) -> FieldSpec:
+        """The declaration of field ``name``."""
+        return self._stats(name).spec
+
+    def _moments(self, name: FieldName, what: str) -> FieldStats:
+        s = self._stats(name)
+        if s.spec.documents != "moments":
+            raise GeometryError(
+                f"{what}: field {s.spec.name!r} is declared with documents={s.spec.documents!r} (count and sum only), so "
+                "its spread over documents was not kept; only its mean and count are available"
+            )
+        return s
+
+    def per_head(self, name: FieldName) -> Float[Tensor, "layer head_index *rest"]:
+        """Mean of field ``name`` over documents, ``[layer, head_index, ...]`` (float64).
+
+        NaN where no document defined it; +inf kept (as ``torch.nanmean`` does).
+        """
+        return self._stats(name).mean()
+
+    def count(self, name: FieldName) -> Int[Tensor, "layer head_index *rest"]:
+        """Documents where field ``name`` is defined, ``[layer, head_index, ...]``."""
+        return self._stats(name).count.clone()
+
+    def std(self, name: FieldName) -> Float[Tensor, "layer head_index *rest"]:
+        """Sample standard deviation over documents (ddof = 1); NaN with fewer than 2 documents."""
+        return self._moments(name, "std").std()
+
+    def has_replicates(self, name: FieldName) -> bool:
+        """Whether field ``name`` kept bootstrap replicates (so that `ci` and `replicates` work)."""
+        return bool(self._stats(name).n_replicates)
+
     def _replicate_means(self, name: FieldName, how_to_keep: str) -> Float[Tensor, "replicate layer head_index *rest"]:
         s = self._stats(name)
         if not s.n_replicates:
