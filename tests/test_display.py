@@ -39,7 +39,8 @@ def check_summary(obj: object, *must: str) -> str:
 def run():
     model = tiny_bridge()
     tokens = with_bos(random_tokens(2, 20))
-    return model, tokens, tg.run_with_geometry_hooks(model, tokens, diagnostics=["taxonomy"], keep_queries=True)
+    return model, tokens, tg.run_with_geometry_hooks(model, tokens, diagnostics=["taxonomy", "assumptions"],
+                                                    keep_queries=True)
 
 
 def test_geometry_result_summary_names_the_sample_grid_and_fields(run):
@@ -167,3 +168,28 @@ def test_a_sweep_as_a_long_table(sweep):
     controls = table[table.field == "dnll_delete_random"]
     assert sorted(controls["control"].unique()) == [0.0, 1.0] and controls["ci_low"].isna().all()
     assert table[table.field != "dnll_delete_random"]["control"].isna().all()
+
+
+@given(st.lists(st.lists(st.integers(0, 40), min_size=0, max_size=3), min_size=1, max_size=30))
+def test_a_field_summary_fits_whatever_the_tensors(shapes):
+    import dataclasses
+
+    from tl_geometry.results.display import field_summary
+
+    made = dataclasses.make_dataclass("Made", [(f"t{i}", object) for i in range(len(shapes))])
+    obj = made(*(torch.rand(tuple(shape)) for shape in shapes))
+    text = field_summary(obj, "made.t0").text()
+    lines = text.splitlines()
+    assert len(lines) <= MAX_LINES and max(map(len, lines)) <= WIDTH
+    for i, shape in enumerate(shapes[: MAX_LINES - 3]):
+        assert f"t{i}" in text and ("[" + ("x".join(map(str, shape)) or "scalar") + "]") in text
+
+
+def test_analysis_results_print_a_line_per_field(run):
+    model, tokens, result = run
+    from tl_geometry.interventions import effective_set_size
+
+    n_star = effective_set_size(model, tokens, taus=(0.05,), scope="layer", progress=False, n_bootstrap=64)
+    text = check_summary(n_star, "[64x1x2x1]", "2 InterventionResults", "n_star.sel(")
+    assert re.search(r"replicates +\[64x1x2x1\]", text) and len(text) < 1500  # not 64 x 2 replicate values
+    check_summary(tg.sink_recall_correlation(result), "n_grid", "pearson", "n_bootstrap")

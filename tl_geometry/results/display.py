@@ -80,3 +80,25 @@ class Summary:
         )
         return (f"<table><caption style='text-align:left'><b>{html.escape(self.title)}</b></caption>"
                 f"{body}</table>")
+
+
+def _value(x: object) -> str:
+    """One field of a result in a few words: a tensor's shape and first values, a tuple's length, else the value."""
+    if hasattr(x, "shape") and hasattr(x, "flatten"):
+        flat = x.flatten().tolist()
+        shape = "x".join(map(str, x.shape)) or "scalar"
+        values = short_list([f"{v:.3g}" if isinstance(v, float) else v for v in flat], keep=4)
+        return f"[{shape}] {values}"
+    if isinstance(x, (tuple, list)) and len(x) > 8:
+        return f"{len(x)} items: {short_list([type(i).__name__ if hasattr(i, '__dataclass_fields__') else i for i in x], 3)}"
+    if isinstance(x, (tuple, list)) and any(hasattr(i, "__dataclass_fields__") for i in x):
+        return f"{len(x)} {type(x[0]).__name__}" + ("" if len(x) == 1 else "s")
+    return repr(x)
+
+
+def field_summary(obj: object, hint: str) -> Summary:
+    """Every dataclass field of ``obj`` on one line (`_value`), and ``hint``: the short repr of a small result."""
+    import dataclasses
+
+    rows = tuple((f.name, _value(getattr(obj, f.name))) for f in dataclasses.fields(obj))  # type: ignore[arg-type]
+    return Summary(type(obj).__name__, rows[: MAX_LINES - 3] + (("read", hint),))
