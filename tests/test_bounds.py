@@ -267,7 +267,7 @@ def test_pair_gap_is_the_engine_radii_gap():
     alpha, values, mask = random_rows(3, rows=4, keys=12, d=8)
     grid = [1, 2, 4, 7, 11]
     margins = selection_margins(alpha, values, grid, key_mask=mask)
-    metrics = selection_metrics(alpha, values, grid, key_mask=mask)
+    metrics = selection_metrics(alpha, values, grid, key_mask=mask, check_sums=False)
     torch.testing.assert_close(margins.pair_gap, metrics.r_min**2 - metrics.r_max**2, equal_nan=True)
 
 

@@ -71,7 +71,7 @@ def test_controls_match_the_reference(seed, distance):
     grid = [1, 2, 3, 5, 8, 11, 12]
     settings = ChanceSettings(n_controls=5, seed=seed)
     got, keys = chance_rows(alpha, values, mask, grid, settings, distance=distance)
-    metrics = selection_metrics(alpha, values, grid, key_mask=mask, distance=distance)
+    metrics = selection_metrics(alpha, values, grid, key_mask=mask, distance=distance, check_sums=False)
     for r in range(alpha.shape[0]):
         visible = [i for i in range(alpha.shape[-1]) if mask[r, i]]
         for col, n in enumerate(grid):
@@ -131,7 +131,7 @@ def test_precision_never_falls_below_the_floor():
     for seed in range(5):
         alpha, values, mask = random_rows(seed)
         got, _ = chance_rows(alpha, values, mask, list(range(1, 12)))
-        metrics = selection_metrics(alpha, values, list(range(1, 12)), key_mask=mask)
+        metrics = selection_metrics(alpha, values, list(range(1, 12)), key_mask=mask, check_sums=False)
         ok = ~torch.isnan(metrics.precision)
         assert (metrics.precision[ok] >= got["chance_precision_floor"][ok] - 1e-12).all()
         assert (got["chance_precision"][ok] >= got["chance_precision_floor"][ok] - 1e-12).all()

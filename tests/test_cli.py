@@ -49,7 +49,7 @@ def test_report_analyze_and_plot(default_report, tmp_path, monkeypatch, capsys):
     text.write_text(" ".join(f"Sentence number {i} is about attention heads." for i in range(200)))
     assert main(["analyze", "--text", str(text), "--windows", "2", "--context", "32", "--diagnostics", "none",
                  "--quiet", "--out", "only-files"]) == 0
-    assert "corpus: 1 documents read, 2 windows used" in capsys.readouterr().out
+    assert "corpus: 1 document read, 2 windows used" in capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "only-files").iterdir()) == ["result.json", "result.npz"]
     assert GeometryResult.load(tmp_path / "only-files" / "result").n_sequences == 2
 
@@ -231,7 +231,7 @@ def test_data_prompts_and_parquet_end_to_end(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["analyze", "--data", "data", "--text-column", "body", "--context", "64", "--windows", "all",
                  "--batch-size", "4", "--parquet", "--out", "w", *options]) == 0
-    assert "skipped 1 empty documents" in capsys.readouterr().out
+    assert "skipped 1 empty document (e.g." in capsys.readouterr().out
     result = GeometryResult.load(tmp_path / "w" / "result")
     assert result.layers == (0, 29) and result.heads == (0, 8) and result.n_grid.tolist() == [1, 2, 4]
     corpus = result.provenance["corpus"]

@@ -28,7 +28,7 @@ def saved(tmp_path_factory):
 
 def test_compare_writes_one_figure_per_claim_and_both_tables(saved, tmp_path):
     folder, a, b = saved
-    index = compare(folder / "a", folder / "b.npz", tmp_path / "out")
+    index = compare(folder / "a", folder / "b.npz", tmp_path / "out").path
     page = index.read_text()
     assert page.startswith("<!DOCTYPE html>") and page.count("plotly.js v") == 1 and "<script src=" not in page
     for key in SPECS:
@@ -84,3 +84,32 @@ def test_cli_compare_errors_before_any_work(saved, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["compare", str(out), str(folder / "a")])
     assert exit_info.value.code == 2  # B missing on the command line
+
+
+def test_compare_without_a_folder_writes_nothing_and_prints_the_verdicts(saved, tmp_path, monkeypatch):
+    import os
+    from pathlib import Path
+
+    from tl_geometry.results.display import MAX_LINES, WIDTH
+
+    folder, a, b = saved
+    monkeypatch.chdir(tmp_path)
+    comparison = compare(a, folder / "b.npz")
+    assert comparison.path is None and list(tmp_path.iterdir()) == []
+    text = repr(comparison)
+    lines = text.splitlines()
+    assert len(lines) <= MAX_LINES and max(map(len, lines)) <= WIDTH, text
+    verdicts_a, verdicts_b = claims(a).verdict, claims(b).verdict
+    for key in SPECS:  # one line per claim: A's verdict / B's verdict, as the claims tables give them
+        assert f"{key}  " in text and f"{verdicts_a[key]} / {verdicts_b[key]}" in text
+    same = int((verdicts_a == verdicts_b).sum())
+    assert f"the same on {same} of {len(SPECS)} claims" in text
+    assert comparison._repr_html_().count("<tr>") == len(SPECS) + 4
+    table = comparison.table()
+    assert list(table.index) == list(SPECS) and list(table[f"verdict {comparison.names[1]}"]) == list(verdicts_b)
+    with pytest.raises(TypeError, match="not saved"):
+        os.fspath(comparison)
+    saved_later = comparison.save(tmp_path / "later")
+    assert Path(saved_later) == tmp_path / "later" / "compare.html" == saved_later.path
+    assert saved_later.path.read_text() == compare(a, folder / "b.npz", tmp_path / "now").path.read_text()
+    assert "written to" in repr(saved_later)

@@ -51,7 +51,7 @@ def test_sequences_become_tuples_and_round_trip_through_json():
         ({"settings": {"bounds": {"kapa": 1.0}}}, r"settings\['bounds'\]: unknown field\(s\) \['kapa'\]"),
         ({"settings": {"nope": {}}}, r"diagnostics: unknown name 'nope'"),
         ({"layers": [0, 0]}, "layers: indices must be distinct"),
-        ({"heads": [-2]}, "heads: indices must be >= 0, got -2"),
+        ({"heads": [1.5]}, r"heads: expected a sequence of integers or None \(all\), got the entry 1.5"),
         ({"memory_budget_mib": 0}, "memory_budget_mib: expected a finite memory budget in MiB > 0, e.g. 128, got 0"),
         ({"memory_budget_mib": float("inf")}, "memory_budget_mib: expected a finite memory budget in MiB > 0, e.g. 128, got inf"),
     ],
@@ -99,7 +99,7 @@ def test_diagnostics_are_normalised_to_canonical_order(given, expected):
 @pytest.mark.parametrize(
     ("given", "message"),
     [
-        ("nope", "diagnostics: unknown name(s) ['nope']; choose from ('assumptions', 'bounds', 'taxonomy', 'chance') or 'all'"),
+        ("nope", "diagnostics: unknown name(s) ['nope']; choose from ('assumptions', 'bounds', 'taxonomy', 'chance'), 'all' or 'none'"),
         ([3], "diagnostics: unknown name(s) [3]"),
     ],
 )

@@ -122,7 +122,7 @@ def test_skips_are_reported_at_the_end(model, capsys):
     result = analyze_corpus(model, window_documents(model, ["the cat sat on the mat and ran", "a dog"], context=5),
                             progress=True, n_grid=[1])
     assert result.provenance["corpus"]["skipped"] == {"documents shorter than the minimum window": 1}
-    assert "skipped 1 documents shorter than the minimum window (e.g. document 1)" in capsys.readouterr().err
+    assert "skipped 1 document shorter than the minimum window (e.g. document 1)" in capsys.readouterr().err
 
 
 def test_no_windows_is_a_one_line_error(model):

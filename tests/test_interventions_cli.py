@@ -26,11 +26,15 @@ def test_intervene_writes_the_sweep_n_star_and_the_page(tmp_path, capsys, monkey
         "intervention_sweep": [8], "effective_set_size": [8]}
     sweep = InterventionResult.load(out / "sweep")
     assert sweep.layers == (0, 1, 2) and sweep.n_grid.tolist() == [1, 4] and sweep.n_documents == 2
-    n_star = json.loads((out / "n_star.json").read_text())
+    n_star = strict_json(out / "n_star.json")
     assert n_star["layers"] == [0, 1, 2] and len(n_star["taus"]["0.05"]["n_star"]) == 3
-    correlation = json.loads((out / "correlation.json").read_text())
+    correlation = strict_json(out / "correlation.json")
     assert correlation["n_grid"] == [1, 4] and correlation["units"] == [[0, -1], [1, -1], [2, -1]]
     # The saved dNLL is the sweep's, and each saved rho is the Spearman of the saved columns.
+    nan = lambda v: math.nan if v is None else v  # noqa: E731 (strict JSON writes a missing value as null)
+    correlation = {key: [[nan(v) for v in row] for row in correlation[key]] if key in ("geometry", "dnll") else
+                   [nan(v) for v in correlation[key]] if key == "spearman" else value
+                   for key, value in correlation.items()}
     saved = [value for row in correlation["dnll"] for value in row]
     assert saved == pytest.approx(sweep.dnll("renormalise").reshape(-1).tolist(), rel=1e-6)
     assert all(0 <= value <= 1 for row in correlation["geometry"] for value in row)  # F_N, a layer's mean over heads
@@ -43,6 +47,14 @@ def test_intervene_writes_the_sweep_n_star_and_the_page(tmp_path, capsys, monkey
         assert f'id="section-{key}"' in page
     printed = capsys.readouterr().out
     assert "relative dNLL (renormalise)" in printed and "correlation.json" in printed
+
+
+def strict_json(path) -> dict:
+    """The file parsed as strict JSON: a bare NaN or Infinity (Python's extension) fails the test."""
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{path.name} holds {constant}, which is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
 
 
 def reference_spearman(xs: list[float], ys: list[float]) -> float:

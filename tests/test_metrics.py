@@ -4,6 +4,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.reference import exact_counts, reference_metrics
 from tl_geometry import GeometryError, selection_metrics
@@ -15,7 +17,9 @@ COUNTS = ("k_in", "k_out", "precision", "recall", "f_rmax", "f_rmin", "f_score")
 
 
 def assert_matches_reference(alpha, values, n_grid, key_mask=None, ranking="attention", distance="euclidean"):
-    fast = selection_metrics(alpha, values, n_grid, key_mask=key_mask, ranking=ranking, distance=distance)
+    # Any non-negative weights against the reference (masked rows need not sum to 1): the row-sum check is apart.
+    fast = selection_metrics(alpha, values, n_grid, key_mask=key_mask, ranking=ranking, distance=distance,
+                             check_sums=False)
     grid = fast.n_grid.tolist()
     ref = reference_metrics(alpha, values, grid, key_mask, ranking, distance)
     for name in COUNTS:
@@ -165,3 +169,35 @@ def test_bad_input_raises_geometry_error(kwargs, message):
         selection_metrics(**args)
     assert message in str(info.value)
     assert isinstance(info.value, ValueError)
+
+
+# ---- rows that are not attention distributions
+
+
+@given(st.integers(1, 6), st.integers(1, 40), st.floats(0.0, 3.0).filter(lambda t: abs(t - 1) > 0.011))
+def test_rows_that_do_not_sum_to_one_are_refused(n_rows, n_keys, total):
+    from tl_geometry.engine.inputs import ROW_SUM_TOLERANCE
+
+    alpha = torch.softmax(torch.randn(n_rows, n_keys, dtype=torch.float64), -1)
+    bad = n_rows // 2  # one row scaled away from 1, the others distributions
+    alpha[bad] *= total
+    with pytest.raises(GeometryError) as info:
+        selection_metrics(alpha, torch.randn(n_rows, n_keys, 3, dtype=torch.float64))
+    message = str(info.value)
+    assert f"1 of {n_rows} rows do not sum to 1 over their visible keys (tolerance {ROW_SUM_TOLERANCE:g})" in message
+    assert f"(row [{bad}]) sums to {total:.6g}"[:20] in message and "check_sums=False" in message
+    selection_metrics(alpha, torch.randn(n_rows, n_keys, 3, dtype=torch.float64), check_sums=False)  # on purpose
+
+
+def test_row_sums_count_the_visible_keys_and_tolerate_bfloat16_rounding():
+    g = torch.Generator().manual_seed(5)
+    alpha, values = random_rows(g, (4,), 300, 8, dtype=torch.float32)
+    selection_metrics(alpha.bfloat16().float(), values)  # rounded weights still sum to 1 within the tolerance
+    causal = torch.ones(4, 300, dtype=torch.bool).tril(diagonal=296)
+    renormalised = alpha * causal / (alpha * causal).sum(-1, keepdim=True)
+    selection_metrics(renormalised, values, key_mask=causal)  # each row sums to 1 over what it sees
+    with pytest.raises(GeometryError, match="rows do not sum to 1 over their visible keys"):
+        selection_metrics(alpha, values, key_mask=torch.rand(4, 300, generator=g) < 0.5)  # half the mass hidden
+    hidden = torch.zeros(4, 300, dtype=torch.bool)
+    hidden[1:] = True
+    selection_metrics(alpha * hidden, values, key_mask=hidden)  # a row with no visible key is left alone (NaN)

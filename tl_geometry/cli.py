@@ -30,6 +30,8 @@ from tl_geometry.config import DEFAULT_BOOTSTRAP, Capture, GeometryConfig
 from tl_geometry.errors import GeometryError
 
 EXIT_OK, EXIT_USAGE, EXIT_INPUT = 0, 2, 1
+DEFAULT_OUT = {"report": "report", "analyze": "analysis", "intervene": "interventions", "plot": "report"}
+"""Each command's output folder when ``--out`` is not given."""
 # Where a run checkpoints by default: in its output folder, removed when the run ends.
 CHECKPOINT_NAME = ".tl_geometry-checkpoint.pt"
 
@@ -101,8 +103,10 @@ def _add_analysis_options(run: argparse.ArgumentParser) -> None:
                         help="also keep a document's shorter last window of at least this many tokens "
                         "(default: full windows only)")
     analysis = run.add_argument_group("analysis (as in GeometryConfig)")
-    analysis.add_argument("--layers", type=_indices_argument, default=None, help="'all' (default) or e.g. 0,5,17")
-    analysis.add_argument("--heads", type=_indices_argument, default=None, help="'all' (default) or e.g. 0,3")
+    analysis.add_argument("--layers", type=_indices_argument, default=None,
+                          help="'all' (default) or e.g. 0,5,17 (negative from the end: --layers=-1 is the last)")
+    analysis.add_argument("--heads", type=_indices_argument, default=None,
+                          help="'all' (default) or e.g. 0,3 (negative from the end: --heads=-1)")
     analysis.add_argument("--queries", type=_queries_argument, default="last",
                           help="'last' (default), 'all' or positions like 0,5 (negative from the end: --queries=-1,-2)")
     analysis.add_argument("--ranking", choices=get_args(Ranking), default="attention", help="top-N score (default: attention)")
@@ -160,8 +164,44 @@ def _add_scale_arguments(run: argparse.ArgumentParser) -> None:
                      help=f"the checkpoint file (default: OUT/{CHECKPOINT_NAME}; deleted when the run ends)")
 
 
+def _close_option(word: str, parser: argparse.ArgumentParser) -> str | None:
+    """The option of ``parser`` closest to a misspelled ``word`` (``--contxt=256`` -> ``--context``), if any."""
+    import difflib
+
+    options = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+    close = difflib.get_close_matches(word.split("=", 1)[0], options, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+class _Parser(argparse.ArgumentParser):
+    """The top-level parser: a misspelled option or command gets the closest one and the command's usage."""
+
+    commands: dict[str, argparse.ArgumentParser]
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self.commands.get(getattr(parsed, "command", None) or "", self)
+            hints = [f"{word} (did you mean {close}?)" if (close := _close_option(word, command)) else word
+                     for word in extras]
+            command.error(f"unrecognized arguments: {' '.join(hints)}")  # the command's usage, exit 2
+        if getattr(parsed, "out", "") is None:  # set here: the commands share one --out action (one default)
+            parsed.out = Path(DEFAULT_OUT[parsed.command])
+        return parsed
+
+    def error(self, message: str) -> Any:
+        import difflib
+        import re
+
+        choice = re.match(r"argument COMMAND: invalid choice: '([^']*)'", message)
+        close = difflib.get_close_matches(choice.group(1), list(self.commands), n=1) if choice else []
+        if close:
+            message += f"; did you mean {close[0]!r}?"
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tl-geometry",
         description="Geometric analysis of token selection in multi-head attention (TransformerLens plugin). "
         "Exit codes: 0 done, 1 bad input (one-line message), 2 bad command line, 130 interrupted (SIGINT), "
@@ -177,7 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--n-grid", type=_n_grid_argument, default="default", help="'default', 'all' or a list like 1,2,4,8"
     )
     run.add_argument("--batch-size", type=int, default=1, help="windows per forward pass (default: 1)")
-    run.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report)")
+    # Each command writes to its own folder by default, so that analyze or intervene never replaces a report.
+    run.add_argument("--out", type=Path, default=None,
+                     help="output directory (default: report, analysis or interventions, after the command)")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_analysis_options(run)
     _add_scale_arguments(run)
@@ -219,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--png", action="store_true", help="also write a PNG of every figure (kaleido + Chromium)")
     _add_intervene_parser(commands, run)
     _add_compare_parser(commands)
+    parser.commands = dict(commands.choices)
     return parser
 
 
@@ -241,7 +284,7 @@ def _add_compare_parser(commands) -> None:
 def _compare(args: argparse.Namespace) -> int:
     from tl_geometry.report.compare import compare
 
-    index = compare(args.a, args.b, args.out)
+    index = compare(args.a, args.b, args.out).path
     print(f"wrote {index} and the claims tables beside it (open it in a browser; it works offline)")
     return EXIT_OK
 
@@ -289,8 +332,6 @@ def _intervene(args: argparse.Namespace) -> int:
     """Run ``tl-geometry intervene``."""
     if args.ablate_roles:
         return _ablate_roles(args)
-    import json
-
     import torch
 
     from tl_geometry.analysis.interventions import geometry_vs_dnll
@@ -298,7 +339,7 @@ def _intervene(args: argparse.Namespace) -> int:
     from tl_geometry.capture.sweep import effective_set_size, intervention_sweep
     from tl_geometry.diagnostics.selection import F_SCORE, PRECISION, RECALL
     from tl_geometry.report.html import intervention_figures, render_html
-    from tl_geometry.results.files import atomic_path
+    from tl_geometry.results.files import atomic_path, json_text
 
     if args.n_grid == "all":
         raise GeometryError("--n-grid: intervene needs a list of N like 1,2,4,8 (each N is a forward pass), not 'all'")
@@ -324,8 +365,9 @@ def _intervene(args: argparse.Namespace) -> int:
         n_star = effective_set_size(model, windows, taus=tuple(args.taus), mode=modes[0], scope=args.scope, **common)
         table = {f"{tau:g}": {"n_star": n_star.n_star[t].tolist(), "low": n_star.low[t].tolist(),
                               "high": n_star.high[t].tolist()} for t, tau in enumerate(n_star.taus)}
-        text_out = json.dumps({"layers": list(n_star.layers), "heads": list(n_star.heads), "mode": n_star.mode,
-                               "taus": table}, indent=2)
+        text_out = json_text({"layers": list(n_star.layers), "heads": list(n_star.heads), "mode": n_star.mode,
+                              "max_n": n_star.max_n, "taus": table,
+                              "null": "n_star: no N up to max_n passes; high: replicates that never pass"}, indent=2)
         if main:
             write_text(args.out / "n_star.json", text_out)
     geometry = analyze_corpus(model, windows, n_grid=n_grid, layers=args.layers, heads=args.heads,
@@ -335,11 +377,12 @@ def _intervene(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.scope != "model":
         correlation = geometry_vs_dnll(geometry, sweep, mode=modes[0])
-        write_text(args.out / "correlation.json", json.dumps({
+        write_text(args.out / "correlation.json", json_text({
             "field": correlation.field, "mode": correlation.mode, "n_grid": correlation.n_grid.tolist(),
             "spearman": correlation.rho.tolist(), "low": correlation.low.tolist(), "high": correlation.high.tolist(),
             "units": [list(unit) for unit in correlation.units],
             "geometry": correlation.x.tolist(), "dnll": correlation.y.tolist(),
+            "null": "a value not defined (e.g. rho where a unit's geometry or dNLL is constant or missing)",
         }, indent=2))
     tau = 0.05 if n_star is None or 0.05 in n_star.taus else n_star.taus[0]
     figures = intervention_figures(sweep, n_star, correlation, tau=tau)
@@ -403,13 +446,15 @@ def _summary(result, seconds: float) -> str:
     import torch
 
     from tl_geometry.diagnostics.selection import PRECISION, RECALL
+    from tl_geometry.results.display import plural
 
     grid = result.n_grid.tolist()
     precision = torch.nanmean(result.per_head(PRECISION).flatten(0, 1), dim=0)
     recall = torch.nanmean(result.per_head(RECALL).flatten(0, 1), dim=0)
     shown = [i for i, n in enumerate(grid) if n in (1, 2, 4, 8, 16, 64, 256, 1024) or i == len(grid) - 1]
     lines = [
-        f"analysed {result.n_sequences} windows x {len(result.layers)} layers x {len(result.heads)} heads "
+        f"analysed {plural(result.n_sequences, 'window')} x {plural(len(result.layers), 'layer')} x "
+        f"{plural(len(result.heads), 'head')} "
         f"in {seconds:.1f} s",
         "mean over heads   " + "".join(f"{'N=' + str(grid[i]):>8}" for i in shown),
         "  Precision(r_max)" + "".join(f"{precision[i].item():>8.3f}" for i in shown),
@@ -603,6 +648,31 @@ def _saved_result_exists(path: Path, command: str) -> None:
         raise GeometryError(f"{command}: {' and '.join(missing)} not found; pass results written by analyze or report")
 
 
+def _check_against_model(args: argparse.Namespace) -> None:
+    """``--layers``, ``--heads``, ``--picture`` and ``--context`` against the model's config, where it can be read
+    without loading weights (a bundled model the cache has exported; `tl_geometry.models.bundled_model_shape`);
+    other models are checked once they have loaded."""
+    from tl_geometry.config import resolve_indices
+    from tl_geometry.models import bundled_model_shape
+
+    shape = bundled_model_shape(args.model)
+    if shape is None:
+        return
+    try:
+        resolve_indices("layers", args.layers, shape.n_layers, "n_layers")
+        resolve_indices("heads", args.heads, shape.n_heads, "n_heads")
+    except GeometryError as error:
+        raise GeometryError(f"--{error} ({args.model})") from None
+    for layer, head in getattr(args, "picture", []):
+        if layer >= shape.n_layers or head >= shape.n_heads:
+            raise GeometryError(f"--picture: {layer}.{head} is not a head of {args.model}, which has "
+                                f"{shape.n_layers} layers and {shape.n_heads} heads per layer; use layers "
+                                f"0..{shape.n_layers - 1} and heads 0..{shape.n_heads - 1}")
+    if args.prompts is None and args.context > shape.n_ctx:
+        raise GeometryError(f"--context: {args.context} tokens is longer than {args.model}'s context "
+                            f"n_ctx={shape.n_ctx}; pass --context {shape.n_ctx} or less")
+
+
 def check_arguments(args: argparse.Namespace) -> None:
     """Everything the command line says that can be checked before a model loads (GeometryError otherwise)."""
     _writable_folder(args.out)
@@ -617,6 +687,9 @@ def check_arguments(args: argparse.Namespace) -> None:
     for name in ("context", "batch_size", "settings_per_pass"):
         if getattr(args, name, 1) < 1:
             raise GeometryError(f"--{name.replace('_', '-')}: expected a positive number, got {getattr(args, name)}")
+    if args.prompts is None and args.context < 2:  # every window starts with BOS
+        raise GeometryError(f"--context: {args.context} token leaves no room for text after BOS; pass at least 2 "
+                            "(e.g. --context 256)")
     if args.windows is not None and args.windows < 1:
         raise GeometryError(f"--windows: expected a positive number or 'all', got {args.windows}")
     if getattr(args, "mechanism_prompts", 0) < 0:
@@ -633,6 +706,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 
     CheckpointEvery.parse(args.checkpoint_every)
     check_model_name(args.model)
+    _check_against_model(args)
     check_device(args.device)
     model_dtype(args.dtype)
     if args.prompts is not None:

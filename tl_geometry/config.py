@@ -46,6 +46,31 @@ def _int_tuple(name: str, value: Any, what: str) -> tuple[int, ...]:
     return tuple(int(i) for i in items)
 
 
+def resolve_indices(name: str, chosen: Sequence[int] | None, size: int, cfg_field: str) -> tuple[int, ...]:
+    """Layer or head indices as Python and TransformerLens read them: negative ones count from the end.
+
+    ``None`` is every index; ``-1`` is the last (``size - 1``). GeometryError
+    for an index outside ``-size..size-1``, and for two that name one index
+    (``[-1, size - 1]``).
+
+    >>> resolve_indices("layers", [0, -1], 30, "n_layers")
+    (0, 29)
+    """
+    if chosen is None:
+        return tuple(range(size))
+    bad = [i for i in chosen if not -size <= i < size]
+    if bad:
+        raise GeometryError(
+            f"{name}: {bad} out of range; the model has {size} {name} (cfg.{cfg_field}), use indices 0..{size - 1} "
+            f"(or -{size}..-1, counted from the end)"
+        )
+    resolved = tuple(i % size for i in chosen)
+    if len(set(resolved)) != len(resolved):
+        raise GeometryError(f"{name}: {list(chosen)} name the same index twice on a model with {size} {name} "
+                            f"(they read as {list(resolved)}); name each once")
+    return resolved
+
+
 @dataclass(frozen=True)
 class GeometryConfig:
     """What `tl_geometry.run_with_geometry_hooks` analyses, and how.
@@ -60,8 +85,10 @@ class GeometryConfig:
             ``"all"`` (every real position), or a sequence of positions counted
             from the first real token of each sequence (0 is the BOS/sink);
             negative positions count from each sequence's end (-1 is its last token).
-        layers: layers to analyse (default: all).
-        heads: query heads to analyse in every analysed layer (default: all).
+        layers: layers to analyse (default: all); negative ones count from
+            the end, as in Python and TransformerLens (-1 is the last layer).
+        heads: query heads to analyse in every analysed layer (default: all);
+            negative ones count from the end likewise.
         ranking: ``"attention"`` or ``"contribution"`` (see ``selection_metrics``).
         distance: ``"euclidean"`` or ``"cosine"``.
         prepend_bos: prepend BOS when tokenising strings, so that position 0 is
@@ -74,7 +101,7 @@ class GeometryConfig:
             envelopes of Theorems 1-2), ``"taxonomy"`` (the features behind
             the Retriever / Mixer / Reset labels) and ``"chance"`` (what random
             top-N sets score, and the excess of P and R over it); ``"all"``
-            for every one.
+            for every one, ``"none"`` for none (as ``--diagnostics none``).
             The bounds grow with the square of the keys, the rest about
             linearly; `benchmarks/bench_hooks.py` measures their cost.
         settings: each diagnostic's settings, by diagnostic name: a mapping
@@ -167,9 +194,8 @@ class GeometryConfig:
         for name in ("layers", "heads"):
             value = getattr(self, name)
             if value is not None:
-                items = _int_tuple(name, value, "a sequence of non-negative integers or None (all)")
-                if min(items) < 0:
-                    raise GeometryError(f"{name}: indices must be >= 0, got {min(items)}")
+                # Negative indices count from the end, resolved against the model (capture.plan).
+                items = _int_tuple(name, value, "a sequence of integers or None (all)")
                 if len(set(items)) != len(items):
                     raise GeometryError(f"{name}: indices must be distinct, got {items}")
                 set_(self, name, items)
@@ -267,19 +293,21 @@ def _picture_heads(value: Any) -> tuple[tuple[int, int], ...]:
 
 
 def _diagnostics(value: Any) -> tuple[str, ...]:
-    """The diagnostics as a tuple in registration order; ``"all"`` means every one."""
+    """The diagnostics as a tuple in registration order; ``"all"`` means every one, ``"none"`` none (as on the CLI)."""
     from tl_geometry.diagnostics.registry import REGISTRY
 
     allowed = REGISTRY.optional_names()
     if value == "all":
         return allowed
+    if value == "none":
+        return ()
     if isinstance(value, str):
         value = (value,)  # one name, e.g. diagnostics="taxonomy"
     if not isinstance(value, Sequence):
-        raise GeometryError(f"diagnostics: expected 'all' or a sequence of names from {allowed}, got {value!r}")
+        raise GeometryError(f"diagnostics: expected 'all', 'none' or a sequence of names from {allowed}, got {value!r}")
     unknown = [item for item in value if item not in allowed]
     if unknown:
-        raise GeometryError(f"diagnostics: unknown name(s) {unknown}; choose from {allowed} or 'all'")
+        raise GeometryError(f"diagnostics: unknown name(s) {unknown}; choose from {allowed}, 'all' or 'none'")
     return tuple(name for name in allowed if name in value)
 
 

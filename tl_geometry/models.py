@@ -127,6 +127,41 @@ def bundled_model_names() -> tuple[str, ...]:
     return tuple(_BUNDLED_MODELS)
 
 
+@dataclass(frozen=True)
+class ModelShape:
+    """What a run's options are checked against before any weight loads: layers, query heads, context."""
+
+    n_layers: int
+    n_heads: int
+    n_ctx: int
+
+
+def bundled_model_shape(name: str, *, cache_dir: str | os.PathLike | None = None) -> ModelShape | None:
+    """Layers, query heads and context (``n_ctx`` of the bridge `load_model` returns) of a bundled model,
+    without loading its weights; None for other names, or when neither source below is at hand.
+
+    Read from the ``config.json`` of its float32 export, which the cache
+    holds after the first load. (Reading the GGUF header instead took 39 s
+    with the ``gguf`` package, which parses the whole vocabulary: longer
+    than the load it would spare.) The command line checks ``--layers``,
+    ``--heads`` and ``--context`` against it, so that a bad value is refused
+    before the model loads instead of after.
+
+    >>> bundled_model_shape("smollm2-135m")  # doctest: +SKIP
+    ModelShape(n_layers=30, n_heads=9, n_ctx=8192)
+    """
+    if name not in _BUNDLED_MODELS:
+        return None
+    cache_root = model_cache_dir(cache_dir)
+    try:
+        config = json.loads((cache_root / "models" / name / "config.json").read_text())
+        config = config.get("text_config", config)  # a multimodal export keeps the language model's apart
+        return ModelShape(int(config["num_hidden_layers"]), int(config["num_attention_heads"]),
+                          int(config["max_position_embeddings"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # no export yet: the options are checked once the model has loaded, as for any model
+
+
 def load_model(
     name: str = DEFAULT_MODEL,
     *,

@@ -32,6 +32,7 @@ from torch import Tensor
 from tl_geometry.analysis.correlation import spearman
 from tl_geometry.diagnostics.selection import F_SCORE
 from tl_geometry.errors import GeometryError
+from tl_geometry.results.display import field_summary
 from tl_geometry.results.interventions import ALL, InterventionResult
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.results.select import nanquantile
@@ -121,6 +122,12 @@ class EffectiveSetSize:
     mode: str
     max_n: int
     sweeps: tuple[InterventionResult, ...]
+
+    def __repr__(self) -> str:  # a line per field, not every replicate
+        return field_summary(self, 'n_star.sel(0.05, layer=..., head=...); n_star.n_star is [tau, layer, head]').text()
+
+    def _repr_html_(self) -> str:
+        return field_summary(self, 'n_star.sel(0.05, layer=..., head=...); n_star.n_star is [tau, layer, head]').html()
 
     def sel(self, tau: float = 0.05, *, layer: int | None = None, head: int | None = None) -> Tensor:
         """N*_tau by unit labels (-1: the all-layer / all-head unit)."""
@@ -220,6 +227,12 @@ class GeometryFunctionCorrelation:
     x: Tensor
     y: Tensor
     units: tuple[tuple[int, int], ...]
+
+    def __repr__(self) -> str:  # a line per field, not every unit's values
+        return field_summary(self, "correlation.rho is [n]; correlation.x and .y the units' values").text()
+
+    def _repr_html_(self) -> str:
+        return field_summary(self, "correlation.rho is [n]; correlation.x and .y the units' values").html()
 
 
 def _unit_geometry(geometry: Tensor, geometry_layers: Sequence[int], geometry_heads: Sequence[int],

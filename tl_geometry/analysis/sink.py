@@ -40,6 +40,7 @@ from tl_geometry.diagnostics.assumptions import RHO0
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.selection import RECALL
 from tl_geometry.errors import GeometryError
+from tl_geometry.results.display import field_summary
 from tl_geometry.results.result import GeometryResult
 
 Pairing = Literal["heads"]
@@ -81,6 +82,12 @@ class SinkRecallCorrelation:
     over: str
     confidence: float
     n_bootstrap: int
+
+    def __repr__(self) -> str:  # a line per field, not every N of every tensor
+        return field_summary(self, "correlation.pearson is [n], at the N of correlation.n_grid").text()
+
+    def _repr_html_(self) -> str:
+        return field_summary(self, "correlation.pearson is [n], at the N of correlation.n_grid").html()
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -454,6 +454,16 @@ class HeadTaxonomy:
     config: TaxonomyConfig = field(default_factory=TaxonomyConfig)
     missing: tuple[str, ...] = ()
 
+    def __repr__(self) -> str:  # a summary, not every tensor (see tl_geometry.analysis.taxonomy_summary)
+        from tl_geometry.analysis.taxonomy_summary import taxonomy_summary
+
+        return taxonomy_summary(self).text()
+
+    def _repr_html_(self) -> str:
+        from tl_geometry.analysis.taxonomy_summary import taxonomy_summary
+
+        return taxonomy_summary(self).html()
+
     def label_names(self) -> list[list[str]]:
         """The labels as names, ``[layer][head_index]``."""
         return [[REGIMES[i] for i in row] for row in self.labels.tolist()]

@@ -30,6 +30,33 @@ def _index(name: str, value: int, size: int) -> int:
     return value % size
 
 
+def _held_layers(cache: Any) -> list[int]:
+    """The layers whose attention pattern the cache holds (empty if its names cannot be listed)."""
+    try:
+        names = list(cache.keys())
+    except (AttributeError, TypeError):
+        return []
+    parts = [name.split(".") for name in names if isinstance(name, str)]
+    return sorted(int(p[1]) for p in parts if len(p) == 4 and p[0] == "blocks" and p[1].isdigit()
+                  and p[2:] == ["attn", "hook_pattern"])
+
+
+def _layer(cache: Any, layer: Any) -> int:
+    """The layer as TransformerLens reads it (negative from the end); GeometryError when out of the model's range."""
+    if isinstance(layer, bool) or not isinstance(layer, int):
+        raise GeometryError(f"layer: expected an integer layer index, got {layer!r}")
+    n_layers = getattr(getattr(getattr(cache, "model", None), "cfg", None), "n_layers", None)
+    if not isinstance(n_layers, int):  # a plain mapping: no model to count layers by
+        if layer < 0:
+            raise GeometryError(f"layer: {layer} counts from the end, but the cache has no model (cache.model) to "
+                                "count its layers; pass a layer index >= 0")
+        return layer
+    if not -n_layers <= layer < n_layers:
+        raise GeometryError(f"layer: {layer} is out of range; the model has {n_layers} layers (cfg.n_layers), use "
+                            f"0..{n_layers - 1} (or -{n_layers}..-1, counted from the end)")
+    return layer % n_layers
+
+
 def selection_metrics_from_cache(
     cache: Any,
     layer: int,
@@ -49,7 +76,8 @@ def selection_metrics_from_cache(
             names to tensors) holding ``blocks.{layer}.attn.hook_pattern``
             ``[batch, head, query, key]`` and ``blocks.{layer}.attn.hook_v``
             ``[batch, pos, kv_head, d_head]``.
-        layer: the layer of the query head.
+        layer: the layer of the query head (negative: from the end, as
+            TransformerLens reads ``cache["pattern", -1]``).
         head: the query head.
         query: the query position (negative counts from the end; default the last).
         batch: the sequence of the batch.
@@ -63,15 +91,18 @@ def selection_metrics_from_cache(
         SelectionMetrics with ``[n]`` fields.
 
     Raises:
-        GeometryError: a hook missing from the cache (with the names to keep),
+        GeometryError: a layer out of range (the message gives the model's
+            layers), a hook missing from the cache (with the names to keep),
             an index out of range, or shapes that do not fit together.
     """
+    layer = _layer(cache, layer)
     names = pattern_hook(layer), value_hook(layer)
     missing = [name for name in names if name not in cache]
     if missing:
         raise GeometryError(
-            f"cache: no {' or '.join(missing)}; run model.run_with_cache(tokens) without a names_filter, or with "
-            f"names_filter=lambda name: name in {list(names)}"
+            f"cache: no {' or '.join(missing)} (it holds the patterns of layers {_held_layers(cache)}); run "
+            f"model.run_with_cache(tokens) without a names_filter, or with names_filter=lambda name: name in "
+            f"{list(names)}"
         )
     pattern, values = cache[names[0]], cache[names[1]]
     if pattern.ndim != 4 or values.ndim != 4 or values.shape[:2] != (pattern.shape[0], pattern.shape[-1]):
@@ -98,5 +129,6 @@ def selection_metrics_from_cache(
             raise GeometryError(f"attention_mask: expected shape {[n_batch, n_keys]}, got {list(attention_mask.shape)}")
         visible &= attention_mask[batch].to(device=pattern.device).bool()
     alpha = pattern[batch, head, query].masked_fill(~visible, 0.0)
+    # The model's own softmax: a row need not sum to 1 over the keys an attention_mask leaves visible.
     return selection_metrics(alpha, values[batch, :, kv_head], n_grid, key_mask=visible, ranking=ranking,
-                             distance=distance)
+                             distance=distance, check_sums=False)

@@ -41,6 +41,7 @@ from torch import Tensor
 from tl_geometry._hashing import MASK32, hash32
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.capture.windows import attention_windows, visible_keys
+from tl_geometry.config import resolve_indices
 from tl_geometry.engine.context import selection_order
 from tl_geometry.errors import GeometryError
 
@@ -324,10 +325,9 @@ def topn_hooks(
     ...     logits = model(tokens)
     """
     n_layers = int(model.cfg.n_layers)
-    chosen = tuple(range(n_layers)) if layers is None else tuple(int(layer) for layer in layers)
-    bad = [layer for layer in chosen if not 0 <= layer < n_layers]
-    if bad:
-        raise GeometryError(f"layers: {bad} out of range; the model has {n_layers} layers (0..{n_layers - 1})")
+    # Negative layers count from the end, as in TransformerLens (-1: the last).
+    chosen = resolve_indices("layers", None if layers is None else [int(layer) for layer in layers], n_layers,
+                             "n_layers")
     if check:
         check_pattern_edits(model, chosen)
     windows = attention_windows(model)

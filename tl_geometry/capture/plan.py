@@ -21,7 +21,7 @@ from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.capture.rows import why_not_rows
 from tl_geometry.capture.tokens import HookableModel
 from tl_geometry.capture.windows import attention_windows
-from tl_geometry.config import GeometryConfig
+from tl_geometry.config import GeometryConfig, resolve_indices
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.registry import REGISTRY, Diagnostic
 from tl_geometry.errors import GeometryError
@@ -60,8 +60,10 @@ def plan_run(model: HookableModel, config: GeometryConfig) -> RunPlan:
     """The plan of a run of ``config`` on ``model``; GeometryError naming a layer, head or hook it cannot have."""
     layers, heads, n_heads, n_kv = _model_shape(model, config)
     diagnostics = active_diagnostics(config)
+    # The config recorded holds the indices resolved (-1 -> the last layer), so results of [-1] and [29] merge.
+    resolved = {"layers": None if config.layers is None else layers, "heads": None if config.heads is None else heads}
     return RunPlan(
-        config=replace(config, capture=capture_path(model, config.capture)),
+        config=replace(config, capture=capture_path(model, config.capture), **resolved),
         layers=layers,
         heads=heads,
         n_heads=n_heads,
@@ -100,17 +102,6 @@ def kv_head_of(heads: Int[Tensor, " head_index"], n_heads: int, n_kv_heads: int)
     return heads // (n_heads // n_kv_heads)
 
 
-def _resolve_indices(name: str, chosen: tuple[int, ...] | None, size: int, cfg_field: str) -> tuple[int, ...]:
-    if chosen is None:
-        return tuple(range(size))
-    bad = [i for i in chosen if i >= size]
-    if bad:
-        raise GeometryError(
-            f"{name}: {bad} out of range; the model has {size} {name} (cfg.{cfg_field}), use indices 0..{size - 1}"
-        )
-    return chosen
-
-
 def _model_shape(model: HookableModel, config: GeometryConfig) -> tuple[tuple[int, ...], tuple[int, ...], int, int]:
     """Layers and heads to analyse (checked against the model and its hook points), and its query and KV head counts."""
     cfg = model.cfg
@@ -118,8 +109,8 @@ def _model_shape(model: HookableModel, config: GeometryConfig) -> tuple[tuple[in
     n_kv = int(getattr(cfg, "n_key_value_heads", None) or n_heads)
     if n_heads % n_kv:
         raise GeometryError(f"model: n_heads = {n_heads} is not a multiple of n_key_value_heads = {n_kv}")
-    layers = _resolve_indices("layers", config.layers, int(cfg.n_layers), "n_layers")
-    heads = _resolve_indices("heads", config.heads, n_heads, "n_heads")
+    layers = resolve_indices("layers", config.layers, int(cfg.n_layers), "n_layers")
+    heads = resolve_indices("heads", config.heads, n_heads, "n_heads")
     _check_picture_heads(config.picture_heads, layers, heads, int(cfg.n_layers), n_heads)
     hook_dict = model.hook_dict
     for layer in layers:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from tl_geometry.errors import GeometryError
+from tl_geometry.results.display import plural
 
 PIECE_CHARS = 1 << 16
 """Characters of a text document handed to the tokenizer at a time."""
@@ -51,6 +52,12 @@ SKIP_NOT_TEXT = "records whose text column holds neither text nor token ids"
 SKIP_BAD_RECORD = "records that are not valid JSON objects"
 SKIP_UNREADABLE = "files that could not be read"
 SKIP_UNKNOWN_KIND = "files of an unknown kind"
+# Each reason for one skip, so that the summary reads "1 empty document", not "1 empty documents".
+_ONE = {SKIP_EMPTY: "empty document", SKIP_SHORT: "document shorter than the minimum window",
+        SKIP_NO_COLUMN: "record without the text column",
+        SKIP_NOT_TEXT: "record whose text column holds neither text nor token ids",
+        SKIP_BAD_RECORD: "record that is not a valid JSON object", SKIP_UNREADABLE: "file that could not be read",
+        SKIP_UNKNOWN_KIND: "file of an unknown kind"}
 
 
 @dataclass
@@ -86,11 +93,12 @@ class CorpusReport:
 
     def summary(self) -> str:
         """One line: documents, windows and what was skipped, with examples."""
-        line = f"{self.documents} documents read, {self.windows} windows used"
+        line = f"{plural(self.documents, 'document')} read, {plural(self.windows, 'window')} used"
         if self.tail_tokens:
-            line += f", {self.tail_tokens} tokens at document ends too few for a window"
+            line += f", {plural(self.tail_tokens, 'token')} at document ends too few for a window"
         if self.skipped:
-            parts = [f"{n} {reason} (e.g. {', '.join(self.examples.get(reason, []))})"
+            parts = [f"{n} {_ONE.get(reason, reason) if n == 1 else reason} (e.g. "
+                     f"{', '.join(self.examples.get(reason, []))})"
                      for reason, n in sorted(self.skipped.items())]
             line += "; skipped " + "; ".join(parts)
         return line

@@ -48,7 +48,7 @@ from tl_geometry.capture.interventions import (
 )
 from tl_geometry.capture.tokens import HookableModel, PreparedTokens, accepts_attention_mask
 from tl_geometry.capture.windows import attention_windows
-from tl_geometry.config import DEFAULT_BOOTSTRAP, GeometryConfig
+from tl_geometry.config import DEFAULT_BOOTSTRAP, GeometryConfig, resolve_indices
 from tl_geometry.engine.context import working_dtype
 from tl_geometry.engine.inputs import check_mib
 from tl_geometry.errors import GeometryError
@@ -156,12 +156,13 @@ def make_plan(
     if not grid or any(n < 1 for n in grid) or grid != sorted(set(grid)):
         raise GeometryError(f"n_grid: expected increasing distinct integers >= 1, e.g. [1, 2, 4, 8], got {grid}")
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    chosen = tuple(range(n_layers)) if layers is None else tuple(int(i) for i in layers)
-    if not chosen or any(not 0 <= i < n_layers for i in chosen):
+    if layers is not None and not len(layers):
         raise GeometryError(f"layers: expected layer indices in 0..{n_layers - 1} (cfg.n_layers = {n_layers}), got {layers!r}")
-    chosen_heads = None if heads is None else tuple(int(h) for h in heads)
-    if chosen_heads is not None and (not chosen_heads or any(not 0 <= h < n_heads for h in chosen_heads)):
+    if heads is not None and not len(heads):
         raise GeometryError(f"heads: expected head indices in 0..{n_heads - 1} (cfg.n_heads = {n_heads}), got {heads!r}")
+    # Negative indices count from the end, as in TransformerLens (-1: the last layer or head).
+    chosen = resolve_indices("layers", None if layers is None else [int(i) for i in layers], n_layers, "n_layers")
+    chosen_heads = None if heads is None else resolve_indices("heads", [int(h) for h in heads], n_heads, "n_heads")
     for layer in chosen:
         if pattern_hook(layer) not in model.hook_dict:
             raise GeometryError(f"model: no hook point {pattern_hook(layer)!r}; interventions edit each layer's pattern")

@@ -124,11 +124,12 @@ def _check_length(model: HookableModel, length: int, what: str) -> None:
 
 def _tokenize(model: HookableModel, texts: Sequence[str], prepend_bos: bool) -> tuple[Tensor, Tensor]:
     """Tokenise each text alone and right-pad: ``(tokens, real)``; empty texts are refused."""
-    empty = [i for i, text in enumerate(texts) if not text]
+    # Whitespace alone is refused too: it tokenises to a space token or two, with no text to select from.
+    empty = [i for i, text in enumerate(texts) if isinstance(text, str) and not text.strip()]
     if empty:
         raise GeometryError(
-            f"tokens: text(s) {empty[:10]} of {len(texts)} are empty strings (they would be analysed as a lone "
-            "BOS token); drop them first, e.g. [t for t in texts if t.strip()]"
+            f"tokens: text(s) {empty[:10]} of {len(texts)} are empty strings or only whitespace (they would be "
+            "analysed as a lone BOS token and spaces); drop them first, e.g. [t for t in texts if t.strip()]"
         )
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:

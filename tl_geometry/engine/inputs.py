@@ -107,6 +107,35 @@ def check_selection_inputs(
         )
 
 
+ROW_SUM_TOLERANCE = 1e-2
+"""How far from 1 a row of attention weights may sum (`check_row_sums`): weights rounded to bfloat16 (a relative
+error of at most 2^-9 each, so at most about 0.002 over a row, whatever its dtype now) pass; unnormalised scores,
+logits and rows that lost keys to a mask do not."""
+
+
+def check_row_sums(alpha: Tensor, key_mask: Tensor | None) -> None:
+    """Raise GeometryError unless every row of ``alpha`` sums to 1 over its visible keys (within the tolerance).
+
+    A row that sums to something else is not an attention distribution: its
+    top-N sets and s(N) would mean something other than the paper's. Rows with
+    no visible key are left alone (they give NaN). The inputs are checked by
+    `check_selection_inputs` first.
+    """
+    tolerance = ROW_SUM_TOLERANCE
+    weights = alpha.double() if key_mask is None else alpha.double().masked_fill(~key_mask, 0.0)
+    sums = weights.sum(-1)
+    has_keys = torch.ones_like(sums, dtype=torch.bool) if key_mask is None else key_mask.any(-1)
+    bad = has_keys & ((sums - 1).abs() > tolerance)
+    if bad.any():
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        where = f" (row {list(first)})" if first else ""
+        raise GeometryError(
+            f"alpha: {int(bad.sum())} of {bad.numel()} rows do not sum to 1 over their visible keys (tolerance "
+            f"{tolerance:g}); the first{where} sums to {float(sums[first]):.6g}. Pass post-softmax attention "
+            "(e.g. alpha / alpha.sum(-1, keepdim=True)), or check_sums=False for weights that are meant not to sum to 1"
+        )
+
+
 class Rows(NamedTuple):
     """Validated engine inputs flattened to rows, in the working dtype."""
 

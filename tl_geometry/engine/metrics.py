@@ -25,7 +25,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_geometry.engine.context import COSINE_EPS, RowCost, SelectionChunk, rows_context
-from tl_geometry.engine.inputs import NGridLike, as_rows
+from tl_geometry.engine.inputs import NGridLike, as_rows, check_row_sums
 
 DEFAULT_MEMORY_BUDGET_MIB = 128
 
@@ -244,6 +244,7 @@ def selection_metrics(
     ranking: str = "attention",
     distance: str = "euclidean",
     memory_budget_mib: int | float = DEFAULT_MEMORY_BUDGET_MIB,
+    check_sums: bool = True,
 ) -> SelectionMetrics:
     """Precision, Recall, F-scores and radii of top-N selection, for every row and N at once.
 
@@ -269,13 +270,18 @@ def selection_metrics(
         distance: ``"euclidean"`` (||s - y_i||) or ``"cosine"``
             (1 - <s, y_i> / (||s|| ||y_i|| + 1e-12)).
         memory_budget_mib: working-memory budget of one chunk of rows.
+        check_sums: refuse rows that do not sum to 1 over their visible keys
+            (within `tl_geometry.engine.inputs.ROW_SUM_TOLERANCE`, 0.01,
+            which weights rounded to bfloat16 meet); False for weights meant
+            not to sum to 1.
 
     Returns:
         SelectionMetrics with fields shaped ``[*batch, n]``.
 
     Raises:
-        GeometryError: mismatched shapes, NaN or Inf, negative weights, an
-            empty key axis, N < 1 or non-integer N, unknown ranking or distance.
+        GeometryError: mismatched shapes, NaN or Inf, negative weights, rows
+            that do not sum to 1, an empty key axis, N < 1 or non-integer N,
+            unknown ranking or distance.
 
     Example:
         >>> import torch
@@ -288,6 +294,8 @@ def selection_metrics(
         ([1.0, 0.6666666865348816, 1.0], [1.0, 0.5, 1.0])
     """
     rows = as_rows(alpha, values, n_grid, key_mask, ranking, distance, memory_budget_mib)
+    if check_sums:
+        check_row_sums(alpha, key_mask)
     context = rows_context(
         rows.alpha, rows.values, rows.key_mask, rows.grid,
         ranking=ranking, distance=distance, memory_budget_mib=float(memory_budget_mib), costs=(METRICS_COST,),

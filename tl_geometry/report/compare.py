@@ -1,9 +1,11 @@
 """Two results side by side (e.g. SmolLM2 and Gemma-3): one figure per claim of the paper, and both claims tables.
 
 The figures only draw the evidence `tl_geometry.analysis.claims` gathered for
-each claim; `compare` writes ``OUT/compare.html`` (self-contained, plotly.js
-embedded once, opens offline) and ``OUT/claims_<name>.csv`` for each result,
-committed together so that an interrupted write leaves OUT as it was.
+each claim; `compare` returns a `Comparison` (printed as the verdicts side by
+side) and, given a folder or on ``.save``, writes ``OUT/compare.html``
+(self-contained, plotly.js embedded once, opens offline) and
+``OUT/claims_<name>.csv`` for each result, committed together so that an
+interrupted write leaves OUT as it was.
 """
 
 import html
@@ -11,6 +13,7 @@ import math
 import os
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from tl_geometry.diagnostics.assumptions import DECAY_MAE, SINK_NORM_RATIO, VALU
 from tl_geometry.diagnostics.selection import PRECISION, RECALL
 from tl_geometry.errors import GeometryError
 from tl_geometry.report.scorecard import VERDICT_COLOURS
+from tl_geometry.results.display import Summary, plural
 from tl_geometry.results.files import commit_unit
 from tl_geometry.results.result import GeometryResult
 
@@ -194,36 +198,105 @@ def _load(source: object, which: str) -> GeometryResult:
     return GeometryResult.load(stem)
 
 
-def compare(a: object, b: object, out: str | os.PathLike) -> Path:
-    """Write the side-by-side comparison of two results: ``out/compare.html`` and both claims tables as CSV.
+@dataclass(frozen=True, repr=False)
+class Comparison:
+    """Two results' claims side by side: printed as a summary, shown as a table in a notebook, saved as a page.
+
+    Attributes:
+        a, b: the two results.
+        names: how the page and the tables name them (the model names, with
+            " (A)" and " (B)" when they are the same).
+        claims_a, claims_b: `tl_geometry.analysis.claims.Claim` of each, in the paper's order.
+        path: ``compare.html`` once written (`save`, or ``compare(a, b, out)``), else None.
+    """
+
+    a: GeometryResult
+    b: GeometryResult
+    names: tuple[str, str]
+    claims_a: tuple[Claim, ...]
+    claims_b: tuple[Claim, ...]
+    path: Path | None = None
+
+    def table(self) -> Any:
+        """One row per claim (index: its key): the claim and each result's verdict and value with its interval."""
+        import pandas as pd
+
+        rows = [{"claim": ca.claim, f"verdict {self.names[0]}": ca.verdict, f"value {self.names[0]}": _with_interval(ca),
+                 f"verdict {self.names[1]}": cb.verdict, f"value {self.names[1]}": _with_interval(cb)}
+                for ca, cb in zip(self.claims_a, self.claims_b)]
+        return pd.DataFrame(rows, index=pd.Index([c.key for c in self.claims_a], name="key"))
+
+    def html(self) -> str:
+        """The comparison page: per claim, both verdicts and one figure (plotly.js embedded once)."""
+        return _page(self.names, list(self.claims_a), list(self.claims_b))
+
+    def save(self, out: str | os.PathLike) -> "Comparison":
+        """Write ``out/compare.html`` and ``out/claims_<name>.csv`` for each result, committed together (files
+        already in ``out`` are kept); the comparison with `path` set."""
+        out = Path(out)
+        if out.exists() and not out.is_dir():
+            raise GeometryError(f"out: {out} is a file, not a folder; pass a folder for the comparison (it is created)")
+        page = self.html()  # everything is drawn before anything is written
+        tables = {f"claims_{_slug(name)}.csv": claims_table(rows).to_csv().encode("utf-8")
+                  for name, rows in zip(self.names, (self.claims_a, self.claims_b))}
+        out.mkdir(parents=True, exist_ok=True)
+        index = out / "compare.html"
+        with commit_unit(out) as unit:
+            unit.write(index, lambda f: f.write(page.encode("utf-8")))
+            for filename, data in tables.items():
+                unit.write(out / filename, _writer(data))
+        return replace(self, path=index)
+
+    def __fspath__(self) -> str:
+        # compare(a, b, out) returned the page's path before it returned a Comparison: open(...) still works.
+        if self.path is None:
+            raise TypeError("this comparison is not saved; call comparison.save(folder) first")
+        return str(self.path)
+
+    def _summary(self) -> Summary:
+        same = sum(ca.verdict == cb.verdict for ca, cb in zip(self.claims_a, self.claims_b))
+        rows = [(f"{label}", f"{name}: {plural(r.n_documents, 'document')}, {plural(len(r.layers), 'layer')} x "
+                             f"{plural(len(r.heads), 'head')}, {len(r.n_grid)} N")
+                for label, name, r in (("A", self.names[0], self.a), ("B", self.names[1], self.b))]
+        rows.append(("verdicts", f"the same on {same} of {len(self.claims_a)} claims (A / B below)"))
+        rows += [(ca.key, f"{ca.verdict} / {cb.verdict}") for ca, cb in zip(self.claims_a, self.claims_b)]
+        rows.append(("next", f"written to {self.path}" if self.path else
+                     "comparison.table() (values and intervals); comparison.save(folder) writes compare.html "
+                     "and both claims tables"))
+        return Summary(f"Comparison of {self.names[0]} and {self.names[1]}", tuple(rows))
+
+    def __repr__(self) -> str:
+        return self._summary().text()
+
+    def _repr_html_(self) -> str:
+        return self._summary().html()
+
+
+def compare(a: object, b: object, out: str | os.PathLike | None = None) -> Comparison:
+    """The side-by-side comparison of two results' claims; with ``out``, also written there.
 
     Args:
         a: a result, or the path of a saved result (a stem, ``.npz`` file, or a folder holding ``result``).
         b: the second result, likewise.
-        out: the output folder (created; files already in it other than the ones written are kept).
+        out: an output folder (created; files already in it other than the
+            ones written are kept): ``out/compare.html`` and ``claims_<model
+            A>.csv`` and ``claims_<model B>.csv`` (`tl_geometry.claims` of
+            each, ``evidence`` left out). None (default): nothing is written;
+            call ``.save(folder)`` later.
 
     Returns:
-        The path of ``compare.html``; beside it ``claims_<model A>.csv`` and
-        ``claims_<model B>.csv`` (`tl_geometry.claims` of each, ``evidence`` left out).
+        A `Comparison`: print it for the verdicts side by side, ``.table()``
+        for the values, ``.html()`` for the page; ``.path`` is the page once
+        written (and the comparison reads as that path, ``open(compare(a, b, out))``).
 
     Raises:
         GeometryError: a missing or unreadable result, or ``out`` is a file.
     """
-    out = Path(out)
-    if out.exists() and not out.is_dir():
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
         raise GeometryError(f"out: {out} is a file, not a folder; pass a folder for the comparison (it is created)")
     first, second = _load(a, "a"), _load(b, "b")
-    names = _names(first, second)
-    rows = claim_list(first), claim_list(second)
-    page = _page(names, *rows)  # everything is drawn before anything is written
-    tables = {f"claims_{_slug(name)}.csv": claims_table(r).to_csv().encode("utf-8") for name, r in zip(names, rows)}
-    out.mkdir(parents=True, exist_ok=True)
-    index = out / "compare.html"
-    with commit_unit(out) as unit:
-        unit.write(index, lambda f: f.write(page.encode("utf-8")))
-        for filename, data in tables.items():
-            unit.write(out / filename, _writer(data))
-    return index
+    comparison = Comparison(first, second, _names(first, second), tuple(claim_list(first)), tuple(claim_list(second)))
+    return comparison if out is None else comparison.save(out)
 
 
 def _writer(data: bytes) -> Callable:

@@ -15,6 +15,7 @@ from tl_geometry.analysis.interventions import (
     GeometryFunctionCorrelation,
     dnll_curve,
 )
+from tl_geometry.results.display import plural
 from tl_geometry.results.interventions import ALL, InterventionResult
 
 _COLOURS = {"renormalise": "#1f77b4", "delete": "#d62728"}
@@ -47,7 +48,7 @@ def dnll_vs_n_figure(sweep: InterventionResult, *, layer: int | None = None, hea
     unit = "model" if layer == ALL else (f"layer {layer}" if head == ALL else f"L{layer}H{head}")
     fig.update_layout(
         title=f"{'Relative ' if relative else ''}dNLL against N ({unit}, {sweep.ranking} ranking, "
-              f"{sweep.n_documents} windows)",
+              f"{plural(sweep.n_documents, 'window')})",
         xaxis=dict(title="N (keys kept per row)", type="log"),
         yaxis=dict(title="dNLL / NLL(clean)" if relative else "dNLL (nats)", type="log" if relative else "linear"),
         height=480,

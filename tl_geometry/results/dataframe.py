@@ -51,13 +51,14 @@ def _chosen(result: Any, fields: Sequence[str] | str | None) -> list[str]:
     return names
 
 
-def _index_columns(result: Any, axes: tuple[str, ...], shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+def _index_columns(result: Any, axes: tuple[str, ...], shape: tuple[int, ...],
+                   axis_columns: tuple[str, ...] = AXIS_COLUMNS) -> dict[str, np.ndarray]:
     """layer, head and the axis columns for every element of a ``[layer, head_index, *trailing]`` array (C order)."""
     grids = np.indices(shape).reshape(len(shape), -1)
     out = {"layer": np.asarray(result.layers, dtype=np.int64)[grids[0]],
            "head": np.asarray(result.heads, dtype=np.int64)[grids[1]]}
     labels = {"n": result.n_grid.numpy().astype(np.float64)}
-    for column in AXIS_COLUMNS:
+    for column in axis_columns:
         if column in axes:
             index = grids[2 + axes.index(column)]
             out[column] = labels[column][index] if column in labels else index.astype(np.float64)
@@ -70,13 +71,16 @@ def _flat(t: torch.Tensor, dtype: Any = np.float64) -> np.ndarray:
     return t.detach().cpu().numpy().reshape(-1).astype(dtype)
 
 
-def to_dataframe(result: Any, fields: Sequence[str] | str | None = None, level: float = 0.95) -> Any:
+def to_dataframe(result: Any, fields: Sequence[str] | str | None = None, level: float = 0.95,
+                 axis_columns: tuple[str, ...] = AXIS_COLUMNS) -> Any:
     """The long table of a result's statistics (see the module docs for the columns).
 
     Args:
-        result: a GeometryResult.
+        result: a GeometryResult or an InterventionResult.
         fields: the fields to include (default: all).
         level: coverage of the bootstrap interval.
+        axis_columns: the trailing-axis columns (an intervention sweep's are
+            ``("n", "control")``: the random control's index).
 
     Returns:
         A ``pandas.DataFrame``.
@@ -86,17 +90,17 @@ def to_dataframe(result: Any, fields: Sequence[str] | str | None = None, level: 
     for name in _chosen(result, fields):
         spec = result.spec(name)
         mean = result.per_head(name)
-        columns = _index_columns(result, spec.axes, tuple(mean.shape))
+        columns = _index_columns(result, spec.axes, tuple(mean.shape), axis_columns)
         columns["mean"] = _flat(mean)
         columns["std"] = _flat(result.std(name)) if spec.documents == "moments" else np.full(mean.numel(), np.nan)
         columns["count"] = _flat(result.count(name), np.int64)
         if result.has_replicates(name):
-            low, high = result.ci(name, level)
+            low, high = result.ci(name, level=level)
             columns["ci_low"], columns["ci_high"] = _flat(low), _flat(high)
         else:
             columns["ci_low"] = columns["ci_high"] = np.full(mean.numel(), np.nan)
         frames.append(pd.DataFrame({"field": name, **columns}))
-    return _joined(pd, frames, ["field", "layer", "head", *AXIS_COLUMNS, *STAT_COLUMNS])
+    return _joined(pd, frames, ["field", "layer", "head", *axis_columns, *STAT_COLUMNS])
 
 
 def queries_dataframe(result: Any, fields: Sequence[str] | str | None = None) -> Any:

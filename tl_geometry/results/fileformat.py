@@ -28,7 +28,7 @@ from tl_geometry.config import GeometryConfig
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.errors import GeometryError
 from tl_geometry.results import legacy
-from tl_geometry.results.files import Unit, commit_unit, committed_path
+from tl_geometry.results.files import Unit, commit_unit, committed_path, json_text
 from tl_geometry.results.pictures import ARRAYS as PICTURE_ARRAYS
 from tl_geometry.results.pictures import SelectionPicture
 from tl_geometry.results.storage import (
@@ -88,7 +88,7 @@ def stage(unit: Unit, result: Any, path: str | os.PathLike) -> tuple[Path, Path]
         "pictures": [{**p.metadata(), "n_keys": p.n_keys, "d_head": int(p.y.shape[-1])} for p in result.pictures],
         "npz_sha256": sha256(unit.staged[npz_path]),
     }
-    text = json.dumps(meta, indent=2, sort_keys=True)
+    text = json_text(meta, indent=2, sort_keys=True)
     unit.write(json_path, lambda f: f.write(text.encode()))
     return npz_path, json_path
 

@@ -35,6 +35,26 @@ from typing import IO, Any
 
 from tl_geometry.errors import GeometryError
 
+def json_text(data: Any, **options: Any) -> str:
+    """``json.dumps`` of ``data`` as strict JSON: NaN and +-inf written as ``null`` (which every JSON parser reads;
+    bare ``NaN`` is Python's extension, refused by browsers' ``JSON.parse`` and by ``jq``). Tensors and NumPy
+    arrays are written as lists. Options go to ``json.dumps``."""
+    import math
+
+    def strict(x: Any) -> Any:
+        if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):  # a tensor, array or NumPy scalar
+            x = x.tolist()
+        if isinstance(x, float):
+            return x if math.isfinite(x) else None
+        if isinstance(x, dict):
+            return {k: strict(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [strict(v) for v in x]
+        return x
+
+    return json.dumps(strict(data), allow_nan=False, **options)
+
+
 try:
     import fcntl
 except ImportError:  # Windows: msvcrt's byte-range lock is also dropped when its process dies

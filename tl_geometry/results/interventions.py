@@ -35,6 +35,7 @@ from torch import Tensor
 
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.errors import GeometryError
+from tl_geometry.results.display import Summary, names, plural, ranges, short_list
 from tl_geometry.results.fileformat import (
     FORMAT_VERSION,
     array_limits,
@@ -49,7 +50,7 @@ from tl_geometry.results.fileformat import (
 )
 from tl_geometry.results.stats import FieldStats
 from tl_geometry.results.table import StatisticsTable, check_level, percentile_ci
-from tl_geometry.results.files import commit_unit
+from tl_geometry.results.files import commit_unit, json_text
 from tl_geometry.results.storage import read_npz, sha256, stats_arrays
 
 ALL = -1
@@ -93,7 +94,7 @@ def sweep_specs(modes: Sequence[str], n_controls: int) -> list[FieldSpec]:
     return specs
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)  # repr: a summary (StatisticsTable.__repr__), not every replicate
 class InterventionResult(StatisticsTable):
     """dNLL statistics of a top-N sweep over documents, per scope unit, mode, N and control.
 
@@ -155,26 +156,105 @@ class InterventionResult(StatisticsTable):
             out = out / self._replicate_means(CLEAN_FIELD.name, keep)[..., None]
         return out
 
-    def ci(self, mode: str, *, relative: bool = False, control: bool = False, level: float = 0.95) -> tuple[Tensor, Tensor]:
-        """Percentile bootstrap interval of mean (relative) dNLL, ``(low, high)`` each ``[layer, head_index, n]``."""
-        check_level(level)
-        return percentile_ci(self.replicates(mode, relative=relative, control=control), level)
+    def ci(self, what: str, *, relative: bool = False, control: bool = False,
+           level: float = 0.95) -> tuple[Tensor, Tensor]:
+        """Percentile bootstrap interval, ``(low, high)`` each ``[layer, head_index, ...]``.
 
-    def sel(self, mode: str, *, layer: int | None = None, head: int | None = None, n: int | None = None,
-            relative: bool = False, control: bool = False) -> Tensor:
-        """Mean (relative) dNLL indexed by layer label, head label and N value (-1: the all-layer/head unit)."""
-        t = self.relative(mode, control=control) if relative else self.dnll(mode, control=control)
+        Args:
+            what: a mode (the interval of its mean dNLL, or of the relative
+                dNLL, or of the controls' mean dNLL, ``[layer, head_index, n]``)
+                or a field that keeps replicates (``"nll_clean"``,
+                ``"dnll_delete"``, ...), as `GeometryResult.ci` reads a field.
+            relative: for a mode only: the interval of the relative dNLL.
+            control: for a mode only: the interval of the controls' mean dNLL.
+            level: coverage in (0, 1).
+        """
+        check_level(level)
+        if what in self.stats:
+            self._no_mode_options(what, relative, control)
+            return percentile_ci(self._replicate_means(what, "run the sweep with n_bootstrap > 0"), level)
+        return percentile_ci(self.replicates(what, relative=relative, control=control), level)
+
+    def sel(self, what: str, *, layer: int | Sequence[int] | None = None, head: int | Sequence[int] | None = None,
+            n: int | Sequence[int] | None = None, relative: bool = False, control: bool = False,
+            stat: str = "mean") -> Tensor:
+        """A statistic indexed by layer label, head label and N value (-1: the all-layer/head unit).
+
+        Args:
+            what: a mode (its mean dNLL, relative with ``relative=True``, of
+                the random controls with ``control=True``) or a field name
+                (``"nll_clean"``, ``"dnll_delete_random"``, ...; ``stat``
+                ``"mean"``, ``"std"`` or ``"count"``), as `GeometryResult.sel`.
+            layer: a layer label (drops the axis), a list of them (keeps it), or None (all).
+            head: a head label, a list of them, or None, likewise.
+            n: an N value of the grid, a list of them, or None, likewise.
+            relative: for a mode: the relative dNLL (dNLL / clean NLL).
+            control: for a mode: the mean dNLL of the random controls.
+            stat: for a field: ``"mean"``, ``"std"`` or ``"count"``.
+
+        Example: ``sweep.sel("delete", layer=-1, head=-1, n=4)`` is 0-d;
+        ``sweep.sel("dnll_delete_random", n=4)`` is ``[layer, head_index, control]``.
+        """
+        if what in self.stats:
+            self._no_mode_options(what, relative, control)
+            getter = {"mean": self.per_head, "std": self.std, "count": self.count}
+            if stat not in getter:
+                raise GeometryError(f"stat: expected one of {tuple(getter)}, got {stat!r}")
+            return self._select(getter[stat](what), self.spec(what).axes, layer, head, n)
+        if stat != "mean":
+            raise GeometryError(f"stat: a mode gives the mean dNLL; for {stat!r} name a field, e.g. "
+                                f"sweep.sel({dnll_spec(what).name!r}, stat={stat!r})")
+        t = self.relative(what, control=control) if relative else self.dnll(what, control=control)
         return self._select(t, ("n",), layer, head, n)
+
+    def _no_mode_options(self, name: str, relative: bool, control: bool) -> None:
+        if relative or control:
+            raise GeometryError(f"{name!r} is a field: relative= and control= apply to a mode {list(self.modes)}; "
+                                "name the field you want instead (e.g. 'dnll_delete_random_mean')")
+
+    def to_dataframe(self, fields: Sequence[str] | str | None = None, level: float = 0.95) -> Any:
+        """A pandas long table, as `GeometryResult.to_dataframe`: field, layer, head, n, control, mean, std, count,
+        ci_low, ci_high (layer or head -1: the unit of every layer or head; control NaN for fields without one)."""
+        from tl_geometry.results.dataframe import to_dataframe
+
+        return to_dataframe(self, fields, level, axis_columns=("n", "control"))
 
     def describe(self) -> str:
         """A few lines: scope, units, grid, documents, clean NLL and fields."""
         lines = [
             (f"{self.model_name}: top-N sweep, scope={self.scope!r}, ranking={self.ranking!r}, modes={list(self.modes)}, "
              f"{self.n_controls} random controls; {len(self.layers)} x {len(self.heads)} units, N = {self.n_grid.tolist()}"),
-            f"  {self.n_documents} documents, {self.n_tokens} tokens, clean NLL {self.nll_clean():.4f} nats",
+            f"  {plural(self.n_documents, 'document')}, {plural(self.n_tokens, 'token')}, "
+            f"clean NLL {self.nll_clean():.4f} nats",
         ]
         lines += [f"  {name} [{', '.join(('layer', 'head_index', *s.spec.axes))}]: {s.spec.doc}" for name, s in self.stats.items()]
         return "\n".join(lines)
+
+    def _summary(self) -> Summary:
+        def labels(values: tuple[int, ...], what: str) -> str:
+            return f"all {what}s at once" if values == (ALL,) else f"{what}s {ranges(values)}"
+
+        heads = "all heads" if self.intervened_heads is None else f"heads {ranges(self.intervened_heads)}"
+        mode, layer, head = self.modes[0], self.layers[0], self.heads[0]
+        n = int(self.n_grid[0])
+        units = len(self.layers) * len(self.heads)
+        rows = [
+            ("model", self.model_name),
+            ("sample", f"{plural(self.n_documents, 'document')}, {plural(self.n_tokens, 'token')}; "
+                       f"clean NLL {self.nll_clean():.4f} nats"),
+            ("sweep", f"scope={self.scope!r}, ranking={self.ranking!r}, modes={list(self.modes)}, "
+                      f"{plural(self.n_controls, 'random control')}, seed {self.seed}"),
+            ("units", f"{plural(units, 'unit')}: {labels(self.layers, 'layer')} x {labels(self.heads, 'head')}"),
+            ("intervened", f"layers {ranges(self.intervened_layers)}; {heads}"),
+            ("N grid", f"{plural(len(self.n_grid), 'value')}: {short_list(self.n_grid.tolist())}"),
+            ("fields", f"{len(self.stats)}: " + names(list(self.stats), 6, "result.describe()")),
+            ("bootstrap", f"{self.n_bootstrap} replicates (result.ci)" if self.n_bootstrap else
+                          "none (n_bootstrap=0: no intervals)"),
+            ("read", f"result.sel({mode!r}, layer={layer}, head={head}, n={n}); result.dnll({mode!r}) is "
+                     f"[layer, head, n]; result.relative({mode!r}); result.to_dataframe()"),
+            ("next", "tl_geometry.interventions.effective_set_size; result.save(path)"),
+        ]
+        return Summary(f"InterventionResult of {self.model_name}", tuple(rows))
 
     # ---- merging and joining ----
 
@@ -248,7 +328,7 @@ class InterventionResult(StatisticsTable):
                         "replicates": s.n_replicates} for s in self.stats.values()],
             "npz_sha256": npz_sha256,
         }
-        return json.dumps(meta, indent=2, sort_keys=True)
+        return json_text(meta, indent=2, sort_keys=True)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "InterventionResult":

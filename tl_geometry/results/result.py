@@ -49,6 +49,7 @@ from tl_geometry.engine.metrics import METRIC_NAMES
 from tl_geometry.errors import GeometryError
 from tl_geometry.results import fileformat, provenance
 from tl_geometry.results.accumulators import Accumulator
+from tl_geometry.results.display import Summary, names, plural, ranges, short_list
 from tl_geometry.results.pictures import SelectionPicture, pick
 from tl_geometry.results.provenance import STAMPED, package_versions
 from tl_geometry.results.queries import check_rows, join_rows
@@ -62,7 +63,7 @@ STATS = ("mean", "std", "sem", "count", "min", "max")
 
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)  # repr: a summary (StatisticsTable.__repr__), not every tensor
 class GeometryResult(StatisticsTable):
     """Statistics of every field over the documents analysed, per layer and head.
 
@@ -96,6 +97,7 @@ class GeometryResult(StatisticsTable):
 
     Example (two documents, layer 5, heads 0 and 2, N in {1, 4}):
         >>> from tl_geometry.results.accumulators import Accumulator
+from tl_geometry.results.display import Summary, names, plural, ranges, short_list
         >>> acc = Accumulator([FieldSpec("recall", "R(r_min, N)", axes=("n",))], layers=(5,), heads=(0, 2),
         ...                   n_grid=torch.tensor([1, 4]))
         >>> recall = torch.tensor([[[[1.0, 0.5], [1.0, 0.25]]], [[[0.0, 0.5], [1.0, 0.75]]]])
@@ -183,34 +185,6 @@ class GeometryResult(StatisticsTable):
         """Documents (sequences, windows) analysed: `n_documents` under the name the report prints."""
         return self.n_documents
 
-    def spec(self, name: FieldName) -> FieldSpec:
-        """The declaration of field ``name``."""
-        return self._stats(name).spec
-
-    def _moments(self, name: FieldName, what: str) -> FieldStats:
-        s = self._stats(name)
-        if s.spec.documents != "moments":
-            raise GeometryError(
-                f"{what}: field {s.spec.name!r} is declared with documents={s.spec.documents!r} (count and sum only), so "
-                "its spread over documents was not kept; only its mean and count are available"
-            )
-        return s
-
-    def per_head(self, name: FieldName) -> Float[Tensor, "layer head_index *rest"]:
-        """Mean of field ``name`` over documents, ``[layer, head_index, ...]`` (float64).
-
-        NaN where no document defined it; +inf kept (as ``torch.nanmean`` does).
-        """
-        return self._stats(name).mean()
-
-    def count(self, name: FieldName) -> Int[Tensor, "layer head_index *rest"]:
-        """Documents where field ``name`` is defined, ``[layer, head_index, ...]``."""
-        return self._stats(name).count.clone()
-
-    def std(self, name: FieldName) -> Float[Tensor, "layer head_index *rest"]:
-        """Sample standard deviation over documents (ddof = 1); NaN with fewer than 2 documents."""
-        return self._moments(name, "std").std()
-
     def sem(self, name: FieldName) -> Float[Tensor, "layer head_index *rest"]:
         """Standard error of the mean over documents, std / sqrt(count)."""
         s = self._moments(name, "sem")
@@ -223,10 +197,6 @@ class GeometryResult(StatisticsTable):
     def max(self, name: FieldName) -> Float[Tensor, "layer head_index *rest"]:
         """Largest per-document value (NaN where none)."""
         return self._moments(name, "max").maximum.double()
-
-    def has_replicates(self, name: FieldName) -> bool:
-        """Whether field ``name`` kept bootstrap replicates (so that `ci` and `replicates` work)."""
-        return bool(self._stats(name).n_replicates)
 
     def replicates(self, name: FieldName) -> Float[Tensor, "replicate layer head_index *rest"]:
         """The Poisson-bootstrap replicate means of field ``name``, ``[replicate, layer, head_index, ...]``.
@@ -291,13 +261,43 @@ class GeometryResult(StatisticsTable):
 
     def describe(self) -> str:
         """One line per field: name, trailing axes, what is kept over documents, and its doc."""
-        lines = [f"{self.model_name}: {self.n_documents} documents, {self.n_tokens} tokens, "
-                 f"{len(self.layers)} layers x {len(self.heads)} heads, {len(self.n_grid)} N"]
+        lines = [f"{self.model_name}: {plural(self.n_documents, 'document')}, {plural(self.n_tokens, 'token')}, "
+                 f"{plural(len(self.layers), 'layer')} x {plural(len(self.heads), 'head')}, {len(self.n_grid)} N"]
         for name, s in self.stats.items():
             axes = ", ".join(("layer", "head_index", *s.spec.axes))
             extra = f", {s.n_replicates} replicates" if s.n_replicates else ""
             lines.append(f"  {name} [{axes}] {s.spec.documents}{extra}: {s.spec.doc}")
         return "\n".join(lines)
+
+    def _summary(self) -> Summary:
+        c = self.config
+        queries = c.query_positions if isinstance(c.query_positions, str) else list(c.query_positions)
+        sample = f"{plural(self.n_documents, 'document')}, {plural(self.n_tokens, 'token')}; query rows: {queries!r}"
+        if self.queries is not None:
+            sample += f" ({int((self.query_positions >= 0).sum())} kept per query, result.queries_dataframe())"
+        kept = [name for name, s in self.stats.items() if s.n_replicates]
+        layer, head, n = self.layers[0], self.heads[0], int(self.n_grid[min(3, len(self.n_grid) - 1)])
+        rows = [
+            ("model", self.model_name),
+            ("sample", sample),
+            ("heads", f"{plural(len(self.layers), 'layer')} x {plural(len(self.heads), 'head')} "
+                      f"(layers {ranges(self.layers)}; heads {ranges(self.heads)})"),
+            ("N grid", f"{plural(len(self.n_grid), 'value')}: {short_list(self.n_grid.tolist())}"),
+            ("measured", f"distance={c.distance!r}, ranking={c.ranking!r}, capture={c.capture!r}, "
+                         f"diagnostics={list(c.diagnostics)}"),
+            ("fields", f"{len(self.stats)}: " + names(list(self.stats), more="result.describe()")),
+            ("bootstrap", f"{self.n_bootstrap} replicates of {names(kept, 4)} (result.ci)" if kept else
+                          "none (n_bootstrap=0: no intervals)"),
+        ]
+        if self.pictures:
+            rows.append(("pictures", ", ".join(f"{p.layer}.{p.head}" for p in self.pictures) + " (result.picture)"))
+        rows += [
+            ("read", f"result.sel('precision', layer={layer}, head={head}, n={n}); result.precision is "
+                     "[layer, head, n]; result.to_dataframe()" + (f"; result.ci({kept[0]!r})" if kept else "")),
+            ("next", "tl_geometry.claims(result); tl_geometry.classify_heads(result) (with diagnostics=['taxonomy']); "
+                     "result.save(path)"),
+        ]
+        return Summary(f"GeometryResult of {self.model_name}", tuple(rows))
 
     @property
     def profile_fit(self) -> ProfileFit:

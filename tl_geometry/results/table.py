@@ -17,6 +17,7 @@ from torch import Tensor
 
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.errors import GeometryError
+from tl_geometry.results.display import Summary
 from tl_geometry.results.select import nanquantile, take
 from tl_geometry.results.stats import FieldStats, merge_stats, same_values
 
@@ -55,6 +56,16 @@ class StatisticsTable:
     n_tokens: int
     kind: ClassVar[str] = "result"  # how messages name the table
 
+    def _summary(self) -> Summary:
+        raise NotImplementedError  # each result kind says what a reader needs first
+
+    def __repr__(self) -> str:
+        # A summary, not every tensor (the dataclass default printed ~180,000 characters for one prompt).
+        return self._summary().text()
+
+    def _repr_html_(self) -> str:
+        return self._summary().html()
+
     @property
     def fields(self) -> tuple[str, ...]:
         """Names of the fields held, in declaration order."""
@@ -70,6 +81,40 @@ class StatisticsTable:
         if name not in self.stats:
             raise GeometryError(f"unknown field {name!r}; this {self.kind} has {sorted(self.stats)}")
         return self.stats[name]
+
+    # ---- one way to read a field of every result kind: its declaration, mean, count, spread, replicates ----
+
+    def spec(self, name: FieldName) -> FieldSpec:
+        """The declaration of field ``name``."""
+        return self._stats(name).spec
+
+    def _moments(self, name: FieldName, what: str) -> FieldStats:
+        s = self._stats(name)
+        if s.spec.documents != "moments":
+            raise GeometryError(
+                f"{what}: field {s.spec.name!r} is declared with documents={s.spec.documents!r} (count and sum only), so "
+                "its spread over documents was not kept; only its mean and count are available"
+            )
+        return s
+
+    def per_head(self, name: FieldName) -> Float[Tensor, "layer head_index *rest"]:
+        """Mean of field ``name`` over documents, ``[layer, head_index, ...]`` (float64).
+
+        NaN where no document defined it; +inf kept (as ``torch.nanmean`` does).
+        """
+        return self._stats(name).mean()
+
+    def count(self, name: FieldName) -> Int[Tensor, "layer head_index *rest"]:
+        """Documents where field ``name`` is defined, ``[layer, head_index, ...]``."""
+        return self._stats(name).count.clone()
+
+    def std(self, name: FieldName) -> Float[Tensor, "layer head_index *rest"]:
+        """Sample standard deviation over documents (ddof = 1); NaN with fewer than 2 documents."""
+        return self._moments(name, "std").std()
+
+    def has_replicates(self, name: FieldName) -> bool:
+        """Whether field ``name`` kept bootstrap replicates (so that `ci` and `replicates` work)."""
+        return bool(self._stats(name).n_replicates)
 
     def _replicate_means(self, name: FieldName, how_to_keep: str) -> Float[Tensor, "replicate layer head_index *rest"]:
         s = self._stats(name)

@@ -1,0 +1,46 @@
+"""The short summary a `HeadTaxonomy` prints and shows in a notebook (its ``__repr__`` and ``_repr_html_``).
+
+Kept out of `tl_geometry.analysis.taxonomy` (the rules) so that the summary
+can change without touching them.
+"""
+
+from typing import Any
+
+import torch
+
+from tl_geometry.results.display import Summary, plural, ranges, short_list
+
+
+def taxonomy_summary(taxonomy: Any) -> Summary:
+    """Heads per label, the most and least certain heads, and what to call next, in at most 25 lines."""
+    from tl_geometry.analysis.taxonomy import REGIMES, UNCERTAIN
+
+    labels = taxonomy.labels
+    counts = torch.bincount(labels.flatten(), minlength=len(REGIMES)).tolist()
+    n_layers, n_heads = len(taxonomy.layers), len(taxonomy.heads)
+    rows = [
+        ("heads", f"{plural(n_layers, 'layer')} x {plural(n_heads, 'head')} (layers {ranges(taxonomy.layers)}; "
+                  f"heads {ranges(taxonomy.heads)})"),
+        ("N grid", f"{plural(len(taxonomy.n_grid), 'value')}: {short_list(taxonomy.n_grid.tolist())}"),
+        ("labels", ", ".join(f"{plural(c, REGIMES[k] + ' head')}" for k, c in enumerate(counts) if c)),
+    ]
+    # The surest head of each named label, so that a reader has one to look at per role.
+    margin = taxonomy.margin.nan_to_num(-1.0)
+    examples = []
+    for k, regime in enumerate(REGIMES):
+        if k == UNCERTAIN or not counts[k]:
+            continue
+        flat = torch.where(labels.flatten() == k, margin.flatten(), -2.0).argmax()
+        i, j = divmod(int(flat), n_heads)
+        examples.append(f"{regime} {taxonomy.layers[i]}.{taxonomy.heads[j]} (margin {float(margin[i, j]):.2f})")
+    if examples:
+        rows.append(("surest", "; ".join(examples)))
+    rows.append(("features", f"{len(taxonomy.features)} role features (taxonomy.features), "
+                             "precision and recall [layer, head, n]"))
+    layer, head = taxonomy.layers[0], taxonomy.heads[0]
+    rows += [
+        ("read", f"taxonomy.describe({layer}, {head}); taxonomy.table() (one row per head); "
+                 "taxonomy.counts_by_layer()"),
+        ("next", "taxonomy.curves_by_regime('precision'); the report's head-roles section"),
+    ]
+    return Summary("HeadTaxonomy", tuple(rows))
