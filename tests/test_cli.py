@@ -67,7 +67,7 @@ def test_mechanism_prompts_0_leaves_the_check_out(tmp_path, capsys):
                  "--out", str(tmp_path / "no-check")]) == 0
     assert "checking the head roles" not in capsys.readouterr().out
     page = (tmp_path / "no-check" / "index.html").read_text()
-    assert "What kind of head is L.H?" in page and "Induction score" not in page and "No detector cross-tab" in page
+    assert "What kind of head is each one?" in page and "Induction score" not in page and "No detector cross-tab" in page
 
 
 def test_negative_mechanism_prompts_is_refused_before_the_model_loads(tmp_path, capsys):

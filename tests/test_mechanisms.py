@@ -67,7 +67,7 @@ def test_known_mechanisms_and_their_report_section():
     expected = sum(natural.taxonomy.subtype(layer, head) == "previous-token" for layer, head in natural.top_heads("previous_token"))
     assert natural.matches("previous_token") == expected
     page = roles_html(natural.taxonomy, checks)
-    assert "What kind of head is L.H?" in page and "Induction score" in page and "Every head" in page
+    assert "What kind of head is each one?" in page and "Induction score" in page and "Every head" in page
     assert "natural text, 2 prompts" in page and "repeated twice, 2 prompts" in page
     assert "No detector cross-tab" in roles_html(natural.taxonomy, None)
     rows = [SensitivityRow("margin", 0.45, 3, (1, 0, 2, 4, 1))]

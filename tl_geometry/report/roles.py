@@ -1,4 +1,4 @@
-"""The report's "What kind of head is L.H?" section: roles, their probabilities, and the known mechanisms."""
+"""The report's "What kind of head is each one?" section: roles, their probabilities, and the known mechanisms."""
 
 import html
 from collections.abc import Mapping, Sequence
@@ -87,13 +87,13 @@ def roles_html(
 ) -> str:
     """The section, or a note saying which option adds it (no taxonomy features)."""
     if roles is None:
-        return ("<section id='head-roles'><h2>What kind of head is L.H?</h2><p class='note'>No roles: analyse with "
+        return ("<section id='head-roles'><h2>What kind of head is each one?</h2><p class='note'>No roles: analyse with "
                 "the 'taxonomy' diagnostic (the tl-geometry default).</p></section>")
     counts = role_counts(roles)
     n_heads = roles.labels.numel()
     count_row = "".join(f"<td>{counts[r]}</td>" for r in REGIMES)
     parts = [
-        "<section id='head-roles'><h2>What kind of head is L.H?</h2>",
+        "<section id='head-roles'><h2>What kind of head is each one?</h2>",
         f"<p class='how'>{INTRO.format(margin=roles.config.margin)}</p>",
         "<table><thead><tr>" + "".join(f"<th>{r}</th>" for r in REGIMES) + f"</tr></thead><tbody><tr>{count_row}"
         f"</tr></tbody></table><p class='how'>{n_heads} heads. The head panel below describes the head you pick; "
