@@ -98,22 +98,31 @@ from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.selection import PRECISION, RECALL, S_NORM
 from tl_geometry.diagnostics.taxonomy import (
     ALIGN_SELF_EXCESS,
+    ATTENTION_AT_LAG,
     CONTRIBUTION_BY_POSITION,
     CONTRIBUTION_LAST,
     CONTRIBUTION_SINK,
     CONTRIBUTION_TOP_REST,
     COS_SELF_RAW,
     COS_SINK_RAW,
+    EARLY_ATTENTION,
+    EARLY_OUTPUT_SHARE,
+    EARLY_POSITION,
+    EARLY_TOP_REST,
     LITERAL_FEATURES,
+    OUTPUT_SHARE_AT_LAG,
     REST_EFFECTIVE_SHARE,
     ROLE_FEATURES,
     SHARE_REST,
     SHARE_SELF,
     SHARE_SINK,
+    SHIFT_SELF,
     SHIFT_SELF_RAW,
+    SHIFT_SINK,
     SHIFT_SINK_RAW,
     SUBTYPE_FEATURES,
     TAXONOMY_FEATURES,
+    TOP_REST_AT_LAG,
     TOP_REST_SHARE,
 )
 from tl_geometry.errors import GeometryError
@@ -341,8 +350,8 @@ class Subtypes:
 
 def subtypes_from_features(features: Mapping[str, Tensor], config: TaxonomyConfig) -> Subtypes:
     """The sub-type of every head from the head means of ``SUBTYPE_FEATURES``."""
-    top = features["top_rest_at_lag"].double().nan_to_num(0.0)
-    weight = features["attention_at_lag"].double().nan_to_num(0.0)
+    top = features[TOP_REST_AT_LAG.name].double().nan_to_num(0.0)
+    weight = features[ATTENTION_AT_LAG.name].double().nan_to_num(0.0)
     lag_rows, lag = top[..., 1:].max(-1)  # lag 0 is the query's own token
     lag = lag + 1
     at = lag.unsqueeze(-1)
@@ -352,12 +361,12 @@ def subtypes_from_features(features: Mapping[str, Tensor], config: TaxonomyConfi
     neighbour = torch.maximum(below, above).squeeze(-1)
     lag_weight = weight.gather(-1, at).squeeze(-1)
     lag_peak = torch.where(neighbour > 0, lag_weight / neighbour, math.inf)
-    lag_output = features["output_share_at_lag"].double().gather(-1, at).squeeze(-1)
-    sink_rows = features["early_top_rest"].double().nan_to_num(0.0)
+    lag_output = features[OUTPUT_SHARE_AT_LAG.name].double().gather(-1, at).squeeze(-1)
+    sink_rows = features[EARLY_TOP_REST.name].double().nan_to_num(0.0)
     use_sink = sink_rows > lag_rows  # ties: the lag
     rows = torch.where(use_sink, sink_rows, lag_rows)
-    attention = torch.where(use_sink, features["early_attention"].double(), lag_weight)
-    output = torch.where(use_sink, features["early_output_share"].double(), lag_output)
+    attention = torch.where(use_sink, features[EARLY_ATTENTION.name].double(), lag_weight)
+    output = torch.where(use_sink, features[EARLY_OUTPUT_SHARE.name].double(), lag_output)
     peak = torch.where(use_sink, math.inf, lag_peak)
     named = (
         (rows >= config.subtype_rows) & (attention.nan_to_num(-math.inf) >= config.subtype_attention)
@@ -365,8 +374,8 @@ def subtypes_from_features(features: Mapping[str, Tensor], config: TaxonomyConfi
     )  # fmt: skip
     candidate = torch.where(use_sink, SUBTYPE_KINDS.index("sink"), SUBTYPE_KINDS.index("lag"))
     kind = torch.where(named, candidate, SUBTYPE_KINDS.index("none"))
-    undefined = features["top_rest_at_lag"].isnan().all(-1)
-    position = torch.where(use_sink, features["early_position"].double(), math.nan)
+    undefined = features[TOP_REST_AT_LAG.name].isnan().all(-1)
+    position = torch.where(use_sink, features[EARLY_POSITION.name].double(), math.nan)
     return Subtypes(
         kind=kind.masked_fill(undefined, 0), candidate=candidate, lag=torch.where(use_sink | undefined, -1, lag),
         position=position, rows=rows.masked_fill(undefined, math.nan), attention=attention.masked_fill(undefined, math.nan),
@@ -376,7 +385,7 @@ def subtypes_from_features(features: Mapping[str, Tensor], config: TaxonomyConfi
 
 # Results of the version before the raw shifts measured the shifts of the excess over chance only: their Mixer is
 # judged on those (the rule of that version), and `HeadTaxonomy.missing` says so.
-_EARLIER_SHIFTS = {SHIFT_SINK_RAW.name: "shift_sink", SHIFT_SELF_RAW.name: "shift_self"}
+_EARLIER_SHIFTS = {SHIFT_SINK_RAW.name: SHIFT_SINK.name, SHIFT_SELF_RAW.name: SHIFT_SELF.name}
 
 
 def _stored(result: GeometryResult, name: str) -> str:
@@ -644,6 +653,7 @@ def taxonomy_from_result(result: GeometryResult, config: TaxonomyConfig | None =
     # A secondary sink is a sink: the Content its concentrated rest gave is Reset's "sink dominates".
     secondary = subtypes.kind == SUBTYPE_KINDS.index("sink")
     point = torch.where(secondary & (point == CONTENT), RESET, point)
+    secondary &= ~probabilities.isnan().any(-1)  # without replicates there is nothing to move
     moved = probabilities.clone()
     moved[..., RESET] = torch.where(secondary, probabilities[..., RESET] + probabilities[..., CONTENT], probabilities[..., RESET])
     moved[..., CONTENT] = torch.where(secondary, 0.0, probabilities[..., CONTENT])
