@@ -271,23 +271,42 @@ class AssumptionDiagnostic(Diagnostic):
               ATTENTION_PROFILE, *PROFILE_FIT)
 
     def sequences(self, context: SelectionContext, settings: AssumptionSettings) -> dict[str, Tensor]:
-        """Assumptions 1-3 of one layer, every head and sequence at once.
+        """Assumptions 1-3 of one layer, every head and sequence, in slices of sequences within the memory budget.
 
         The value statistics use the real keys up to the last analysed query
         (every real token with the default ``query_positions="last"``),
         positions counted from the sequence's first real token.
         """
         first, inverse = _kv_groups(context)
-        values = einops.rearrange(context.value_states[:, :, context.value_heads[first]],
+        n_keys = context.value_states.shape[1]
+        per_sequence = value_statistics_bytes(len(first), n_keys, context.d_head, context.dtype)
+        parts = [self._value_statistics(context, first, part, settings)
+                 for part in context.sequence_parts(per_sequence)]
+        out = {name: torch.cat([p[name] for p in parts])[:, inverse] for name in parts[0]}
+        alpha, visible, sink, _ = context.last_query()
+        profile = context.from_first_real(alpha.float().masked_fill(~visible[:, None, :], math.nan))
+        out["attention_profile"] = profile[..., :n_keys]
+        # The profile's position 0 is the sink: where the last query cannot see it (a window has moved
+        # past it) there is nothing to fit, and the row, defined only inside the window, is not fitted.
+        no_sink = (sink < 0)[:, None, None]
+        fits = fit_attention_profile(profile.masked_fill(no_sink, math.nan), context.memory_budget_mib)
+        out.update(fits.as_fields("profile_"))
+        return out
+
+    @staticmethod
+    def _value_statistics(
+        context: SelectionContext, first: Tensor, part: slice, settings: AssumptionSettings
+    ) -> dict[str, Tensor]:
+        """Assumptions 1-2 of the sequences ``part``, one row per KV group (``first``: its analysed head)."""
+        values = einops.rearrange(context.value_states[part][:, :, context.value_heads[first]],
                                   "batch key head d_head -> batch head key d_head")
-        n_keys = values.shape[2]
-        real = context.from_first_real(context.real[:, None, :].float()).nan_to_num(0.0).bool()[:, 0]
-        values = context.from_first_real(values).nan_to_num(0.0)
+        real = context.from_first_real(context.real[part][:, None, :].float(), part).nan_to_num(0.0).bool()[:, 0]
+        values = context.from_first_real(values, part).nan_to_num(0.0)
         real_rows = einops.repeat(real, "batch key -> batch head key", head=values.shape[1])
         norms, cv, ratio = value_norm_statistics(values, real_rows)
         lag_profile = cosine_by_lag(values, real_rows)
         beta, mae = fit_exponential_decay(lag_profile, settings.max_lag_fit)
-        by_value_head = {
+        return {
             "value_norm_by_position": norms.float(),
             "value_norm_cv": cv.float(),
             "sink_norm_ratio": ratio.float(),
@@ -296,16 +315,18 @@ class AssumptionDiagnostic(Diagnostic):
             "decay_mae": mae,
             "cosine_by_lag": lag_profile,
         }
-        out = {name: t[:, inverse] for name, t in by_value_head.items()}
-        alpha, visible, sink, _ = context.last_query()
-        profile = context.from_first_real(alpha.float().masked_fill(~visible[:, None, :], math.nan))
-        out["attention_profile"] = profile[..., :n_keys]
-        # The profile's position 0 is the sink: where the last query cannot see it (a window has moved
-        # past it) there is nothing to fit, and the row, defined only inside the window, is not fitted.
-        no_sink = (sink < 0)[:, None, None]
-        fits = fit_attention_profile(profile.masked_fill(no_sink, math.nan)).as_fields("profile_")
-        out.update(fits)
-        return out
+
+
+def value_statistics_bytes(n_groups: int, n_keys: int, d_head: int, dtype: torch.dtype) -> int:
+    """Working memory of Assumptions 1-2 per sequence, in bytes (an upper bound), for values of ``dtype``.
+
+    Per KV group, in float32 at least: the values' copies (sliced, shifted to
+    the sink, unit vectors: up to 10 of ``[key, d_head]``) and the
+    autocorrelation's spectrum with its squares (2 x the FFT length per
+    d_head); tests/test_diagnostics_memory.py measures it.
+    """
+    fft = 1 << max(1, (2 * n_keys - 1).bit_length())
+    return max(4, dtype.itemsize) * n_groups * d_head * (2 * fft + 10 * n_keys)
 
 
 DIAGNOSTIC = AssumptionDiagnostic()

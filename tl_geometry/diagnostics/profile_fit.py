@@ -513,7 +513,20 @@ def _fit_rows(alpha: Float[Tensor, "row pos"]) -> dict[str, Tensor]:
     }
 
 
-def fit_attention_profile(alpha: Tensor) -> ProfileFit:
+def fit_bytes_per_row(n_pos: int) -> int:
+    """Working memory of the fit per row of ``n_pos`` positions, in bytes (an upper bound).
+
+    Measured (tests/test_profile_fit.py checks it): about 19 float64 planes of
+    ``[omega, knot pair]`` (the coarse grid's sums and errors; 1.55 MB a row)
+    and 174 float64 per position (the oscillation series, the periodograms);
+    the count here rounds both up.
+    """
+    n_knots = _EVEN_KNOTS + _END_KNOTS
+    pairs = n_knots * (n_knots - 1) // 2
+    return 8 * (20 * len(_PERIODS) * pairs + 180 * n_pos)
+
+
+def fit_attention_profile(alpha: Tensor, memory_budget_mib: float | None = None) -> ProfileFit:
     """Fit Assumption 3's four-phase profile to attention rows, each on its own positions 0..L.
 
     The rows of each length are fitted at once (vectorised); a row's fit does
@@ -522,6 +535,9 @@ def fit_attention_profile(alpha: Tensor) -> ProfileFit:
     Args:
         alpha: attention weights ``[..., pos]``, position 0 the sink, each row
             defined on positions 0..L and NaN after (L may differ per row).
+        memory_budget_mib: the fit's working memory: rows are fitted in slices
+            of at most that (`fit_bytes_per_row` each; one row at least); None:
+            every row of a length at once.
 
     Returns:
         ProfileFit with ``[...]`` tensors (float32); rows with fewer than
@@ -553,7 +569,12 @@ def fit_attention_profile(alpha: Tensor) -> ProfileFit:
         if n < MIN_POSITIONS:
             continue  # too short: NaN throughout
         which = (length == n).nonzero().squeeze(-1)
-        group = rows[:, : n + 1].contiguous() if len(which) == len(rows) else rows[which, : n + 1]
-        for name, value in _fit_rows(group).items():
-            out[name][which] = value
+        size = len(which)
+        if memory_budget_mib is not None:
+            size = max(1, min(size, int(memory_budget_mib * 2**20 // fit_bytes_per_row(n + 1))))
+        for start in range(0, len(which), size):
+            part = which[start : start + size]
+            group = rows[:, : n + 1].contiguous() if len(part) == len(rows) else rows[part, : n + 1]
+            for name, value in _fit_rows(group).items():
+                out[name][part] = value
     return ProfileFit(**{k: v.float().reshape(alpha.shape[:-1]) for k, v in out.items()})

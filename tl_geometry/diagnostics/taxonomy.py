@@ -470,18 +470,33 @@ class TaxonomyDiagnostic(Diagnostic):
         return chunk_features(chunk, settings.seed, settings.reach, settings.early)
 
     def sequences(self, context: SelectionContext, settings: Any) -> dict[str, Tensor]:
+        """Figure 10's per-position features of each sequence's last query, in slices of sequences within the
+        memory budget."""
         alpha, visible, _, _ = context.last_query()
-        batch, heads, n_keys = alpha.shape
-        values = context.values.to(context.dtype)
-        by_position = position_features(
-            einops.rearrange(alpha, "batch head key -> (batch head) key"),
-            einops.rearrange(values, "batch key head d -> (batch head) key d"),
-            einops.repeat(visible, "batch key -> (batch head) key", head=heads),
-        )
-        return {
-            name: context.from_first_real(einops.rearrange(t, "(batch head) key -> batch head key", batch=batch))
-            for name, t in by_position.items()
-        }
+        heads = alpha.shape[1]
+        parts: dict[str, list[Tensor]] = {}
+        for part in context.sequence_parts(position_features_bytes(heads, alpha.shape[-1], context.d_head,
+                                                                   context.dtype)):
+            # The values of every analysed head (a copy per query head under grouped-query attention): of this slice only.
+            values = context.value_states[part][:, :, context.value_heads].to(context.dtype)
+            batch = values.shape[0]
+            by_position = position_features(
+                einops.rearrange(alpha[part], "batch head key -> (batch head) key"),
+                einops.rearrange(values, "batch key head d -> (batch head) key d"),
+                einops.repeat(visible[part], "batch key -> (batch head) key", head=heads),
+            )
+            for name, t in by_position.items():
+                shifted = context.from_first_real(einops.rearrange(t, "(batch head) key -> batch head key", batch=batch),
+                                                  part)
+                parts.setdefault(name, []).append(shifted)
+        return {name: torch.cat(ts) for name, ts in parts.items()}
+
+
+def position_features_bytes(n_heads: int, n_keys: int, d_head: int, dtype: torch.dtype) -> int:
+    """Working memory of `position_features` per sequence, in bytes (an upper bound): the values of every
+    analysed head, copied, rearranged and normalised for the cosines (up to 4 of ``[head, key, d_head]``);
+    tests/test_diagnostics_memory.py measures it."""
+    return 4 * max(4, dtype.itemsize) * n_heads * n_keys * d_head
 
 
 DIAGNOSTIC = TaxonomyDiagnostic()

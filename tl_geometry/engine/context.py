@@ -330,13 +330,22 @@ class SelectionContext:
                 )
         return alpha
 
-    def from_first_real(self, x: Float[Tensor, "batch head_index key *rest"]) -> Float[Tensor, "batch head_index key *rest"]:
+    def sequence_parts(self, bytes_per_sequence: int) -> list[slice]:
+        """The sequences (batch axis) in consecutive slices whose working memory, ``bytes_per_sequence`` each,
+        fits the budget (one sequence at least): the per-sequence diagnostics' chunks, as the rows' are for the rows."""
+        size = max(1, int(self.memory_budget_mib * 2**20 // max(bytes_per_sequence, 1)))
+        return [slice(start, start + size) for start in range(0, self.visible.shape[0], size)]
+
+    def from_first_real(
+        self, x: Float[Tensor, "batch head_index key *rest"], part: slice = slice(None)
+    ) -> Float[Tensor, "batch head_index key *rest"]:
         """Per-position values shifted so that each sequence's first real token (the sink) sits at position 0.
 
         Per-position outputs count positions from the sink, whatever the
-        padding; positions past a left-padded row's end become NaN.
+        padding; positions past a left-padded row's end become NaN. ``x`` holds
+        the sequences ``part`` of the batch (default: all).
         """
-        first = self.real.int().argmax(-1)  # [batch]
+        first = self.real[part].int().argmax(-1)  # [batch]
         if not bool(first.any()):
             return x
         n_keys = x.shape[2]

@@ -1,0 +1,105 @@
+"""Peak memory above the loaded model, per diagnostic and capture path, side by side in one run.
+
+For each diagnostic (the metrics alone, then the metrics plus each optional
+diagnostic, then all of them) and each capture path (``"rows"``,
+``"pattern"``), a fresh process loads SmolLM2 (`tl_geometry.load_model`),
+hands the C heap's free pages back to the system (glibc's ``malloc_trim``:
+loading leaves about 400 MiB of freed pages resident, which a run would reuse
+unseen, so that without it the same run measured anywhere from 15 to 336 MiB),
+resets the kernel's high-water mark of its resident memory (``5`` to
+``/proc/self/clear_refs``), notes its resident memory (``VmRSS``), runs
+``run_with_geometry_hooks`` once on ``--batch`` windows of ``--context``
+random tokens, and reads the high-water mark (``VmHWM``). The figure is that
+peak minus the resident memory before the run: the most memory the run held
+at once beyond the loaded model, as the operating system counts it (every
+allocation: torch's, the C heap's and Python's; pages the C heap keeps after
+freeing them count while they stay resident). Linux only.
+
+A fresh process per measurement: peaks do not hide each other, and the order of
+the runs does not matter. The table prints rows / pattern per diagnostic;
+the target is at most 1.2x.
+
+    PYTHONPATH=. python benchmarks/bench_memory.py [--batch 4] [--context 256] [--budget 128]
+        [--diagnostics metrics assumptions bounds taxonomy chance all]
+"""
+
+import argparse
+import ctypes
+import ctypes.util
+import gc
+import json
+import subprocess
+import sys
+
+DIAGNOSTICS = ("metrics", "assumptions", "bounds", "taxonomy", "chance", "all")
+PATHS = ("rows", "pattern")
+TARGET = 1.2
+
+
+def _status_mib(key: str) -> float:
+    """A memory figure of this process from /proc/self/status, in MiB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024  # kB
+    raise KeyError(key)
+
+
+def _diagnostics(name: str) -> list[str] | str:
+    return [] if name == "metrics" else "all" if name == "all" else [name]
+
+
+def one(path: str, diagnostic: str, batch: int, context: int, budget: float) -> dict:
+    """Child process: load, run once; the peak resident memory above the loaded model."""
+    import torch
+
+    from tl_geometry import run_with_geometry_hooks
+    from tl_geometry.models import load_model
+
+    model = load_model(progress=False)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(100, 40000, (batch, context), generator=gen)
+    tokens[:, 0] = model.tokenizer.bos_token_id or 1
+    settings = {"capture": path, "diagnostics": _diagnostics(diagnostic), "memory_budget_mib": budget}
+    gc.collect()
+    ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+    before = _status_mib("VmRSS")
+    run_with_geometry_hooks(model, tokens, **settings)
+    return {"path": path, "diagnostic": diagnostic, "loaded_mib": before, "above_mib": _status_mib("VmHWM") - before}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--budget", type=float, default=128.0, help="memory_budget_mib")
+    parser.add_argument("--diagnostics", nargs="*", choices=DIAGNOSTICS, default=list(DIAGNOSTICS))
+    parser.add_argument("--child", nargs=2, metavar=("PATH", "DIAGNOSTIC"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(one(*args.child, args.batch, args.context, args.budget)))
+        return
+    print(f"SmolLM2, {args.batch} x {args.context} tokens, memory_budget_mib={args.budget:g}: peak resident memory "
+          "above the loaded model (MiB), one fresh process per figure")
+    print(f"{'diagnostics':<14}{'rows':>9}{'pattern':>9}{'rows/pattern':>14}")
+    missed = []
+    for diagnostic in args.diagnostics:
+        above = {}
+        for path in PATHS:
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", path, diagnostic, "--batch", str(args.batch),
+                 "--context", str(args.context), "--budget", str(args.budget)],
+                capture_output=True, text=True, check=True,
+            ).stdout
+            above[path] = json.loads(out.strip().splitlines()[-1])["above_mib"]
+        ratio = above["rows"] / max(above["pattern"], 1e-9)
+        if ratio > TARGET:
+            missed.append(diagnostic)
+        print(f"{diagnostic:<14}{above['rows']:>9.0f}{above['pattern']:>9.0f}{ratio:>13.2f}x", flush=True)
+    print(f"target rows <= {TARGET}x pattern: " + (f"MISSED for {', '.join(missed)}" if missed else "met"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""The per-sequence diagnostics keep their working memory within the budget, chunk by chunk, with equal results.
+
+The memory is counted by `tests.live_bytes.LiveBytes`: every tensor made
+inside the call, alive at once (device-agnostic: no allocator statistics).
+"""
+
+import pytest
+import torch
+
+from tests.live_bytes import LiveBytes
+from tl_geometry.diagnostics.assumptions import DIAGNOSTIC as assumptions
+from tl_geometry.diagnostics.assumptions import value_statistics_bytes
+from tl_geometry.diagnostics.profile_fit import fit_attention_profile, fit_bytes_per_row
+from tl_geometry.diagnostics.taxonomy import DIAGNOSTIC as taxonomy
+from tl_geometry.diagnostics.taxonomy import position_features_bytes
+from tl_geometry.engine.context import SelectionContext
+
+N_BATCH, N_HEADS, N_KV, N_KEYS, D_HEAD = 6, 9, 3, 257, 64  # SmolLM2's heads; 257 keys: the longest FFT per key
+BUDGET_MIB = 6.0
+
+
+def _context(budget: float, dtype: torch.dtype = torch.float32) -> SelectionContext:
+    """A layer as the rows path folds it: the last query's rows of sequences with left padding, GQA values."""
+    gen = torch.Generator().manual_seed(0)
+    pads = torch.arange(N_BATCH) * 7  # sequence b starts at key 7 b
+    keys = torch.arange(N_KEYS)
+    real = keys[None, :] >= pads[:, None]
+    visible = real[:, None, :]  # the last query sees every real key
+    logits = torch.randn(N_BATCH, N_HEADS, 1, N_KEYS, generator=gen, dtype=dtype)
+    rows = torch.softmax(logits.masked_fill(~visible[:, None], -torch.inf), -1)
+    values = torch.randn(N_BATCH, N_KEYS, N_KV, D_HEAD, generator=gen, dtype=dtype) * real[:, :, None, None]
+    kv_heads = torch.arange(N_HEADS) // (N_HEADS // N_KV)
+    return SelectionContext(
+        rows, values, visible, pads[:, None], torch.ones(N_BATCH, 1, dtype=torch.bool), torch.tensor([1, 4, 16]),
+        memory_budget_mib=budget, query_index=torch.zeros(N_BATCH, 1, dtype=torch.long), real=real,
+        kv_heads=kv_heads, value_heads=kv_heads,
+    )
+
+
+def _nbytes(out: dict[str, torch.Tensor]) -> int:
+    return sum(t.nbytes for t in out.values())
+
+
+@pytest.mark.parametrize("diagnostic", [assumptions, taxonomy], ids=lambda d: d.name)
+def test_sequences_stay_within_the_budget_and_equal_the_whole(diagnostic):
+    """Within a 6 MiB budget (outputs aside) where the whole batch at once takes several times that, and
+    every field equal, array by array, to the one computed on the whole batch at once."""
+    settings = diagnostic.Settings()
+    whole_context = _context(budget=1e6)
+    with LiveBytes() as whole:
+        expected = diagnostic.sequences(whole_context, settings)
+    context = _context(budget=BUDGET_MIB)
+    with LiveBytes() as chunked:
+        out = diagnostic.sequences(context, settings)
+    budget = BUDGET_MIB * 2**20
+    assert whole.peak > 1.5 * budget + _nbytes(expected)  # the check below can fail
+    assert chunked.peak <= budget + _nbytes(out), f"{chunked.peak / 2**20:.1f} MiB"
+    assert set(out) == set(expected)
+    for name in expected:
+        torch.testing.assert_close(out[name], expected[name], rtol=0, atol=0, equal_nan=True, msg=name)
+
+
+def test_declared_costs_bound_what_one_sequence_takes():
+    """The costs the chunks are sized by are upper bounds of the measured working memory of one sequence
+    (float32 and float64, with a key count just past a power of two, where the FFT is longest)."""
+    for dtype in (torch.float32, torch.float64):
+        context = _context(budget=1e-6, dtype=dtype)  # one sequence per slice, one row per fit
+        for diagnostic, declared in (
+            (assumptions, value_statistics_bytes(N_KV, N_KEYS, D_HEAD, dtype)),
+            (taxonomy, position_features_bytes(N_HEADS, N_KEYS, D_HEAD, dtype)),
+        ):
+            with LiveBytes() as live:
+                out = diagnostic.sequences(context, diagnostic.Settings())
+            assert live.peak - _nbytes(out) <= max(declared, fit_bytes_per_row(N_KEYS)), (diagnostic.name, dtype)
+
+
+@pytest.mark.parametrize("n_pos", [16, 257, 1100])
+def test_the_profile_fit_cost_bounds_its_working_memory(n_pos):
+    rows = torch.softmax(torch.randn(4, n_pos, generator=torch.Generator().manual_seed(n_pos)), -1)
+    with LiveBytes() as live:
+        fit_attention_profile(rows)
+    assert live.peak <= 4 * fit_bytes_per_row(n_pos), f"{live.peak / 4} bytes per row"
+
+
+def test_the_profile_fit_in_slices_equals_the_whole_and_keeps_the_budget():
+    """Rows of several lengths (NaN tails) fitted one row at a time and all at once: equal field by field."""
+    gen = torch.Generator().manual_seed(1)
+    alpha = torch.softmax(torch.randn(24, 200, generator=gen, dtype=torch.float64), -1)
+    alpha[::3, 150:] = float("nan")
+    whole = fit_attention_profile(alpha)
+    budget = fit_bytes_per_row(200) / 2**20  # one row per slice
+    with LiveBytes() as live:
+        sliced = fit_attention_profile(alpha, memory_budget_mib=budget)
+    assert live.peak <= budget * 2**20 + _nbytes(sliced.as_fields()) + 10 * alpha.nbytes  # the rows' float64 copies
+    for name, value in whole.as_fields().items():
+        torch.testing.assert_close(sliced.as_fields()[name], value, rtol=0, atol=0, equal_nan=True, msg=name)
