@@ -180,14 +180,15 @@ class TaxonomyConfig:
         margin: the most probable role is the label when its probability beats
             the runner-up's by at least this; else "uncertain". In [0, 1].
         subtype_rows: a sub-type's key is the top rest key of at least this
-            share of all sampled rows. In (0, 1].
+            share of all sampled rows (of the later rows, for a secondary
+            sink). In (0, 1].
         subtype_attention: ... and carries at least this mean attention weight
             (over all sampled rows). In (0, 1].
         subtype_output: ... and at least this mean share of the head's output
             <y_k, o> / ||o||^2. In (0, 1].
-        subtype_peak: ... and at least this many times the weight of each
-            neighbouring lag or position (>= 1): a recency-biased head's
-            weight decays smoothly, a previous-token head's peaks.
+        subtype_peak: ... and, for a lag, at least this many times the weight
+            of each neighbouring lag (>= 1): a recency-biased head's weight
+            decays smoothly, a previous-token head's peaks.
         literal_align: the literal reading's "strongly aligned" / "weak": a
             mean raw cos(s(N), v_L) at or above this. In (0, 1].
         comparable: the literal reading's "comparable": ||alpha_0 v_0|| at
