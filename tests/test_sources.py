@@ -100,7 +100,7 @@ def test_jsonl_records_skips_and_missing_column(tmp_path, tok):
     assert dict(report.skipped) == {SKIP_EMPTY: 2, SKIP_BAD_RECORD: 1, SKIP_NO_COLUMN: 1,
                                     readers.SKIP_NOT_TEXT: 1}
     assert report.examples[SKIP_BAD_RECORD] == [f"{path}:3"]
-    assert "1 records that are not valid JSON objects (e.g. " in report.summary()
+    assert "1 record that is not a valid JSON object (e.g. " in report.summary()
     (tmp_path / "e.jsonl").write_text(json.dumps({"body": "x", "id": 1}) + "\n")
     with pytest.raises(GeometryError, match=r"has no column 'text'; its columns are \['body', 'id'\]; .*--text-column"):
         list(read_corpus(tok, tmp_path / "e.jsonl", context=6))

@@ -9,11 +9,13 @@ partly threshold (or reaches holds with an interval that crosses it);
 import math
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tl_geometry import GeometryConfig, GeometryResult, claims
+import tl_geometry.analysis.claims as claims_module
 from tl_geometry.analysis.claims import THRESHOLDS, verdict
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.results.accumulators import Accumulator
@@ -57,6 +59,15 @@ def one_document_result(fields):
     acc = Accumulator(specs, layers=range(shape[0]), heads=range(shape[1]), n_grid=torch.tensor([1, 2]))
     acc.add({k: torch.tensor(v, dtype=torch.float32)[None] for k, v in fields.items()}, torch.zeros(1, 0), n_tokens=3)
     return GeometryResult.from_accumulator(acc, config=GeometryConfig(), model_name="drawn")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _any_sample_resolves():
+    """One-document results: the sample-size rule (MIN_DOCUMENTS) set aside, as in tests/test_claims.py
+    (tests/test_claim_sample.py checks it)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(claims_module, "MIN_DOCUMENTS", dict.fromkeys(claims_module.MIN_DOCUMENTS, 1))
+        yield
 
 
 @settings(max_examples=40, deadline=None)

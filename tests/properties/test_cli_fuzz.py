@@ -44,8 +44,8 @@ def _bad(args):
     """What the command line gets wrong, by our own reading of it (None if nothing)."""
     values = dict(zip(args[1::2], args[2::2])) if args[0] != "plot" else {}
     out = dict(zip(args, args[1:])).get("--out", "report")
-    for option in ("--windows", "--context", "--batch-size"):
-        if option in values and not (values[option].lstrip("-").isdigit() and int(values[option]) >= 1):
+    for option, least in (("--windows", 1), ("--context", 2), ("--batch-size", 1)):  # a context of 1 holds only BOS
+        if option in values and not (values[option].lstrip("-").isdigit() and int(values[option]) >= least):
             return option
     grid = values.get("--n-grid")
     if grid is not None and grid not in ("default", "all"):

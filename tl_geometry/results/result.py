@@ -97,7 +97,6 @@ class GeometryResult(StatisticsTable):
 
     Example (two documents, layer 5, heads 0 and 2, N in {1, 4}):
         >>> from tl_geometry.results.accumulators import Accumulator
-from tl_geometry.results.display import Summary, names, plural, ranges, short_list
         >>> acc = Accumulator([FieldSpec("recall", "R(r_min, N)", axes=("n",))], layers=(5,), heads=(0, 2),
         ...                   n_grid=torch.tensor([1, 4]))
         >>> recall = torch.tensor([[[[1.0, 0.5], [1.0, 0.25]]], [[[0.0, 0.5], [1.0, 0.75]]]])
