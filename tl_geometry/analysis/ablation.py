@@ -24,6 +24,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_geometry.analysis.intervals import percentile_interval
 from tl_geometry.errors import GeometryError
 
 Head = tuple[int, int]
@@ -140,10 +141,7 @@ def bootstrap_interval(
         return math.nan, math.nan
     generator = torch.Generator().manual_seed(int(seed))
     picks = torch.randint(values.numel(), (n_bootstrap, values.numel()), generator=generator)
-    means = values.detach().double().cpu()[picks].mean(-1)
-    tail = (1 - level) / 2
-    low, high = torch.quantile(means, torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
-    return float(low), float(high)
+    return percentile_interval(values.detach().double().cpu()[picks].mean(-1), level)
 
 
 @dataclass(frozen=True)
@@ -206,7 +204,7 @@ def ablation_row(
     excess_docs = delta - random_delta.mean(0)
     low, high = bootstrap_interval(delta, n_bootstrap, seed)
     excess_low, excess_high = bootstrap_interval(excess_docs, n_bootstrap, seed)
-    band = torch.quantile(per_draw, torch.tensor([0.05, 0.95], dtype=torch.float64)).tolist()
+    band = percentile_interval(per_draw, 0.90)  # the 5 % and 95 % quantiles
     dnll = float(delta.mean())
     layers = ", ".join(f"{layer}:{count}" for layer, count in sorted(group.layer_counts().items()))
     return AblationRow(

@@ -226,7 +226,7 @@ class TaxonomyConfig:
                 raise GeometryError(f"{name}: expected a number >= 0, got {getattr(self, name)!r}")
         if not 0 <= self.margin <= 1:
             raise GeometryError(f"margin: expected a number in [0, 1], got {self.margin!r}")
-        for name in ("concentrated", "subtype_rows", "subtype_attention", "subtype_output", "literal_align", "comparable"):
+        for name in (share for share in _SHARES if share != "margin"):  # margin may be 0
             if not 0 < getattr(self, name) <= 1:
                 raise GeometryError(f"{name}: expected a share in (0, 1], got {getattr(self, name)!r}")
         if self.subtype_peak < 1:

@@ -67,7 +67,7 @@ information about the regime and are NaN. Where a query cannot see the sink
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 import einops
 import torch
@@ -169,8 +169,9 @@ def chunk_features(
         "taxonomy_attention_last": chunk.alpha[rows, last],
     }
     out.update({name: t.masked_fill(single, math.nan) for name, t in scalars.items()})
-    out.update(role_features(chunk, y_sink, y_last, total, seed))
-    out.update(subtype_features(chunk, total, reach, early))
+    rest = rest_keys(chunk)
+    out.update(role_features(chunk, rest, y_sink, y_last, total, seed))
+    out.update(subtype_features(chunk, rest, total, reach, early))
     return out
 
 
@@ -186,7 +187,27 @@ def _slope(y: Float[Tensor, "row n"], x: Float[Tensor, " n"], use: Bool[Tensor, 
     return slope.masked_fill(spread <= 0, math.nan)
 
 
-def role_features(chunk: SelectionChunk, y_sink: Tensor, y_last: Tensor, total: Tensor, seed: int = 0) -> dict[str, Tensor]:
+class RestKeys(NamedTuple):
+    """The rest of each row (visible keys other than the sink and the query's own), read by the role and sub-type features."""
+
+    mask: Bool[Tensor, "row key"]
+    alpha: Float[Tensor, "row key"]  # the rest's weights, 0 elsewhere
+    top: Int[Tensor, " row"]  # the top rest key; ties: the smallest key index
+    defined: Bool[Tensor, " row"]  # the rest carries weight
+
+
+def rest_keys(chunk: SelectionChunk) -> RestKeys:
+    """The rest of every row of a chunk."""
+    sink, last, has_sink = chunk.sink.clamp(min=0), chunk.last_key, chunk.has_sink
+    keys = torch.arange(chunk.alpha.shape[-1], device=chunk.alpha.device)
+    mask = chunk.visible & (keys != last.unsqueeze(-1)) & ~((keys == sink.unsqueeze(-1)) & has_sink.unsqueeze(-1))
+    alpha = chunk.alpha.masked_fill(~mask, 0.0)
+    return RestKeys(mask, alpha, alpha.masked_fill(~mask, -1.0).argmax(-1), alpha.sum(-1) > 0)
+
+
+def role_features(
+    chunk: SelectionChunk, rest_of: RestKeys, y_sink: Tensor, y_last: Tensor, total: Tensor, seed: int = 0
+) -> dict[str, Tensor]:
     """Composition, concentration of the rest and alignment over chance of every row (module docstring)."""
     rows = torch.arange(chunk.n_rows, device=chunk.alpha.device)
     sink, last, has_sink = chunk.sink.clamp(min=0), chunk.last_key, chunk.has_sink
@@ -204,16 +225,10 @@ def role_features(chunk: SelectionChunk, y_sink: Tensor, y_last: Tensor, total: 
         "loo_self": torch.linalg.vector_norm(total - y_last, dim=-1) / o_norm,
     }
     out = {name: t.masked_fill(~defined, math.nan) for name, t in out.items()}
-    # The rest: visible keys other than the sink and the query's own.
-    keys = torch.arange(chunk.alpha.shape[-1], device=rows.device)
-    is_rest = chunk.visible & (keys != last.unsqueeze(-1)) & ~((keys == sink.unsqueeze(-1)) & has_sink.unsqueeze(-1))
-    alpha_rest = chunk.alpha.masked_fill(~is_rest, 0.0)
-    mass = alpha_rest.sum(-1, keepdim=True)
-    p = alpha_rest / mass
+    is_rest, has_rest, top = rest_of.mask, rest_of.defined, rest_of.top
+    p = rest_of.alpha / rest_of.alpha.sum(-1, keepdim=True)
     entropy = -torch.special.xlogy(p, p).sum(-1)
     n_rest = is_rest.sum(-1).to(p.dtype)
-    has_rest = mass.squeeze(-1) > 0
-    top = alpha_rest.masked_fill(~is_rest, -1.0).argmax(-1)  # ties: the smallest key index
     lag = (last - top).masked_fill(~has_rest, 0)
     out["rest_effective_keys"] = entropy.exp()
     out["rest_effective_share"] = entropy.exp() / n_rest
@@ -264,7 +279,9 @@ def role_features(chunk: SelectionChunk, y_sink: Tensor, y_last: Tensor, total: 
     return {name: t.masked_fill(single.view(-1, *([1] * (t.ndim - 1))), math.nan) for name, t in out.items()}
 
 
-def subtype_features(chunk: SelectionChunk, total: Float[Tensor, "row d_head"], reach: int, early: int) -> dict[str, Tensor]:
+def subtype_features(
+    chunk: SelectionChunk, rest_of: RestKeys, total: Float[Tensor, "row d_head"], reach: int, early: int
+) -> dict[str, Tensor]:
     """What a head's sub-type reads, per row: every lag 0..reach-1, and the early keys (module docstring).
 
     At lag k the key L - k: whether it is the row's top rest key, its
@@ -276,12 +293,8 @@ def subtype_features(chunk: SelectionChunk, total: Float[Tensor, "row d_head"], 
     """
     rows = torch.arange(chunk.n_rows, device=chunk.alpha.device)
     sink, last, has_sink = chunk.sink.clamp(min=0), chunk.last_key, chunk.has_sink
-    n_keys = chunk.alpha.shape[-1]
-    keys = torch.arange(n_keys, device=rows.device)
-    is_rest = chunk.visible & (keys != last.unsqueeze(-1)) & ~((keys == sink.unsqueeze(-1)) & has_sink.unsqueeze(-1))
-    alpha_rest = chunk.alpha.masked_fill(~is_rest, 0.0)
-    has_rest = alpha_rest.sum(-1) > 0
-    top = alpha_rest.masked_fill(~is_rest, -1.0).argmax(-1)  # ties: the smallest key index, as top_rest_share
+    keys = torch.arange(chunk.alpha.shape[-1], device=rows.device)
+    is_rest, has_rest, top = rest_of.mask, rest_of.defined, rest_of.top
     o_sq = (total * total).sum(-1, keepdim=True)
     # Shares in selection order (y_sorted is there already), then back to key order.
     share = torch.einsum("rkd,rd->rk", chunk.y_sorted, total).div(o_sq).gather(1, chunk.rank)
