@@ -132,9 +132,11 @@ def study(name: str, n_windows: int, context: int, reseed: bool = True) -> None:
             on_default = sum(roles.subtype(layer, head) == want for layer, head in top)
             print(f"\nRecall on the default input: {on_default} of 10 are named {want}.")
             for where, taxonomy in (("these prompts", check.taxonomy), ("the default input", roles)):
-                found = check.precision(detector, taxonomy)
+                found = check.agreement(detector, taxonomy)
                 print(f"Precision on {where}: {len(found.confirmed)} of the {len(found.named)} heads named {want} "
-                      f"score >= {found.threshold} ({', '.join(f'{l}.{h}' for l, h in found.named)})")
+                      f"score >= {found.threshold} ({', '.join(f'{l}.{h}' for l, h in found.named)}); "
+                      f"recall: {len(found.confirmed)} of the {len(found.detected)} heads scoring >= {found.threshold} "
+                      f"({', '.join(f'{l}.{h}' for l, h in found.detected)})")
 
     print("\nMean detector score by role on the default input's labels (natural prompts; repeated for induction)\n")
     print("| role | heads | previous-token | duplicate-token | induction | BOS |\n|---|---|---|---|---|---|")

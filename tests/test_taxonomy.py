@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from tests import tiny_models as tm
 from tests.reference import LITERAL, reference_literal_role, reference_role, reference_subtype
-from tl_geometry.analysis.mechanisms import precision
+from tl_geometry.analysis.mechanisms import CONFIRMED, agreement
 from tl_geometry.analysis.taxonomy import (
     LITERAL_ROLES,
     REGIMES,
@@ -466,8 +466,17 @@ def test_precision_counts_the_named_heads_a_detector_confirms(gpt2, built):
     tokens = tm.with_bos(tm.random_tokens(N_DOC, POS - 1))
     with gpt2.hooks(fwd_hooks=building_hooks(ROLES_BUILT, N_DOC, POS)):
         scores = detector_scores(gpt2, tokens)["previous_token"]
-    named = precision(found, scores, "previous-token")
-    assert set(named.named) == {(0, 3), (1, 3)} and named.confirmed == named.named and named.share == 1.0
-    assert 0.3 < float(scores[1, 1]) < 0.35  # the recency head: the detector's cut alone would count it
-    assert precision(found, scores, "previous-token", threshold=0.8).confirmed == ()
-    assert math.isnan(precision(found, scores, "lag 7").share)
+    named = agreement(found, scores, "previous-token")
+    assert set(named.named) == {(0, 3), (1, 3)} and named.confirmed == named.named and named.precision == 1.0
+    assert 0.3 < float(scores[1, 1]) < 0.35  # the recency head: the detector's cut alone counts it, the peak does not
+    detected = {(layer, head) for layer in found.layers for head in found.heads if float(scores[layer, head]) >= 0.3}
+    assert set(named.detected) == detected and (1, 1) in detected
+    assert named.recall == len(detected & set(named.named)) / len(detected) < 1
+    assert agreement(found, scores, "previous-token", threshold=0.8).confirmed == ()
+    assert math.isnan(agreement(found, scores, "lag 7").precision)
+    assert math.isnan(agreement(found, scores * 0, "previous-token").recall)  # no head detected
+
+
+def test_a_named_key_carries_the_weight_the_detectors_call_that_kind_of_head():
+    """The sub-type weight floor is the detectors' cut: a head named previous-token is one the detector would count."""
+    assert TaxonomyConfig().subtype_attention == CONFIRMED

@@ -31,38 +31,48 @@ def expected_subtype(detector: str, period: int | None) -> str:
 
 
 @dataclass(frozen=True)
-class Precision:
-    """Of the heads a taxonomy names with a sub-type, how many a detector confirms (score >= threshold).
+class DetectorAgreement:
+    """The heads a taxonomy names with a sub-type against the heads a detector confirms (score >= threshold).
 
     Attributes:
         subtype: the sub-type checked, e.g. ``"previous-token"``.
         named: the heads with that sub-type, ``(layer, head)``.
-        confirmed: those whose detector score is at least ``threshold``.
+        detected: the heads (of those the taxonomy covers) whose detector score is at least ``threshold``.
         threshold: the detector score that confirms.
     """
 
     subtype: str
     named: tuple[tuple[int, int], ...]
-    confirmed: tuple[tuple[int, int], ...]
+    detected: tuple[tuple[int, int], ...]
     threshold: float
 
     @property
-    def share(self) -> float:
-        """confirmed / named (NaN where no head is named)."""
+    def confirmed(self) -> tuple[tuple[int, int], ...]:
+        """The named heads the detector confirms."""
+        return tuple(head for head in self.named if head in self.detected)
+
+    @property
+    def precision(self) -> float:
+        """confirmed / named: is what we named really that? (NaN where no head is named)"""
         return len(self.confirmed) / len(self.named) if self.named else math.nan
 
+    @property
+    def recall(self) -> float:
+        """confirmed / detected: are the heads the detector confirms found? (NaN where it confirms none)"""
+        return len(self.confirmed) / len(self.detected) if self.detected else math.nan
 
-def precision(taxonomy: HeadTaxonomy, scores: Tensor, subtype: str, threshold: float = CONFIRMED) -> Precision:
-    """Heads ``taxonomy`` names ``subtype``, and those a detector's ``scores`` ``[layer, head]`` confirm.
+
+def agreement(taxonomy: HeadTaxonomy, scores: Tensor, subtype: str, threshold: float = CONFIRMED) -> DetectorAgreement:
+    """Heads ``taxonomy`` names ``subtype`` and heads a detector's ``scores`` ``[layer, head]`` confirm.
 
     The taxonomy may come from other prompts than the scores (e.g. the
     report's input against detectors on their own prompts): that is the check
     of a naming on text the detector did not see.
     """
-    named = tuple((layer, head) for layer in taxonomy.layers for head in taxonomy.heads
-                  if taxonomy.subtype(layer, head) == subtype)  # fmt: skip
-    confirmed = tuple((layer, head) for layer, head in named if float(scores[layer, head]) >= threshold)
-    return Precision(subtype, named, confirmed, threshold)
+    heads = [(layer, head) for layer in taxonomy.layers for head in taxonomy.heads]
+    named = tuple(h for h in heads if taxonomy.subtype(*h) == subtype)
+    detected = tuple(h for h in heads if float(scores[h]) >= threshold)
+    return DetectorAgreement(subtype, named, detected, threshold)
 
 
 @dataclass(frozen=True)
@@ -98,15 +108,17 @@ class PromptSetCheck:
         want = expected_subtype(detector, self.period)
         return sum(self.taxonomy.subtype(layer, head) == want for layer, head in self.top_heads(detector, k))
 
-    def precision(self, detector: str, taxonomy: HeadTaxonomy | None = None, threshold: float = CONFIRMED) -> Precision:
-        """Precision: the heads named with ``detector``'s sub-type and those its score here confirms.
+    def agreement(
+        self, detector: str, taxonomy: HeadTaxonomy | None = None, threshold: float = CONFIRMED
+    ) -> DetectorAgreement:
+        """Precision and recall: the heads named with ``detector``'s sub-type and those its score here confirms.
 
         Args:
             detector: ``"previous_token"`` or ``"induction"``.
             taxonomy: whose names to check (default: the roles on these prompts).
             threshold: the score that confirms.
         """
-        return precision(taxonomy or self.taxonomy, self.scores[detector], expected_subtype(detector, self.period), threshold)
+        return agreement(taxonomy or self.taxonomy, self.scores[detector], expected_subtype(detector, self.period), threshold)
 
     def cross_tab(self, detector: str, k: int = 10) -> list[dict[str, Any]]:
         """The top-k heads of ``detector``: score, label, sub-type and the role probabilities."""

@@ -183,7 +183,9 @@ class TaxonomyConfig:
             share of all sampled rows (of the later rows, for a secondary
             sink). In (0, 1].
         subtype_attention: ... and carries at least this mean attention weight
-            (over all sampled rows). In (0, 1].
+            (over all sampled rows). In (0, 1]. The default is the detectors'
+            cut (a previous-token head puts >= 0.3 of its weight on the
+            previous token), so a sub-type means what the field's name means.
         subtype_output: ... and at least this mean share of the head's output
             <y_k, o> / ||o||^2. In (0, 1].
         subtype_peak: ... and, for a lag, at least this many times the weight
@@ -207,7 +209,7 @@ class TaxonomyConfig:
     concentrated: float = 0.3
     margin: float = 0.5
     subtype_rows: float = 0.25
-    subtype_attention: float = 0.2
+    subtype_attention: float = 0.3  # the detectors' cut, tl_geometry.analysis.mechanisms.CONFIRMED
     subtype_output: float = 0.1
     subtype_peak: float = 2.0
     literal_align: float = 0.5

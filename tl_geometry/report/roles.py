@@ -3,7 +3,7 @@
 import html
 from collections.abc import Mapping, Sequence
 
-from tl_geometry.analysis.mechanisms import Precision, PromptSetCheck
+from tl_geometry.analysis.mechanisms import DetectorAgreement, PromptSetCheck
 from tl_geometry.analysis.taxonomy import LITERAL_ROLES, REGIMES, HeadTaxonomy, SensitivityRow, role_counts
 
 INTRO = (
@@ -33,14 +33,23 @@ def _cross_tab(check: PromptSetCheck, detector: str, roles: HeadTaxonomy, what: 
     head = "".join(f"<th>{c}</th>" for c in ("head", "score", "role on these prompts", "sub-type", "p(content)",
                                                    "role on the analysed text"))
     expected, shown = check.matches(detector, TOP_K), len(rows)
-    here, there = check.precision(detector), check.precision(detector, roles)
-    return (f"<h3>{html.escape(what)}</h3><p class='how'>Recall: the {shown} heads with the highest score; {expected} of "
+    here, there = check.agreement(detector), check.agreement(detector, roles)
+    return (f"<h3>{html.escape(what)}</h3><p class='how'>The {shown} heads with the highest score; {expected} of "
             f"{shown} come out as expected on these prompts (Content, {'previous-token' if detector == 'previous_token' else 'top key at the induction lag'}). "
+            f"Recall: {_recall(here)}. "
             f"Precision: {_precision(here, 'on these prompts')}; {_precision(there, 'on the analysed text')}.</p>"
             f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
-def _precision(found: Precision, where: str) -> str:
+def _recall(found: DetectorAgreement) -> str:
+    detected = len(found.detected)
+    if not detected:
+        return f"no head scores at least {found.threshold:g} on these prompts"
+    return (f"{len(found.confirmed)} of the {detected} head{'s' if detected != 1 else ''} scoring at least "
+            f"{found.threshold:g} {'are' if detected != 1 else 'is'} named {found.subtype}")
+
+
+def _precision(found: DetectorAgreement, where: str) -> str:
     named = len(found.named)
     if not named:
         return f"no head is named {found.subtype} {where}"
