@@ -202,7 +202,7 @@ def reference_role(f: dict, se: dict, cfg) -> int:
         return -1
     z = {k: _z(f[k], se[k]) for k in ("align_self_excess", "shift_self_raw", "shift_sink_raw")}
     # 1. Mixer: "the last token intermediate between sink and rest; alignment shifts from v_0 towards v_L".
-    if min(sink, rest) < own < max(sink, rest) and _shifts(f, z, cfg):
+    if _between(f, se, cfg) and _shifts(f, z, cfg):
         return ROLES.index("mixer")
     # 2. Retriever: "the last token dominates; s(N) stays aligned with v_L" (beyond chance).
     if own >= sink and own >= rest and z["align_self_excess"] > cfg.z_align and f["align_self_excess"] >= cfg.align_min:
@@ -215,6 +215,17 @@ def reference_role(f: dict, se: dict, cfg) -> int:
 
 def _z(value: float, se: float) -> float:
     return value / se if se > 0 else math.copysign(math.inf, value) if value else math.nan
+
+
+def _between(f: dict, se: dict, cfg) -> bool:
+    """share_self above the smaller and below the larger of share_sink and share_rest, by z_shift standard errors of
+    each difference, sqrt(se_a^2 + se_b^2) (no sink: nothing to be above)."""
+    own, rest = f["share_self"], f["share_rest"]
+    if math.isnan(f["share_sink"]):
+        return own < rest and rest - own > cfg.z_shift * math.hypot(se["share_self"], se["share_rest"])
+    (low, se_low), (high, se_high) = sorted([(f["share_sink"], se["share_sink"]), (rest, se["share_rest"])])
+    return (own - low > cfg.z_shift * math.hypot(se["share_self"], se_low)
+            and high - own > cfg.z_shift * math.hypot(se["share_self"], se_high))
 
 
 def _shifts(f: dict, z: dict, cfg) -> bool:

@@ -25,7 +25,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tests import tiny_models as tm
@@ -152,18 +152,32 @@ def built(gpt2):
 
 @settings(max_examples=200, deadline=None)
 @given(values=st.lists(st.floats(-0.2, 1), min_size=7, max_size=7), errors=st.lists(st.floats(0.001, 0.2), min_size=3, max_size=3),
-       nan_sink=st.booleans())
-def test_rules_match_the_reference(values, errors, nan_sink):
+       share_errors=st.lists(st.floats(0, 0.1), min_size=3, max_size=3), nan_sink=st.booleans())
+def test_rules_match_the_reference(values, errors, share_errors, nan_sink):
     names = ("share_sink", "share_self", "share_rest", "align_self_excess", "shift_self_raw", "shift_sink_raw", "top_rest_share")
     f = dict(zip(names, values))
     f["top_rest_share"] = abs(f["top_rest_share"])
     if nan_sink:
         f["share_sink"] = math.nan
     se = dict(zip(("align_self_excess", "shift_self_raw", "shift_sink_raw"), errors))
+    se.update(zip(("share_sink", "share_self", "share_rest"), share_errors))
     cfg = TaxonomyConfig()
     got = role_of({k: torch.tensor([v], dtype=torch.float64) for k, v in f.items()},
                   {k: torch.tensor([v], dtype=torch.float64) for k, v in se.items()}, cfg)  # fmt: skip
     assert int(got) == reference_role(f, se, cfg)
+
+
+@given(gap=st.floats(0.001, 0.2), se=st.floats(0.0005, 0.1))
+def test_a_mixer_needs_its_own_share_above_the_sink_by_its_noise(gap, se):
+    """Own token 'between' sink and rest only where the gap to the sink beats z_shift standard errors of it."""
+    one = lambda v: torch.tensor([v], dtype=torch.float64)  # noqa: E731
+    f = {"share_sink": one(0.05), "share_self": one(0.05 + gap), "share_rest": one(0.9 - gap), "align_self_excess": one(0.0),
+         "shift_self_raw": one(0.1), "shift_sink_raw": one(-0.1), "top_rest_share": one(0.5)}  # fmt: skip
+    errors = {k: one(se) for k in f} | {"shift_self_raw": one(0.001), "shift_sink_raw": one(0.001)}
+    cfg = TaxonomyConfig()
+    assume(abs(gap - cfg.z_shift * math.sqrt(2) * se) > 1e-9)  # not on the edge, where rounding decides
+    mixer = ROLES[int(role_of(f, errors, cfg))] == "mixer"
+    assert mixer == (gap > cfg.z_shift * math.sqrt(2) * se)
 
 
 LITERAL_NAMES = ("contribution_sink", "contribution_last", "contribution_top_rest", "cos_sink_raw", "cos_self_raw",
@@ -310,7 +324,7 @@ def test_probabilities_are_the_share_of_replicates_giving_each_role(built):
         for head in range(tm.N_HEADS):
             reps = built.replicates("share_self")[:, layer, head]
             se = {}
-            for k in ("align_self_excess", "shift_self_raw", "shift_sink_raw"):
+            for k in ("align_self_excess", "shift_self_raw", "shift_sink_raw", "share_sink", "share_self", "share_rest"):
                 x = [float(v) for v in replicates[k][:, layer, head] if not math.isnan(v)]
                 mean = sum(x) / len(x)
                 se[k] = math.sqrt(sum((v - mean) ** 2 for v in x) / (len(x) - 1))
@@ -420,7 +434,8 @@ def test_errors_and_old_results(gpt2, built):
     assert set(found.missing) == set(newer)
     assert all(found.subtype(layer, head) is None for layer in found.layers for head in found.heads)
     assert (found.literal == -1).all() and "earlier version lacks shift_sink_raw" in found.describe(0, 3)
-    se = {name: found.se[name] for name in ("align_self_excess", "shift_self_raw", "shift_sink_raw")}
+    se = {name: found.se[name] for name in ("align_self_excess", "shift_self_raw", "shift_sink_raw", "share_sink",
+                                            "share_self", "share_rest")}  # fmt: skip
     torch.testing.assert_close(se["shift_self_raw"], built.sem("shift_self"), equal_nan=True)  # no replicates here
     for layer, head in ((0, 0), (0, 3), (1, 2)):
         f = {k: float(built.per_head(k)[layer, head]) for k in ROLE_FEATURES if not k.endswith("_raw")}

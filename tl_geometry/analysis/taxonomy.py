@@ -25,7 +25,9 @@ The rules, in order; the first that holds gives the role:
 
 1. Mixer. Paper: "Last token is intermediate between sink and rest: alignment
    shifts from v_0 at small N towards v_L as N increases". share_self lies
-   between share_sink and share_rest, shift_self_raw rises (its z above
+   between share_sink and share_rest, each gap at least ``z_shift`` standard
+   errors wide (two shares that tie within their noise are not ordered),
+   shift_self_raw rises (its z above
    ``z_shift``, its size at least ``shift_min``) and shift_sink_raw falls (z
    below -``z_shift``, size at least ``shift_min``).
 2. Retriever. Paper: "Last token dominates: ||alpha_L v_L|| is largest; s(N)
@@ -243,8 +245,9 @@ def role_of(
     Args:
         features: every name of ``ROLE_FEATURES`` -> ``[*batch]`` (head means,
             replicate means or single query rows).
-        se: their standard errors, broadcastable to ``[*batch]`` (only the
-            z-scored features are read: align_self_excess, shift_self_raw, shift_sink_raw).
+        se: their standard errors, broadcastable to ``[*batch]`` (only those of
+            the z-scored features are read: align_self_excess, the raw shifts
+            and the three shares).
         config: the thresholds.
 
     >>> one = lambda v: torch.tensor([v], dtype=torch.float64)
@@ -256,8 +259,7 @@ def role_of(
     sink = features[SHARE_SINK.name].double().nan_to_num(-math.inf)  # no visible sink: it cannot dominate
     own, rest = features[SHARE_SELF.name].double(), features[SHARE_REST.name].double()
     z = {spec: features[spec.name].double() / se[spec.name].double() for spec in (ALIGN_SELF_EXCESS, SHIFT_SELF_RAW, SHIFT_SINK_RAW)}
-    between = (own > torch.minimum(sink, rest)) & (own < torch.maximum(sink, rest))
-    mixer = between & _shifting(features, z, config)
+    mixer = _between(own, sink, rest, se, config) & _shifting(features, z, config)
     aligned = (z[ALIGN_SELF_EXCESS] > config.z_align) & (features[ALIGN_SELF_EXCESS.name].double() >= config.align_min)
     retriever = (own >= sink) & (own >= rest) & aligned
     concentrated = features[TOP_REST_SHARE.name].double() >= config.concentrated
@@ -266,6 +268,25 @@ def role_of(
     role = torch.where(retriever, RETRIEVER, role)
     role = torch.where(mixer, MIXER, role)
     return role.masked_fill(own.isnan() | rest.isnan(), -1)
+
+
+def _between(own: Tensor, sink: Tensor, rest: Tensor, se: Mapping[str, Tensor], config: TaxonomyConfig) -> Tensor:
+    """share_self strictly between share_sink and share_rest, each gap ``z_shift`` standard errors wide.
+
+    Two shares that tie within their noise are not ordered: a head with 0.04
+    of its output from the sink and 0.04 from its own token is not "between"
+    either way, and read without the noise its replicates split the label.
+    The gap's standard error is sqrt(se_a^2 + se_b^2) (the shares' covariance
+    left out, which widens it where they rise together).
+    """
+    se_own, se_sink, se_rest = (se[spec.name].double() for spec in (SHARE_SELF, SHARE_SINK, SHARE_REST))
+    low_is_sink = sink <= rest
+    se_sink = torch.where(sink.isinf(), 0.0, se_sink)  # no visible sink: own is above it, without noise
+    low, se_low = torch.where(low_is_sink, sink, rest), torch.where(low_is_sink, se_sink, se_rest)
+    high, se_high = torch.where(low_is_sink, rest, sink), torch.where(low_is_sink, se_rest, se_sink)
+    above = own - low > config.z_shift * (se_own.pow(2) + se_low.pow(2)).sqrt()
+    below = high - own > config.z_shift * (se_own.pow(2) + se_high.pow(2)).sqrt()
+    return above & below
 
 
 def _shifting(features: Mapping[str, Tensor], z: Mapping[FieldSpec, Tensor], config: TaxonomyConfig) -> Tensor:
