@@ -117,7 +117,9 @@ def test_value_norms_plots_the_mean_by_position_and_the_cv_histogram(full):
     torch.testing.assert_close(torch.tensor(mean.y, dtype=torch.float64), expected.double(), equal_nan=True)
     histogram = next(t for t in fig.data if t.type == "histogram")
     assert len(histogram.x) == full.value_norm_cv.numel() and min(histogram.x) >= 0
-    assert fig.layout.xaxis.type == "log"
+    assert fig.layout.xaxis.type != "log" and fig.layout.xaxis.range[0] < 0  # the sink, position 0, is drawn
+    sink = next(t for t in fig.data if t.name == "the sink (position 0)")
+    assert list(sink.x) == [0] and sink.y[0] == pytest.approx(float(expected[0]))
 
 
 def test_cosine_decay_shows_the_fit_of_the_chosen_head(full):
@@ -145,7 +147,7 @@ def test_sink_recall_draws_pearson_spearman_and_interval(full):
     pearson = next(t for t in fig.data if t.name == "Pearson")
     torch.testing.assert_close(torch.tensor(pearson.y, dtype=torch.float64), correlation.pearson.double(),
                                equal_nan=True)
-    assert fig.layout.yaxis.range == (-1, 1) and fig.layout.xaxis.type == "log"
+    assert fig.layout.yaxis.range == (-1.05, 1.05) and fig.layout.xaxis.type == "log"
 
 
 def test_sink_recall_draws_the_disattenuated_curve_where_it_is_measured():
