@@ -227,3 +227,40 @@ def test_n_axes_start_at_n_1(full):
             if fig.layout[axis].title.text == "N (selected keys)" or (name != "figure 2" and fig.layout[axis].type == "log"):
                 low, high = fig.layout[axis].range
                 assert low == 0 and high >= math.log10(41), (name, axis)
+
+
+# ---- tl_geometry.plots: every figure, one call from a result ----
+
+def test_the_plots_namespace_draws_each_figure_from_a_result(full):
+    import tl_geometry as tg
+    from tl_geometry.report.html import render_figures
+
+    names = tg.plots.available(full)
+    assert {"value_norms", "sink_recall", "regimes_by_layer", "precision_recall_vs_n"} <= set(names)
+    assert "selection_picture" not in names  # no picture_heads in this run
+    taxonomy = taxonomy_from_result(full)
+    same = {  # the namespace's figure against the drawing function given what it derives
+        "value_norms": plots.value_norms(full),
+        "regimes_by_layer": plots.regimes_by_layer(taxonomy),
+        "precision_recall_by_regime": plots.precision_recall_by_regime(taxonomy, full),
+        "sink_recall": plots.sink_recall(sink_recall_correlation(full)),
+        "head_curves": plots.head_curves(full),
+    }
+    for name, expected in same.items():
+        assert getattr(tg.plots, name)(full).to_json() == expected.to_json(), name  # NaN gaps compare equal here
+    for name in names:
+        assert isinstance(getattr(tg.plots, name)() if name == "toy_selection" else getattr(tg.plots, name)(full),
+                          type(same["value_norms"]))
+    report = tg.plots.report_figures(full)
+    assert list(report) == [figure.key for figure, _ in render_figures(full).figures]
+
+
+def test_the_plots_namespace_says_what_a_figure_needs(result):
+    import tl_geometry as tg
+
+    assert "value_norms" not in tg.plots.available(result)  # the default run has no assumptions diagnostic
+    with pytest.raises(GeometryError, match=r"plots.value_norms: this result does not carry the fields of the "
+                                            r"'assumptions' diagnostic; analyse with diagnostics='all'"):
+        tg.plots.value_norms(result)
+    with pytest.raises(GeometryError, match=r"keeps no picture of layer 1, head 2"):
+        tg.plots.selection_picture(result, 1, 2)
