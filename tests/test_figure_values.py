@@ -26,34 +26,36 @@ import pytest
 
 from tests import tiny_models as tm
 from tl_geometry import run_with_geometry_hooks
-from tl_geometry.analysis.interventions import geometry_vs_dnll
-from tl_geometry.capture.sweep import effective_set_size, intervention_sweep
+from tl_geometry.analysis.interventions import geometry_vs_dnll, n_star_of
+from tl_geometry.capture.sweep import intervention_sweep
 from tl_geometry.report.html import intervention_figures, render_figures, write_report
 
-GRID = [1, 2, 4, 8, 25]
-QUIET = dict(progress=False)
+pytestmark = pytest.mark.model
+
+GRID = [1, 2, 4, 8, 17]
+SWEEP_GRID = [1, 2, 3, 4]  # every N the search for N*_0.05 up to 4 needs: N* read from the sweep
+QUIET = dict(progress=False, n_bootstrap=8, settings_per_pass=64)
 NAN_WORD = re.compile(r"\bnan\b", re.IGNORECASE)
 
 
-def _run(model: Any, layers: list[int] | None = None) -> list[tuple[str, go.Figure]]:
-    """Every figure the report draws for a run of ``model`` (with pictures) and of its intervention sweeps."""
-    tokens = tm.with_bos(tm.random_tokens(4, 24))
+def _run(model: Any, layers: list[int] | None = None, modes: tuple[str, ...] = ("renormalise",),
+         controls: int = 0) -> list[tuple[str, go.Figure]]:
+    """Every figure the report draws for a run of ``model`` (with a picture) and of a layer-scope top-N sweep."""
+    tokens = tm.with_bos(tm.random_tokens(2, 16))
     chosen = layers or list(range(model.cfg.n_layers))
-    geometry = run_with_geometry_hooks(model, tokens, n_grid=GRID, diagnostics="all", n_bootstrap=20, layers=chosen,
+    geometry = run_with_geometry_hooks(model, tokens, n_grid=GRID, diagnostics="all", n_bootstrap=8, layers=chosen,
                                        picture_heads=[(chosen[-1], 1)])
-    sweep = intervention_sweep(model, tokens, GRID[:-1], scope="model", layers=chosen, controls=2, n_bootstrap=20,
+    sweep = intervention_sweep(model, tokens, SWEEP_GRID, scope="layer", layers=chosen, modes=modes, controls=controls,
                                **QUIET)
-    by_layer = intervention_sweep(model, tokens, GRID[:-1], scope="layer", layers=chosen, modes=("renormalise",),
-                                  controls=0, n_bootstrap=20, **QUIET)
-    n_star = effective_set_size(model, tokens, scope="layer", layers=chosen, max_n=8, n_bootstrap=20, **QUIET)
-    correlation = geometry_vs_dnll(geometry, by_layer, field="precision")
+    n_star = n_star_of(sweep, "renormalise", (0.05,), max_n=SWEEP_GRID[-1])
+    correlation = geometry_vs_dnll(geometry, sweep, field="precision")
     drawn = render_figures(geometry).figures + intervention_figures(sweep, n_star, correlation)
     return [(figure.key, fig) for figure, fig in drawn]
 
 
 @pytest.fixture(scope="module")
 def two_layers() -> list[tuple[str, go.Figure]]:
-    return _run(tm.make_model("bridge-llama"))
+    return _run(tm.make_model("bridge-llama"), modes=("renormalise", "delete"), controls=2)
 
 
 @pytest.fixture(scope="module")
