@@ -4,7 +4,11 @@ Every function takes a result (or a taxonomy) and returns a
 ``plotly.graph_objects.Figure``. The look is shared: titles and axis labels
 say what is shown and in which units, log axes where the paper uses them, and
 a colour-blind-safe palette (Okabe-Ito) in which one regime always has one
-colour.
+colour. Every value is drawn: a log axis only where its values are positive
+(Figure 2's positions start at the sink, 0, so that axis is linear; zeros
+elsewhere are left out and counted in the legend), ranges that hold what
+they frame, one cell per analysed layer and head, and no "nan" in a title
+(a missing value says why). `tl_geometry.plots` calls these from a result.
 """
 
 import math
