@@ -28,7 +28,6 @@ from tl_geometry.errors import GeometryError
 from tl_geometry.report import ablation as _ablation
 from tl_geometry.report import intervention_plots as _interventions
 from tl_geometry.report import plots as _draw
-from tl_geometry.report.html import available as _available, render_figures
 from tl_geometry.results.interventions import InterventionResult
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.results.table import FieldName
@@ -56,10 +55,16 @@ def _result(result: object, figure: str) -> GeometryResult:
         raise GeometryError(f"plots.{figure}: expected a GeometryResult (from tl_geometry.run_with_geometry_hooks or "
                             f"GeometryResult.load), got {type(result).__name__}")
     need = OF_A_RESULT[figure]
-    if need is not None and need not in _available(result):
+    if need is not None and need not in _diagnostics(result):
         raise GeometryError(f"plots.{figure}: this result does not carry the fields of the {need!r} diagnostic; "
                             f"analyse with diagnostics='all' (or a list including {need!r}) to draw it")
     return result
+
+
+def _diagnostics(result: GeometryResult) -> set[str]:
+    from tl_geometry.report.html import available  # the page's module, loaded when a figure is asked for
+
+    return available(result)
 
 
 def _roles(result: GeometryResult | HeadTaxonomy, figure: str) -> HeadTaxonomy:
@@ -69,13 +74,15 @@ def _roles(result: GeometryResult | HeadTaxonomy, figure: str) -> HeadTaxonomy:
 def available(result: GeometryResult) -> list[str]:
     """The names of the figures of this module that ``result`` can draw (some need a diagnostic's fields, the
     selection picture a kept picture), plus ``toy_selection``, which needs no result."""
-    present = _available(_result(result, "precision_recall_vs_n"))
+    present = _diagnostics(_result(result, "precision_recall_vs_n"))
     return ["toy_selection"] + [name for name, need in OF_A_RESULT.items() if need is None or need in present
                                 if name != "selection_picture" or result.pictures]
 
 
 def report_figures(result: GeometryResult) -> dict[str, go.Figure]:
     """Every figure the HTML report draws for ``result``, by its anchor in the page (``"figure-5"``, ...)."""
+    from tl_geometry.report.html import render_figures  # the page's module, loaded when a figure is asked for
+
     rendered = render_figures(_result(result, "precision_recall_vs_n"))
     return {figure.key: drawn for figure, drawn in rendered.figures}
 
