@@ -21,7 +21,7 @@ BEFORE_TIERS = [
     "topn_hooks", "topn_pattern_hook", "window_documents",
 ]  # fmt: skip
 TIERS = ["tl_geometry.corpus", "tl_geometry.analysis", "tl_geometry.diagnostics", "tl_geometry.theory",
-         "tl_geometry.interventions"]
+         "tl_geometry.interventions", "tl_geometry.plots"]
 
 
 def test_the_top_level_is_short_and_imports_without_warnings():

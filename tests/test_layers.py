@@ -17,7 +17,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     ("__main__",),  # python -m tl_geometry: the command line
     ("cli",),
     ("__init__", "_compat"),  # the public names, and where the old ones went
-    ("corpus", "interventions"),  # the second tier of the public names
+    ("corpus", "interventions", "plots"),  # the second tier of the public names
     ("report",),  # figures only draw; the page reads a result
     ("capture",),  # models run here: hooks, corpus, sweeps, prompt sets
     ("analysis", "models"),  # analysis from a result only; models: loading

@@ -117,7 +117,9 @@ def test_value_norms_plots_the_mean_by_position_and_the_cv_histogram(full):
     torch.testing.assert_close(torch.tensor(mean.y, dtype=torch.float64), expected.double(), equal_nan=True)
     histogram = next(t for t in fig.data if t.type == "histogram")
     assert len(histogram.x) == full.value_norm_cv.numel() and min(histogram.x) >= 0
-    assert fig.layout.xaxis.type == "log"
+    assert fig.layout.xaxis.type != "log" and fig.layout.xaxis.range[0] < 0  # the sink, position 0, is drawn
+    sink = next(t for t in fig.data if t.name == "the sink (position 0)")
+    assert list(sink.x) == [0] and sink.y[0] == pytest.approx(float(expected[0]))
 
 
 def test_cosine_decay_shows_the_fit_of_the_chosen_head(full):
@@ -145,7 +147,7 @@ def test_sink_recall_draws_pearson_spearman_and_interval(full):
     pearson = next(t for t in fig.data if t.name == "Pearson")
     torch.testing.assert_close(torch.tensor(pearson.y, dtype=torch.float64), correlation.pearson.double(),
                                equal_nan=True)
-    assert fig.layout.yaxis.range == (-1, 1) and fig.layout.xaxis.type == "log"
+    assert fig.layout.yaxis.range == (-1.05, 1.05) and fig.layout.xaxis.type == "log"
 
 
 def test_sink_recall_draws_the_disattenuated_curve_where_it_is_measured():
@@ -225,3 +227,40 @@ def test_n_axes_start_at_n_1(full):
             if fig.layout[axis].title.text == "N (selected keys)" or (name != "figure 2" and fig.layout[axis].type == "log"):
                 low, high = fig.layout[axis].range
                 assert low == 0 and high >= math.log10(41), (name, axis)
+
+
+# ---- tl_geometry.plots: every figure, one call from a result ----
+
+def test_the_plots_namespace_draws_each_figure_from_a_result(full):
+    import tl_geometry as tg
+    from tl_geometry.report.html import render_figures
+
+    names = tg.plots.available(full)
+    assert {"value_norms", "sink_recall", "regimes_by_layer", "precision_recall_vs_n"} <= set(names)
+    assert "selection_picture" not in names  # no picture_heads in this run
+    taxonomy = taxonomy_from_result(full)
+    same = {  # the namespace's figure against the drawing function given what it derives
+        "value_norms": plots.value_norms(full),
+        "regimes_by_layer": plots.regimes_by_layer(taxonomy),
+        "precision_recall_by_regime": plots.precision_recall_by_regime(taxonomy, full),
+        "sink_recall": plots.sink_recall(sink_recall_correlation(full)),
+        "head_curves": plots.head_curves(full),
+    }
+    for name, expected in same.items():
+        assert getattr(tg.plots, name)(full).to_json() == expected.to_json(), name  # NaN gaps compare equal here
+    for name in names:
+        assert isinstance(getattr(tg.plots, name)() if name == "toy_selection" else getattr(tg.plots, name)(full),
+                          type(same["value_norms"]))
+    report = tg.plots.report_figures(full)
+    assert list(report) == [figure.key for figure, _ in render_figures(full).figures]
+
+
+def test_the_plots_namespace_says_what_a_figure_needs(result):
+    import tl_geometry as tg
+
+    assert "value_norms" not in tg.plots.available(result)  # the default run has no assumptions diagnostic
+    with pytest.raises(GeometryError, match=r"plots.value_norms: this result does not carry the fields of the "
+                                            r"'assumptions' diagnostic; analyse with diagnostics='all'"):
+        tg.plots.value_norms(result)
+    with pytest.raises(GeometryError, match=r"keeps no picture of layer 1, head 2"):
+        tg.plots.selection_picture(result, 1, 2)

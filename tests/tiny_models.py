@@ -74,8 +74,9 @@ def sharpen(model: torch.nn.Module, seed: int, scale: float) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * scale)
 
 
-def tiny_bridge(arch: str = "llama", *, compat: bool = False, seed: int = 0, dtype: torch.dtype = torch.float64) -> Any:
-    """A TransformerBridge over a tiny random GPT-2 (``"gpt2"``) or Llama with GQA (``"llama"``)."""
+def tiny_bridge(arch: str = "llama", *, compat: bool = False, seed: int = 0, dtype: torch.dtype = torch.float64,
+                n_layers: int = N_LAYERS) -> Any:
+    """A TransformerBridge over a tiny random GPT-2 (``"gpt2"``) or Llama with GQA (``"llama"``), ``n_layers`` deep."""
     import transformers
     from transformer_lens.model_bridge import TransformerBridge
 
@@ -84,7 +85,7 @@ def tiny_bridge(arch: str = "llama", *, compat: bool = False, seed: int = 0, dty
         config = transformers.LlamaConfig(
             hidden_size=D_MODEL,
             intermediate_size=2 * D_MODEL,
-            num_hidden_layers=N_LAYERS,
+            num_hidden_layers=n_layers,
             num_attention_heads=N_HEADS,
             num_key_value_heads=N_KV_HEADS,
             max_position_embeddings=N_CTX,
@@ -92,7 +93,7 @@ def tiny_bridge(arch: str = "llama", *, compat: bool = False, seed: int = 0, dty
         )
     elif arch == "gpt2":
         config = transformers.GPT2Config(
-            n_embd=D_MODEL, n_layer=N_LAYERS, n_head=N_HEADS, n_positions=N_CTX, **common
+            n_embd=D_MODEL, n_layer=n_layers, n_head=N_HEADS, n_positions=N_CTX, **common
         )
     else:
         raise ValueError(f"arch: expected 'llama' or 'gpt2', got {arch!r}")

@@ -9,7 +9,8 @@ The top level holds what a run needs: load a model, run the hooks (or read
 a cache), the result and its config, text and corpora, the head roles, the
 claims and the comparison of two results. The rest lives in
 `tl_geometry.corpus`, `tl_geometry.analysis`, `tl_geometry.diagnostics`,
-`tl_geometry.theory` and `tl_geometry.interventions`; names that used to be
+`tl_geometry.theory`, `tl_geometry.interventions` and `tl_geometry.plots` (every
+figure, from a result); names that used to be
 here still import, with a DeprecationWarning naming their home.
 
 Importing the package is cheap: transformers and the models load only when
@@ -34,7 +35,7 @@ from tl_geometry.report.compare import compare
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.text import default_text
 
-from tl_geometry import analysis, corpus, diagnostics, interventions, theory  # noqa: E402, F401 (the second tier)
+from tl_geometry import analysis, corpus, diagnostics, interventions, plots, theory  # noqa: E402, F401 (the second tier)
 
 __all__ = [
     "GeometryConfig",

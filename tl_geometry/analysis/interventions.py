@@ -228,6 +228,19 @@ class GeometryFunctionCorrelation:
     y: Tensor
     units: tuple[tuple[int, int], ...]
 
+    def why_undefined(self, k: int) -> str | None:
+        """Why ``rho[k]`` is NaN, in words (None where it is defined): Spearman needs 3 units with both values, and
+        neither variable the same for every unit (as at an N that selects every key, where P = R = 1)."""
+        if not math.isnan(float(self.rho[k])):
+            return None
+        both = ~(self.x[:, k].isnan() | self.y[:, k].isnan())
+        count = int(both.sum())
+        if count < 3:
+            return f"{count} of {len(self.units)} units have both values, 3 needed"
+        constant = [name for name, v in ((self.field, self.x[both, k]), ("dNLL", self.y[both, k]))
+                    if bool((v == v[0]).all())]
+        return f"{' and '.join(constant) or 'one variable'} (nearly) the same for every unit"
+
     def __repr__(self) -> str:  # a line per field, not every unit's values
         return field_summary(self, "correlation.rho is [n]; correlation.x and .y the units' values").text()
 

@@ -392,9 +392,9 @@ window.addEventListener("load", function () {
   }
 
   function highlight() {  // a frame around the chosen cell of each heatmap, and the chosen table row
-    const x = D.heads[head], y = D.layers[layer];
-    for (const id of HEATMAPS) if (byId(id)) Plotly.relayout(id, {shapes: [{type: "rect", x0: x - 0.5, x1: x + 0.5,
-      y0: y - 0.5, y1: y + 0.5, line: {color: "#D55E00", width: 3}}]});
+    // The heatmaps' axes are categories (plots.fit_cells): a cell's coordinates are its indices, not its labels.
+    for (const id of HEATMAPS) if (byId(id)) Plotly.relayout(id, {shapes: [{type: "rect", x0: head - 0.5, x1: head + 0.5,
+      y0: layer - 0.5, y1: layer + 0.5, line: {color: "#D55E00", width: 3}}]});
     for (const tr of byId("heads-table").tBodies[0].rows) tr.classList.toggle("chosen", tr.dataset.key === layer + "," + head);
   }
 
@@ -462,7 +462,8 @@ window.addEventListener("load", function () {
   byId("head-select").addEventListener("change", (e) => show(...e.target.value.split(",").map(Number)));
   byId("n-slider").addEventListener("input", (e) => setN(Number(e.target.value)));
   for (const id of HEATMAPS) {
-    if (byId(id)) byId(id).on("plotly_click", (e) => show(D.layers.indexOf(e.points[0].y), D.heads.indexOf(e.points[0].x)));
+    if (byId(id)) byId(id).on("plotly_click",
+                              (e) => show(D.layers.indexOf(Number(e.points[0].y)), D.heads.indexOf(Number(e.points[0].x))));
   }
   show(layer, head);
   document.body.dataset.explorer = "ready";

@@ -15,6 +15,7 @@ from tl_geometry.analysis.interventions import (
     GeometryFunctionCorrelation,
     dnll_curve,
 )
+from tl_geometry.report.plots import fit_cells
 from tl_geometry.results.display import plural
 from tl_geometry.results.interventions import ALL, InterventionResult
 
@@ -46,11 +47,13 @@ def dnll_vs_n_figure(sweep: InterventionResult, *, layer: int | None = None, hea
             fig.add_trace(_band(c.n, c.low, c.high, colour, f"top-N, {mode} (95% CI)"))
         fig.add_trace(go.Scatter(x=c.n, y=c.mean, mode="lines+markers", line=dict(color=colour), name=f"top-N, {mode}"))
     unit = "model" if layer == ALL else (f"layer {layer}" if head == ALL else f"L{layer}H{head}")
+    fig.add_hline(y=0, line=dict(color="#7f7f7f", width=1))
+    # A linear dNLL axis: a log one drops every N where keeping the top N keys lowers the loss (dNLL < 0).
     fig.update_layout(
         title=f"{'Relative ' if relative else ''}dNLL against N ({unit}, {sweep.ranking} ranking, "
               f"{plural(sweep.n_documents, 'window')})",
         xaxis=dict(title="N (keys kept per row)", type="log"),
-        yaxis=dict(title="dNLL / NLL(clean)" if relative else "dNLL (nats)", type="log" if relative else "linear"),
+        yaxis=dict(title="dNLL / NLL(clean)" if relative else "dNLL (nats)", type="linear"),
         height=480,
     )
     return fig
@@ -60,7 +63,7 @@ def n_star_figure(n_star: EffectiveSetSize, tau: float = 0.05) -> go.Figure:
     """N*_tau by layer (rows) and head (columns) as a heatmap; hover shows the bootstrap interval."""
     t = n_star.taus.index(tau)
     z = n_star.n_star[t].tolist()
-    text = [[f"N*={v:g} [{lo:g}, {hi:g}]" for v, lo, hi in zip(zr, lr, hr)]
+    text = [[_n_star_text(v, lo, hi, n_star.max_n) for v, lo, hi in zip(zr, lr, hr)]
             for zr, lr, hr in zip(z, n_star.low[t].tolist(), n_star.high[t].tolist())]
     columns = ["all heads" if h == ALL else f"H{h}" for h in n_star.heads]
     rows = ["model" if layer == ALL else f"L{layer}" for layer in n_star.layers]
@@ -68,17 +71,35 @@ def n_star_figure(n_star: EffectiveSetSize, tau: float = 0.05) -> go.Figure:
                                text=text, hoverinfo="text+x+y", colorscale="Viridis",
                                colorbar=dict(title="log2 N*")))
     fig.update_layout(title=f"N*_{tau:g}: smallest N with relative dNLL <= {tau:g} ({n_star.mode})",
-                      yaxis=dict(autorange="reversed"), height=max(300, 18 * len(rows) + 150))
+                      height=max(300, 18 * len(rows) + 150))
+    fit_cells(fig, len(rows), len(columns))
     return fig
+
+
+def _n_star_text(n_star: float, low: float, high: float, max_n: int) -> str:
+    """A cell's hover: N* and its interval, or why either is missing."""
+    if math.isnan(n_star):
+        return f"N* not reached: no N up to {max_n} keeps the relative dNLL within tau"
+    interval = "no interval (no bootstrap replicates)" if math.isnan(low) or math.isnan(high) else f"[{low:g}, {high:g}]"
+    return f"N*={n_star:g} {interval}"
+
+
+def _rho_title(corr: GeometryFunctionCorrelation, k: int) -> str:
+    """A panel's title: rho with its interval, or why either is missing (never "nan")."""
+    n = int(corr.n_grid[k])
+    why = corr.why_undefined(k)
+    if why is not None:
+        return f"N={n}: no rho ({why})"
+    low, high = float(corr.low[k]), float(corr.high[k])
+    interval = "no interval" if math.isnan(low) or math.isnan(high) else f"[{low:.2f}, {high:.2f}]"
+    return f"N={n}: rho={float(corr.rho[k]):.2f} {interval}"
 
 
 def geometry_scatter_figure(corr: GeometryFunctionCorrelation, ns: Sequence[int] | None = None) -> go.Figure:
     """One panel per N: the geometric field against dNLL per unit, titled with Spearman's rho and its interval."""
     grid = corr.n_grid.tolist()
     chosen = [n for n in (ns or grid) if n in grid]
-    fig = make_subplots(rows=1, cols=len(chosen), subplot_titles=[
-        f"N={n}: rho={corr.rho[grid.index(n)]:.2f} [{corr.low[grid.index(n)]:.2f}, {corr.high[grid.index(n)]:.2f}]"
-        for n in chosen])
+    fig = make_subplots(rows=1, cols=len(chosen), subplot_titles=[_rho_title(corr, grid.index(n)) for n in chosen])
     labels = [f"L{layer}" + ("" if head == ALL else f"H{head}") for layer, head in corr.units]
     for col, n in enumerate(chosen, start=1):
         k = grid.index(n)

@@ -4,7 +4,11 @@ Every function takes a result (or a taxonomy) and returns a
 ``plotly.graph_objects.Figure``. The look is shared: titles and axis labels
 say what is shown and in which units, log axes where the paper uses them, and
 a colour-blind-safe palette (Okabe-Ito) in which one regime always has one
-colour.
+colour. Every value is drawn: a log axis only where its values are positive
+(Figure 2's positions start at the sink, 0, so that axis is linear; zeros
+elsewhere are left out and counted in the legend), ranges that hold what
+they frame, one cell per analysed layer and head, and no "nan" in a title
+(a missing value says why). `tl_geometry.plots` calls these from a result.
 """
 
 import math
@@ -27,7 +31,7 @@ from tl_geometry.diagnostics.assumptions import (
 from tl_geometry.diagnostics.bounds import ENVELOPE_OF, EXCEEDED_OF, REALISED_BOUND_OF, Envelope
 from tl_geometry.diagnostics.chance import CHANCE_OF, CHANCE_PRECISION_FLOOR
 from tl_geometry.diagnostics.fields import FieldSpec
-from tl_geometry.diagnostics.profile_fit import ProfileFit
+from tl_geometry.diagnostics.profile_fit import MIN_POSITIONS, ProfileFit
 from tl_geometry.diagnostics.selection import PRECISION, RECALL, S_NORM
 from tl_geometry.diagnostics.taxonomy import (
     CONTRIBUTION_BY_POSITION,
@@ -99,6 +103,17 @@ def _n_axes(fig: go.Figure, grid: Sequence[int], **where: int) -> None:
     fig.update_xaxes(type="log", range=[low, high + pad], **where)
 
 
+def fit_cells(fig: go.Figure, n_rows: int, n_columns: int) -> None:
+    """One cell per analysed layer (rows, the first on top) and head (columns), on category axes.
+
+    A numeric axis would place the cells at their labels: layers 0 and 20 alone
+    would be stretched over -10..30. Categories are indexed 0..n-1, so the
+    ranges are exactly the cells.
+    """
+    fig.update_xaxes(type="category", range=[-0.5, n_columns - 0.5])
+    fig.update_yaxes(type="category", range=[n_rows - 0.5, -0.5])
+
+
 def metric_heatmap(
     result: GeometryResult, metric: FieldName = PRECISION, n: int = 4, regimes: Sequence[Sequence[str]] | None = None
 ) -> go.Figure:
@@ -129,7 +144,8 @@ def metric_heatmap(
             hovertemplate="layer %{y}, head %{x}<br>" + metric + " = %{z:.3f}<br>%{customdata}<extra></extra>",
         )
     )
-    fig.update_yaxes(title="layer", autorange="reversed")
+    fit_cells(fig, len(result.layers), len(result.heads))
+    fig.update_yaxes(title="layer")
     fig.update_xaxes(title="head")
     return _style(fig, f"{metric} at N = {n}, per layer and head", height=max(420, 18 * len(result.layers)))
 
@@ -247,6 +263,11 @@ def head_curves(result: GeometryResult, layer: int | None = None, head: int | No
     return _style(fig, f"Layer {result.layers[li]}, head {result.heads[hi]}: Precision and Recall against N")
 
 
+def _left_off(count: int, what: str) -> str:
+    """The legend's note of values a log axis cannot draw (``""`` when there are none)."""
+    return f" ({count} {'key' if count == 1 else 'keys'} {what} not drawn on the log axis)" if count else ""
+
+
 def _example_head_label(where: tuple[int, int] | None, regime: str) -> str:
     return f"{regime}: none" if where is None else f"{regime}: layer {where[0]}, head {where[1]}"
 
@@ -283,7 +304,9 @@ def regime_diagnostics(taxonomy: HeadTaxonomy) -> go.Figure:
     _n_axes(fig, grid)
     fig.update_xaxes(title="N (selected keys)", row=2)
     fig.update_yaxes(title="norm", row=1, col=1)
-    fig.update_yaxes(title="cosine minus its random-set mean", range=[-1.05, 1.05], row=2)
+    excess = [taxonomy.features[spec.name] for row, spec, _, _ in lines if row == 2]
+    reach = max([1.0] + [float(t.nan_to_num(0).abs().max()) for t in excess])  # differences of cosines: up to 2
+    fig.update_yaxes(title="cosine minus its random-set mean", range=[-1.05 * reach, 1.05 * reach], row=2)
     fig = _style(fig, "Role diagnostics of one example head per label (colour: regime; line style: see legend)",
                  height=620)
     fig.update_layout(legend={"orientation": "h", "y": -0.15})
@@ -298,7 +321,7 @@ def regimes_by_layer(taxonomy: HeadTaxonomy) -> go.Figure:
          for i, regime in enumerate(REGIMES)]
     )
     fig.update_layout(barmode="stack")
-    fig.update_xaxes(title="layer")
+    fig.update_xaxes(title="layer", type="category", range=[-0.5, len(taxonomy.layers) - 0.5])
     fig.update_yaxes(title="heads")
     return _style(fig, "Head regimes by depth")
 
@@ -314,9 +337,12 @@ def contributions_by_regime(taxonomy: HeadTaxonomy) -> go.Figure:
         layer, head = taxonomy.layers.index(where[0]), taxonomy.heads.index(where[1])
         size = taxonomy.features[CONTRIBUTION_BY_POSITION.name][layer, head]
         cosine = taxonomy.features[COS_LAST_BY_POSITION.name][layer, head]
+        positive = size > 0  # a log axis cannot show 0 (the legend says how many); NaN: positions not reached
+        zeros = int((size <= 0).sum())
         fig.add_trace(
-            go.Scatter(x=list(range(len(size))), y=size.tolist(), mode="markers", name=regime, showlegend=False,
-                       marker={"color": cosine.tolist(), "colorscale": "RdBu", "cmin": -1, "cmax": 1, "size": 5,
+            go.Scatter(x=positive.nonzero().flatten().tolist(), y=size[positive].tolist(), mode="markers",
+                       name=regime + _left_off(zeros, "with ||alpha_i v_i|| = 0"), showlegend=zeros > 0,
+                       marker={"color": cosine[positive].tolist(), "colorscale": "RdBu", "cmin": -1, "cmax": 1, "size": 5,
                                "colorbar": {"title": "cos(v_i, v_L)"} if col == len(REGIMES) else None,
                                "showscale": col == len(REGIMES)},
                        hovertemplate="position %{x}<br>||alpha_i v_i|| = %{y:.3g}<extra></extra>"),
@@ -404,8 +430,12 @@ def toy_selection(toy: Toy2D) -> go.Figure:
 
 
 def value_norms(result: GeometryResult) -> go.Figure:
-    """Figure 2: mean ||v_i|| by position over all layer-heads (left, log x) and the
-    coefficient of variation of the non-sink norms across heads (right)."""
+    """Figure 2: mean ||v_i|| by position over all layer-heads (left) and the
+    coefficient of variation of the non-sink norms across heads (right).
+
+    The position axis is linear (the paper's is log): a log axis cannot show
+    position 0, the sink the figure is about, so it is drawn and marked.
+    """
     norms = result.per_head(VALUE_NORM_BY_POSITION).flatten(0, 1)  # [layer*head, pos]
     mean, low, high = torch.nanmean(norms, 0), torch.nanquantile(norms, 0.1, 0), torch.nanquantile(norms, 0.9, 0)
     positions = list(range(norms.shape[-1]))
@@ -415,10 +445,13 @@ def value_norms(result: GeometryResult) -> go.Figure:
                              mode="lines", line={"width": 0}, name="10-90 % of layer-heads", hoverinfo="skip"))
     fig.add_trace(go.Scatter(x=positions, y=mean.tolist(), mode="lines", line={"color": BLUE},
                              name="mean over layer-heads"))
+    fig.add_trace(go.Scatter(x=positions[:1], y=mean[:1].tolist(), mode="markers", name="the sink (position 0)",
+                             marker={"color": VERMILLION, "size": 10, "symbol": "diamond"}))
     cv = result.per_head(VALUE_NORM_CV).flatten()
     fig.add_trace(go.Histogram(x=cv[~torch.isnan(cv)].tolist(), marker_color=BLUE, name="heads", showlegend=False),
                   row=1, col=2)
-    fig.update_xaxes(type="log", title="position i (0 = sink)", row=1, col=1)
+    fig.update_xaxes(title="position i (0 = sink)", range=[-0.02 * len(positions) - 0.5, len(positions) - 0.5],
+                     row=1, col=1)
     fig.update_yaxes(title="||v_i||", row=1, col=1)
     fig.update_xaxes(title="CV = std / mean of ||v_i||, i > 0", row=1, col=2)
     fig.update_yaxes(title="layer-heads", row=1, col=2)
@@ -457,19 +490,24 @@ def attention_profile(result: GeometryResult, layer: int | None = None, head: in
     positions = torch.arange(len(profile))
     shown = ~torch.isnan(profile)
     fitted = fit.evaluate(int(shown.sum()))
+    positive = shown & (profile > 0)
     fig = go.Figure([
-        go.Scatter(x=positions[shown].tolist(), y=profile[shown].tolist(), mode="markers", name="attention weight",
+        go.Scatter(x=positions[positive].tolist(), y=profile[positive].tolist(), mode="markers",
+                   name="attention weight" + _left_off(int((shown & ~positive).sum()), "with weight 0"),
                    marker={"color": BLUE, "size": 4}),
-        go.Scatter(x=positions[shown].tolist(), y=fitted.tolist(), mode="lines", name="four-phase fit",
-                   line={"color": ORANGE}),
     ])
+    if bool((fitted > 0).any()):
+        drawn = fitted > 0
+        fig.add_trace(go.Scatter(x=positions[shown][drawn].tolist(), y=fitted[drawn].tolist(), mode="lines",
+                                 name="four-phase fit", line={"color": ORANGE}))
     for value, label in ((fit.t1, "T1"), (fit.t2, "T2")):
         if not torch.isnan(value):
             fig.add_vline(x=float(value), line={"dash": "dot", "color": GREY}, annotation_text=label)
     fig.update_xaxes(title="key position i (0 = sink)")
     fig.update_yaxes(type="log", title="alpha_i")
-    return _style(fig, f"Assumption 3: attention profile of layer {result.layers[li]}, head {result.heads[hi]} "
-                       f"(fit error {fit.error:.2f} in log space)")
+    error = (f"fit error {float(fit.error):.2f} in log space" if not math.isnan(float(fit.error))
+             else f"no four-phase fit: fewer than {MIN_POSITIONS} non-sink positions")
+    return _style(fig, f"Assumption 3: attention profile of layer {result.layers[li]}, head {result.heads[hi]} ({error})")
 
 
 def sink_recall(correlation: SinkRecallCorrelation) -> go.Figure:
@@ -498,7 +536,7 @@ def sink_recall(correlation: SinkRecallCorrelation) -> go.Figure:
     fig.add_hline(y=0, line={"color": GREY, "width": 1})
     _n_axes(fig, grid)
     fig.update_xaxes(title="N (selected keys)")
-    fig.update_yaxes(range=[-1, 1], title="corr(R(r_min, N), rho_0)")
+    fig.update_yaxes(range=[-1.05, 1.05], title="corr(R(r_min, N), rho_0)")
     return _style(fig, f"Sink similarity and Recall, across {correlation.over}")
 
 

@@ -5,6 +5,7 @@ from collections.abc import Mapping, Sequence
 
 from tl_geometry.analysis.mechanisms import DetectorAgreement, PromptSetCheck
 from tl_geometry.analysis.taxonomy import LITERAL_ROLES, REGIMES, HeadTaxonomy, SensitivityRow, role_counts
+from tl_geometry.results.display import plural
 
 INTRO = (
     "Each head's role is read from its output o = sum of alpha_i v_i over a seeded sample of query positions: "
@@ -34,7 +35,7 @@ def _cross_tab(check: PromptSetCheck, detector: str, roles: HeadTaxonomy, what: 
                                                    "role on the analysed text"))
     expected, shown = check.matches(detector, TOP_K), len(rows)
     here, there = check.agreement(detector), check.agreement(detector, roles)
-    return (f"<h3>{html.escape(what)}</h3><p class='how'>The {shown} heads with the highest score; {expected} of "
+    return (f"<h3>{html.escape(what)}</h3><p class='how'>The {plural(shown, 'head')} with the highest score; {expected} of "
             f"{shown} come out as expected on these prompts (Content, {'previous-token' if detector == 'previous_token' else 'top key at the induction lag'}). "
             f"Recall: {_recall(here)}. "
             f"Precision: {_precision(here, 'on these prompts')}; {_precision(there, 'on the analysed text')}.</p>"
@@ -45,7 +46,7 @@ def _recall(found: DetectorAgreement) -> str:
     detected = len(found.detected)
     if not detected:
         return f"no head scores at least {found.threshold:g} on these prompts"
-    return (f"{len(found.confirmed)} of the {detected} head{'s' if detected != 1 else ''} scoring at least "
+    return (f"{len(found.confirmed)} of the {plural(detected, 'head')} scoring at least "
             f"{found.threshold:g} {'are' if detected != 1 else 'is'} named {found.subtype}")
 
 
@@ -53,12 +54,12 @@ def _precision(found: DetectorAgreement, where: str) -> str:
     named = len(found.named)
     if not named:
         return f"no head is named {found.subtype} {where}"
-    return (f"{len(found.confirmed)} of the {named} head{'s' if named != 1 else ''} named {found.subtype} {where} "
-            f"score at least {found.threshold:g}")
+    return (f"{len(found.confirmed)} of the {plural(named, 'head')} named {found.subtype} {where} "
+            f"score{'s' if len(found.confirmed) == 1 else ''} at least {found.threshold:g}")
 
 
 def _prompt_count(check: PromptSetCheck) -> str:
-    return "" if check.n_prompts is None else f", {check.n_prompts} prompt{'s' if check.n_prompts != 1 else ''}"
+    return "" if check.n_prompts is None else f", {plural(check.n_prompts, 'prompt')}"
 
 
 def _literal(roles: HeadTaxonomy) -> str:
@@ -72,7 +73,7 @@ def _literal(roles: HeadTaxonomy) -> str:
         for label in REGIMES
     )
     return (f"<details><summary>The paper's rules read literally, beside ours ({sum(o != t for o, t in zip(ours, literal))} "
-            f"of {len(ours)} heads differ)</summary><p class='how'>Read literally, the paper's magnitudes are the norms "
+            f"of {plural(len(ours), 'head')} differ)</summary><p class='how'>Read literally, the paper's magnitudes are the norms "
             f"||alpha_i v_i|| (not our shares) and its alignments the raw cosines; \"none\" is a head no rule of the "
             f"paper fits. Rows: our label; columns: the literal one.</p><table><thead><tr>{head}</tr></thead>"
             f"<tbody>{body}</tbody></table></details>")
@@ -105,7 +106,7 @@ def roles_html(
         "<section id='head-roles'><h2>What kind of head is each one?</h2>",
         f"<p class='how'>{INTRO.format(margin=roles.config.margin)}</p>",
         "<table><thead><tr>" + "".join(f"<th>{r}</th>" for r in REGIMES) + f"</tr></thead><tbody><tr>{count_row}"
-        f"</tr></tbody></table><p class='how'>{n_heads} heads. The head panel below describes the head you pick; "
+        f"</tr></tbody></table><p class='how'>{plural(n_heads, 'head')}. The head panel below describes the head you pick; "
         "every head is listed at the end of this section.</p>",
         _literal(roles),
     ]

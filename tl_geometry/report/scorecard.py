@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from tl_geometry.analysis.claims import Claim, claim_list, sample_warning
+from tl_geometry.results.display import plural
 from tl_geometry.results.result import GeometryResult
 
 VERDICT_COLOURS = {
@@ -82,8 +83,8 @@ def scorecard_html(result: GeometryResult) -> str:
     refused = [c.key for c in claims if c.verdict == "too few documents"]
     warning = sample_warning(result.n_documents)
     if refused and not warning:  # enough documents, but an estimate outside its own interval
-        warning = (f"Too few documents to trust {len(refused)} claim(s) ({', '.join(refused)}): the estimate lies "
-                   f"outside its own bootstrap interval on {result.n_documents} documents.")
+        warning = (f"Too few documents to trust {plural(len(refused), 'claim')} ({', '.join(refused)}): the estimate "
+                   f"lies outside its own bootstrap interval on {plural(result.n_documents, 'document')}.")
     banner = f'<p class="warning"><b>{html.escape(warning)}</b></p>' if warning else ""
     for claim in claims:
         rows.append(

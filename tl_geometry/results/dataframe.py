@@ -1,6 +1,15 @@
-"""A result as pandas long tables: one row per (field, layer, head, trailing index), ready for seaborn or plotly.
+"""A result as pandas tables: a summary a person reads, and long tables ready for seaborn or plotly.
 
-`to_dataframe` columns:
+`summary_dataframe` (what ``result.to_dataframe()`` gives by default): one
+row per layer, head and N at a few N (1, 2, 4, 8 and 16 where the grid has
+them), one column per field, ``<field>_ci_low`` / ``<field>_ci_high`` beside
+the fields with bootstrap replicates. Default fields: Precision, Recall and
+F_N. Fields without an N axis (per-head numbers such as ``rho0``) repeat on
+each N; fields over key positions or lags belong to the long table.
+
+`to_dataframe` (``result.to_dataframe(form="long")``), one row per
+(field, layer, head, trailing index) over every field and N by default, with
+columns:
 
 - ``field`` (categorical), ``layer``, ``head``: which statistic;
 - ``n``, ``position``, ``lag``: the trailing index (float64: the N value of
@@ -15,22 +24,48 @@
 run the same way, with ``document`` and ``query_position`` instead of the
 statistics and one ``value`` column.
 
->>> df = result.to_dataframe(fields=["precision"])  # doctest: +SKIP
+>>> result.to_dataframe()  # doctest: +SKIP
+>>> df = result.to_dataframe(fields=["precision"], form="long")  # doctest: +SKIP
 >>> px.line(df[df.layer == 3], x="n", y="mean", color="head")  # doctest: +SKIP
 """
 
 from collections.abc import Sequence
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
 
 from tl_geometry.diagnostics.fields import Axis
+from tl_geometry.diagnostics.selection import F_SCORE, PRECISION, RECALL
 from tl_geometry.errors import GeometryError
 
 # One column per trailing axis a GeometryResult's fields may have ("control" is an intervention sweep's).
 AXIS_COLUMNS: tuple[str, ...] = tuple(axis for axis in get_args(Axis) if axis != "control")
 STAT_COLUMNS = ("mean", "std", "count", "ci_low", "ci_high")
+Form = Literal["summary", "long"]
+"""``"summary"``: one row per layer, head and N, a column per field; ``"long"``: one row per statistic."""
+SUMMARY_FIELDS = (PRECISION.name, RECALL.name, F_SCORE.name)
+SUMMARY_N = (1, 2, 4, 8, 16)
+"""The N values of the summary where the grid has them (else its first four)."""
+
+
+def check_form(form: str) -> None:
+    if form not in get_args(Form):
+        raise GeometryError(f"form: expected one of {list(get_args(Form))}, got {form!r}; 'summary' gives one row per "
+                            "layer, head and N, 'long' one row per statistic of every field")
+
+
+def chosen_n(result: Any, n: Sequence[int] | int | None, default: Sequence[int] | None = SUMMARY_N) -> list[int]:
+    """The N values asked for, each checked against the grid; None: ``default`` on the grid (None: the whole grid)."""
+    grid = result.n_grid.tolist()
+    if n is None:
+        return grid if default is None else ([m for m in default if m in grid] or grid[:4])
+    wanted = [n] if isinstance(n, int) else [int(m) for m in n]
+    off = [m for m in wanted if m not in grid]
+    if off or not wanted:
+        raise GeometryError(f"n: {off or wanted} {'is' if len(off) == 1 else 'are'} not on this result's grid; "
+                            f"choose N values from {grid}")
+    return wanted
 
 
 def _pandas() -> Any:
@@ -72,7 +107,7 @@ def _flat(t: torch.Tensor, dtype: Any = np.float64) -> np.ndarray:
 
 
 def to_dataframe(result: Any, fields: Sequence[str] | str | None = None, level: float = 0.95,
-                 axis_columns: tuple[str, ...] = AXIS_COLUMNS) -> Any:
+                 axis_columns: tuple[str, ...] = AXIS_COLUMNS, n: Sequence[int] | int | None = None) -> Any:
     """The long table of a result's statistics (see the module docs for the columns).
 
     Args:
@@ -81,11 +116,13 @@ def to_dataframe(result: Any, fields: Sequence[str] | str | None = None, level: 
         level: coverage of the bootstrap interval.
         axis_columns: the trailing-axis columns (an intervention sweep's are
             ``("n", "control")``: the random control's index).
+        n: the N values kept for fields with an N axis (default: every N of the grid).
 
     Returns:
         A ``pandas.DataFrame``.
     """
     pd = _pandas()
+    kept = None if n is None else chosen_n(result, n)
     frames = []
     for name in _chosen(result, fields):
         spec = result.spec(name)
@@ -99,8 +136,55 @@ def to_dataframe(result: Any, fields: Sequence[str] | str | None = None, level: 
             columns["ci_low"], columns["ci_high"] = _flat(low), _flat(high)
         else:
             columns["ci_low"] = columns["ci_high"] = np.full(mean.numel(), np.nan)
-        frames.append(pd.DataFrame({"field": name, **columns}))
-    return _joined(pd, frames, ["field", "layer", "head", *axis_columns, *STAT_COLUMNS])
+        frame = pd.DataFrame({"field": name, **columns})
+        frames.append(frame if kept is None or "n" not in spec.axes else frame[frame["n"].isin(kept)])
+    table = _joined(pd, frames, ["field", "layer", "head", *axis_columns, *STAT_COLUMNS])
+    return table if kept is None else table.reset_index(drop=True)
+
+
+def summary_dataframe(result: Any, fields: Sequence[str] | str | None = None, n: Sequence[int] | int | None = None,
+                      level: float = 0.95) -> Any:
+    """One row per layer, head and N, one column per field (see the module docs).
+
+    Args:
+        result: a GeometryResult.
+        fields: fields with an N axis or none (default: Precision, Recall and F_N).
+        n: the N values (default: 1, 2, 4, 8 and 16 where the grid has them).
+        level: coverage of the bootstrap intervals.
+
+    Returns:
+        A ``pandas.DataFrame`` with columns ``layer``, ``head``, ``n``, then each
+        field's mean and, where it has replicates, ``<field>_ci_low`` and ``<field>_ci_high``.
+
+    Raises:
+        GeometryError: an unknown field, a field over positions or lags, an N off the grid.
+    """
+    pd = _pandas()
+    names = [name for name in SUMMARY_FIELDS if name in result.stats] if fields is None else _chosen(result, fields)
+    wide = [name for name in names if result.spec(name).axes not in ((), ("n",))]
+    if wide:
+        raise GeometryError(f"fields: {wide} have axes {[result.spec(name).axes for name in wide]}, which a row per "
+                            "layer, head and N cannot hold; use to_dataframe(fields, form='long')")
+    ns = chosen_n(result, n)
+    grid = result.n_grid.tolist()
+    at = torch.tensor([grid.index(m) for m in ns])
+    shape = (len(result.layers), len(result.heads), len(ns))
+
+    def per_n(t: torch.Tensor, spec_axes: tuple[str, ...]) -> np.ndarray:
+        """``[layer, head_index(, n)]`` -> one value per row (a per-head number repeats on each N)."""
+        return _flat(t.index_select(-1, at) if spec_axes else t[..., None].expand(shape))
+
+    index = np.indices(shape).reshape(3, -1)
+    columns: dict[str, np.ndarray] = {"layer": np.asarray(result.layers, dtype=np.int64)[index[0]],
+                                      "head": np.asarray(result.heads, dtype=np.int64)[index[1]],
+                                      "n": np.asarray(ns, dtype=np.int64)[index[2]]}
+    for name in names:
+        axes = result.spec(name).axes
+        columns[name] = per_n(result.per_head(name), axes)
+        if result.has_replicates(name):
+            low, high = result.ci(name, level=level)
+            columns[f"{name}_ci_low"], columns[f"{name}_ci_high"] = per_n(low, axes), per_n(high, axes)
+    return pd.DataFrame(columns)
 
 
 def queries_dataframe(result: Any, fields: Sequence[str] | str | None = None) -> Any:

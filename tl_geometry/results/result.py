@@ -321,26 +321,44 @@ class GeometryResult(StatisticsTable):
 
     # ---- tables (see `tl_geometry.results.dataframe`) ----
 
-    def to_dataframe(self, fields: Sequence[str] | str | None = None, level: float = 0.95) -> Any:
-        """A pandas long table: field, layer, head, n, position, lag, mean, std, count, ci_low, ci_high.
+    def to_dataframe(self, fields: Sequence[str] | str | None = None, n: Sequence[int] | int | None = None, *,
+                     form: str = "summary", level: float = 0.95) -> Any:
+        """A pandas table of the statistics: by default a summary a person reads, ``form="long"`` every statistic.
 
-        Axes a field does not have are NaN (``n`` holds N values, not grid
-        indices); ``std`` is NaN for fields that keep only count and sum,
-        ``ci_low`` / ``ci_high`` for fields without bootstrap replicates.
+        ``form="summary"``: one row per layer, head and N, at a few N (1, 2, 4,
+        8, 16 where the grid has them), one column per field (default
+        Precision, Recall, F_N) with ``<field>_ci_low`` / ``_ci_high`` where the
+        field has bootstrap replicates. ``form="long"``: one row per statistic,
+        columns field, layer, head, n, position, lag, mean, std, count, ci_low,
+        ci_high, every field and N by default (axes a field does not have are
+        NaN; ``n`` holds N values, not grid indices). See
+        `tl_geometry.results.dataframe`.
 
-        >>> df = result.to_dataframe()  # doctest: +SKIP
+        Args:
+            fields: the fields (summary: default P, R and F_N; long: default all).
+            n: the N values (summary: default a few; long: default every N).
+            form: ``"summary"`` or ``"long"`` (`tl_geometry.results.dataframe.Form`; a ``str`` here, so that
+                another value gets the GeometryError naming both).
+            level: coverage of the bootstrap intervals.
+
+        >>> result.to_dataframe()  # doctest: +SKIP
+        >>> result.to_dataframe(["recall", "rho0"], n=[1, 4])  # doctest: +SKIP
+        >>> df = result.to_dataframe(form="long")  # doctest: +SKIP
         >>> df[(df.field == "recall") & (df.n == 4)].pivot(index="layer", columns="head", values="mean")  # doctest: +SKIP
         """
-        from tl_geometry.results.dataframe import to_dataframe
+        from tl_geometry.results.dataframe import check_form, summary_dataframe, to_dataframe
 
-        return to_dataframe(self, fields, level)
+        check_form(form)
+        if form == "summary":
+            return summary_dataframe(self, fields, n, level)
+        return to_dataframe(self, fields, level, n=n)
 
     def to_parquet(self, path: str | os.PathLike, fields: Sequence[str] | str | None = None,
                    level: float = 0.95) -> Path:
-        """Write `to_dataframe` as a Parquet file (atomically); returns its path."""
+        """Write ``to_dataframe(form="long")`` (every statistic) as a Parquet file (atomically); returns its path."""
         from tl_geometry.results.files import atomic_path
 
-        table = self.to_dataframe(fields, level)
+        table = self.to_dataframe(fields, form="long", level=level)
         with atomic_path(path) as tmp:
             table.to_parquet(tmp, index=False)
         return Path(path)
