@@ -22,6 +22,7 @@ package with its dev extras.
 """
 
 import contextlib
+import importlib.metadata
 import io
 import json
 import os
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import jupytext
+import plotly.io
 
 DEMOS = Path(__file__).resolve().parent
 OUTPUTS = DEMOS / "outputs"
@@ -94,22 +96,20 @@ def saved_cells(stem: str, outputs: dict[int, CellOutput]) -> dict[str, dict[str
 
 def environment() -> dict[str, str]:
     """The versions a run's printed numbers depend on (TransformerLens 3 and 4 print differently)."""
-    import torch
-    import transformer_lens
-
-    return {"transformer_lens": transformer_lens.__version__, "torch": torch.__version__}
+    return {package.replace("-", "_"): importlib.metadata.version(package) for package in ("transformer-lens", "torch")}
 
 
-def render(demo: Path) -> dict[str, object]:
+def render(demo: Path, rendered_with: dict[str, str]) -> dict[str, object]:
     """Run ``demo``, write its figures' PNGs, and return the contents of its outputs file."""
     outputs = run(demo)
     cells = saved_cells(demo.stem, outputs)
     for old in IMAGES.glob(f"{demo.stem}-*.png"):
         old.unlink()
-    for index, output in outputs.items():
-        for figure, name in zip(output.figures, cells[str(index)]["images"]):
-            figure.write_image(IMAGES / name, width=WIDTH, height=HEIGHT, scale=1)
-    return {"rendered_with": environment(), "cells": cells}
+    figures = [figure for output in outputs.values() for figure in output.figures]
+    names = [IMAGES / name for cell in cells.values() for name in cell["images"]]
+    if figures:  # one Chromium for all of them (a call per figure starts one each time)
+        plotly.io.write_images(figures, names, width=WIDTH, height=HEIGHT, scale=1)
+    return {"rendered_with": rendered_with, "cells": cells}
 
 
 def main(names: list[str]) -> None:
@@ -118,12 +118,13 @@ def main(names: list[str]) -> None:
     unknown = set(names) - {demo.stem for demo in demos}
     if unknown:
         sys.exit(f"no demo named {sorted(unknown)}; the demos are {[demo.stem for demo in demos]}")
+    rendered_with = environment()
     OUTPUTS.mkdir(exist_ok=True)
     IMAGES.mkdir(parents=True, exist_ok=True)
     for demo in demos:
         if names and demo.stem not in names:
             continue
-        saved = render(demo)
+        saved = render(demo, rendered_with)
         (OUTPUTS / f"{demo.stem}.json").write_text(json.dumps(saved, indent=1) + "\n")
         print(f"{demo.name}: {len(saved['cells'])} cells with output", file=sys.stderr)
 
