@@ -71,6 +71,16 @@ def test_quickstart_runs(shared_default_model):
         exec(compile(block, "docs/quickstart.md", "exec"), {"__name__": "quickstart"})
 
 
+def test_the_docs_agree_that_the_tutorial_outputs_are_stored():
+    """The tutorials show stored outputs (demos/outputs), rendered by ``make tutorials``; no page says otherwise."""
+    index = (DOCS / "tutorials" / "index.md").read_text()
+    assert "demos/outputs/" in index and "make tutorials" in index
+    assert re.search(r"^tutorials:", (ROOT / "Makefile").read_text(), re.M)
+    for path in (ROOT / "README.md", ROOT / "mkdocs.yml", DOCS / "tutorials" / "index.md", DOCS / "hooks.py"):
+        text = " ".join(path.read_text().split())
+        assert not re.search(r"outputs? (are|is) not (stored|committed|kept)", text), path.name
+
+
 def test_tutorials_show_their_pre_rendered_outputs(site):
     """Each demo with outputs in demos/outputs shows them under its code cells, figures included."""
     import json
