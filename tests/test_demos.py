@@ -126,8 +126,6 @@ def test_demo_runs_and_prints_what_its_tutorial_shows(demo, tmp_path, monkeypatc
     """Each demo runs as a notebook kernel runs it: top to bottom in one namespace, here in the test's process
     (a process of its own would import and load the model again), cell by cell as demos/render_outputs.py
     runs it; then each cell's printed text and number of figures are compared with the committed outputs."""
-    import transformer_lens
-
     monkeypatch.setenv("TL_GEOMETRY_DEMO_SMALL", "1")
     monkeypatch.chdir(tmp_path)
     printed = render_outputs.saved_cells(demo.stem, render_outputs.run(demo))
@@ -136,10 +134,10 @@ def test_demo_runs_and_prints_what_its_tutorial_shows(demo, tmp_path, monkeypatc
     saved_path = OUTPUTS / f"{demo.stem}.json"
     assert saved_path.is_file(), f"{demo.name} has no outputs file {saved_path.relative_to(ROOT)}. {regenerate}"
     saved = json.loads(saved_path.read_text())
-    rendered_with = saved["rendered_with"]["transformer_lens"]
-    if major_version(rendered_with) != major_version(transformer_lens.__version__):
+    rendered_with, running = saved["rendered_with"]["transformer_lens"], render_outputs.environment()["transformer_lens"]
+    if major_version(rendered_with) != major_version(running):
         pytest.skip(f"{demo.name} ran; its outputs come from TransformerLens {rendered_with}, which prints "
-                    f"differently from {transformer_lens.__version__} (a HookedTransformer or not): not compared")
+                    f"differently from {running} (a HookedTransformer or not): not compared")
     problems = differences(saved["cells"], printed)
     assert not problems, (f"{demo.name} no longer prints what its tutorial shows "
                           f"({saved_path.relative_to(ROOT)}):\n" + "\n".join(problems) + f"\n{regenerate}")
