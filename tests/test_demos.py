@@ -24,6 +24,8 @@ _spec.loader.exec_module(render_outputs)
 # - the last printed digit of a decimal, by one unit: another CPU's vector width or another number of
 #   threads sums floats in another order, and a value near a rounding boundary then prints one unit
 #   higher or lower. Words, integers (counts, layers, N, percentages) and the number of digits must match.
+#   (A head written layer.head, as `HeadTaxonomy.describe` does, reads as a decimal here; the demos also
+#   name their heads as L16H0, which is compared exactly.)
 TEMPORARY_FOLDER = re.compile(r"[^\s'\"]*/tmp[a-z0-9_]{8}(?=[/\s'\"]|$)")
 DECIMAL = re.compile(r"-?\d+\.\d+")
 
