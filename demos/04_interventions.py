@@ -72,7 +72,7 @@ with torch.inference_mode():
     clean = model(windows[:1])
     with model.hooks(fwd_hooks=topn_hooks(model, 4, mode="renormalise")):
         cut = model(windows[:1])
-print("max logit change with N = 4 everywhere:", (cut - clean).abs().max().item())
+print(f"max logit change with N = 4 everywhere: {(cut - clean).abs().max().item():.3f}")
 
 # %% [markdown]
 # ## dNLL against N for the whole model

@@ -4,8 +4,9 @@ Each ``demos/NN_name.py`` becomes ``tutorials/NN_name.md`` at build time:
 Markdown cells as they are, code cells as Python code blocks, each followed by
 its pre-rendered output when ``demos/outputs/NN_name.json`` has one (printed
 text, and figures as PNGs in ``docs/assets/tutorials/``, both written by
-``demos/render_outputs.py`` from a small run). No model runs at build time and
-nothing is written into ``docs/``.
+``demos/render_outputs.py`` (``make tutorials``) from the test suite's small
+run, which ``tests/test_demos.py`` checks against the code). No model runs at
+build time and nothing is written into ``docs/``.
 """
 
 import json
@@ -31,7 +32,7 @@ def demo_markdown(path: Path) -> str:
     """The Markdown page of one demo: its cells in order, and how to run it."""
     notebook = jupytext.read(path, fmt="py:percent")
     saved = OUTPUTS / f"{path.stem}.json"
-    outputs = json.loads(saved.read_text()) if saved.is_file() else {}
+    outputs = json.loads(saved.read_text())["cells"] if saved.is_file() else {}
     parts = []
     code_index = -1
     for cell in notebook.cells:
@@ -49,7 +50,7 @@ def demo_markdown(path: Path) -> str:
         f'!!! note "Run it yourself"\n    This page is the demo `demos/{path.name}` (a jupytext percent-format '
         f"notebook). Run it as a script with `python demos/{path.name}`, or open it as a notebook with "
         f"`jupytext --to notebook demos/{path.name}`. The test suite runs it top to bottom on the default model "
-        "at small sizes (`TL_GEOMETRY_DEMO_SMALL=1`).",
+        "at small sizes (`TL_GEOMETRY_DEMO_SMALL=1`); the outputs below are from that run.",
     )
     return "\n\n".join(parts) + "\n"
 
