@@ -318,6 +318,7 @@ def test_envelope_tightness_is_the_largest_upper_gap_where_the_paper_calls_it_ti
     share = np.mean(lower[~np.isnan(lower)] > 0.5)
     assert f"informative (P_low > 0.5) in {share:.1%}" in table.loc["envelope_tightness", "measured"]
     assert "Containment (not a test" in table.loc["envelope_tightness", "measured"]
+    assert ".." not in table.loc["envelope_tightness", "measured"]  # the envelopes' paragraph ends its own sentence
 
 
 def test_a_result_without_a_diagnostic_shows_not_measured_with_the_option(result):

@@ -1056,8 +1056,8 @@ def _envelope_tightness(result: GeometryResult) -> Claim:
                 "gaps: " + ", ".join(f"{k} {_fmt(v)}" for k, v in gaps.items())
                 + ". Read literally (the gap to the curve itself, the floor's part included): largest "
                 + f"{_fmt(max(literal.values()))}, " + ", ".join(f"{k} {_fmt(v)}" for k, v in literal.items())
-                + ". " + facts.summary()
-                + f". Lower envelopes: informative (P_low > {INFORMATIVE:g}) in {share:.1%} of the (head, N) cells "
+                + ". " + facts.summary()  # a paragraph of sentences: it ends with its own full stop
+                + f" Lower envelopes: informative (P_low > {INFORMATIVE:g}) in {share:.1%} of the (head, N) cells "
                 f"with 1 < N < {int(grid.max())}"
                 + (f", where P averages {_fmt(float(at_informative.mean()))}" if len(at_informative) else "")
                 + f"; Recall lies {_fmt(lower_gap)} above its lower envelope on average. Containment (not a test: "
