@@ -23,7 +23,22 @@ per-head means), not each document's values. From the replicates
   moves it by twice the replicates' mean bias ``b = mean(theta*) - theta``:
   ``[q(tail) - 2 b, q(1 - tail) - 2 b]``, centred on the bias-corrected
   estimate ``theta - b`` as the basic interval is, without reflecting the
-  replicates' skew.
+  replicates' skew;
+- the normal interval is ``theta - b +- z s``, with ``s`` the replicates'
+  standard deviation and ``z`` the normal quantile of the level: it reads
+  only the replicates' first two moments, not their quantiles, so the few
+  values a jumpy statistic's replicates take (a step between roles' depths)
+  do not set its ends. At the expanded level (below) ``z`` is
+  ``sqrt(n / (n - 1)) t_{n-1}``: a studentised interval with the bootstrap
+  standard error.
+
+A share of heads past a threshold has one more interval that reads no
+replicates: `poisson_binomial_interval`, of the number of heads past it
+when each head is past it with its own probability (the normal probability
+given its mean and standard error over documents) independently of the
+others: the share's uncertainty given the data, including the heads whose
+side of the threshold the documents cannot settle (each a coin of its own
+probability), which the replicates of the expected share smooth away.
 
 Statistics of many noisy per-head means (a correlation over heads, a
 minimum of two drops) are biased by the noise itself; the percentile
@@ -175,10 +190,56 @@ def shifted_percentile_interval(
     return low - shift, high - shift
 
 
+def normal_interval(value: float, replicates: Float[Tensor, " replicate"], level: float = 0.95) -> tuple[float, float]:
+    """The ``level`` normal interval around the bias-corrected estimate: ``theta - b +- z s`` (``b`` the
+    replicates' mean minus ``value``, ``s`` their standard deviation).
+
+    >>> tuple(round(x, 3) for x in normal_interval(60.0, torch.tensor([40.0, 50.0, 60.0]), 0.95))  # b = -10
+    (50.4, 89.6)
+    """
+    values = replicates.double().flatten()
+    values = values[~values.isnan()]
+    if len(values) < 2 or math.isnan(value):
+        return math.nan, math.nan
+    centre = 2 * value - float(values.mean())
+    half = NormalDist().inv_cdf(1 - (1 - level) / 2) * float(values.std())
+    return centre - half, centre + half
+
+
 METHODS = {
     "percentile": lambda value, replicates, level: percentile_interval(replicates, level),
     "bias-corrected": bias_corrected_interval,
     "basic": basic_interval,
     "shifted": shifted_percentile_interval,
+    "normal": normal_interval,
 }
-"""Every interval by name, called as ``(value, replicates, level)``."""
+"""Every interval from replicates by name, called as ``(value, replicates, level)``."""
+
+POISSON_BINOMIAL = "poisson-binomial"
+"""The name of `poisson_binomial_interval` among the claims' interval methods (it reads no replicates)."""
+
+
+def poisson_binomial_interval(probabilities: Float[Tensor, " item"], level: float = 0.95) -> tuple[float, float]:
+    """The ``level`` central interval of the share of items past a threshold, each past it with its own
+    ``probabilities`` independently: the ``tail`` and ``1 - tail`` quantiles of the Poisson-binomial count over
+    the number of items (the smallest count whose cumulative probability reaches the level; NaN items left out).
+
+    >>> poisson_binomial_interval(torch.tensor([1.0, 1.0, 0.0, 0.0]))  # settled: the share itself
+    (0.5, 0.5)
+    >>> poisson_binomial_interval(torch.tensor([0.5] * 10), 0.9)  # Binomial(10, 1/2)
+    (0.2, 0.8)
+    """
+    p = probabilities.double().flatten()
+    p = p[~p.isnan()].clamp(0.0, 1.0)
+    if not len(p):
+        return math.nan, math.nan
+    pmf = torch.zeros(len(p) + 1, dtype=torch.float64)
+    pmf[0] = 1.0
+    for k, q in enumerate(p, start=1):  # add one item: count k from k - 1 (past) or from k (not past)
+        pmf[1 : k + 1] = pmf[1 : k + 1] * (1 - q) + pmf[:k] * q
+        pmf[0] = pmf[0] * (1 - q)
+    cdf = pmf.cumsum(0)
+    tail = (1 - level) / 2
+    low = int(torch.searchsorted(cdf, torch.tensor(tail - 1e-12, dtype=torch.float64)))
+    high = int(torch.searchsorted(cdf, torch.tensor(1 - tail - 1e-12, dtype=torch.float64)))
+    return low / len(p), min(high, len(p)) / len(p)
