@@ -25,12 +25,13 @@ import math
 import jaxtyping
 import numpy as np
 import pytest
+import torch
 
 from tests.fixtures import STUDY_DOCUMENTS, Population, simulate_study, study_roles, true_means
 from tests.fixtures import STUDY_GRID as GRID
 from tl_geometry import claims
 from tl_geometry.analysis import claims as claims_module
-from tl_geometry.analysis.intervals import METHODS, POISSON_BINOMIAL
+from tl_geometry.analysis.intervals import METHODS
 
 TUNING = Population(seed=0)  # the methods and levels were chosen on this population ...
 TUNING_DOCUMENTS = STUDY_DOCUMENTS  # ... at this many documents
@@ -111,24 +112,23 @@ def true_values(m: dict[str, np.ndarray], documents: int = STUDY_DOCUMENTS,
     }
 
 
-Choice = dict[str, tuple[str, bool]]
-"""Per claim: an interval method of `METHODS` and whether its level is expanded for the number of documents."""
+Choice = dict[str, tuple[str, bool, float]]
+"""Per claim: an interval method of `METHODS`, whether its level is expanded for the number of documents, and the
+nominal level its quantiles are read at (0.95 unless calibrated)."""
 
 
 def chosen() -> Choice:
     """Every claim's interval as `tl_geometry.analysis.claims` chose it."""
-    return {key: (claims_module.INTERVAL_METHOD[key], key not in claims_module.NOT_EXPANDED) for key in COVERED}
+    return {key: (claims_module.INTERVAL_METHOD[key], key not in claims_module.NOT_EXPANDED,
+                  claims_module.CALIBRATED_LEVEL.get(key, claims_module.LEVEL)) for key in COVERED}
 
 
-def every_choice() -> dict[str, Choice]:
-    """Every method at either level, by name ("basic, expanded"): the methods from replicates for every claim,
-    the Poisson-binomial one for the shares of heads."""
-    choices = {f"{method}, {'expanded' if expand else 'plain'}": dict.fromkeys(COVERED, (method, expand))
-               for method in METHODS for expand in (True, False)}
-    for expand in (True, False):
-        choices[f"{POISSON_BINOMIAL}, {'expanded' if expand else 'plain'}"] = dict.fromkeys(
-            claims_module.SHARE_CLAIMS, (POISSON_BINOMIAL, expand))
-    return choices
+def every_choice(keys: tuple[str, ...] = COVERED, levels: tuple[float, ...] = (claims_module.LEVEL,)) -> dict[str, Choice]:
+    """Every method at either level (expanded or not) for the claims ``keys``, by name ("basic, expanded"; with
+    the nominal level where it is not 0.95: "basic, expanded, 0.99")."""
+    return {f"{method}, {'expanded' if expand else 'plain'}" + ("" if level == claims_module.LEVEL else f", {level:g}"):
+            dict.fromkeys(keys, (method, expand, level))
+            for level in levels for method in METHODS for expand in (True, False)}
 
 
 Coverage = dict[str, tuple[int, int, int]]
@@ -140,24 +140,50 @@ def coverage(population: Population = TUNING, documents: int = TUNING_DOCUMENTS,
              choices: dict[str, Choice] | None = None) -> dict[str, Coverage]:
     """Per choice of intervals (default: the claims' own, as ``"chosen"``), per claim, how the intervals of
     ``studies`` seeded studies of ``population`` at ``documents`` documents cover the truth. Every choice reads
-    the same studies (the seed is the population's and the count's: fewer studies are the first ones)."""
-    choices = {"chosen": chosen()} if choices is None else choices
+    the same studies (the seed is the population's and the count's: fewer studies are the first ones).
+
+    `claims` runs once per study: its ``_interval`` is wrapped to compute each claim's replicate statistic once
+    and read it with every choice's method and level (a claim's first interval is its verdict's; a second one
+    is the literal reading's)."""
+    choices = {"chosen": chosen(), **(choices or {})}
     means = true_means(population)
     truth = true_values(means, documents, population)
     rng = np.random.default_rng((population.seed, documents))
     found = {name: {key: (0, 0, 0) for key in COVERED} for name in choices}
+    original = claims_module._interval
+
+    def every_interval(key, result, names, statistic, *args, **kwargs):
+        if (not isinstance(statistic, torch.Tensor) and result.n_documents >= 2
+                and all(result.has_replicates(n) for n in names)):
+            statistic = statistic({n: result.replicates(n) for n in names}).double()  # once for every choice
+        own = original(key, result, names, statistic, *args, **kwargs)
+        if key in first:
+            return own
+        first[key] = {}
+        for name, choice in choices.items():
+            if key in choice:
+                method, expand, level = choice[key]
+                with pytest.MonkeyPatch.context() as inner:
+                    inner.setitem(claims_module.INTERVAL_METHOD, key, method)
+                    inner.setitem(claims_module.CALIBRATED_LEVEL, key, level)
+                    not_expanded = claims_module.NOT_EXPANDED
+                    inner.setattr(claims_module, "NOT_EXPANDED", not_expanded - {key} if expand else not_expanded | {key})
+                    first[key][name] = original(key, result, names, statistic, *args, **kwargs)[:2]
+        return own
+
     with pytest.MonkeyPatch.context() as patch:
         for study in range(studies):
-            if study == 1:  # the runtime shape checks have seen every call once; the other studies repeat them
-                patch.setattr(jaxtyping.config, "jaxtyping_disable", True)
+            # the runtime shape checks see every call once; the other studies repeat them
+            patch.setattr(jaxtyping.config, "jaxtyping_disable", study > 0)
+            patch.setattr(claims_module, "_interval", every_interval)
             result = simulate_study(means, rng, documents, population)
-            for name, choice in choices.items():
-                patch.setattr(claims_module, "INTERVAL_METHOD", {**claims_module.INTERVAL_METHOD,
-                                                                 **{k: m for k, (m, _) in choice.items()}})
-                patch.setattr(claims_module, "NOT_EXPANDED", frozenset(k for k, (_, e) in choice.items() if not e))
-                table = claims(result)
-                for key in choice:
-                    low, high, value = table.loc[key, "low"], table.loc[key, "high"], table.loc[key, "value"]
+            first: dict[str, dict[str, tuple[float, float]]] = {}
+            table = claims(result)
+            for key in COVERED:
+                value = table.loc[key, "value"]
+                own = first.get(key, {}).get("chosen", (math.nan, math.nan))
+                assert np.allclose(own, table.loc[key, ["low", "high"]].to_numpy(float), equal_nan=True), (key, own)
+                for name, (low, high) in first.get(key, {}).items():
                     if not math.isnan(low):
                         covered, n, outside = found[name][key]
                         found[name][key] = (covered + (low <= truth[key] <= high), n + 1,

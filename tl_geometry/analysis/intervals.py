@@ -32,20 +32,6 @@ per-head means), not each document's values. From the replicates
   ``sqrt(n / (n - 1)) t_{n-1}``: a studentised interval with the bootstrap
   standard error.
 
-A share of heads past a threshold has one more interval that reads no
-replicates: `poisson_binomial_interval`, of the number of heads past it
-when each head is past it with its own probability (the normal probability
-given its mean and standard error over documents) independently of the
-others: the share's uncertainty given the data, including the heads whose
-side of the threshold the documents cannot settle (each a coin of its own
-probability), which the replicates of the expected share smooth away.
-
-Statistics of many noisy per-head means (a correlation over heads, a
-minimum of two drops) are biased by the noise itself; the percentile
-interval then sits off-centre around the value (a correlation's estimate at
-or beyond the top of its interval), which the bias correction undoes. The
-coverage of both on simulated studies is measured in ``tests/test_intervals.py``.
-
 With few documents every bootstrap interval is too narrow: the replicates'
 spread estimates the standard error with divisor n instead of n - 1, and
 the normal quantile stands in for Student's t. `expanded_level` widens the
@@ -214,32 +200,3 @@ METHODS = {
     "normal": normal_interval,
 }
 """Every interval from replicates by name, called as ``(value, replicates, level)``."""
-
-POISSON_BINOMIAL = "poisson-binomial"
-"""The name of `poisson_binomial_interval` among the claims' interval methods (it reads no replicates)."""
-
-
-def poisson_binomial_interval(probabilities: Float[Tensor, " item"], level: float = 0.95) -> tuple[float, float]:
-    """The ``level`` central interval of the share of items past a threshold, each past it with its own
-    ``probabilities`` independently: the ``tail`` and ``1 - tail`` quantiles of the Poisson-binomial count over
-    the number of items (the smallest count whose cumulative probability reaches the level; NaN items left out).
-
-    >>> poisson_binomial_interval(torch.tensor([1.0, 1.0, 0.0, 0.0]))  # settled: the share itself
-    (0.5, 0.5)
-    >>> poisson_binomial_interval(torch.tensor([0.5] * 10), 0.9)  # Binomial(10, 1/2)
-    (0.2, 0.8)
-    """
-    p = probabilities.double().flatten()
-    p = p[~p.isnan()].clamp(0.0, 1.0)
-    if not len(p):
-        return math.nan, math.nan
-    pmf = torch.zeros(len(p) + 1, dtype=torch.float64)
-    pmf[0] = 1.0
-    for k, q in enumerate(p, start=1):  # add one item: count k from k - 1 (past) or from k (not past)
-        pmf[1 : k + 1] = pmf[1 : k + 1] * (1 - q) + pmf[:k] * q
-        pmf[0] = pmf[0] * (1 - q)
-    cdf = pmf.cumsum(0)
-    tail = (1 - level) / 2
-    low = int(torch.searchsorted(cdf, torch.tensor(tail - 1e-12, dtype=torch.float64)))
-    high = int(torch.searchsorted(cdf, torch.tensor(1 - tail - 1e-12, dtype=torch.float64)))
-    return low / len(p), min(high, len(p)) / len(p)
