@@ -45,9 +45,10 @@ spread estimates the standard error with divisor n instead of n - 1, and
 the normal quantile stands in for Student's t. `expanded_level` widens the
 nominal level for n documents as Hesterberg's expanded percentile interval
 does (the tail at Phi(-sqrt(n / (n - 1)) t_{n-1})); the claims pass it to
-every method unless a claim's plain level covered better. With two or three documents that level rounds to 1 (t_1 is
-12.7): it is held at `MAX_LEVEL`, the widest interval the replicates give,
-instead of a tail of zero that has no normal quantile.
+every method unless a claim's plain level covered better. With two or
+three documents that level rounds to 1 (t_1 is 12.7): it is held at
+`MAX_LEVEL`, the widest interval the replicates give, instead of a tail of
+zero that has no normal quantile.
 
 Quantiles interpolate linearly between replicates (as ``torch.quantile``);
 NaN replicates are left out; no replicates or a NaN value give NaN bounds.
