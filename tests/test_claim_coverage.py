@@ -12,11 +12,13 @@ value of a claim's statistic is that statistic, written here from the
 claims' rules, on the true head means.
 
 Each claim's interval method and level (``claims.INTERVAL_METHOD``,
-``claims.NOT_EXPANDED``) were chosen on one population and document count,
-the tuning set (``TUNING``, ``TUNING_DOCUMENTS``); `HELD_OUT` are populations
-drawn with other seeds and other generating parameters, which nothing was
-chosen on. The test here checks the held-out coverage on a few seeded
-studies; ``benchmarks/bench_coverage.py`` prints the tuning table (every
+``claims.NOT_EXPANDED``, ``claims.CALIBRATED_LEVEL``) were chosen on one
+population and document count, the tuning set (``TUNING``,
+``TUNING_DOCUMENTS``); `HELD_OUT` are populations drawn with other seeds and
+other generating parameters, which nothing was chosen on (a claim whose
+interval covered under 90 % on one of them says so:
+``claims.UNCERTAIN_INTERVAL``). The test here checks the held-out coverage
+on a few seeded studies; ``benchmarks/bench_coverage.py`` prints the tuning table (every
 method) and the held-out table at 8, 16 and 32 documents.
 """
 
