@@ -30,8 +30,6 @@ at 16 and 32 documents, and at 8.
 import sys
 import time
 
-import torch
-
 from tests.test_claim_coverage import (
     COVERED,
     HELD_OUT,
@@ -115,7 +113,6 @@ def held_out_table(studies: int, names: list[str]) -> dict[str, dict[int, list[f
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)  # tiny tensors: one thread is several times faster than contended ones
     arguments = [a for a in sys.argv[1:] if not a.startswith("--")]
     count = int(arguments[0]) if arguments else STUDIES
     if "--held-out-only" not in sys.argv:

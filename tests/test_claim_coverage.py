@@ -173,23 +173,28 @@ def coverage(population: Population = TUNING, documents: int = TUNING_DOCUMENTS,
                     first[key][name] = original(key, result, names, statistic, *args, **kwargs)[:2]
         return own
 
-    with pytest.MonkeyPatch.context() as patch:
-        for study in range(studies):
-            # the runtime shape checks see every call once; the other studies repeat them
-            patch.setattr(jaxtyping.config, "jaxtyping_disable", study > 0)
-            patch.setattr(claims_module, "_interval", every_interval)
-            result = simulate_study(means, rng, documents, population)
-            first: dict[str, dict[str, tuple[float, float]]] = {}
-            table = claims(result)
-            for key in COVERED:
-                value = table.loc[key, "value"]
-                own = first.get(key, {}).get("chosen", (math.nan, math.nan))
-                assert np.allclose(own, table.loc[key, ["low", "high"]].to_numpy(float), equal_nan=True), (key, own)
-                for name, (low, high) in first.get(key, {}).items():
-                    if not math.isnan(low):
-                        covered, n, outside = found[name][key]
-                        found[name][key] = (covered + (low <= truth[key] <= high), n + 1,
-                                            outside + (not low <= value <= high))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: on a busy machine one thread is several times faster than two
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            for study in range(studies):
+                # the runtime shape checks see every call once; the other studies repeat them
+                patch.setattr(jaxtyping.config, "jaxtyping_disable", study > 0)
+                patch.setattr(claims_module, "_interval", every_interval)
+                result = simulate_study(means, rng, documents, population)
+                first: dict[str, dict[str, tuple[float, float]]] = {}
+                table = claims(result)
+                for key in COVERED:
+                    value = table.loc[key, "value"]
+                    own = first.get(key, {}).get("chosen", (math.nan, math.nan))
+                    assert np.allclose(own, table.loc[key, ["low", "high"]].to_numpy(float), equal_nan=True), (key, own)
+                    for name, (low, high) in first.get(key, {}).items():
+                        if not math.isnan(low):
+                            covered, n, outside = found[name][key]
+                            found[name][key] = (covered + (low <= truth[key] <= high), n + 1,
+                                                outside + (not low <= value <= high))
+    finally:
+        torch.set_num_threads(threads)
     return found
 
 
