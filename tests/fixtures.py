@@ -7,6 +7,7 @@ Test modules import from here (and from ``tests.tiny_models`` and
 import importlib.util
 import math
 import socket
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -188,42 +189,69 @@ STUDY_CURVES = ("precision", "recall", "excess_precision", "excess_recall", "bou
                 "bound_recall_upper", "bound_precision_lower", "bound_recall_lower")
 
 
-def true_means(seed: int = 0) -> dict[str, np.ndarray]:
-    """Every head's true means, ``[layer, head]`` or ``[layer, head, n]``: one population for all studies."""
-    rng = np.random.default_rng(seed)
-    shape = (STUDY_LAYERS, STUDY_HEADS)
-    rho0 = rng.uniform(0.1, 0.6, shape)
+@dataclass(frozen=True)
+class Population:
+    """How a simulated population is drawn: its heads' true means (ranges of uniform draws) and how each
+    document scatters around them. The defaults are the population the tests have always used (seed 0);
+    other seeds and parameters give the held-out populations of the coverage study."""
+
+    seed: int = 0
+    heads: int = STUDY_HEADS  # per layer; the layers stay 4 (the roles' mix is by layer)
+    rho0: tuple[float, float] = (0.1, 0.6)
+    slope: tuple[float, float] = (-0.05, 0.15)  # how much each head's P curve moves with rho_0
+    decay_mae: tuple[float, float] = (0.04, 0.2)
+    sink_norm_ratio: tuple[float, float] = (0.2, 1.2)
+    value_norm_cv: tuple[float, float] = (0.02, 0.09)
+    precision_envelope_gap: tuple[float, float] = (0.0, 0.1)  # each head's upper envelope above its curve
+    recall_envelope_gap: tuple[float, float] = (0.0, 0.08)
+    sink_over_base: tuple[float, float] = (30.0, 300.0)  # the profile's p_sink / p_base (log-uniform)
+    phase_share: tuple[float, float] = (0.3, 1.0)  # the plateau's and the recency's share of documents
+    curve_noise: float = 0.06  # the curves' spread over documents ...
+    curve_shape: float = 2.0  # ... from a centred gamma of this shape (smaller: more skewed)
+    positive_shape: float = 4.0  # the positive fields' gamma (CV 1 / sqrt(shape))
+    role_noise: float = 1.0  # times ROLE_NOISE
+
+
+def true_means(seed: "int | Population" = 0) -> dict[str, np.ndarray]:
+    """Every head's true means, ``[layer, head]`` or ``[layer, head, n]``: one population for all studies (a
+    seed: the default `Population` with that seed)."""
+    population = seed if isinstance(seed, Population) else Population(seed=seed)
+    rng = np.random.default_rng(population.seed)
+    shape = (STUDY_LAYERS, population.heads)
+    rho0 = rng.uniform(*population.rho0, shape)
     u = np.array([1.0, 0.75, 0.62, 0.55, 0.42, 0.4, 0.5, 0.7])  # a U-shaped curve over the grid
-    slope = rng.uniform(-0.05, 0.15, shape)[..., None]  # how much each head's curve moves with the sink
+    slope = rng.uniform(*population.slope, shape)[..., None]  # how much each head's curve moves with the sink
     precision = u + slope * (rho0[..., None] - 0.35) * 2 + rng.normal(0, 0.03, (*shape, len(STUDY_GRID)))
     recall = u + 0.05 + 0.5 * (rho0[..., None] - 0.35) * np.linspace(1, 0.2, len(STUDY_GRID)) + rng.normal(
         0, 0.03, (*shape, len(STUDY_GRID)))
     chance = np.array([1.0, 0.6, 0.45, 0.38, 0.3, 0.3, 0.42, 0.65])
     return {
         "rho0": rho0,
-        "decay_mae": rng.uniform(0.04, 0.2, shape),
-        "sink_norm_ratio": rng.uniform(0.2, 1.2, shape),
-        "value_norm_cv": rng.uniform(0.02, 0.09, shape),
+        "decay_mae": rng.uniform(*population.decay_mae, shape),
+        "sink_norm_ratio": rng.uniform(*population.sink_norm_ratio, shape),
+        "value_norm_cv": rng.uniform(*population.value_norm_cv, shape),
         "precision": precision, "recall": recall,
         "excess_precision": precision - chance, "excess_recall": recall - chance,
-        "bound_precision_upper": np.minimum(precision + rng.uniform(0.0, 0.1, shape)[..., None], 1.2),
-        "bound_recall_upper": np.minimum(recall + rng.uniform(0.0, 0.08, shape)[..., None], 1.2),
+        "bound_precision_upper": np.minimum(precision + rng.uniform(*population.precision_envelope_gap, shape)[..., None], 1.2),
+        "bound_recall_upper": np.minimum(recall + rng.uniform(*population.recall_envelope_gap, shape)[..., None], 1.2),
         "bound_precision_lower": np.zeros((*shape, len(STUDY_GRID))),
         "bound_recall_lower": np.zeros((*shape, len(STUDY_GRID))),
-        **profile_means(rng, shape),
+        **profile_means(rng, shape, population),
         **role_means(rng, shape),
     }  # fmt: skip
 
 
-def profile_means(rng: np.random.Generator, shape: tuple[int, int]) -> dict[str, np.ndarray]:
+def profile_means(rng: np.random.Generator, shape: tuple[int, int],
+                  population: Population = Population()) -> dict[str, np.ndarray]:
     """The attention-profile fit's true means: the sink 30-300 times the plateau (the claim's line is 100), and
     each phase present in a share of the documents around the claim's half."""
     p_sink = rng.uniform(0.05, 0.5, shape)
     means = {f"profile_{name}": np.ones(shape) for name in ("eta", "omega", "t1", "t2", "error")}
-    ratio = np.exp(rng.uniform(np.log(30), np.log(300), shape))
+    ratio = np.exp(rng.uniform(*np.log(population.sink_over_base), shape))
     return {**means, "profile_p_sink": p_sink, "profile_p_base": p_sink / ratio,
-            "profile_has_plateau": rng.uniform(0.3, 1.0, shape), "profile_has_oscillation": rng.uniform(0.0, 1.0, shape),
-            "profile_has_recency": rng.uniform(0.3, 1.0, shape)}
+            "profile_has_plateau": rng.uniform(*population.phase_share, shape),
+            "profile_has_oscillation": rng.uniform(0.0, 1.0, shape),
+            "profile_has_recency": rng.uniform(*population.phase_share, shape)}
 
 
 # The heads' roles by layer (Figure 8's order: Retrievers first, Mixers last), as shares of each layer's heads.
@@ -259,10 +287,12 @@ def role_means(rng: np.random.Generator, shape: tuple[int, int]) -> dict[str, np
     return means
 
 
-def study_roles(means: dict[str, np.ndarray]) -> np.ndarray:
+def study_roles(means: dict[str, np.ndarray], documents: int = STUDY_DOCUMENTS,
+                population: Population = Population()) -> np.ndarray:
     """Each head's role (``[layer, head]``, names) by the taxonomy's rules on its true means, with the standard
-    errors a study of STUDY_DOCUMENTS documents has (the rules' z-scores are relative to them)."""
-    se = {name: ROLE_NOISE[name] / math.sqrt(STUDY_DOCUMENTS) for name in ("align_self_excess", "shift_self_raw", "shift_sink_raw")}
+    errors a study of ``documents`` documents of ``population`` has (the rules' z-scores are relative to them)."""
+    se = {name: population.role_noise * ROLE_NOISE[name] / math.sqrt(documents)
+          for name in ("align_self_excess", "shift_self_raw", "shift_sink_raw")}
     roles = np.empty(means["share_self"].shape, dtype=object)
     for index in np.ndindex(roles.shape):
         head = {name: float(v[index]) for name, v in means.items() if v.ndim == 2}
@@ -271,34 +301,36 @@ def study_roles(means: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def simulate_study(means: dict[str, np.ndarray], rng: np.random.Generator,
-                   documents: int = STUDY_DOCUMENTS) -> GeometryResult:
-    """One study of ``documents`` documents: each document's values scatter around the true means; the package
-    accumulates them."""
+                   documents: int = STUDY_DOCUMENTS, population: Population = Population()) -> GeometryResult:
+    """One study of ``documents`` documents: each document's values scatter around the true means (as
+    ``population`` says); the package accumulates them."""
     values = {}
+    shape = means["rho0"].shape
     profiles = rng.spawn(1)[0]  # the fit's draws leave the other fields' stream as it was
     roles = profiles.spawn(1)[0]  # and the role features' leave both
-    role_noise = roles.normal(0.0, 1.0, (documents, len(ROLE_NOISE), STUDY_LAYERS, STUDY_HEADS))
+    role_noise = roles.normal(0.0, 1.0, (documents, len(ROLE_NOISE), *shape))
     role_noise[:, :3] -= role_noise[:, :3].mean(1, keepdims=True)  # the three shares still sum to 1
+    positive, curve = population.positive_shape, population.curve_shape
     for name, mean in means.items():
         if name in ROLE_NOISE:
-            values[name] = mean + ROLE_NOISE[name] * role_noise[:, list(ROLE_NOISE).index(name)]
+            values[name] = mean + population.role_noise * ROLE_NOISE[name] * role_noise[:, list(ROLE_NOISE).index(name)]
         elif name.startswith("profile_has_"):  # each document has the phase or not
             values[name] = (profiles.random((documents, *mean.shape)) < mean).astype(float)
         elif name.startswith("profile_"):  # positive and right-skewed
-            values[name] = mean * profiles.gamma(4.0, 0.25, (documents, *mean.shape))
+            values[name] = mean * profiles.gamma(positive, 1 / positive, (documents, *mean.shape))
         elif name in ("decay_mae", "sink_norm_ratio", "value_norm_cv"):  # positive and right-skewed (CV 0.5)
-            values[name] = mean * rng.gamma(4.0, 0.25, (documents, *mean.shape))
+            values[name] = mean * rng.gamma(positive, 1 / positive, (documents, *mean.shape))
         elif name.startswith("bound_") and name.endswith("_lower"):
             values[name] = np.zeros((documents, *mean.shape))
-        else:  # skewed too: a centred gamma, spread growing with the mean's distance from 1
-            noise = rng.gamma(2.0, 1.0, (documents, *mean.shape)) - 2.0
-            values[name] = mean + 0.06 * noise * (0.5 + np.abs(1 - mean))
+        else:  # skewed too: a centred gamma (sd sqrt(2) by default), spread growing with the mean's distance from 1
+            noise = (rng.gamma(curve, 1.0, (documents, *mean.shape)) - curve) * math.sqrt(2.0 / curve)
+            values[name] = mean + population.curve_noise * noise * (0.5 + np.abs(1 - mean))
     names = (*values, *[r for r in REQUIRED_FIELDS if r not in values])
     specs = [FieldSpec(name, name, axes=("n",) if name in STUDY_CURVES or name in REQUIRED_FIELDS else (),
                        bootstrap=True) for name in names]
-    ones = np.ones((documents, STUDY_LAYERS, STUDY_HEADS, len(STUDY_GRID)))
+    ones = np.ones((documents, *shape, len(STUDY_GRID)))
     tensors = {spec.name: torch.tensor(values.get(spec.name, ones)) for spec in specs}
-    acc = Accumulator(specs, layers=range(STUDY_LAYERS), heads=range(STUDY_HEADS), n_grid=torch.tensor(STUDY_GRID),
+    acc = Accumulator(specs, layers=range(shape[0]), heads=range(shape[1]), n_grid=torch.tensor(STUDY_GRID),
                       n_bootstrap=STUDY_REPLICATES, replicate_fields=frozenset(values))
     weights = torch.tensor(rng.poisson(1.0, (documents, STUDY_REPLICATES)), dtype=torch.float64)
     acc.add(tensors, weights, n_tokens=documents)

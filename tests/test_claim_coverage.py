@@ -1,22 +1,25 @@
-"""Coverage of the claims' intervals on simulated studies whose true values are known.
+"""Coverage of the claims' intervals on simulated studies whose true values are known, in and out of sample.
 
-A simulated study (``tests.fixtures.simulate_study``) is a result of
-``DOCUMENTS`` documents: every head has true means for the fields the claims
-read, and each document's value scatters around them (skewed,
-heteroscedastic noise, so that the per-head means of a few documents are
-biased inputs to nonlinear statistics: a trimmed mean, a share past a
-threshold, a correlation over heads, a minimum or maximum of two curves'
-drops). The
+A simulated study (``tests.fixtures.simulate_study``) is a result of a few
+documents: every head has true means for the fields the claims read, and
+each document's value scatters around them (skewed, heteroscedastic noise,
+so that the per-head means of a few documents are biased inputs to
+nonlinear statistics: a trimmed mean, a share past a threshold, a
+correlation over heads, a minimum or maximum of two curves' drops). The
 documents go through the package's accumulator with Poisson-bootstrap
 weights, as a real run does, and `claims` computes every interval. The true
-value of a claim's statistic is that statistic, written here from the claims'
-rules, on the true head means. A nominal 95 % interval must cover it in 93-97 %
-of ``STUDIES`` studies (the binomial standard error of a 95 % coverage over
-400 studies is 1.1 %).
+value of a claim's statistic is that statistic, written here from the
+claims' rules, on the true head means.
 
-``python -m tests.test_claim_coverage`` prints, for each claim, the coverage
-of every interval method of `tl_geometry.analysis.intervals` on the same
-studies and the one the claim uses (``claims.INTERVAL_METHOD``, chosen by it).
+Each claim's interval method and level (``claims.INTERVAL_METHOD``,
+``claims.NOT_EXPANDED``, ``claims.CALIBRATED_LEVEL``) were chosen on one
+population and document count, the tuning set (``TUNING``,
+``TUNING_DOCUMENTS``); `HELD_OUT` are populations drawn with other seeds and
+other generating parameters, which nothing was chosen on (a claim whose
+interval covered under 90 % on one of them says so:
+``claims.UNCERTAIN_INTERVAL``). The test here checks the held-out coverage
+on a few seeded studies; ``benchmarks/bench_coverage.py`` prints the tuning table (every
+method) and the held-out table at 8, 16 and 32 documents.
 """
 
 import math
@@ -24,15 +27,28 @@ import math
 import jaxtyping
 import numpy as np
 import pytest
+import torch
 
-from tests.fixtures import STUDY_DOCUMENTS as DOCUMENTS
+from tests.fixtures import STUDY_DOCUMENTS, Population, simulate_study, study_roles, true_means
 from tests.fixtures import STUDY_GRID as GRID
-from tests.fixtures import STUDY_REPLICATES as REPLICATES
-from tests.fixtures import simulate_study, study_roles, true_means
 from tl_geometry import claims
 from tl_geometry.analysis import claims as claims_module
 from tl_geometry.analysis.intervals import METHODS
 
+TUNING = Population(seed=0)  # the methods and levels were chosen on this population ...
+TUNING_DOCUMENTS = STUDY_DOCUMENTS  # ... at this many documents
+HELD_OUT = {  # nothing is chosen on these: other seeds and other generating parameters
+    "noisier": Population(seed=101, heads=8, rho0=(0.0, 0.7), slope=(0.0, 0.2), decay_mae=(0.03, 0.25),
+                          sink_norm_ratio=(0.1, 1.0), value_norm_cv=(0.015, 0.08), sink_over_base=(20.0, 400.0),
+                          phase_share=(0.2, 1.0), curve_noise=0.08, curve_shape=1.5, positive_shape=3.0,
+                          role_noise=1.25),
+    "quieter": Population(seed=202, heads=5, rho0=(0.2, 0.5), slope=(-0.1, 0.1), decay_mae=(0.05, 0.15),
+                          sink_norm_ratio=(0.3, 1.5), value_norm_cv=(0.03, 0.1), precision_envelope_gap=(0.0, 0.15),
+                          recall_envelope_gap=(0.0, 0.12), sink_over_base=(50.0, 200.0), phase_share=(0.4, 0.9),
+                          curve_noise=0.045, curve_shape=4.0, positive_shape=6.0, role_noise=0.8),
+    "skewed": Population(seed=303, value_norm_cv=(0.02, 0.06), sink_over_base=(10.0, 1000.0), curve_shape=1.0,
+                         positive_shape=2.5),
+}  # fmt: skip
 STUDIES = 400
 SMALL, MID, LARGE = (GRID >= 2) & (GRID <= 4), (GRID >= 8) & (GRID <= 16), GRID >= 32
 AT3 = int(np.flatnonzero(GRID == 3)[0])
@@ -52,9 +68,10 @@ def _corr(x, y):
     return float(np.corrcoef(x.ravel(), y.ravel())[0, 1])
 
 
-def _role_truths(m: dict[str, np.ndarray]) -> dict[str, float]:
-    """Section 4.2's smaller depth step and Figure 11's smallest margin on the true roles (-1: a role without heads)."""
-    roles = study_roles(m)
+def _role_truths(m: dict[str, np.ndarray], documents: int, population: Population) -> dict[str, float]:
+    """Section 4.2's smaller depth step and Figure 11's smallest margin on the true roles (-1: a role without heads),
+    the roles the rules give the true means with the standard errors of ``documents`` documents."""
+    roles = study_roles(m, documents, population)
     depth = np.arange(roles.shape[0])[:, None] / (roles.shape[0] - 1) * np.ones(roles.shape)
     mean_depth = {r: depth[roles == r].mean() if (roles == r).any() else math.nan for r in ("retriever", "reset", "mixer")}
     step = min(mean_depth["reset"] - mean_depth["retriever"], mean_depth["mixer"] - mean_depth["reset"])
@@ -71,7 +88,8 @@ def _role_truths(m: dict[str, np.ndarray]) -> dict[str, float]:
             "regime_tradeoffs": float(min(-1.0 if math.isnan(x) else x for x in margins))}
 
 
-def true_values(m: dict[str, np.ndarray]) -> dict[str, float]:
+def true_values(m: dict[str, np.ndarray], documents: int = STUDY_DOCUMENTS,
+                population: Population = TUNING) -> dict[str, float]:
     drop = lambda name: _curve(m[name])[SMALL].mean() - _curve(m[name])[MID].mean()  # noqa: E731
     rise = lambda name: _curve(m[name])[LARGE].mean() - _curve(m[name])[MID].mean()  # noqa: E731
     # The envelopes' floors (p_- <= 1/2): the gap is taken above the larger of the curve and the floor.
@@ -92,30 +110,96 @@ def true_values(m: dict[str, np.ndarray]) -> dict[str, float]:
                                         gap("recall", MID), gap("recall", LARGE))),
         "sink_recall_correlation": _corr(m["recall"][..., AT3], m["rho0"]),
         "sink_precision_correlation": _corr(m["precision"][..., AT3], m["rho0"]),
-        **_role_truths(m),
+        **_role_truths(m, documents, population),
     }
 
 
-def coverage(studies: int = STUDIES, seed: int = 0, method: str | None = None) -> dict[str, tuple[float, int]]:
-    """Per claim: the share of the studies with an interval whose interval covers the true value, and how many
-    had one. ``method``: every claim's replicates read with that interval instead of the claim's own."""
-    means = true_means(seed)
-    truth = true_values(means)
-    rng = np.random.default_rng(seed + 1)
-    hits = {key: [0, 0] for key in COVERED}
-    with pytest.MonkeyPatch.context() as patch:
-        if method is not None:
-            patch.setattr(claims_module, "INTERVAL_METHOD", dict.fromkeys(claims_module.INTERVAL_METHOD, method))
-        for study in range(studies):
-            if study == 1:  # the runtime shape checks have seen every call once; the other studies repeat them
-                patch.setattr(jaxtyping.config, "jaxtyping_disable", True)
-            table = claims(simulate_study(means, rng))
-            for key in COVERED:
-                low, high = table.loc[key, "low"], table.loc[key, "high"]
-                if not math.isnan(low):
-                    hits[key][0] += low <= truth[key] <= high
-                    hits[key][1] += 1
-    return {key: (covered / max(1, n), n) for key, (covered, n) in hits.items()}
+Choice = dict[str, tuple[str, bool, float]]
+"""Per claim: an interval method of `METHODS`, whether its level is expanded for the number of documents, and the
+nominal level its quantiles are read at (0.95 unless calibrated)."""
+
+
+def chosen() -> Choice:
+    """Every claim's interval as `tl_geometry.analysis.claims` chose it."""
+    return {key: (claims_module.INTERVAL_METHOD[key], key not in claims_module.NOT_EXPANDED,
+                  claims_module.CALIBRATED_LEVEL.get(key, claims_module.LEVEL)) for key in COVERED}
+
+
+def every_choice(keys: tuple[str, ...] = COVERED, levels: tuple[float, ...] = (claims_module.LEVEL,)) -> dict[str, Choice]:
+    """Every method at either level (expanded or not) for the claims ``keys``, by name ("basic, expanded"; with
+    the nominal level where it is not 0.95: "basic, expanded, 0.99")."""
+    return {f"{method}, {'expanded' if expand else 'plain'}" + ("" if level == claims_module.LEVEL else f", {level:g}"):
+            dict.fromkeys(keys, (method, expand, level))
+            for level in levels for method in METHODS for expand in (True, False)}
+
+
+Coverage = dict[str, tuple[int, int, int]]
+"""Per claim: studies whose interval covered the truth, studies with an interval, and estimates outside their own
+interval."""
+
+
+def coverage(population: Population = TUNING, documents: int = TUNING_DOCUMENTS, studies: int = STUDIES,
+             choices: dict[str, Choice] | None = None) -> dict[str, Coverage]:
+    """Per choice of intervals (default: the claims' own, as ``"chosen"``), per claim, how the intervals of
+    ``studies`` seeded studies of ``population`` at ``documents`` documents cover the truth. Every choice reads
+    the same studies (the seed is the population's and the count's: fewer studies are the first ones).
+
+    `claims` runs once per study: its ``_interval`` is wrapped to compute each claim's replicate statistic once
+    and read it with every choice's method and level (a claim's first interval is its verdict's; a second one
+    is the literal reading's)."""
+    choices = {"chosen": chosen(), **(choices or {})}
+    means = true_means(population)
+    truth = true_values(means, documents, population)
+    rng = np.random.default_rng((population.seed, documents))
+    found = {name: {key: (0, 0, 0) for key in COVERED} for name in choices}
+    original = claims_module._interval
+
+    def every_interval(key, result, names, statistic, *args, **kwargs):
+        if (not isinstance(statistic, torch.Tensor) and result.n_documents >= 2
+                and all(result.has_replicates(n) for n in names)):
+            statistic = statistic({n: result.replicates(n) for n in names}).double()  # once for every choice
+        own = original(key, result, names, statistic, *args, **kwargs)
+        if key in first:
+            return own
+        first[key] = {}
+        for name, choice in choices.items():
+            if key in choice:
+                method, expand, level = choice[key]
+                with pytest.MonkeyPatch.context() as inner:
+                    inner.setitem(claims_module.INTERVAL_METHOD, key, method)
+                    inner.setitem(claims_module.CALIBRATED_LEVEL, key, level)
+                    not_expanded = claims_module.NOT_EXPANDED
+                    inner.setattr(claims_module, "NOT_EXPANDED", not_expanded - {key} if expand else not_expanded | {key})
+                    first[key][name] = original(key, result, names, statistic, *args, **kwargs)[:2]
+        return own
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: on a busy machine one thread is several times faster than two
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            for study in range(studies):
+                # the runtime shape checks see every call once; the other studies repeat them
+                patch.setattr(jaxtyping.config, "jaxtyping_disable", study > 0)
+                patch.setattr(claims_module, "_interval", every_interval)
+                result = simulate_study(means, rng, documents, population)
+                first: dict[str, dict[str, tuple[float, float]]] = {}
+                table = claims(result)
+                for key in COVERED:
+                    value = table.loc[key, "value"]
+                    own = first.get(key, {}).get("chosen", (math.nan, math.nan))
+                    assert np.allclose(own, table.loc[key, ["low", "high"]].to_numpy(float), equal_nan=True), (key, own)
+                    for name, (low, high) in first.get(key, {}).items():
+                        if not math.isnan(low):
+                            covered, n, outside = found[name][key]
+                            found[name][key] = (covered + (low <= truth[key] <= high), n + 1,
+                                                outside + (not low <= value <= high))
+    finally:
+        torch.set_num_threads(threads)
+    return found
+
+
+def share(cell: tuple[int, int, int]) -> float:
+    return cell[0] / max(1, cell[1])
 
 
 def test_every_claim_with_an_interval_is_covered():
@@ -141,19 +225,33 @@ def test_disattenuation_moves_the_correlation_towards_the_truth():
     assert abs(np.mean(corrected) - truth) < truth - np.mean(uncorrected), (np.mean(corrected), np.mean(uncorrected))
 
 
-COVERAGE_TARGET = (0.93, 0.97)
+HELD_OUT_TARGET = (0.90, 0.98)  # the acceptance, at 16 and 32 documents
+CHECKED = ("noisier", "quieter")
+CHECKED_STUDIES = 100  # per (population, count): 400 studies per claim pooled, a binomial standard error of 1.1 %
+
+
 @pytest.mark.slow
-def test_the_claims_intervals_cover_their_true_values_on_simulated_studies():
-    """Each claim's own interval covers in 93-97 % of the studies."""
-    for key, (share, studies) in coverage().items():
-        assert studies == STUDIES, (key, share, studies)
-        assert COVERAGE_TARGET[0] <= share <= COVERAGE_TARGET[1], (key, share)
+def test_the_claims_intervals_cover_their_true_values_out_of_sample():
+    """Pooled over two held-out populations at 16 and 32 documents, each claim's own interval covers its true
+    value in 90-98 % of the studies (a nominal 95 % interval; the methods were chosen on another population),
+    except the claims whose interval says it is uncertain (``claims.UNCERTAIN_INTERVAL``: under 90 % in some
+    held-out cell of the benchmark)."""
+    pooled = {key: [0, 0] for key in COVERED}
+    for name in CHECKED:
+        for documents in (16, 32):
+            for key, cell in coverage(HELD_OUT[name], documents, CHECKED_STUDIES)["chosen"].items():
+                pooled[key][0] += cell[0]
+                pooled[key][1] += cell[1]
+    for key, (covered, n) in pooled.items():
+        assert n == 4 * CHECKED_STUDIES, (key, n)
+        if key not in claims_module.UNCERTAIN_INTERVAL:
+            assert HELD_OUT_TARGET[0] <= covered / n <= HELD_OUT_TARGET[1], (key, covered / n)
 
 
-if __name__ == "__main__":
-    found = {method: coverage(method=method) for method in METHODS}
-    print(f"coverage of nominal 95 % intervals, {STUDIES} studies of {DOCUMENTS} documents ({REPLICATES} replicates)")
-    print(f"| claim | {' | '.join(METHODS)} | used |\n|---|{'---|' * len(METHODS)}---|")
+def test_an_uncertain_interval_says_so():
+    table = claims(simulate_study(true_means(), np.random.default_rng(5)))
     for key in COVERED:
-        cells = " | ".join(f"{found[m][key][0]:.3f}" for m in METHODS)
-        print(f"| {key} | {cells} | {claims_module.INTERVAL_METHOD[key]} |")
+        said = "uncertain: on simulated populations it was not chosen on" in table.loc[key, "interval"]
+        assert said == (key in claims_module.UNCERTAIN_INTERVAL), (key, table.loc[key, "interval"])
+    low, high = claims_module.UNCERTAIN_INTERVAL["four_phase_profile"]
+    assert f"{low:.0%} to {high:.0%} of studies" in table.loc["four_phase_profile", "interval"]

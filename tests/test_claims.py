@@ -91,11 +91,16 @@ def _expanded(level, n):
     return 1 - 2 * NormalDist().cdf(-math.sqrt(n / (n - 1)) * t)
 
 
-def _claim_interval(key, value, replicates, n_documents, level=0.95, expand=True):
-    """The interval the claim declares (``INTERVAL_METHOD``) at the expanded level, each from its definition."""
-    level = _expanded(level, n_documents) if expand else level
+def _claim_interval(key, value, replicates, n_documents):
+    """The interval the claim declares (``INTERVAL_METHOD`` at its level: ``CALIBRATED_LEVEL`` or 0.95, expanded
+    unless ``NOT_EXPANDED``), each from its definition."""
+    level = claims_module.CALIBRATED_LEVEL.get(key, 0.95)
+    level = level if key in claims_module.NOT_EXPANDED else _expanded(level, n_documents)
     reps = np.asarray(replicates, dtype=float)
     reps = reps[~np.isnan(reps)]
+    if claims_module.INTERVAL_METHOD[key] == "normal":  # the bias-corrected estimate +- z times the replicates' sd
+        half = NormalDist().inv_cdf((1 + level) / 2) * np.std(reps, ddof=1)
+        return 2 * value - np.mean(reps) - half, 2 * value - np.mean(reps) + half
     low, high = np.quantile(reps, [(1 - level) / 2, (1 + level) / 2])
     method = claims_module.INTERVAL_METHOD[key]
     if method == "percentile":
@@ -257,13 +262,13 @@ def test_sink_correlation_is_the_pearson_at_n_3_with_depth_partialled_beside(stu
     depth = np.repeat(np.arange(n_layers) / max(1, n_layers - 1), n_heads)
     partial = _partial(x, y, depth)
     assert f"{partial:.3g} with layer depth partialled out" in table.loc[key, "measured"]
-    # The interval: the claim's method at the plain level on Fisher's z, of the replicates' disattenuated
+    # The interval: the claim's method at its declared level on Fisher's z, of the replicates' disattenuated
     # correlations' deviations from the uncorrected value (their own truth), moved to the value. Each replicate's
     # deviations from the heads' means are added to those means shrunk to the spread that is not noise.
     reps = np.array([reference_disattenuated(a, b, *noise) for a, b in
                      zip(reference_shrunk(rx, x, noise[0]), reference_shrunk(ry, y, noise[1]))])
     z = lambda r: np.arctanh(np.clip(r, -1 + 1e-12, 1 - 1e-12))  # noqa: E731
-    low, high = np.tanh(_claim_interval(key, z(value), z(reps) - z(raw) + z(value), n, expand=False))
+    low, high = np.tanh(_claim_interval(key, z(value), z(reps) - z(raw) + z(value), n))
     assert (table.loc[key, "low"], table.loc[key, "high"]) == pytest.approx((low, high), abs=1e-5)
 
 
@@ -318,6 +323,7 @@ def test_envelope_tightness_is_the_largest_upper_gap_where_the_paper_calls_it_ti
     share = np.mean(lower[~np.isnan(lower)] > 0.5)
     assert f"informative (P_low > 0.5) in {share:.1%}" in table.loc["envelope_tightness", "measured"]
     assert "Containment (not a test" in table.loc["envelope_tightness", "measured"]
+    assert ".." not in table.loc["envelope_tightness", "measured"]  # the envelopes' paragraph ends its own sentence
 
 
 def test_a_result_without_a_diagnostic_shows_not_measured_with_the_option(result):

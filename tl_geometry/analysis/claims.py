@@ -91,14 +91,18 @@ replicate's per-head means, when every field the statistic reads kept
 replicates (``GeometryConfig.bootstrap_fields``; otherwise the ``interval``
 column says which fields lack them), read by the method of
 ``INTERVAL_METHOD`` (`tl_geometry.analysis.intervals`: percentile,
-bias-corrected, basic or shifted), the one that covered best on simulated
-studies (``tests/test_claim_coverage.py``), at Hesterberg's expanded level
-for the number of documents. The correlations' replicates scatter around the
+bias-corrected, basic, shifted or normal), at Hesterberg's expanded level
+for the number of documents or at the plain level (``NOT_EXPANDED``), and
+for the two claims no method covered at 95 % at a higher level calibrated
+on simulated studies (``CALIBRATED_LEVEL``). Each claim's method and level
+were chosen on one simulated population at 16 documents and are validated
+on populations drawn with other seeds and parameters, at 8, 16 and 32
+documents (``benchmarks/bench_coverage.py``, ``tests/test_claim_coverage.py``).
+The correlations' replicates scatter around the
 uncorrected value (the bootstrap world's truth), not the disattenuated one:
 their interval is taken on Fisher's z, of the replicates' deviations from
 the uncorrected value moved to the value, in a bootstrap world as noisy as
-the real one (`shrunk_replicates`), at the plain level (``NOT_EXPANDED``:
-expanded, they over-cover, as the four-phase share does). The role claims'
+the real one (`shrunk_replicates`). The role claims'
 values weight heads by their role probabilities, the shares of the
 replicates that give each role; their replicates' statistics use each
 replicate's own roles.
@@ -167,22 +171,32 @@ CORR_SMALL_N = (2, 8)  # "peaking around N = 3": where the largest correlation i
 CORR_N = 3  # the claim's N, fixed before looking: the paper's peak ("around N = 3")
 CORR_N_LATER = 6  # the paper's LLaMA figure ("about 0.25 by N = 6"), reported beside
 INSIDE_TOLERANCE = 1e-6
-# Taken at the plain level, not Hesterberg's expanded one: expanded, they over-cover (chosen by coverage, as below).
-NOT_EXPANDED = frozenset({"four_phase_profile", "sink_recall_correlation", "sink_precision_correlation",
-                          "regimes_by_depth"})
-INTERVAL_METHOD = {  # chosen by the coverage on simulated studies (docs/claims.md, "Intervals")
-    "stable_norms": "shifted",
-    "compressed_sink": "basic",
+# Each claim's interval: its method, whether its level is expanded for the number of documents, and (where no
+# method covered at 95 %) the calibrated level. Chosen on one simulated population at 16 documents by a rule fixed
+# before the run (the coverage closest to 95 %) and validated on populations drawn differently, at 8, 16 and 32
+# documents (benchmarks/bench_coverage.py; docs/claims.md, "Intervals").
+INTERVAL_METHOD = {
+    "stable_norms": "basic",
+    "compressed_sink": "normal",
     "exponential_decay": "basic",
     "four_phase_profile": "percentile",
     "small_n_separability": "bias-corrected",
-    "large_n_return": "bias-corrected",
-    "envelope_tightness": "basic",
+    "large_n_return": "percentile",
+    "envelope_tightness": "shifted",
     "sink_recall_correlation": "basic",
-    "sink_precision_correlation": "basic",
+    "sink_precision_correlation": "percentile",
     "regimes_by_depth": "basic",
     "regime_tradeoffs": "shifted",
 }
+NOT_EXPANDED = frozenset({"exponential_decay", "four_phase_profile", "large_n_return", "sink_recall_correlation",
+                          "regimes_by_depth"})  # their plain level covered nearest 95 %
+# Per claim whose intervals covered under 93 % with every method at the nominal level on the tuning population:
+# the level its quantiles are read at instead (calibrated there: the coverage closest to 95 %).
+CALIBRATED_LEVEL = {"stable_norms": 0.99, "envelope_tightness": 0.99}
+# Per claim whose interval covered under 90 % at 16 or 32 documents on some population it was not chosen on: the
+# lowest and highest of those held-out coverages (benchmarks/bench_coverage.py). Its interval says it is uncertain.
+UNCERTAIN_INTERVAL = {"four_phase_profile": (0.0, 0.88), "large_n_return": (0.89, 0.95),
+                      "sink_recall_correlation": (0.87, 0.97), "regimes_by_depth": (0.87, 0.95)}
 
 # Per claim: the documents below which the bootstrap cannot resolve the verdict: the smallest count of the ladder
 # 2, 4, 8, 16, 32 from which on the claim's interval covered the truth in at least 90 % of 30 simulated studies,
@@ -431,7 +445,8 @@ def _interval(
     n = len(values)
     method = INTERVAL_METHOD[key]
     expand = key not in NOT_EXPANDED
-    level = expanded_level(LEVEL, result.n_documents) if expand else LEVEL  # few documents: too narrow
+    nominal = CALIBRATED_LEVEL.get(key, LEVEL)
+    level = expanded_level(nominal, result.n_documents) if expand else nominal  # few documents: too narrow
     scale = ""
     if pivot is None:
         bounds = METHODS[method](value, values, level)
@@ -442,7 +457,14 @@ def _interval(
         scale = f" on Fisher's z, about the uncorrected {_fmt(pivot)} (the replicates' own truth)"
     low, high = (min(max(bound, limits[0]), limits[1]) for bound in bounds)
     expanded = f"expanded for {result.n_documents} documents" if expand else "not expanded"
-    return low, high, f"{LEVEL:.0%} {method} bootstrap interval over documents{scale} ({n} replicates; {expanded})"
+    if nominal != LEVEL:
+        expanded = f"calibrated: read at {nominal:.1%}, {expanded}"
+    text = f"{LEVEL:.0%} {method} bootstrap interval over documents{scale} ({n} replicates; {expanded})"
+    if key in UNCERTAIN_INTERVAL:
+        worst, best = UNCERTAIN_INTERVAL[key]
+        text += (f"; uncertain: on simulated populations it was not chosen on it covered the truth in {worst:.0%} to "
+                 f"{best:.0%} of studies of 16-32 documents (nominal {LEVEL:.0%})")
+    return low, high, text
 
 
 def _fmt(x: float, digits: int = 3) -> str:
@@ -1056,8 +1078,8 @@ def _envelope_tightness(result: GeometryResult) -> Claim:
                 "gaps: " + ", ".join(f"{k} {_fmt(v)}" for k, v in gaps.items())
                 + ". Read literally (the gap to the curve itself, the floor's part included): largest "
                 + f"{_fmt(max(literal.values()))}, " + ", ".join(f"{k} {_fmt(v)}" for k, v in literal.items())
-                + ". " + facts.summary()
-                + f". Lower envelopes: informative (P_low > {INFORMATIVE:g}) in {share:.1%} of the (head, N) cells "
+                + ". " + facts.summary()  # a paragraph of sentences: it ends with its own full stop
+                + f" Lower envelopes: informative (P_low > {INFORMATIVE:g}) in {share:.1%} of the (head, N) cells "
                 f"with 1 < N < {int(grid.max())}"
                 + (f", where P averages {_fmt(float(at_informative.mean()))}" if len(at_informative) else "")
                 + f"; Recall lies {_fmt(lower_gap)} above its lower envelope on average. Containment (not a test: "

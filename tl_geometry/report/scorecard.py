@@ -75,7 +75,7 @@ def scorecard_html(result: GeometryResult) -> str:
 
     One row per claim of `tl_geometry.analysis.claims`: the claim and where
     the paper makes it, the paper's value, the measured value with its
-    bias-corrected bootstrap interval, and the verdict with its rule and what
+    bootstrap interval (the claim's own method), and the verdict with its rule and what
     would change it (or, when not measured, the option that would measure it).
     """
     rows = []
@@ -94,8 +94,9 @@ def scorecard_html(result: GeometryResult) -> str:
         )
     return (
         f'<section id="claims-scorecard">{STYLE}<h2>The paper\'s claims on this model</h2>{banner}'
-        "<p>Each claim of the paper reduced to one statistic of this result, with its bias-corrected bootstrap interval over "
-        "documents where the fields kept replicates. Verdict: <i>holds</i> when the statistic reaches the "
+        "<p>Each claim of the paper reduced to one statistic of this result, with its bootstrap interval over "
+        "documents where the fields kept replicates (each claim's method chosen on simulated studies; an interval "
+        "that did not hold on simulated populations it was not chosen on says 'uncertain'). Verdict: <i>holds</i> when the statistic reaches the "
         "claim's threshold (and so does its whole interval), <i>partly</i> when it reaches the weaker one, "
         "<i>too few documents</i> when the sample is below what the claim's bootstrap needs to resolve a verdict "
         "(or the estimate lies outside its own interval), "
