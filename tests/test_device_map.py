@@ -158,3 +158,13 @@ def test_a_map_naming_no_module_of_the_model_is_refused(smollm2):
     with pytest.raises(GeometryError, match=r"load_model\('smollm2-135m', device_map=...\): the model could not be "
                                             r"placed or loaded \(.*\); check that every key of the map names a module"):
         load_model(progress=False, device_map=device_map)
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_a_map_that_leaves_a_module_out_is_refused(smollm2):
+    device_map = _offloading_map(smollm2)
+    del device_map["model.layers.7"]
+    with pytest.raises(GeometryError, match=r"load_model\('smollm2-135m', device_map=...\): the model could not be "
+                                            r"placed or loaded \(.*model.layers.7"):
+        load_model(progress=False, device_map=device_map)

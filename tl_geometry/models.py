@@ -930,8 +930,13 @@ def _load_dispatched(
 @contextlib.contextmanager
 def _placement_errors(name: str) -> Iterator[None]:
     """A map the loaders refuse, or a failed load, as one GeometryError."""
+    import warnings
+
     try:
-        yield
+        with warnings.catch_warnings():
+            # accelerate only warns about a key naming no module (a typo), and places that module by default.
+            warnings.filterwarnings("error", message=".*device_map keys do not match any submodules")
+            yield
     except GeometryError:
         raise
     except Exception as error:  # noqa: BLE001 - transformers, accelerate and the bridge each raise their own
