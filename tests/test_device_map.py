@@ -6,6 +6,7 @@ same model loaded whole.
 """
 
 import gc
+import json
 
 import pytest
 import torch
@@ -168,3 +169,53 @@ def test_a_map_that_leaves_a_module_out_is_refused(smollm2):
     with pytest.raises(GeometryError, match=r"load_model\('smollm2-135m', device_map=...\): the model could not be "
                                             r"placed or loaded \(.*model.layers.7"):
         load_model(progress=False, device_map=device_map)
+
+
+# ---- the command line: --device-map ----
+
+
+def test_device_map_option(tmp_path):
+    from tl_geometry.cli import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["analyze", "--device-map", "auto"]).device_map == "auto"
+    assert parse(["analyze"]).device_map is None
+    explicit = {"model.embed_tokens": "cpu", "model.layers.0": "disk", "model.norm": "cpu"}
+    assert parse(["analyze", "--device-map", json.dumps(explicit)]).device_map == explicit
+    (tmp_path / "map.json").write_text(json.dumps(explicit))
+    assert parse(["analyze", "--device-map", str(tmp_path / "map.json")]).device_map == explicit
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ("fast", "argument --device-map: device_map: 'fast' is not a placement strategy"),
+        ('{"model": "meta"}', "argument --device-map: device_map['model']: 'meta' is not a place"),
+        ('{"model": ', "argument --device-map: Expecting value"),
+        ('["cpu"]', "argument --device-map: device_map: '[\"cpu\"]' is not a placement strategy"),
+    ],
+)
+def test_bad_device_maps_are_usage_errors(given, message, capsys):
+    from tl_geometry.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["analyze", "--device-map", given])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_device_map_reaches_load_model_instead_of_the_device(monkeypatch, tmp_path, capsys):
+    from tl_geometry.cli import main
+
+    calls = []
+
+    def load(name, **options):
+        calls.append(options)
+        raise GeometryError("stop here")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(models, "load_model", load)
+    assert main(["analyze", "--quiet", "--device-map", "balanced"]) == 1
+    assert [(c.get("device_map"), "device" in c) for c in calls] == [("balanced", False)]
+    assert main(["analyze", "--quiet"]) == 1
+    assert [(c.get("device_map"), c.get("device")) for c in calls[1:]] == [(None, "cpu")]
+    assert "stop here" in capsys.readouterr().err
