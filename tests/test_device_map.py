@@ -13,6 +13,7 @@ import torch
 
 from tests.fixtures import assert_equal_runs, needs_gemma3
 from tl_geometry import models
+from tl_geometry.capture.provenance import weights_fingerprint
 from tl_geometry.capture.hooks import gathered, kept_groups, run_with_geometry_hooks
 from tl_geometry.config import GeometryConfig
 from tl_geometry.errors import GeometryError
@@ -148,6 +149,8 @@ def test_offloaded_layers_give_the_whole_models_result(name, request):
         assert mine.config.capture == theirs.config.capture == capture
         assert_equal_runs(mine, theirs)
     assert not [name for name, point in split.hook_dict.items() if point._forward_hooks]
+    # The provenance reads the offloaded weights through accelerate, as the forward pass does.
+    assert weights_fingerprint(split) == weights_fingerprint(whole)
     del split
     gc.collect()
 
