@@ -17,9 +17,10 @@ from tl_geometry.capture.provenance import weights_fingerprint
 from tl_geometry.capture.hooks import gathered, kept_groups, run_with_geometry_hooks
 from tl_geometry.config import GeometryConfig
 from tl_geometry.errors import GeometryError
-from tl_geometry.models import check_device_map, load_model
+from tl_geometry.models import check_device_map, load_model, transformer_lens_major_version
 
 NO_CUDA = not torch.cuda.is_available()
+NEEDS_TL4 = pytest.mark.skipif(transformer_lens_major_version() < 4, reason="device_map needs transformer-lens 4.x")
 TEXTS = ["The cat sat on the mat.", "Paris is the capital of"]
 
 
@@ -65,6 +66,7 @@ def _nothing_loads(monkeypatch):
 
 def test_refusals_come_before_anything_loads(monkeypatch):
     _nothing_loads(monkeypatch)
+    monkeypatch.setattr(models, "transformer_lens_major_version", lambda: 4)  # the map is checked on 3.x too
     with pytest.raises(GeometryError, match=r"device='cpu' and device_map: pass one"):
         load_model(device="cpu", device_map="auto")
     with pytest.raises(GeometryError, match=r"'fast' is not a placement strategy"):
@@ -127,6 +129,7 @@ LAYERS = {"smollm2-135m": [0, 1, 29], "gemma3-270m": [0, 4, 5]}
 
 @pytest.mark.slow
 @pytest.mark.model
+@NEEDS_TL4
 @pytest.mark.parametrize("name", ["smollm2-135m", pytest.param("gemma3-270m", marks=needs_gemma3)])
 def test_offloaded_layers_give_the_whole_models_result(name, request):
     """Every field of every diagnostic, on both capture paths, equal to the whole model's (`assert_equal_runs`:
@@ -157,6 +160,7 @@ def test_offloaded_layers_give_the_whole_models_result(name, request):
 
 @pytest.mark.slow
 @pytest.mark.model
+@NEEDS_TL4
 def test_a_map_naming_no_module_of_the_model_is_refused(smollm2):
     device_map = {**_offloading_map(smollm2), "model.layer.3": "disk"}
     with pytest.raises(GeometryError, match=r"load_model\('smollm2-135m', device_map=...\): the model could not be "
@@ -166,6 +170,7 @@ def test_a_map_naming_no_module_of_the_model_is_refused(smollm2):
 
 @pytest.mark.slow
 @pytest.mark.model
+@NEEDS_TL4
 def test_a_map_that_leaves_a_module_out_is_refused(smollm2):
     device_map = _offloading_map(smollm2)
     del device_map["model.layers.7"]
