@@ -201,6 +201,7 @@ def test_device_map_option(tmp_path):
         ('{"model": "meta"}', "argument --device-map: device_map['model']: 'meta' is not a place"),
         ('{"model": ', "argument --device-map: Expecting value"),
         ('["cpu"]', "argument --device-map: device_map: '[\"cpu\"]' is not a placement strategy"),
+        ("missing.json", "argument --device-map: 'missing.json': no such file; pass a JSON file of the map"),
     ],
 )
 def test_bad_device_maps_are_usage_errors(given, message, capsys):

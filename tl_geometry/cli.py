@@ -179,6 +179,8 @@ def _device_map_argument(text: str) -> str | dict[str, str | int]:
             device_map: Any = json.loads(text)
         elif Path(text).is_file():
             device_map = json.loads(Path(text).read_text())
+        elif text.endswith(".json"):
+            raise GeometryError(f"{text!r}: no such file; pass a JSON file of the map, a JSON object or a strategy")
         else:
             device_map = text
         return check_device_map(device_map)
