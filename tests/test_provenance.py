@@ -56,6 +56,18 @@ def test_weights_fingerprint_tells_checkpoints_apart(model):
     assert weights_fingerprint(model) != weights_fingerprint(tm.make_model("bridge-llama", seed=1))
 
 
+def test_weights_fingerprint_is_its_definition(model):
+    """Each parameter's name, shape, dtype and first 4096 bytes, in named_parameters order (a tied one once): the
+    reading through accelerate's offload hooks changes nothing for a model on one device."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, parameter in model.named_parameters():
+        data = parameter.detach().reshape(-1).cpu().view(torch.uint8)[:4096]
+        digest.update(f"{name}:{list(parameter.shape)}:{parameter.dtype}".encode() + data.numpy().tobytes())
+    assert weights_fingerprint(model) == digest.hexdigest()
+
+
 def _with(result, **model_fields):
     provenance = {"model": {"name": "tiny", "revision": None, "bundled_package": None, "weights_sha256": "aa",
                             "dtype": "float32", "device": "cpu", "attention_implementation": "eager"},

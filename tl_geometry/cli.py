@@ -155,6 +155,10 @@ def _add_scale_arguments(run: argparse.ArgumentParser) -> None:
     """Device, dtype and checkpoints of a corpus run (one block, so that other flags merge around it)."""
     run.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1 or mps; under torchrun, cuda is "
                      "cuda:LOCAL_RANK")
+    run.add_argument("--device-map", type=_device_map_argument, default=None, metavar="auto|balanced|MAP",
+                     help="split the model across devices as Hugging Face places it: auto, balanced, "
+                     "balanced_low_0, sequential, or a map from module names to devices (0, cuda:1, cpu, disk) as "
+                     "JSON or a JSON file; instead of --device, on transformer-lens 4.x")
     run.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                      help="the model's weights (default float32); the analysis itself runs in float32 at least")
     run.add_argument("--checkpoint-every", default="5m", metavar="N|DURATION",
@@ -162,6 +166,26 @@ def _add_scale_arguments(run: argparse.ArgumentParser) -> None:
                      "again with the same arguments resumes from its checkpoint")
     run.add_argument("--checkpoint", type=Path, metavar="FILE",
                      help=f"the checkpoint file (default: OUT/{CHECKPOINT_NAME}; deleted when the run ends)")
+
+
+def _device_map_argument(text: str) -> str | dict[str, str | int]:
+    """``--device-map``: a strategy name, a JSON object, or a JSON file holding one; checked before loading."""
+    import json
+
+    from tl_geometry.models import check_device_map
+
+    try:
+        if text.lstrip().startswith("{"):
+            device_map: Any = json.loads(text)
+        elif Path(text).is_file():
+            device_map = json.loads(Path(text).read_text())
+        elif text.endswith(".json"):
+            raise GeometryError(f"{text!r}: no such file; pass a JSON file of the map, a JSON object or a strategy")
+        else:
+            device_map = text
+        return check_device_map(device_map)
+    except (GeometryError, ValueError, OSError) as error:  # argparse shows only these errors' own message
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _close_option(word: str, parser: argparse.ArgumentParser) -> str | None:
@@ -530,6 +554,14 @@ def _load_model_on_every_rank(args: argparse.Namespace) -> tuple[Any, bool]:
     ranks = distributed.init_from_env(args.device)
     quiet = args.quiet or not ranks.is_main
     device = distributed.rank_device(args.device, ranks)
+    placement: dict[str, Any] = {"device": device}
+    if args.device_map is not None:
+        if args.device != "cpu" or ranks.world_size > 1:
+            raise GeometryError(
+                "--device-map: the map places every module itself; pass it without --device and run one process "
+                "(under torchrun each process would split the model across the same devices)"
+            )
+        placement = {"device_map": args.device_map}
     # A one-step bar: the cached load takes seconds, the first export of a bundled model longer
     # (load_model then shows its own steps).
     with tqdm(total=1, desc=f"tl_geometry: loading {args.model}", disable=quiet, bar_format="{desc} {elapsed}") as bar:
@@ -537,11 +569,11 @@ def _load_model_on_every_rank(args: argparse.Namespace) -> tuple[Any, bool]:
             if ranks.is_main:
                 export_bundled_model(args.model, progress=not quiet)
             distributed.barrier()
-            model = load_model(args.model, device=device, dtype=args.dtype, progress=not quiet)
+            model = load_model(args.model, **placement, dtype=args.dtype, progress=not quiet)
         else:
             if not ranks.is_main:
                 distributed.barrier()
-            model = load_model(args.model, device=device, dtype=args.dtype, progress=not quiet)
+            model = load_model(args.model, **placement, dtype=args.dtype, progress=not quiet)
             if ranks.is_main:
                 distributed.barrier()
         bar.update()

@@ -25,6 +25,7 @@ import re
 import shutil
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,9 @@ from tl_geometry.errors import GeometryError
 
 ModelKind = Literal["bridge", "hooked"]
 ModelDtype = Literal["float32", "bfloat16", "float16"]
+# The placement strategies transformers' ``from_pretrained(device_map=...)`` accepts by name.
+DeviceMapStrategy = Literal["auto", "balanced", "balanced_low_0", "sequential"]
+DeviceMap = str | dict[str, str | int]
 DEFAULT_MODEL = "smollm2-135m"
 CACHE_ENV_VAR = "TL_GEOMETRY_CACHE"
 
@@ -166,13 +170,15 @@ def load_model(
     name: str = DEFAULT_MODEL,
     *,
     kind: str = "bridge",
-    device: str | torch.device = "cpu",
+    device: str | torch.device | None = None,
     dtype: str | torch.dtype = "float32",
     progress: bool = True,
     cache_dir: str | os.PathLike | None = None,
     compatibility_mode: bool = True,
+    device_map: DeviceMap | None = None,
 ) -> torch.nn.Module:
-    """Load a model ready for analysis: eval mode, ``dtype`` weights, on ``device``, no gradients.
+    """Load a model ready for analysis: eval mode, ``dtype`` weights, on ``device`` (or split by ``device_map``),
+    no gradients.
 
     Args:
         name: ``"smollm2-135m"`` (default, offline), ``"gemma3-270m"`` (offline, optional
@@ -180,8 +186,8 @@ def load_model(
             or a populated Hugging Face cache).
         kind: ``"bridge"`` for a ``TransformerBridge`` (transformer-lens 3.9 and 4.x) or
             ``"hooked"`` for a ``HookedTransformer`` (transformer-lens 3.x only).
-        device: torch device for the weights: ``"cpu"``, ``"cuda"``, ``"cuda:1"``,
-            ``"mps"``; one that is not there is refused before anything loads.
+        device: torch device for the weights: ``"cpu"`` (default), ``"cuda"``, ``"cuda:1"``,
+            ``"mps"``; one that is not there is refused before anything loads. Not with ``device_map``.
         dtype: the weights' dtype, ``"float32"`` (default), ``"bfloat16"`` or
             ``"float16"`` (or the torch dtype). The analysis itself runs in
             float32 at least whatever the model's dtype. Bundled models are
@@ -196,7 +202,17 @@ def load_model(
             attention patterns are the same either way (to 3e-6); the unprocessed logits
             differ from the processed ones by a constant per position. The hook names
             ``blocks.{l}.attn.hook_v`` and ``hook_pattern`` exist on the bridge with or
-            without it. Costs about 2 s of loading time.
+            without it. Costs about 2 s of loading time. With a ``device_map`` that
+            offloads weights to ``"cpu"`` or ``"disk"`` (on a machine without a GPU,
+            every map does), TransformerLens 4 cannot process the weights: the
+            compatibility layer is then enabled without weight processing
+            (``no_processing=True``), which leaves values and patterns as they are.
+        device_map: split the model across devices, as Hugging Face's ``from_pretrained``
+            places it (through accelerate): ``"auto"``, ``"balanced"``,
+            ``"balanced_low_0"``, ``"sequential"``, or an explicit map from module
+            names (``"model.layers.3"``) to a CUDA index, ``"cuda:N"``, ``"cpu"`` or
+            ``"disk"`` (weights read from a temporary folder per forward pass). A
+            bridge on transformer-lens 4.x only; see `check_device_map` for what is refused.
 
     Returns:
         A ``TransformerBridge`` or ``HookedTransformer`` (both ``torch.nn.Module``).
@@ -205,15 +221,20 @@ def load_model(
         GeometryError: unknown ``kind``, ``dtype`` or ``device``; a device that is not
             there; ``kind="hooked"`` on transformer-lens 4.x; a dtype other than float32
             for a bridge on transformer-lens 3.x; the package of a bundled
-            model is missing; TransformerLens cannot load ``name``.
+            model is missing; TransformerLens cannot load ``name``; a ``device_map``
+            with ``device``, with ``kind="hooked"``, on transformer-lens 3.x, or one
+            `check_device_map` refuses.
 
     >>> model = load_model()  # doctest: +SKIP
     >>> model.cfg.n_layers, model.cfg.n_heads  # doctest: +SKIP
     (30, 9)
     """
+    if device_map is not None:
+        return _load_dispatched(name, kind=kind, device=device, dtype=dtype, progress=progress, cache_dir=cache_dir,
+                                compatibility_mode=compatibility_mode, device_map=device_map)
     _check_kind(kind)
     check_model_name(name)
-    device = check_device(device)
+    device = check_device("cpu" if device is None else device)
     weights = model_dtype(dtype)
     if kind == "bridge" and weights != torch.float32 and transformer_lens_major_version() < 4:
         # Measured: transformer-lens 3.9's bridge keeps some activations in float32 after a cast, and its
@@ -597,12 +618,13 @@ def _commit_export(staging: Path, export_dir: Path, gguf_path: Path) -> None:
             raise
 
 
-def _load_export(export_dir: Path) -> tuple[Any, Any]:
-    """Float32 Hugging Face model and tokenizer from an exported directory."""
+def _load_export(export_dir: Path, **placement: Any) -> tuple[Any, Any]:
+    """Float32 Hugging Face model and tokenizer from an exported directory (``placement``: more keywords of
+    ``from_pretrained``, such as a device map)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with _hf_progress_bars(False):
-        hf_model = AutoModelForCausalLM.from_pretrained(export_dir, **_float32_kwarg())
+        hf_model = AutoModelForCausalLM.from_pretrained(export_dir, **{**_float32_kwarg(), **placement})
         # Prepending BOS as TransformerLens wants, so that it keeps this tokenizer instead of reading it
         # again (Gemma-3's takes 3.4 s to read).
         tokenizer = AutoTokenizer.from_pretrained(export_dir, add_bos_token=True)
@@ -610,11 +632,16 @@ def _load_export(export_dir: Path) -> tuple[Any, Any]:
 
 
 def _float32_kwarg() -> dict[str, torch.dtype]:
+    """The dtype keyword of ``from_pretrained`` for float32."""
+    return _dtype_kwarg(torch.float32)
+
+
+def _dtype_kwarg(dtype: torch.dtype) -> dict[str, torch.dtype]:
     """The dtype keyword of ``from_pretrained``: ``dtype`` since transformers 4.56."""
     version = importlib.metadata.version("transformers").split(".")
     major, minor = int(version[0]), int(version[1])
     key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
-    return {key: torch.float32}
+    return {key: dtype}
 
 
 @contextlib.contextmanager
@@ -794,3 +821,128 @@ def bundled_model_source(name: str) -> str | None:
     """
     bundled = _BUNDLED_MODELS.get(name)
     return None if bundled is None else f"{bundled.pip_spec} ({bundled.gguf_name})"
+
+
+# Sharded and offloaded models: a bridge over a Hugging Face model that accelerate dispatched by a device map.
+
+
+def check_device_map(device_map: Any) -> DeviceMap:
+    """The device map, if `load_model` can hand it to the bridge; else a GeometryError that says why.
+
+    Accepted: a strategy name (``"auto"``, ``"balanced"``, ``"balanced_low_0"``,
+    ``"sequential"``) or a non-empty dict from module names to a CUDA index,
+    ``"cuda"``/``"cuda:N"``, ``"cpu"`` or ``"disk"``. Refused, as TransformerLens 4
+    refuses them at boot: ``"meta"`` targets (no weights to read) and maps mixing
+    CPU/disk offload with GPUs (not verified by TransformerLens); and GPUs this
+    machine does not have.
+
+    >>> check_device_map({"model.layers.0": "cpu", "model.layers.1": "disk"})
+    {'model.layers.0': 'cpu', 'model.layers.1': 'disk'}
+    >>> check_device_map("fast")
+    Traceback (most recent call last):
+    ...
+    tl_geometry.errors.GeometryError: device_map: 'fast' is not a placement strategy; expected one of ...
+    """
+    strategies = get_args(DeviceMapStrategy)
+    if isinstance(device_map, str):
+        if device_map not in strategies:
+            raise GeometryError(
+                f"device_map: {device_map!r} is not a placement strategy; expected one of {strategies} or a dict "
+                "from module names to devices such as {'model.layers.0': 'cpu', 'model.layers.1': 'disk'}"
+            )
+        return device_map
+    if not isinstance(device_map, dict) or not device_map:
+        raise GeometryError(
+            f"device_map: expected one of {strategies} or a non-empty dict from module names to devices, "
+            f"got {device_map!r}"
+        )
+    gpus = {}
+    for module, target in device_map.items():
+        if not isinstance(module, str):
+            raise GeometryError(f"device_map: keys are module names such as 'model.layers.0', got {module!r}")
+        if target in ("cpu", "disk"):
+            continue
+        if isinstance(target, bool) or not isinstance(target, int | str) or not re.fullmatch(r"\d+|cuda(:\d+)?",
+                                                                                              str(target)):
+            raise GeometryError(
+                f"device_map[{module!r}]: {target!r} is not a place a map can put a module; use a CUDA index, "
+                "'cuda', 'cuda:N', 'cpu' or 'disk' (for one other device, such as mps, use device= instead)"
+            )
+        gpus[module] = target
+    offloaded = [module for module in device_map if module not in gpus]
+    if offloaded and gpus:
+        raise GeometryError(
+            f"device_map: {offloaded[:3]} go to CPU/disk and {list(gpus)[:3]} to GPUs; TransformerLens 4 refuses "
+            "maps that mix offloading with GPUs (verified on CPU-only hardware only): use an all-GPU map or an "
+            "all-CPU/disk map"
+        )
+    for target in gpus.values():
+        check_device(f"cuda:{target}" if isinstance(target, int) else target)
+    return dict(device_map)
+
+
+def _load_dispatched(
+    name: str, *, kind: str, device: str | torch.device | None, dtype: str | torch.dtype, progress: bool,
+    cache_dir: str | os.PathLike | None, compatibility_mode: bool, device_map: Any,
+) -> torch.nn.Module:
+    """`load_model` with a device map: the Hugging Face model dispatched by accelerate, wrapped in a bridge."""
+    if device is not None:
+        raise GeometryError(
+            f"load_model: device={str(device)!r} and device_map: pass one (the map places every module itself)"
+        )
+    if kind == "hooked" or transformer_lens_major_version() < 4:
+        raise GeometryError(
+            f"load_model: device_map needs a TransformerBridge on transformer-lens 4.x (kind={kind!r}, "
+            f"transformer-lens {importlib.metadata.version('transformer-lens')}); HookedTransformer and 3.x's "
+            "bridge hold the model on one device: load with device= instead, or upgrade transformer-lens"
+        )
+    _check_kind(kind)
+    check_model_name(name)
+    device_map = check_device_map(device_map)
+    weights = model_dtype(dtype)
+    from transformer_lens.model_bridge import TransformerBridge
+
+    offload_folder = Path(tempfile.mkdtemp(prefix="tl_geometry-offload-"))
+    try:
+        if name in _BUNDLED_MODELS:
+            export_dir = export_bundled_model(name, cache_dir=cache_dir, progress=progress)
+            # The bridge takes a pre-loaded model as it is placed: accelerate dispatches it here, in its dtype.
+            with _placement_errors(name):
+                hf_model, tokenizer = _load_export(export_dir, **_dtype_kwarg(weights), device_map=device_map,
+                                                   offload_folder=offload_folder)
+                bridge = TransformerBridge.boot_transformers(name, hf_model=hf_model, tokenizer=tokenizer)
+        else:
+            with _placement_errors(name):
+                bridge = TransformerBridge.boot_transformers(name, device_map=device_map, dtype=weights,
+                                                             offload_folder=str(offload_folder))
+    except Exception:
+        shutil.rmtree(offload_folder, ignore_errors=True)
+        raise
+    # The disk-offloaded weights are read from the folder at every forward pass: it lives as long as the model.
+    weakref.finalize(bridge, shutil.rmtree, offload_folder, ignore_errors=True)
+    if compatibility_mode:
+        placed = {str(target).lower() for target in (getattr(bridge.original_model, "hf_device_map", None) or {}).values()}
+        # TransformerLens 4 refuses weight processing where weights are offloaded (it would read meta tensors).
+        bridge.enable_compatibility_mode(disable_warnings=True, no_processing=bool(placed & {"cpu", "disk"}))
+    return _ready_for_analysis(bridge, name, weights)
+
+
+@contextlib.contextmanager
+def _placement_errors(name: str) -> Iterator[None]:
+    """A map the loaders refuse, or a failed load, as one GeometryError."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            # accelerate only warns about a key naming no module (a typo), and places that module by default.
+            warnings.filterwarnings("error", message=".*device_map keys do not match any submodules")
+            yield
+    except GeometryError:
+        raise
+    except Exception as error:  # noqa: BLE001 - transformers, accelerate and the bridge each raise their own
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+        raise GeometryError(
+            f"load_model({name!r}, device_map=...): the model could not be placed or loaded "
+            f"({type(error).__name__}: {reason}); check that every key of the map names a module of the model "
+            "(such as 'model.layers.0') and that together they cover all of it"
+        ) from None

@@ -51,14 +51,10 @@ from tl_geometry.capture.hook_names import z_hook
 from tl_geometry.capture.hooks import model_name
 from tl_geometry.capture.roles import detector_scores, repeated_random_tokens
 from tl_geometry.capture.sources import text_windows
-from tl_geometry.capture.tokens import check_model
+from tl_geometry.capture.tokens import check_model, input_device
 from tl_geometry.engine.context import working_dtype
 from tl_geometry.errors import GeometryError
 from tl_geometry.text import default_text
-
-
-def _device(model: Any) -> torch.device:
-    return next(model.parameters()).device
 
 
 def check_z_hooks(model: Any, layers: Sequence[int]) -> None:
@@ -79,7 +75,7 @@ def check_z_hooks(model: Any, layers: Sequence[int]) -> None:
     unchecked = sorted(set(int(layer) for layer in layers) - checked)
     if not unchecked:
         return
-    tokens = (torch.arange(4, device=_device(model)) % int(model.cfg.d_vocab))[None]
+    tokens = (torch.arange(4, device=input_device(model)) % int(model.cfg.d_vocab))[None]
 
     def zero(z: Tensor, *, hook: Any = None) -> Tensor:
         return torch.zeros_like(z)
@@ -165,7 +161,7 @@ def mean_z(
     """Every head's mean z (its output before W_O) over all positions of ``tokens``."""
     check_model(model)
     n_layers = int(model.cfg.n_layers)
-    device = _device(model)
+    device = input_device(model)
     sums: list[Tensor | None] = [None] * n_layers
     count = 0
 
@@ -193,7 +189,7 @@ def document_losses(
 
 
 def _losses(model: Any, tokens: Tensor, first_target: int, hooks: list, batch_size: int, bar: Any) -> Tensor:
-    device = _device(model)
+    device = input_device(model)
     out = []
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         for batch in _batches(tokens, batch_size):

@@ -120,16 +120,14 @@ class _LayerAnalysis:
             self.analyse_kept()
 
     def analyse_kept(self) -> None:
-        """Analyse the kept layers of the rows path, those of one sliding window folded into one batch axis.
+        """Analyse the kept layers of the rows path, those of one sliding window and device folded into one batch
+        axis (`kept_groups`), each where its rows live.
 
         A layer with a pictured head is analysed on its own (its pictures observe its own context).
         """
         pictured = {layer for layer, _ in self.plan.config.picture_heads} if self.pictures is not None else set()
-        groups: dict[tuple[int | None, int | None], list[int]] = {}
-        for layer in self.kept_rows:
-            groups.setdefault((self.plan.windows[layer], layer if layer in pictured else None), []).append(layer)
         n_queries = self.prepared.query_index.shape[1]
-        for layers in groups.values():
+        for layers in kept_groups(self.kept_rows, self.plan.windows, pictured):
             kept = [self.kept_rows.pop(layer) for layer in layers]
             rows = torch.cat([r for r, _ in kept])
             values = torch.cat([v for _, v in kept])
@@ -227,6 +225,25 @@ class _LayerAnalysis:
         return reduction
 
 
+def kept_groups(kept: dict[int, tuple[Tensor, Tensor]], windows: Sequence[int | None],
+                pictured: set[int]) -> list[list[int]]:
+    """The kept layers of the rows path in groups analysed as one batch: the same sliding window and the same
+    device (a model split by a device map keeps each block's rows where the block runs, and they are reduced
+    there), a pictured layer alone."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for layer, (rows, _) in kept.items():
+        key = (windows[layer], str(rows.device), layer if layer in pictured else None)
+        groups.setdefault(key, []).append(layer)
+    return list(groups.values())
+
+
+def gathered(per_layer: Sequence[Tensor], dim: int) -> Tensor:
+    """Per-layer reduced fields stacked along ``dim`` on the CPU, each moved once from wherever its layer ran."""
+    if len({t.device for t in per_layer}) == 1:
+        return torch.stack(list(per_layer), dim=dim).cpu()
+    return torch.stack([t.cpu() for t in per_layer], dim=dim)
+
+
 def _folded(t: Tensor, fold: int) -> Tensor:
     """``t`` (batch first) repeated for ``fold`` layers folded into the batch axis, layer by layer."""
     return t if fold == 1 else t.repeat(fold, *([1] * (t.ndim - 1)))
@@ -306,17 +323,17 @@ def analyse_prepared(model: HookableModel, prepared: PreparedTokens, plan: RunPl
             f"hooks {[pattern_hook(layer) for layer in silent]} never fired; the model's forward pass skipped "
             "these layers' attention (check stop_at_layer or the model's attention implementation)"
         )
-    # Results live on the CPU: one transfer of the reduced fields per batch.
-    values = {name: torch.stack([state.out[layer][name] for layer in layers], dim=1).cpu() for name in state.out[layers[0]]}
+    # Results live on the CPU: one transfer of the reduced fields per batch (per device of a split model).
+    values = {name: gathered([state.out[layer][name] for layer in layers], dim=1) for name in state.out[layers[0]]}
     queries = None
     if config.keep_queries:
         queries = {
-            name: torch.stack([state.queries[layer][name] for layer in layers], dim=1).cpu()
+            name: gathered([state.queries[layer][name] for layer in layers], dim=1)
             for name in state.queries[layers[0]]
         }
     weights = document_weights([d.cpu() for d in documents], config.n_bootstrap, config.seed)
     within = {
-        name: torch.stack([state.replicates[layer][name] for layer in layers], dim=2).cpu() for name in resampled
+        name: gathered([state.replicates[layer][name] for layer in layers], dim=2) for name in resampled
     }  # [doc, replicate, layer, head_index, *trailing]
     accumulator.add(
         values,

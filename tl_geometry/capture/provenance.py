@@ -8,6 +8,7 @@ different for any two checkpoints in practice). Which of these two results
 must share to merge is `tl_geometry.results.provenance.IDENTITY_KEYS`.
 """
 
+import contextlib
 import hashlib
 from typing import Any
 
@@ -19,14 +20,41 @@ _FINGERPRINT_BYTES = 4096
 
 
 def weights_fingerprint(model: torch.nn.Module) -> str:
-    """SHA-256 over each parameter's name, shape, dtype and first bytes, in ``named_parameters`` order."""
+    """SHA-256 over each parameter's name, shape, dtype and first bytes, in ``named_parameters`` order.
+
+    Weights that a device map offloads to the CPU or disk wait on the meta device between forward passes;
+    they are read as their module's own forward reads them (accelerate's hook brings them in).
+    """
+    owners: dict[int, tuple[torch.nn.Module, str]] = {}
     digest = hashlib.sha256()
     for name, parameter in model.named_parameters():
-        flat = parameter.detach().reshape(-1)
-        head = flat[: max(1, _FINGERPRINT_BYTES // max(flat.element_size(), 1))].cpu()
+        if parameter.device.type == "meta":
+            if not owners:
+                owners = {id(p): (m, short) for m in model.modules() for short, p in m.named_parameters(recurse=False)}
+            module, short = owners[id(parameter)]
+            with _materialised(module):
+                head = _first_bytes(getattr(module, short))
+        else:
+            head = _first_bytes(parameter)
         digest.update(f"{name}:{list(parameter.shape)}:{parameter.dtype}".encode())
-        digest.update(head.view(torch.uint8).numpy().tobytes() if head.numel() else b"")
+        digest.update(head)
     return digest.hexdigest()
+
+
+def _first_bytes(parameter: torch.Tensor) -> bytes:
+    """The first `_FINGERPRINT_BYTES` bytes of a tensor's data (at least one element)."""
+    flat = parameter.detach().reshape(-1)
+    head = flat[: max(1, _FINGERPRINT_BYTES // max(flat.element_size(), 1))].cpu()
+    return head.view(torch.uint8).numpy().tobytes() if head.numel() else b""
+
+
+def _materialised(module: torch.nn.Module) -> Any:
+    """accelerate's context that puts an offloaded module's weights in place (nothing for other modules)."""
+    if getattr(module, "_hf_hook", None) is None:
+        return contextlib.nullcontext()
+    from accelerate.utils import align_module_device
+
+    return align_module_device(module)
 
 
 def _hf_config(model: Any) -> Any:

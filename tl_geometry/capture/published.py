@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from tl_geometry.analysis.ablation import PublishedMeasures
 from tl_geometry.capture.hook_names import pattern_hook, z_hook
 from tl_geometry.capture.sources import text_windows
-from tl_geometry.capture.tokens import check_model
+from tl_geometry.capture.tokens import check_model, input_device
 from tl_geometry.engine.context import working_dtype
 from tl_geometry.errors import GeometryError
 from tl_geometry.text import default_text
@@ -94,7 +94,7 @@ def published_measures(
     if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.is_floating_point() or tokens.shape[1] < 2:
         raise GeometryError(f"tokens: expected integer token ids [sequence, pos] with pos >= 2, got "
                             f"{type(tokens).__name__} {list(getattr(tokens, 'shape', []))}")
-    device = next(model.parameters()).device
+    device = input_device(model)
     scores: list[list[Tensor]] = [[] for _ in range(n_layers)]  # per layer: [sequence, head] chunks
     norm_sum: list[Tensor | None] = [None] * n_layers
     positions = 0
@@ -119,8 +119,9 @@ def published_measures(
             batch = tokens[start : start + batch_size].to(device)
             model(batch, return_type=None)
             positions += batch.numel()
-    per_sequence = torch.stack([torch.cat(s) for s in scores], dim=1)  # [sequence, layer, head]
-    norms = torch.stack(norm_sum) / positions  # type: ignore[arg-type]  # [layer, head]
+    # Each layer's sums gathered from wherever its block ran (a device map splits the model).
+    per_sequence = torch.stack([torch.cat(s).cpu() for s in scores], dim=1)  # [sequence, layer, head]
+    norms = torch.stack([n.cpu() for n in norm_sum]) / positions  # type: ignore[union-attr]  # [layer, head]
     ratio = norms / norms.mean(-1, keepdim=True)
     li, hi = torch.tensor(layers, device=norms.device), torch.tensor(heads, device=norms.device)
     pick = lambda t: t.index_select(-2, li).index_select(-1, hi).double().cpu()  # noqa: E731

@@ -29,7 +29,7 @@ from tl_geometry.analysis.taxonomy import NAMED, HeadTaxonomy, TaxonomyConfig, t
 from tl_geometry.capture.hook_names import pattern_hook
 from tl_geometry.capture.hooks import run_with_geometry_hooks
 from tl_geometry.capture.sources import text_windows
-from tl_geometry.capture.tokens import HookableModel, check_model
+from tl_geometry.capture.tokens import HookableModel, check_model, input_device
 from tl_geometry.config import GeometryConfig
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
@@ -166,7 +166,7 @@ def detector_scores(model: HookableModel, tokens: Int[Tensor, "prompt pos"], per
     """
     check_model(model)
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    device = next(model.parameters()).device
+    device = input_device(model)
     tokens = tokens.to(device)
     pos = tokens.shape[1]
     q = torch.arange(pos, device=device)

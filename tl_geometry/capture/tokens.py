@@ -91,6 +91,13 @@ class PreparedTokens:
         return [row[mask] for row, mask in zip(self.tokens, self.real, strict=True)]
 
 
+def input_device(model: Any) -> torch.device:
+    """Where a model's input tokens go: ``cfg.device`` (under a device map, the embedding's device; the first
+    parameter there may wait offloaded on the meta device), else the first parameter's device."""
+    device = getattr(model.cfg, "device", None)
+    return torch.device(device) if device is not None else next(model.parameters()).device
+
+
 def accepts_attention_mask(model: HookableModel) -> bool:
     """Whether the model's forward takes an ``attention_mask`` (HookedTransformer 3.x's and the bridge's do)."""
     params = inspect.signature(model.forward).parameters.values()

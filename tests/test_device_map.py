@@ -1,0 +1,230 @@
+"""Sharded and offloaded models: ``load_model(device_map=...)``; maps that cannot work are refused before loading.
+
+The real-model tests offload decoder layers to the CPU and to disk through accelerate (the only split this
+machine can make: it has no GPU) and compare every field of every diagnostic, on both capture paths, with the
+same model loaded whole.
+"""
+
+import gc
+import json
+
+import pytest
+import torch
+
+from tests.fixtures import assert_equal_runs, needs_gemma3
+from tl_geometry import models
+from tl_geometry.capture.provenance import weights_fingerprint
+from tl_geometry.capture.hooks import gathered, kept_groups, run_with_geometry_hooks
+from tl_geometry.config import GeometryConfig
+from tl_geometry.errors import GeometryError
+from tl_geometry.models import check_device_map, load_model, transformer_lens_major_version
+
+NO_CUDA = not torch.cuda.is_available()
+NEEDS_TL4 = pytest.mark.skipif(transformer_lens_major_version() < 4, reason="device_map needs transformer-lens 4.x")
+TEXTS = ["The cat sat on the mat.", "Paris is the capital of"]
+
+
+@pytest.mark.parametrize("strategy", ["auto", "balanced", "balanced_low_0", "sequential"])
+def test_strategies_pass(strategy):
+    assert check_device_map(strategy) == strategy
+
+
+@pytest.mark.parametrize(
+    "device_map, message",
+    [
+        ("fast", r"device_map: 'fast' is not a placement strategy; expected one of \('auto', 'balanced'"),
+        ({}, r"device_map: expected one of .* or a non-empty dict from module names to devices, got \{\}"),
+        (["cpu"], r"device_map: expected one of .* got \['cpu'\]"),
+        ({0: "cpu"}, r"device_map: keys are module names such as 'model.layers.0', got 0"),
+        ({"model": "meta"}, r"device_map\['model'\]: 'meta' is not a place a map can put a module; use a CUDA index"),
+        ({"model": "mps"}, r"device_map\['model'\]: 'mps' is not a place .*use device= instead"),
+        ({"model": True}, r"device_map\['model'\]: True is not a place"),
+        ({"model": 1.5}, r"device_map\['model'\]: 1.5 is not a place"),
+        ({"model.layers.0": "cpu", "model.layers.1": 0},
+         r"device_map: \['model.layers.0'\] go to CPU/disk and \['model.layers.1'\] to GPUs; TransformerLens 4 refuses"),
+    ],
+)
+def test_bad_maps_are_refused(device_map, message):
+    with pytest.raises(GeometryError, match=message):
+        check_device_map(device_map)
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="this machine has CUDA")
+@pytest.mark.parametrize("target, shown", [(0, "cuda:0"), ("cuda", "cuda"), ("cuda:1", "cuda:1")])
+def test_a_map_onto_missing_gpus_is_refused(target, shown):
+    with pytest.raises(GeometryError, match=f"device: '{shown}' asked for, but torch sees no CUDA device"):
+        check_device_map({"": target})
+
+
+def _nothing_loads(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("load_model read the model before refusing the map")
+
+    monkeypatch.setattr(models, "export_bundled_model", fail)
+    monkeypatch.setattr(models, "_load_by_name", fail)
+
+
+def test_refusals_come_before_anything_loads(monkeypatch):
+    _nothing_loads(monkeypatch)
+    monkeypatch.setattr(models, "transformer_lens_major_version", lambda: 4)  # the map is checked on 3.x too
+    with pytest.raises(GeometryError, match=r"device='cpu' and device_map: pass one"):
+        load_model(device="cpu", device_map="auto")
+    with pytest.raises(GeometryError, match=r"'fast' is not a placement strategy"):
+        load_model(device_map="fast")
+    with pytest.raises(GeometryError, match=r"unknown name 'smollm2-135'"):
+        load_model("smollm2-135", device_map="auto")
+
+
+@pytest.mark.parametrize("kind, major", [("hooked", 3), ("bridge", 3), ("hooked", 4)])
+def test_device_map_needs_a_bridge_on_transformer_lens_4(monkeypatch, kind, major):
+    _nothing_loads(monkeypatch)
+    monkeypatch.setattr(models, "transformer_lens_major_version", lambda: major)
+    with pytest.raises(GeometryError, match=rf"device_map needs a TransformerBridge on transformer-lens 4.x "
+                                            rf"\(kind='{kind}'.*HookedTransformer and 3.x's bridge hold the model"):
+        load_model(kind=kind, device_map="auto")
+
+
+def test_kept_rows_are_analysed_per_device_and_window():
+    """A model split across devices keeps each block's rows where it ran: layers are folded into one batch only
+    with layers of the same device and window (meta stands for a second device: nothing is computed on it)."""
+    kept = {layer: (torch.empty(1, 2, 1, 3, device=device), torch.empty(1, 3, 1, 2, device=device))
+            for layer, device in enumerate(["cpu", "cpu", "meta", "meta", "cpu"])}
+    windows = (None, 4, None, None, None)
+    assert sorted(kept_groups(kept, windows, pictured=set())) == [[0, 4], [1], [2, 3]]
+    assert sorted(kept_groups(kept, windows, pictured={4})) == [[0], [1], [2, 3], [4]]
+
+
+def test_gathered_stacks_on_the_cpu():
+    per_layer = [torch.full((2, 3), float(layer)) for layer in range(4)]
+    for dim in (0, 1):
+        out = gathered(per_layer, dim)
+        assert out.device == torch.device("cpu")
+        assert torch.equal(out, torch.stack(per_layer, dim=dim))
+
+
+# ---- the bundled models with offloaded layers, field by field against the whole model ----
+
+
+def _offloading_map(model) -> dict[str, str]:
+    """Embedding, final norm and head on the CPU; the decoder layers alternately offloaded to the CPU and to disk."""
+    hf = model.original_model
+    base = hf.base_model_prefix  # "model"
+    device_map = {name: "cpu" for name, _ in hf.named_children() if name != base}
+    for name, _ in getattr(hf, base).named_children():
+        if name != "layers":
+            device_map[f"{base}.{name}"] = "cpu"
+    for layer in range(model.cfg.n_layers):
+        device_map[f"{base}.layers.{layer}"] = "disk" if layer % 2 else "cpu"
+    return device_map
+
+
+def _weights_on_meta(model) -> bool:
+    """Whether accelerate really offloaded weights (they then wait on the meta device between forward passes)."""
+    return any(p.device.type == "meta" for p in model.original_model.parameters())
+
+
+# Layers analysed: some offloaded to disk (odd), some to the CPU (even); Gemma-3's local (0, 4) and global (5) ones.
+LAYERS = {"smollm2-135m": [0, 1, 29], "gemma3-270m": [0, 4, 5]}
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@NEEDS_TL4
+@pytest.mark.parametrize("name", ["smollm2-135m", pytest.param("gemma3-270m", marks=needs_gemma3)])
+def test_offloaded_layers_give_the_whole_models_result(name, request):
+    """Every field of every diagnostic, on both capture paths, equal to the whole model's (`assert_equal_runs`:
+    counts exactly, every float to 1e-6 relative; both models run the same float32 arithmetic on the same weights,
+    only where the weights wait between passes differs)."""
+    cache_dir = request.getfixturevalue("gemma3_cache") if name == "gemma3-270m" else None
+    whole = load_model(name, cache_dir=cache_dir, progress=False, compatibility_mode=False)
+    device_map = _offloading_map(whole)
+    # What load_model does with an offloaded map (TransformerLens 4 processes no offloaded weights), on the whole.
+    whole.enable_compatibility_mode(disable_warnings=True, no_processing=True)
+    split = load_model(name, cache_dir=cache_dir, progress=False, device_map=device_map)
+    assert _weights_on_meta(split) and not _weights_on_meta(whole)
+    assert set(split.original_model.hf_device_map.values()) == {"cpu", "disk"}
+    assert split.cfg.n_devices == 2
+    config = GeometryConfig(diagnostics="all", n_grid=[1, 2, 4], n_bootstrap=4, layers=LAYERS[name],
+                            keep_queries=True)
+    for capture in ("rows", "pattern"):
+        mine = run_with_geometry_hooks(split, TEXTS, config=config, capture=capture)
+        theirs = run_with_geometry_hooks(whole, TEXTS, config=config, capture=capture)
+        assert mine.config.capture == theirs.config.capture == capture
+        assert_equal_runs(mine, theirs)
+    assert not [name for name, point in split.hook_dict.items() if point._forward_hooks]
+    # The provenance reads the offloaded weights through accelerate, as the forward pass does.
+    assert weights_fingerprint(split) == weights_fingerprint(whole)
+    del split
+    gc.collect()
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@NEEDS_TL4
+def test_a_map_naming_no_module_of_the_model_is_refused(smollm2):
+    device_map = {**_offloading_map(smollm2), "model.layer.3": "disk"}
+    with pytest.raises(GeometryError, match=r"load_model\('smollm2-135m', device_map=...\): the model could not be "
+                                            r"placed or loaded \(.*\); check that every key of the map names a module"):
+        load_model(progress=False, device_map=device_map)
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@NEEDS_TL4
+def test_a_map_that_leaves_a_module_out_is_refused(smollm2):
+    device_map = _offloading_map(smollm2)
+    del device_map["model.layers.7"]
+    with pytest.raises(GeometryError, match=r"load_model\('smollm2-135m', device_map=...\): the model could not be "
+                                            r"placed or loaded \(.*model.layers.7"):
+        load_model(progress=False, device_map=device_map)
+
+
+# ---- the command line: --device-map ----
+
+
+def test_device_map_option(tmp_path):
+    from tl_geometry.cli import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["analyze", "--device-map", "auto"]).device_map == "auto"
+    assert parse(["analyze"]).device_map is None
+    explicit = {"model.embed_tokens": "cpu", "model.layers.0": "disk", "model.norm": "cpu"}
+    assert parse(["analyze", "--device-map", json.dumps(explicit)]).device_map == explicit
+    (tmp_path / "map.json").write_text(json.dumps(explicit))
+    assert parse(["analyze", "--device-map", str(tmp_path / "map.json")]).device_map == explicit
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ("fast", "argument --device-map: device_map: 'fast' is not a placement strategy"),
+        ('{"model": "meta"}', "argument --device-map: device_map['model']: 'meta' is not a place"),
+        ('{"model": ', "argument --device-map: Expecting value"),
+        ('["cpu"]', "argument --device-map: device_map: '[\"cpu\"]' is not a placement strategy"),
+        ("missing.json", "argument --device-map: 'missing.json': no such file; pass a JSON file of the map"),
+    ],
+)
+def test_bad_device_maps_are_usage_errors(given, message, capsys):
+    from tl_geometry.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["analyze", "--device-map", given])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_device_map_reaches_load_model_instead_of_the_device(monkeypatch, tmp_path, capsys):
+    from tl_geometry.cli import main
+
+    calls = []
+
+    def load(name, **options):
+        calls.append(options)
+        raise GeometryError("stop here")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(models, "load_model", load)
+    assert main(["analyze", "--quiet", "--device-map", "balanced"]) == 1
+    assert [(c.get("device_map"), "device" in c) for c in calls] == [("balanced", False)]
+    assert main(["analyze", "--quiet"]) == 1
+    assert [(c.get("device_map"), c.get("device")) for c in calls[1:]] == [(None, "cpu")]
+    assert "stop here" in capsys.readouterr().err
