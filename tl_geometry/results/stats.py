@@ -73,6 +73,20 @@ _SUM_ROWS = {"moments": 6, "mean": 1}
 GROWING_ROWS = 32
 
 
+HALF_REPLICATES = 65504.0
+"""The replicate sums of a two-stage field (``resample_queries``, e.g. the role features, whose query samples
+cannot be kept as rows) are rounded to float16's precision (relative 2**-11; a replicate mean moves by at most
+5e-4 of its size) when every one is below this, float16's largest, so that files hold them in half the bytes."""
+
+
+def half_rounded(t: Tensor) -> Tensor:
+    """``t`` rounded to the nearest float16, in its own dtype, if every finite value fits float16; else ``t``."""
+    finite = t[t.isfinite()]
+    if len(finite) and float(finite.abs().max()) >= HALF_REPLICATES:
+        return t
+    return t.half().to(t.dtype)
+
+
 def rows_limit(spec: FieldSpec, n_replicates: int) -> int:
     """The most documents a field keeps as rows: while the rows are no larger than the sums they replace
     (for a position or lag profile with replicates, `GROWING_ROWS`)."""
@@ -217,7 +231,10 @@ class FieldStats:
         if self.n_replicates and not self.spec.growing:
             total, count = weighted_sums(self.documents, self.document_weights)
             dtype = STORAGE_DTYPES["replicate_total"] if stored else torch.float64
-            out = replace(out, replicate_total=total.to(dtype), replicate_count=count.to(dtype))
+            total = total.to(dtype)
+            if stored and self.spec.resample_queries:
+                total = half_rounded(total)
+            out = replace(out, replicate_total=total, replicate_count=count.to(dtype))
         return out
 
     def _is_stored(self) -> bool:
@@ -268,8 +285,12 @@ class FieldStats:
         return replace(self, **out)
 
     def stored(self) -> "FieldStats":
-        """These statistics in the dtypes a result keeps (`storage_dtype`; rows stay float64)."""
-        return replace(self, **{s: t.to(storage_dtype(self.spec, s)) for s, t in self.sums().items()})
+        """These statistics in the dtypes a result keeps (`storage_dtype`; rows stay float64); the replicate
+        sums of a two-stage field rounded to float16's precision where they fit (`HALF_REPLICATES`)."""
+        out = {s: t.to(storage_dtype(self.spec, s)) for s, t in self.sums().items()}
+        if self.spec.resample_queries and "replicate_total" in out:
+            out["replicate_total"] = half_rounded(out["replicate_total"])
+        return replace(self, **out)
 
     def cast_like(self, other: "FieldStats") -> "FieldStats":
         """These statistics in the dtypes of ``other``'s (rows stay float64)."""
@@ -389,7 +410,7 @@ def _row_weights(values: Tensor, weights: Tensor | None, within: Tensor | None) 
     return torch.where(undefined & ~x.isnan().all(-1), 0.0, w)
 
 
-def merge_stats(a: FieldStats, b: FieldStats) -> FieldStats:
+def merge_stats(a: FieldStats, b: FieldStats, _rounded: bool = True) -> FieldStats:
     """Statistics of the union of the documents of ``a`` and ``b`` (in ``a``'s dtypes).
 
     Sums are added in float64 and rounded once to the dtype kept; counts are
@@ -427,6 +448,8 @@ def merge_stats(a: FieldStats, b: FieldStats) -> FieldStats:
     if a.counted_nothing():
         b = b.widened(trailing)
         return replace(b, **{s: t.to(getattr(a, s).dtype) for s, t in b.arrays().items()})
+    if _rounded and a._is_stored() and a.spec.resample_queries:  # a result's: as `stored` rounds them
+        return merge_stats(a, b, _rounded=False).stored()
     a, b = a.widened(trailing), b.widened(trailing)
     left, right = a.arrays(), b.arrays()
     out = {}

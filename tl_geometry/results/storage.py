@@ -6,7 +6,9 @@ whether a field is defined depends on the document, not the head) is stored
 with size 1 there and broadcast back on load; the comparison is bitwise, so
 the round trip is exact. A field kept as rows of documents is stored as
 ``<field>/documents`` and ``<field>/document_weights`` (`ROWS`), float32
-where that loses nothing (model values are float32), float64 otherwise.
+where that loses nothing (model values are float32), float64 otherwise;
+replicate sums as float16 where that loses nothing (those of two-stage
+fields are rounded to it, `tl_geometry.results.stats.half_rounded`).
 Entries are deflated (``np.savez_compressed``): counts, NaN past a short
 sequence's keys and constant bounds take next to nothing.
 """
@@ -44,12 +46,12 @@ def _layer_head_axes(statistic: str) -> tuple[int, ...]:
     return (1, 2) if statistic in (*_REPLICATE_STATS, ROWS[0]) else (0, 1)
 
 
-def narrowed(t: Tensor) -> Tensor:
-    """``t`` as float32 where that loses no bit (NaN and inf included), else unchanged."""
-    if t.dtype != torch.float64:
+def narrowed(t: Tensor, to: torch.dtype = torch.float32) -> Tensor:
+    """``t`` in the narrower float dtype ``to`` where that loses no bit (NaN and inf included), else unchanged."""
+    if not t.is_floating_point() or t.element_size() <= torch.empty(0, dtype=to).element_size():
         return t
-    small = t.float()
-    return small if torch.equal(_bits(small.double()), _bits(t)) else t
+    small = t.to(to)
+    return small if torch.equal(_bits(small.to(t.dtype)), _bits(t)) else t
 
 
 def _bits(t: Tensor) -> Tensor:
@@ -73,10 +75,16 @@ def stats_arrays(stats: FieldStats) -> dict[str, np.ndarray]:
     """The ``<field>/<statistic>`` arrays of one field, squeezed along layer and head where constant (rows
     narrowed to float32 where lossless)."""
     return {
-        f"{stats.spec.name}/{statistic}": squeezed(narrowed(t) if statistic in ROWS else t,
-                                                  _layer_head_axes(statistic)).contiguous().numpy()
+        f"{stats.spec.name}/{statistic}": squeezed(_narrowed(statistic, t), _layer_head_axes(statistic)).contiguous().numpy()
         for statistic, t in stats.arrays().items()
     }
+
+
+def _narrowed(statistic: str, t: Tensor) -> Tensor:
+    """Rows as float32, replicate sums as float16, where that loses nothing (see `half_rounded`)."""
+    if statistic in ROWS:
+        return narrowed(t)
+    return narrowed(t, torch.float16) if statistic == "replicate_total" else t
 
 
 def stats_from_arrays(
@@ -98,7 +106,10 @@ def stats_from_arrays(
         a = arrays[key]
         full = {"documents": (n_rows, *shape), "document_weights": (n_rows, n_replicates)}.get(
             statistic, (n_replicates, *shape) if statistic in _REPLICATE_STATS else shape)
-        kept = [torch.float32, torch.float64] if statistic in ROWS else [storage_dtype(spec, statistic)]
+        if statistic in ROWS:
+            kept = [torch.float32, torch.float64]
+        else:
+            kept = [torch.float16] * (statistic == "replicate_total") + [storage_dtype(spec, statistic)]
         dtypes = [torch.empty(0, dtype=d).numpy().dtype for d in kept]
         fits = a.ndim == len(full) and all(
             got == want or (got == 1 and axis in _layer_head_axes(statistic))
@@ -112,6 +123,8 @@ def stats_from_arrays(
         out[statistic] = torch.from_numpy(a.copy()).expand(full).contiguous()
         if statistic in ROWS:
             out[statistic] = out[statistic].double()
+        elif statistic == "replicate_total":
+            out[statistic] = out[statistic].to(storage_dtype(spec, statistic))
     if n_rows is not None:
         return FieldStats.of_documents(spec, out["documents"], out["document_weights"]).stored()
     return FieldStats(spec=spec, **out)
