@@ -33,6 +33,8 @@ import zipfile
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from tl_geometry import GeometryResult, claims, load_model, run_with_geometry_hooks
 from tl_geometry.diagnostics.registry import REGISTRY
 from tl_geometry.results.storage import stats_arrays
@@ -80,7 +82,8 @@ def old_sizes(result: GeometryResult) -> dict[tuple[str, str], int]:
         if name in ADDED_REPLICATES:
             old = replace(old, replicate_total=None, replicate_count=None)
         for key, a in stats_arrays(old.stored()).items():
-            out[(_group(name), _kind(key.partition("/")[2]))] += a.nbytes + NPY_HEADER
+            width = 2 if a.dtype == np.float16 else 1  # replicate sums were float32 before
+            out[(_group(name), _kind(key.partition("/")[2]))] += width * a.nbytes + NPY_HEADER
     return out
 
 
