@@ -155,7 +155,7 @@ def test_chance_fields_on_a_model_run_sit_on_the_metrics_rows():
     q = result.queries
     torch.testing.assert_close(q["excess_precision"] + q["chance_precision"], q["precision"], equal_nan=True)
     torch.testing.assert_close(q["excess_recall"] + q["chance_recall"], q["recall"], equal_nan=True)
-    low, high = result.ci("excess_recall")  # intervals when asked for (not kept by default: file size)
+    low, high = result.ci("excess_recall")  # intervals of the fields asked for (the list replaces the default)
     assert low.shape == result.per_head("excess_recall").shape
     assert not result.has_replicates("excess_precision")
     assert torch.isnan(result.per_head("chance_precision")[..., -1]).all()  # N = 14 > the keys of either query

@@ -394,8 +394,13 @@ def test_merge_and_batching_leave_the_probabilities_unchanged(gpt2):
     config = GeometryConfig(diagnostics=["taxonomy"], n_bootstrap=50)
     whole = run_with_geometry_hooks(gpt2, tokens, config=config)
     parts = GeometryResult.merge([run_with_geometry_hooks(gpt2, tokens[i : i + 2], config=config) for i in (0, 2, 4)])
-    for name in ROLE_FEATURES:
-        torch.testing.assert_close(whole.replicates(name), parts.replicates(name), equal_nan=True, msg=name)
+    for name in ROLE_FEATURES:  # a result rounds these replicate sums to float16 (results/stats.py, half_rounded):
+        # once for the whole, once per part and once more merged, each within half a float16 ulp (2**-11) of a
+        # weighted sum of the documents' (query-resampled) means: at most 3 * 2**-11 of the largest such mean
+        a, b = whole.replicates(name), parts.replicates(name)
+        assert torch.equal(a.isnan(), b.isnan()), name
+        largest = float(torch.cat([a, b]).abs().nan_to_num().max())
+        assert float((a - b).abs().nan_to_num().max()) <= 3 * 2**-11 * largest, name
     assert torch.equal(taxonomy_from_result(whole).labels, taxonomy_from_result(parts).labels)
     other_seed = run_with_geometry_hooks(gpt2, tokens, config=config.with_overrides(settings={"taxonomy": {"seed": 1}}))
     assert not torch.equal(whole.per_head("share_self"), other_seed.per_head("share_self"))  # the sample moved

@@ -149,6 +149,7 @@ from tl_geometry.diagnostics.selection import PRECISION, RECALL
 from tl_geometry.diagnostics.taxonomy import ROLE_FEATURES
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
+from tl_geometry.results.stats import GROWING_ROWS
 from tl_geometry.results.table import FieldName, field_name
 from tl_geometry.theory.bounds import upper_envelope_floor
 
@@ -514,6 +515,13 @@ def _share_stable(cv: Tensor) -> float:
     return float((cv <= CV_STABLE).double().mean()) if len(cv) else math.nan
 
 
+def _shares_stable(cv: Tensor) -> Tensor:
+    """`_share_stable` over the last two axes ``[*b, layer, head]``: ``[*b]``."""
+    cv = cv.double().flatten(-2)
+    defined = ~cv.isnan()
+    return ((cv <= CV_STABLE) & defined).sum(-1) / defined.sum(-1)
+
+
 def _probability_at_least(x: Tensor, threshold: float, se: Tensor) -> Tensor:
     """The normal probability that a quantity estimated as ``x`` with standard error ``se`` is at least
     ``threshold`` (the step where se is 0 or NaN, e.g. one document)."""
@@ -541,6 +549,14 @@ def _curve_cv(curve: Tensor) -> Tensor:
     return (var.sqrt() / mean).masked_fill(count < 2, math.nan)
 
 
+def _replicate_shares(result: GeometryResult, chunk: int = 16) -> Tensor:
+    """The curve's share of stable heads on every bootstrap replicate ``[replicate]`` (empty without replicates),
+    a few replicates at a time: all of a 1024-wide curve's at once would take hundreds of MB."""
+    stats = result.stats[VALUE_NORM_BY_POSITION.name]
+    return torch.cat([_shares_stable(_curve_cv(stats.replicate_means(slice(at, at + chunk))))
+                      for at in range(0, stats.n_replicates, chunk)] or [torch.empty(0)])
+
+
 def _stable_norms(result: GeometryResult) -> Claim:
     """Figure 2 plots the norm averaged over sequences by position: its CV is the verdict's reading when the
     result has that curve; the CV within each sequence (then averaged) is reported beside it. The within
@@ -561,7 +577,11 @@ def _stable_norms(result: GeometryResult) -> Claim:
         measured = (f"Figure 2's reading, the norm averaged over the sequences by position (the verdict's): "
                     f"{value:.0%} of heads have CV <= {CV_STABLE} (median CV {_fmt(float(across.nanmedian()))}); "
                     + within_text)
-        interval = (math.nan, math.nan, "none: the averaged curve keeps no bootstrap replicates")
+        if result.has_replicates(VALUE_NORM_BY_POSITION) or result.n_documents <= GROWING_ROWS:
+            interval = _interval("stable_norms", result, [VALUE_NORM_BY_POSITION], _replicate_shares(result), value)
+        else:
+            interval = (math.nan, math.nan, f"none: the by-position curve keeps its replicates (one row per document) "
+                        f"for at most {GROWING_ROWS} documents; this result has {result.n_documents}")
         found = _claim("stable_norms", value, interval, measured, {VALUE_NORM_CV.name: _per_head_values(across)})
         within_interval = _interval("stable_norms", result, [VALUE_NORM_CV],
                                     lambda f: _expected_share_stable(f[VALUE_NORM_CV], se), expected_within)
@@ -1085,7 +1105,8 @@ def _envelope_tightness(result: GeometryResult) -> Claim:
                 + f"; Recall lies {_fmt(lower_gap)} above its lower envelope on average. Containment (not a test: "
                 f"the lower envelopes hold on measured rows by construction): {inside}/{points} points of the mean "
                 "curves inside")
-    interval = _interval("envelope_tightness", result, names, batched, value)
+    uppers = [ENVELOPE_OF[metric].upper for metric in METRICS]  # what the gaps read: curves and upper envelopes
+    interval = _interval("envelope_tightness", result, [*METRICS, *uppers], batched, value)
     return _claim("envelope_tightness", value, interval, measured, evidence)
 
 

@@ -266,6 +266,7 @@ def new_accumulator(plan: RunPlan, grid: Int[Tensor, " n"]) -> Accumulator:
         replicate_fields=config.resolve_bootstrap_fields(specs),
         keep_queries=config.keep_queries,
         picture_heads=config.picture_heads,
+        document_rows=True,  # a run of few documents keeps their values: smaller than the sums (results/stats.py)
     )
 
 

@@ -247,16 +247,18 @@ def _kv_groups(context: SelectionContext) -> tuple[Tensor, Tensor]:
 
 
 # The declarations, by name: ``result.per_head(RHO0)`` reads a field as ``result.per_head("rho0")``.
-VALUE_NORM_BY_POSITION = FieldSpec("value_norm_by_position", "||v_i|| by position counted from the sink (Figure 2)", ("position",), queries="sequence", documents="mean")  # fmt: skip
-VALUE_NORM_CV = FieldSpec("value_norm_cv", "CV (population std / mean) of the non-sink value norms (Assumption 1)", queries="sequence")  # fmt: skip
-SINK_NORM_RATIO = FieldSpec("sink_norm_ratio", "lambda = ||v_0|| / median of the non-sink norms", queries="sequence")
+VALUE_NORM_BY_POSITION = FieldSpec("value_norm_by_position", "||v_i|| by position counted from the sink (Figure 2)", ("position",), queries="sequence", documents="mean", bootstrap=True)  # fmt: skip
+VALUE_NORM_CV = FieldSpec("value_norm_cv", "CV (population std / mean) of the non-sink value norms (Assumption 1)", queries="sequence", bootstrap=True)  # fmt: skip
+SINK_NORM_RATIO = FieldSpec("sink_norm_ratio", "lambda = ||v_0|| / median of the non-sink norms", queries="sequence", bootstrap=True)
 RHO0 = FieldSpec("rho0", "rho_0: mean cos(v_0, v_j) over the non-sink positions (Figure 6)", queries="sequence", bootstrap=True)  # fmt: skip
 DECAY_BETA = FieldSpec("decay_beta", "beta of the fit exp(-beta lag) to the mean cosine by lag (Assumption 2)", queries="sequence")  # fmt: skip
-DECAY_MAE = FieldSpec("decay_mae", "mean absolute error of that fit", queries="sequence")
+DECAY_MAE = FieldSpec("decay_mae", "mean absolute error of that fit", queries="sequence", bootstrap=True)
 COSINE_BY_LAG = FieldSpec("cosine_by_lag", "mean cos(v_i, v_j) over non-sink pairs |i - j| = lag (Figure 3)", ("lag",), queries="sequence", documents="mean")  # fmt: skip
 ATTENTION_PROFILE = FieldSpec("attention_profile", "attention row of the last analysed query by position from the sink (Figure 4)", ("position",), queries="last", documents="mean")  # fmt: skip
+CLAIMED_PROFILE = ("p_sink", "p_base", "has_plateau", "has_recency")
 PROFILE_FIT = tuple(
-    FieldSpec(f"profile_{f.name}", f"four-phase profile fit (Assumption 3): {f.name}", queries="last")
+    FieldSpec(f"profile_{f.name}", f"four-phase profile fit (Assumption 3): {f.name}", queries="last",
+              bootstrap=f.name in CLAIMED_PROFILE)  # the four-phase claim's interval reads these
     for f in dataclasses.fields(ProfileFit)
 )
 """The fitted profile's parameters, one field each (``profile_p_sink``, ...), in `ProfileFit`'s order."""

@@ -80,7 +80,8 @@ def _envelope(metric: FieldSpec, side: str) -> FieldSpec:
                f"row: see bound_{metric.name}_realised and the exceedance share")
     else:
         doc = f"lower envelope of E[{metric.name}] (Theorems 1-2, Corollary 1; settings['bounds'].variant)"
-    return FieldSpec(f"bound_{metric.name}_{side}", doc, ("n",))
+    # The upper envelopes of P and R keep replicates: the tightness claim's interval reads them.
+    return FieldSpec(f"bound_{metric.name}_{side}", doc, ("n",), bootstrap=side == "upper" and metric in (PRECISION, RECALL))
 
 
 def _realised(metric: FieldSpec, formula: str) -> FieldSpec:

@@ -126,8 +126,8 @@ CHANCE_PRECISION_FLOOR = FieldSpec(
 CHANCE_PRECISION = FieldSpec("chance_precision", "mean Precision of random top-N sets (nested random rankings)", ("n",))
 CHANCE_RECALL = FieldSpec("chance_recall", "mean Recall of random top-N sets (nested random rankings)", ("n",))
 # Intervals on request (bootstrap_fields): replicates of two more N curves would double a result file.
-EXCESS_PRECISION = FieldSpec("excess_precision", "Precision minus chance_precision, per row", ("n",))
-EXCESS_RECALL = FieldSpec("excess_recall", "Recall minus chance_recall, per row", ("n",))
+EXCESS_PRECISION = FieldSpec("excess_precision", "Precision minus chance_precision, per row", ("n",), bootstrap=True)
+EXCESS_RECALL = FieldSpec("excess_recall", "Recall minus chance_recall, per row", ("n",), bootstrap=True)
 # Each metric's chance level and excess over it, by the metric's declaration (``CHANCE_OF[RECALL]``).
 CHANCE_OF = {PRECISION: CHANCE_PRECISION, RECALL: CHANCE_RECALL}
 EXCESS_OF = {PRECISION: EXCESS_PRECISION, RECALL: EXCESS_RECALL}

@@ -50,6 +50,10 @@ class Accumulator:
         picture_heads: the ``(layer, head)`` pairs whose pictures the run keeps
             (`tl_geometry.results.pictures`); processes gather pictures only when
             there are some.
+        document_rows: keep each field's documents as rows while they are
+            fewer than its sums are large (`tl_geometry.results.stats`): a run
+            of a few documents then holds their values, replicates computed
+            from them when asked for.
     """
 
     def __init__(
@@ -64,6 +68,7 @@ class Accumulator:
         keep_queries: bool = False,
         axis_sizes: Mapping[str, int] | None = None,
         picture_heads: Sequence[tuple[int, int]] = (),
+        document_rows: bool = False,
     ) -> None:
         names = [spec.name for spec in specs]
         if not names or len(set(names)) != len(names):
@@ -80,12 +85,14 @@ class Accumulator:
         self.replicate_fields = frozenset(replicate_fields) if n_bootstrap else frozenset()
         self.keep_queries = keep_queries
         self.axis_sizes = dict(axis_sizes or {})
+        self.document_rows = document_rows
         self.n_documents = 0
         self.n_tokens = 0
         shape = (len(self.layers), len(self.heads))
         self.stats: dict[str, FieldStats] = {
             name: FieldStats.empty(
-                spec, (*shape, *self._trailing(spec, ())), n_bootstrap if name in self.replicate_fields else None
+                spec, (*shape, *self._trailing(spec, ())), n_bootstrap if name in self.replicate_fields else None,
+                rows=document_rows,
             )
             for name, spec in self.specs.items()
         }
@@ -156,7 +163,8 @@ class Accumulator:
                     f"axes any width), got {t.dtype} {list(t.shape)}"
                 )
             within = self._resampled(name, resampled, t)
-            batch[name] = batch_stats(spec, t, weights if name in self.replicate_fields else None, within)
+            batch[name] = batch_stats(spec, t, weights if name in self.replicate_fields else None, within,
+                                      rows=self.document_rows)
         rows = self._query_rows(queries, query_positions, n_docs)
         self.stats = {name: merge_stats(self.stats[name], batch[name]) for name in self.specs}
         self.n_documents += n_docs
@@ -298,7 +306,7 @@ class Accumulator:
                     f"accumulator state: differs in {key} ({theirs.get(key)!r} saved vs {value!r} now); it belongs "
                     "to a run with another config or model"
                 )
-        self.stats = {name: FieldStats(spec=spec, **state["stats"][name]) for name, spec in self.specs.items()}
+        self.stats = {name: FieldStats.from_arrays(spec, state["stats"][name]) for name, spec in self.specs.items()}
         self.n_documents, self.n_tokens = int(state["n_documents"]), int(state["n_tokens"])
         queries = state["queries"]
         self.queries = None if queries is None else (dict(queries["values"]), queries["positions"])
@@ -324,12 +332,14 @@ class Accumulator:
                 in rank order (needed only with per-query rows or pictures).
         """
         names = list(self.specs)
-        widths = torch.tensor([n for name in names for n in self.stats[name].trailing] or [0], dtype=torch.int64)
+        # Rows cannot be added across processes: every process turns its rows into sums first.
+        summed = {name: s.summed() for name, s in self.stats.items()}
+        widths = torch.tensor([n for name in names for n in summed[name].trailing] or [0], dtype=torch.int64)
         widths = all_reduce(widths, "max").tolist()
         stats, at = {}, 0
         for name in names:
-            size = len(self.stats[name].trailing)
-            stats[name] = self.stats[name].widened(tuple(int(n) for n in widths[at : at + size]))
+            size = len(summed[name].trailing)
+            stats[name] = summed[name].widened(tuple(int(n) for n in widths[at : at + size]))
             at += size
         # One collective per kind of reduction: pack every statistic of every field into one flat tensor.
         kinds = {"count": "sum", "minimum": "min", "maximum": "max"}

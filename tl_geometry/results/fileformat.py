@@ -67,7 +67,7 @@ def stage(unit: Unit, result: Any, path: str | os.PathLike) -> tuple[Path, Path]
         arrays["query_positions"] = result.query_positions.contiguous().numpy()
     for p in result.pictures:
         arrays.update({f"{_picture_prefix(p.layer, p.head)}{name}": t.contiguous().numpy() for name, t in p.arrays().items()})
-    unit.write(npz_path, lambda f: np.savez(f, **arrays))
+    unit.write(npz_path, lambda f: np.savez_compressed(f, **arrays))
     meta = {
         "format_version": FORMAT_VERSION,
         "model_name": result.model_name,
@@ -80,7 +80,8 @@ def stage(unit: Unit, result: Any, path: str | os.PathLike) -> tuple[Path, Path]
         "fields": [
             {"name": s.spec.name, "doc": s.spec.doc, "axes": list(s.spec.axes), "queries": s.spec.queries,
              "documents": s.spec.documents, "bootstrap": s.spec.bootstrap,
-             "resample_queries": s.spec.resample_queries, "trailing": list(s.trailing), "replicates": s.n_replicates}
+             "resample_queries": s.spec.resample_queries, "trailing": list(s.trailing), "replicates": s.n_replicates,
+             **({"rows": int(s.documents.shape[0])} if s.is_rows else {})}
             for s in result.stats.values()
         ],
         "queries": None if result.queries is None else list(result.queries),
@@ -196,6 +197,10 @@ def array_limits(meta: Mapping[str, Any]) -> dict[str, int]:
         limits.update({f"{name}/{s}": cells for s in stats})
         limits.update({f"{name}/{s}": replicates * cells for s in ("replicate_total", "replicate_count")})
         total += 5 * cells + 2 * replicates * cells
+        if "rows" in entry:  # a field kept as rows of documents (files before them have none)
+            rows = non_negative_int(entry["rows"], f"fields[{name!r}].rows")
+            limits.update({f"{name}/documents": rows * cells, f"{name}/document_weights": rows * replicates * 8})
+            total += rows * (cells + replicates * 8)
     limits["n_grid"] = announced_bytes((grid if grid is not None else MAX_GRID,))
     if meta.get("queries") is not None:
         documents = non_negative_int(meta["n_documents"], "n_documents")
@@ -293,7 +298,9 @@ def read_stats(
                          queries=entry["queries"], documents=entry["documents"], bootstrap=entry["bootstrap"],
                          resample_queries=resample)
         shape = (len(layers), len(heads), *(int(i) for i in entry["trailing"]))
-        stats[spec.name] = stats_from_arrays(spec, arrays, shape, int(entry["replicates"]), npz_path)
+        rows = entry.get("rows")  # files before rows of documents keep sums only
+        rows = None if rows is None else non_negative_int(rows, f"fields[{spec.name!r}].rows")
+        stats[spec.name] = stats_from_arrays(spec, arrays, shape, int(entry["replicates"]), npz_path, rows)
     return stats
 
 

@@ -15,7 +15,9 @@ rounding).
 File format (``format_version`` 2): ``<stem>.npz`` holds ``n_grid``, one
 array per statistic, ``<field>/<statistic>`` (``count`` int64, ``total``
 and ``total_sq`` float64, ``total`` float32 for ``documents="mean"``
-fields, ``minimum``, ``maximum`` and the replicate arrays float32), stored
+fields, ``minimum``, ``maximum`` and the replicate arrays float32; or, for a
+field kept as rows of documents, ``<field>/documents`` and
+``<field>/document_weights``), stored
 with size 1 on the layer and/or head axis where constant along it, and, with
 per-query rows, ``queries/<field>`` and ``query_positions``, and with
 pictures ``pictures/<layer>.<head>/<array>``; written with
@@ -25,10 +27,12 @@ package versions and the SHA-256 of the ``.npz``. Files of format 1 (per-sequenc
 arrays, from before results kept statistics) load too, converted as `tl_geometry.results.legacy`
 describes.
 
-Size: the default report run (30 layers x 9 heads, 40 N, per-position fields
-1024 wide, about 35 fields on the grid, 5 per-position or per-lag ones, 25
-scalars, 200 replicates of Precision, Recall and rho_0) saves about 32 MB,
-17.5 MB of it the replicates, however many documents it analysed.
+Size: a run of few documents keeps each field's per-document values (rows,
+see `tl_geometry.results.stats`) rather than the sums, up to about as many
+documents as replicates, and the ``.npz`` is deflated, with rows in float32
+where lossless; past that a field's file size no longer grows with the
+documents. `benchmarks/bench_sizes.py` prints the sizes of a one-prompt
+result and of the two-window report's, beside the layout before.
 """
 
 import os

@@ -17,11 +17,22 @@ range), so it is exact for the counts and associative and commutative up to
 float64 rounding; trailing position and lag axes grow to the wider of the
 two, the new entries not counted.
 
+Documents as rows. While a field has seen few documents, their values
+themselves, ``documents`` ``[document, layer, head_index, *trailing]``, with
+their bootstrap weights ``document_weights`` ``[document, replicate]``, are
+smaller than the sums, and hold everything: the statistics above are
+computed from them (in one canonical order of the rows, so that merging is
+exact and commutative), and the replicate sums only when asked for. A field
+keeps its rows up to `rows_limit` documents (about as many as it keeps
+replicates), then turns them into sums once (`FieldStats.summed`). Only
+accumulators made with ``document_rows=True`` keep rows.
+
 Accumulators hold float64 everywhere; a result holds the storage dtypes of
 `STORAGE_DTYPES` (what its files hold, so a save / load round trip is exact).
 """
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -50,6 +61,38 @@ _EMPTY = {"count": 0, "total": 0.0, "total_sq": 0.0, "minimum": math.nan, "maxim
           "replicate_total": 0.0, "replicate_count": 0.0}
 _MOMENTS = ("total_sq", "minimum", "maximum")
 _REPLICATES = ("replicate_total", "replicate_count")
+ROWS = ("documents", "document_weights")
+"""The two arrays of a field kept as rows of documents."""
+# Bytes per (layer, head, trailing) cell of the sums besides the replicates, in float32 rows: total and
+# total_sq (float64) and the range (float32) of a "moments" field; the float32 total of a "mean" one.
+_SUM_ROWS = {"moments": 6, "mean": 1}
+
+
+# A position or lag profile's replicates would be n_replicates times the profile: past this many documents
+# it keeps no replicates rather than their sums (the claims that read them then say there is no interval).
+GROWING_ROWS = 32
+
+
+HALF_REPLICATES = 65504.0
+"""The replicate sums of a two-stage field (``resample_queries``, e.g. the role features, whose query samples
+cannot be kept as rows) are rounded to float16's precision (relative 2**-11; a replicate mean moves by at most
+5e-4 of its size) when every one is below this, float16's largest, so that files hold them in half the bytes."""
+
+
+def half_rounded(t: Tensor) -> Tensor:
+    """``t`` rounded to the nearest float16, in its own dtype, if every finite value fits float16; else ``t``."""
+    finite = t[t.isfinite()]
+    if len(finite) and float(finite.abs().max()) >= HALF_REPLICATES:
+        return t
+    return t.half().to(t.dtype)
+
+
+def rows_limit(spec: FieldSpec, n_replicates: int) -> int:
+    """The most documents a field keeps as rows: while the rows are no larger than the sums they replace
+    (for a position or lag profile with replicates, `GROWING_ROWS`)."""
+    if spec.growing and n_replicates:
+        return GROWING_ROWS
+    return n_replicates + _SUM_ROWS[spec.documents]
 
 
 def storage_dtype(spec: FieldSpec, statistic: str) -> torch.dtype:
@@ -69,7 +112,12 @@ class FieldStats:
         total: sum over those documents.
         total_sq, minimum, maximum: sum of squares and range (``documents="moments"`` only, else None).
         replicate_total, replicate_count: Poisson-bootstrap weighted sums and
-            counts, ``[replicate, layer, head_index, *trailing]`` (None without replicates).
+            counts, ``[replicate, layer, head_index, *trailing]`` (None without
+            replicates, and for rows, which compute them when asked).
+        documents, document_weights: for a field kept as rows (see the module
+            docstring), each document's value ``[document, layer, head_index,
+            *trailing]`` and bootstrap weights ``[document, replicate]``
+            (float64); the statistics above are computed from them. None for sums.
     """
 
     spec: FieldSpec
@@ -80,9 +128,22 @@ class FieldStats:
     maximum: Float[Tensor, "layer head_index *trailing"] | None = None
     replicate_total: Float[Tensor, "replicate layer head_index *trailing"] | None = None
     replicate_count: Float[Tensor, "replicate layer head_index *trailing"] | None = None
+    documents: Float[Tensor, "document layer head_index *trailing"] | None = None
+    document_weights: Float[Tensor, "document replicate"] | None = None
 
     def __post_init__(self) -> None:
         name = self.spec.name
+        if (self.documents is None) != (self.document_weights is None):
+            raise GeometryError(f"field {name!r}: documents and document_weights come together, got only one")
+        if self.documents is not None:
+            d, w = self.documents, self.document_weights
+            if self.replicate_total is not None or d.shape[1:] != self.count.shape or w.ndim != 2 \
+                    or w.shape[0] != d.shape[0] or not (d.is_floating_point() and w.is_floating_point()):
+                raise GeometryError(
+                    f"field {name!r}: rows {d.dtype} {list(d.shape)} and weights {w.dtype} {list(w.shape)} do not "
+                    f"fit statistics {list(self.count.shape)}; expected float [document, *{list(self.count.shape)}] "
+                    "and [document, replicate], and no replicate sums"
+                )
         if self.count.ndim != 2 + len(self.spec.axes):
             raise GeometryError(
                 f"field {name!r}: expected statistics [layer, head_index, {', '.join(self.spec.axes)}] "
@@ -97,7 +158,7 @@ class FieldStats:
             )
         if (self.replicate_total is None) != (self.replicate_count is None):
             raise GeometryError(f"field {name!r}: replicate_total and replicate_count come together, got only one")
-        for statistic, t in self.arrays().items():
+        for statistic, t in self.sums().items():
             expected = self.count.shape if statistic not in _REPLICATES else self.replicate_total.shape
             if t.shape != expected or (statistic == "count") == t.is_floating_point():
                 raise GeometryError(
@@ -106,8 +167,12 @@ class FieldStats:
                 )
 
     @classmethod
-    def empty(cls, spec: FieldSpec, shape: tuple[int, ...], n_replicates: int | None) -> "FieldStats":
-        """Statistics of no documents, ``shape`` = ``[layer, head_index, *trailing]`` (float64)."""
+    def empty(cls, spec: FieldSpec, shape: tuple[int, ...], n_replicates: int | None,
+              rows: bool = False) -> "FieldStats":
+        """Statistics of no documents, ``shape`` = ``[layer, head_index, *trailing]`` (float64); as rows with ``rows``."""
+        if rows:
+            return cls.of_documents(spec, torch.zeros(0, *shape, dtype=torch.float64),
+                                    torch.zeros(0, n_replicates or 0, dtype=torch.float64))
         wanted = ["count", "total", *(_MOMENTS if spec.documents == "moments" else ())]
         wanted += list(_REPLICATES) if n_replicates is not None else []
         out = {}
@@ -117,9 +182,65 @@ class FieldStats:
             out[statistic] = torch.full(size, _EMPTY[statistic], dtype=dtype)
         return cls(spec=spec, **out)
 
+    @classmethod
+    def of_documents(cls, spec: FieldSpec, documents: Tensor, weights: Tensor) -> "FieldStats":
+        """A field kept as rows: each document's values ``[document, layer, head_index, *trailing]`` and its
+        bootstrap weights ``[document, replicate]``; the statistics computed from them (float64), the rows put
+        in their canonical order (by their bytes), so that the order documents came in does not matter."""
+        x = documents.detach().to("cpu", torch.float64)
+        w = weights.detach().to("cpu", torch.float64)
+        if x.shape[0] > 1:
+            order = sorted(range(x.shape[0]), key=lambda i: (w[i].numpy().tobytes(), x[i].numpy().tobytes()))
+            index = torch.tensor(order, dtype=torch.long)
+            x, w = x[index], w[index]
+        sums = batch_stats(spec, x, None)
+        return replace(sums, documents=x, document_weights=w)
+
+    @classmethod
+    def from_arrays(cls, spec: FieldSpec, arrays: Mapping[str, Tensor]) -> "FieldStats":
+        """The statistics `arrays` returned (rows or sums)."""
+        if ROWS[0] in arrays:
+            return cls.of_documents(spec, arrays[ROWS[0]], arrays[ROWS[1]])
+        return cls(spec=spec, **arrays)
+
+    @property
+    def is_rows(self) -> bool:
+        """Whether the field is kept as rows of documents (see the module docstring)."""
+        return self.documents is not None
+
+    def sums(self) -> dict[str, Tensor]:
+        """The sums it holds or computed from its rows, by name (those that are None left out; no replicates
+        for rows)."""
+        return {f.name: t for f in fields(self)
+                if f.name not in ("spec", *ROWS) and (t := getattr(self, f.name)) is not None}
+
     def arrays(self) -> dict[str, Tensor]:
-        """The statistics it holds, by name (those that are None left out)."""
-        return {f.name: t for f in fields(self) if f.name != "spec" and (t := getattr(self, f.name)) is not None}
+        """What it keeps, by name: its rows, or else its sums (those that are None left out)."""
+        if self.is_rows:
+            return {"documents": self.documents, "document_weights": self.document_weights}
+        return self.sums()
+
+    def summed(self) -> "FieldStats":
+        """The same statistics as sums (replicate sums computed from the rows, float64 as the others are
+        in an accumulator, the kept dtypes on a result); a position or lag profile's replicates dropped
+        (see `GROWING_ROWS`)."""
+        if not self.is_rows:
+            return self
+        stored = self._is_stored()
+        out = replace(self, documents=None, document_weights=None)
+        if self.n_replicates and not self.spec.growing:
+            total, count = weighted_sums(self.documents, self.document_weights)
+            dtype = STORAGE_DTYPES["replicate_total"] if stored else torch.float64
+            total = total.to(dtype)
+            if stored and self.spec.resample_queries:
+                total = half_rounded(total)
+            out = replace(out, replicate_total=total, replicate_count=count.to(dtype))
+        return out
+
+    def _is_stored(self) -> bool:
+        """Whether it holds a result's dtypes (`stored`) rather than an accumulator's float64."""
+        probe = "total" if self.spec.documents == "mean" else "minimum"
+        return getattr(self, probe).dtype == storage_dtype(self.spec, probe)
 
     @property
     def trailing(self) -> tuple[int, ...]:
@@ -128,11 +249,15 @@ class FieldStats:
 
     def counted_nothing(self) -> bool:
         """No document was counted anywhere (and no replicate weight): the identity of `merge_stats`."""
+        if self.is_rows:
+            return self.documents.shape[0] == 0
         return not bool(self.count.any()) and (self.replicate_count is None or not bool(self.replicate_count.any()))
 
     @property
     def n_replicates(self) -> int:
         """Bootstrap replicates kept (0 without)."""
+        if self.is_rows:
+            return self.document_weights.shape[1]
         return 0 if self.replicate_total is None else self.replicate_total.shape[0]
 
     def widened(self, trailing: tuple[int, ...]) -> "FieldStats":
@@ -146,6 +271,10 @@ class FieldStats:
                     f"field {self.spec.name!r}: cannot widen trailing shape {list(self.trailing)} to {list(trailing)}; "
                     f"only {GROWING_AXES} axes grow (axes are {self.spec.axes})"
                 )
+        if self.is_rows:
+            pad = torch.full((self.documents.shape[0], *self.count.shape[:2], *trailing), math.nan, dtype=torch.float64)
+            pad[tuple(slice(0, n) for n in self.documents.shape)] = self.documents
+            return FieldStats.of_documents(self.spec, pad, self.document_weights).cast_like(self)
         out = {}
         for statistic, t in self.arrays().items():
             shape = list(t.shape)
@@ -156,8 +285,17 @@ class FieldStats:
         return replace(self, **out)
 
     def stored(self) -> "FieldStats":
-        """These statistics in the dtypes a result keeps (`storage_dtype`)."""
-        return replace(self, **{s: t.to(storage_dtype(self.spec, s)) for s, t in self.arrays().items()})
+        """These statistics in the dtypes a result keeps (`storage_dtype`; rows stay float64); the replicate
+        sums of a two-stage field rounded to float16's precision where they fit (`HALF_REPLICATES`)."""
+        out = {s: t.to(storage_dtype(self.spec, s)) for s, t in self.sums().items()}
+        if self.spec.resample_queries and "replicate_total" in out:
+            out["replicate_total"] = half_rounded(out["replicate_total"])
+        return replace(self, **out)
+
+    def cast_like(self, other: "FieldStats") -> "FieldStats":
+        """These statistics in the dtypes of ``other``'s (rows stay float64)."""
+        theirs = other.sums()
+        return replace(self, **{s: t.to(theirs[s].dtype) for s, t in self.sums().items() if s in theirs})
 
     # ---- statistics over documents, float64 ----
 
@@ -178,9 +316,33 @@ class FieldStats:
         spread = torch.where(spread.abs() <= noise, 0.0, spread)
         return (spread / (n - 1)).clamp_min(0.0).sqrt().masked_fill(n < 2, math.nan)
 
-    def replicate_means(self) -> Float[Tensor, "replicate layer head_index *trailing"]:
-        """Weighted mean of every bootstrap replicate; NaN where a replicate gave no document weight."""
-        return self.replicate_total.double() / self.replicate_count.double()
+    def replicate_means(self, replicates: slice = slice(None)) -> Float[Tensor, "replicate layer head_index *trailing"]:
+        """Weighted mean of every bootstrap replicate (or of a slice of them, to bound the memory of a wide
+        profile's); NaN where a replicate gave no document weight."""
+        if self.is_rows:
+            total, count = weighted_sums(self.documents, self.document_weights[:, replicates])
+            return total / count
+        return self.replicate_total[replicates].double() / self.replicate_count[replicates].double()
+
+
+def weighted_sums(
+    values: Float[Tensor, "doc *cell"], weights: Float[Tensor, "doc replicate"]
+) -> tuple[Float[Tensor, "replicate *cell"], Float[Tensor, "replicate *cell"]]:
+    """Per replicate b, ``sum_d w[d, b] x_d`` and ``sum_d w[d, b] [x_d defined]`` (float64; NaN: undefined)."""
+    x = values.detach().to("cpu", torch.float64)
+    w = weights.detach().to("cpu", torch.float64).T  # [replicate, doc]
+    shape = (w.shape[0], *x.shape[1:])
+    defined = ~x.isnan()
+    zeroed = torch.where(defined, x, 0.0)
+    # A zero weight times an infinite value would give NaN: weight the finite part, add the infinities after.
+    infinite = x.isinf()
+    finite = torch.where(infinite, 0.0, zeroed) if infinite.any() else zeroed
+    total = (w @ finite.flatten(1)).reshape(shape)
+    if infinite.any():
+        above = (w @ (x == math.inf).flatten(1).double()).reshape(shape) > 0
+        below = (w @ (x == -math.inf).flatten(1).double()).reshape(shape) > 0
+        total = total + torch.where(above, math.inf, 0.0) + torch.where(below, -math.inf, 0.0)
+    return total, (w @ defined.flatten(1).double()).reshape(shape)
 
 
 def batch_stats(
@@ -188,13 +350,24 @@ def batch_stats(
     values: Float[Tensor, "doc layer head_index *trailing"],
     weights: Float[Tensor, "doc replicate"] | None,
     within: Float[Tensor, "doc replicate layer head_index *trailing"] | None = None,
+    rows: bool = False,
 ) -> FieldStats:
     """The float64 statistics of one batch of per-document values (NaN: not defined for that document).
 
     ``within`` (with ``weights``): each document's own value per replicate (a
     two-stage bootstrap that also resamples inside the document); replicate b
     then sums w[d, b] within[d, b] instead of w[d, b] values[d].
+
+    ``rows``: keep the documents as rows (`FieldStats.of_documents`) where
+    they can be: up to `rows_limit` of them, and with ``within`` only where
+    each document's replicate value is its own value or undefined (one query
+    row per document), its weight then counted only where it is defined.
     """
+    if rows:
+        n_replicates = 0 if weights is None else weights.shape[1]
+        kept = _row_weights(values, weights, within)
+        if kept is not None and values.shape[0] <= rows_limit(spec, n_replicates):
+            return FieldStats.of_documents(spec, values, kept)
     x = values.detach().to("cpu", torch.float64)
     if x.shape[0] == 0:  # amin / amax refuse empty axes
         return FieldStats.empty(spec, tuple(x.shape[1:]), None if weights is None else weights.shape[1])
@@ -215,22 +388,29 @@ def batch_stats(
         out["replicate_total"] = (w * torch.where(r_defined, r, 0.0)).sum(0)
         out["replicate_count"] = (w * r_defined).sum(0)
     elif weights is not None:
-        w = weights.detach().to("cpu", torch.float64).T  # [replicate, doc]
-        shape = (w.shape[0], *x.shape[1:])
-        # A zero weight times an infinite value would give NaN: weight the finite part, add the infinities after.
-        infinite = x.isinf()
-        finite = torch.where(infinite, 0.0, zeroed) if infinite.any() else zeroed
-        total = (w @ finite.flatten(1)).reshape(shape)
-        if infinite.any():
-            above = (w @ (x == math.inf).flatten(1).double()).reshape(shape) > 0
-            below = (w @ (x == -math.inf).flatten(1).double()).reshape(shape) > 0
-            total = total + torch.where(above, math.inf, 0.0) + torch.where(below, -math.inf, 0.0)
-        out["replicate_total"] = total
-        out["replicate_count"] = (w @ defined.flatten(1).double()).reshape(shape)
+        out["replicate_total"], out["replicate_count"] = weighted_sums(x, weights)
     return FieldStats(spec=spec, **out)
 
 
-def merge_stats(a: FieldStats, b: FieldStats) -> FieldStats:
+def _row_weights(values: Tensor, weights: Tensor | None, within: Tensor | None) -> Tensor | None:
+    """The weights that make rows of ``values`` give the replicates `batch_stats` would: ``weights`` (a
+    ``[doc, 0]`` tensor without), or with ``within`` the weight of each replicate whose value of a document
+    is the document's own (0 where it is undefined); None where ``within`` is anything else."""
+    if weights is None:
+        return torch.zeros(values.shape[0], 0, dtype=torch.float64)
+    w = weights.detach().to("cpu", torch.float64)
+    if within is None:
+        return w
+    x = values.detach().to("cpu", torch.float64).unsqueeze(1).flatten(2)  # [doc, 1, cell]
+    r = within.detach().to("cpu", torch.float64).flatten(2)  # [doc, replicate, cell]
+    undefined = r.isnan().all(-1)
+    own = ((r == x) | (r.isnan() & x.isnan())).all(-1)
+    if not bool((undefined | own).all()):
+        return None
+    return torch.where(undefined & ~x.isnan().all(-1), 0.0, w)
+
+
+def merge_stats(a: FieldStats, b: FieldStats, _rounded: bool = True) -> FieldStats:
     """Statistics of the union of the documents of ``a`` and ``b`` (in ``a``'s dtypes).
 
     Sums are added in float64 and rounded once to the dtype kept; counts are
@@ -238,6 +418,8 @@ def merge_stats(a: FieldStats, b: FieldStats) -> FieldStats:
     """
     if a.spec != b.spec:
         raise GeometryError(f"merge: field {a.spec.name!r} is declared differently: {a.spec} vs {b.spec}")
+    if a.n_replicates != b.n_replicates and a.spec.growing and 0 in (a.n_replicates, b.n_replicates):
+        return merge_stats(a.summed(), b.summed())  # a profile past GROWING_ROWS documents: no replicates
     if a.n_replicates != b.n_replicates:
         raise GeometryError(
             f"merge: field {a.spec.name!r} has {a.n_replicates} vs {b.n_replicates} bootstrap replicates; "
@@ -251,12 +433,23 @@ def merge_stats(a: FieldStats, b: FieldStats) -> FieldStats:
     if len(a.trailing) != len(b.trailing):
         raise GeometryError(f"merge: field {a.spec.name!r} has trailing shapes {list(a.trailing)} vs {list(b.trailing)}")
     trailing = tuple(max(p, q) for p, q in zip(a.trailing, b.trailing))
+    if a.is_rows and b.is_rows:
+        a, b = a.widened(trailing), b.widened(trailing)
+        joined = FieldStats.of_documents(a.spec, torch.cat([a.documents, b.documents]),
+                                         torch.cat([a.document_weights, b.document_weights])).cast_like(a)
+        if joined.documents.shape[0] <= rows_limit(a.spec, a.n_replicates):
+            return joined
+        return joined.summed()
+    if a.is_rows or b.is_rows:  # one side already sums: so is the union
+        return merge_stats(a.summed(), b.summed().cast_like(a.summed()) if a.is_rows else b.summed())
     # The union with nothing is the other side: spares a pass over the replicate sums on a run's first batch.
     if b.counted_nothing():
         return a.widened(trailing)
     if a.counted_nothing():
         b = b.widened(trailing)
         return replace(b, **{s: t.to(getattr(a, s).dtype) for s, t in b.arrays().items()})
+    if _rounded and a._is_stored() and a.spec.resample_queries:  # a result's: as `stored` rounds them
+        return merge_stats(a, b, _rounded=False).stored()
     a, b = a.widened(trailing), b.widened(trailing)
     left, right = a.arrays(), b.arrays()
     out = {}

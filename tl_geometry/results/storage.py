@@ -4,7 +4,13 @@ Statistics are stored by ``<field>/<statistic>`` (see `FieldStats`). An
 array that is the same along the layer and/or head axis (typically a count:
 whether a field is defined depends on the document, not the head) is stored
 with size 1 there and broadcast back on load; the comparison is bitwise, so
-the round trip is exact.
+the round trip is exact. A field kept as rows of documents is stored as
+``<field>/documents`` and ``<field>/document_weights`` (`ROWS`), float32
+where that loses nothing (model values are float32), float64 otherwise;
+replicate sums as float16 where that loses nothing (those of two-stage
+fields are rounded to it, `tl_geometry.results.stats.half_rounded`).
+Entries are deflated (``np.savez_compressed``): counts, NaN past a short
+sequence's keys and constant bounds take next to nothing.
 """
 
 import hashlib
@@ -21,17 +27,31 @@ from torch import Tensor
 
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.errors import GeometryError
-from tl_geometry.results.stats import FieldStats, storage_dtype
+from tl_geometry.results.stats import ROWS, FieldStats, storage_dtype
 
 _REPLICATE_STATS = ("replicate_total", "replicate_count")
+# An archive may unpack to at most this many times its packed bytes, plus this allowance: deflate packs an
+# array of NaN or zeros up to ~1000 to 1, so the bound is on the whole file, not on each array.
+MAX_PACKING = 64
+PACKING_ALLOWANCE = 256 << 20
 # Most bytes the arrays of one result may hold in memory once broadcast back: the default report run
 # holds ~32 MB (its file is the same size); a file announcing more than this was altered.
 MAX_RESULT_BYTES = 4 << 30
 _NPY_HEADER = 4096  # an .npy header is at most this long
 
 
-def _layer_head_axes(statistic: str) -> tuple[int, int]:
-    return (1, 2) if statistic in _REPLICATE_STATS else (0, 1)
+def _layer_head_axes(statistic: str) -> tuple[int, ...]:
+    if statistic == ROWS[1]:
+        return ()  # document weights have no layer or head axis
+    return (1, 2) if statistic in (*_REPLICATE_STATS, ROWS[0]) else (0, 1)
+
+
+def narrowed(t: Tensor, to: torch.dtype = torch.float32) -> Tensor:
+    """``t`` in the narrower float dtype ``to`` where that loses no bit (NaN and inf included), else unchanged."""
+    if not t.is_floating_point() or t.element_size() <= torch.empty(0, dtype=to).element_size():
+        return t
+    small = t.to(to)
+    return small if torch.equal(_bits(small.to(t.dtype)), _bits(t)) else t
 
 
 def _bits(t: Tensor) -> Tensor:
@@ -52,37 +72,61 @@ def squeezed(t: Tensor, axes: tuple[int, ...]) -> Tensor:
 
 
 def stats_arrays(stats: FieldStats) -> dict[str, np.ndarray]:
-    """The ``<field>/<statistic>`` arrays of one field, squeezed along layer and head where constant."""
+    """The ``<field>/<statistic>`` arrays of one field, squeezed along layer and head where constant (rows
+    narrowed to float32 where lossless)."""
     return {
-        f"{stats.spec.name}/{statistic}": squeezed(t, _layer_head_axes(statistic)).contiguous().numpy()
+        f"{stats.spec.name}/{statistic}": squeezed(_narrowed(statistic, t), _layer_head_axes(statistic)).contiguous().numpy()
         for statistic, t in stats.arrays().items()
     }
 
 
+def _narrowed(statistic: str, t: Tensor) -> Tensor:
+    """Rows as float32, replicate sums as float16, where that loses nothing (see `half_rounded`)."""
+    if statistic in ROWS:
+        return narrowed(t)
+    return narrowed(t, torch.float16) if statistic == "replicate_total" else t
+
+
 def stats_from_arrays(
-    spec: FieldSpec, arrays: Mapping[str, np.ndarray], shape: tuple[int, ...], n_replicates: int, file: Path
+    spec: FieldSpec, arrays: Mapping[str, np.ndarray], shape: tuple[int, ...], n_replicates: int, file: Path,
+    n_rows: int | None = None,
 ) -> FieldStats:
-    """Rebuild one field's statistics (``shape`` = ``[layer, head_index, *trailing]``), checking every array."""
-    wanted = ["count", "total"] + (["total_sq", "minimum", "maximum"] if spec.documents == "moments" else [])
-    wanted += list(_REPLICATE_STATS) if n_replicates else []
+    """Rebuild one field's statistics (``shape`` = ``[layer, head_index, *trailing]``), checking every array;
+    ``n_rows``: the field was kept as that many rows of documents (None: as sums)."""
+    if n_rows is not None:
+        wanted = list(ROWS)
+    else:
+        wanted = ["count", "total"] + (["total_sq", "minimum", "maximum"] if spec.documents == "moments" else [])
+        wanted += list(_REPLICATE_STATS) if n_replicates else []
     out = {}
     for statistic in wanted:
         key = f"{spec.name}/{statistic}"
         if key not in arrays:
             raise GeometryError(f"load: {file} has no array {key!r} (field {spec.name!r} keeps {wanted}); save again")
         a = arrays[key]
-        full = (n_replicates, *shape) if statistic in _REPLICATE_STATS else shape
-        dtype = storage_dtype(spec, statistic)
+        full = {"documents": (n_rows, *shape), "document_weights": (n_rows, n_replicates)}.get(
+            statistic, (n_replicates, *shape) if statistic in _REPLICATE_STATS else shape)
+        if statistic in ROWS:
+            kept = [torch.float32, torch.float64]
+        else:
+            kept = [torch.float16] * (statistic == "replicate_total") + [storage_dtype(spec, statistic)]
+        dtypes = [torch.empty(0, dtype=d).numpy().dtype for d in kept]
         fits = a.ndim == len(full) and all(
             got == want or (got == 1 and axis in _layer_head_axes(statistic))
             for axis, (got, want) in enumerate(zip(a.shape, full))
         )
-        if not fits or a.dtype != torch.empty(0, dtype=dtype).numpy().dtype:
+        if not fits or a.dtype not in dtypes:
             raise GeometryError(
-                f"load: {file}: array {key!r} is {a.dtype} {list(a.shape)}; expected {dtype} {list(full)} "
-                "(layer and head axes may be 1); the file is damaged or was not written by tl_geometry"
+                f"load: {file}: array {key!r} is {a.dtype} {list(a.shape)}; expected {' or '.join(map(str, kept))} "
+                f"{list(full)} (layer and head axes may be 1); the file is damaged or was not written by tl_geometry"
             )
         out[statistic] = torch.from_numpy(a.copy()).expand(full).contiguous()
+        if statistic in ROWS:
+            out[statistic] = out[statistic].double()
+        elif statistic == "replicate_total":
+            out[statistic] = out[statistic].to(storage_dtype(spec, statistic))
+    if n_rows is not None:
+        return FieldStats.of_documents(spec, out["documents"], out["document_weights"]).stored()
     return FieldStats(spec=spec, **out)
 
 
@@ -113,7 +157,7 @@ def read_npz(path: Path, limits: Mapping[str, int] | None = None) -> dict[str, n
     """
     try:
         with zipfile.ZipFile(path) as archive:
-            out, total = {}, 0
+            out, total, unpacked, packed = {}, 0, 0, 0
             for info in archive.infolist():
                 name = info.filename.removesuffix(".npy")
                 with archive.open(info) as member:
@@ -128,7 +172,8 @@ def read_npz(path: Path, limits: Mapping[str, int] | None = None) -> dict[str, n
                         f"load: {path}: array {name!r} is not announced by the result's JSON; the file was altered"
                     )
                 limit = MAX_RESULT_BYTES if limits is None else limits[name]
-                if info.file_size > limit + _NPY_HEADER or info.file_size > 64 * info.compress_size + _NPY_HEADER:
+                unpacked, packed = unpacked + info.file_size, packed + info.compress_size
+                if info.file_size > limit + _NPY_HEADER or unpacked > MAX_PACKING * packed + PACKING_ALLOWANCE:
                     raise GeometryError(
                         f"load: {path}: array {name!r} unpacks to {info.file_size} bytes from "
                         f"{info.compress_size}, more than its {limit} announced; the file was altered"
