@@ -82,7 +82,7 @@ def wrap_held_model(hf_model: Any, tokenizer: Any = None) -> HookableModel:
         tokenizer: its tokenizer (default: read from ``hf_model.config._name_or_path``).
 
     Returns:
-        A bridge in the model's training/eval mode, on the model's device, sharing its weights.
+        A bridge in eval mode, on the model's device, sharing its weights (the model keeps its own mode).
 
     Raises:
         GeometryError: no tokenizer found; meta weights; an architecture TransformerLens cannot wrap.
@@ -109,7 +109,8 @@ def wrap_held_model(hf_model: Any, tokenizer: Any = None) -> HookableModel:
             f"model: TransformerLens cannot wrap this {type(hf_model).__name__} ({type(error).__name__}: {reason}); "
             "load a model of an architecture TransformerLens supports, or load it with tl_geometry.load_model"
         ) from None
-    return bridge.train(hf_model.training)
+    # The shell's modules are its own: eval mode (no dropout in the analysis) leaves the user's model's mode alone.
+    return bridge.eval()
 
 
 def shell_copy(module: torch.nn.Module) -> torch.nn.Module:
