@@ -215,6 +215,12 @@ def test_meta_weights_are_refused():
         run_with_geometry_hooks(hf_model, TEXTS, n_grid=GRID, tokenizer=tm.tiny_tokenizer())
 
 
+def test_a_model_a_bridge_already_wraps_is_refused():
+    bridge = tiny_arch_bridge("llama", compat=False)
+    with pytest.raises(GeometryError, match="already wrapped by a TransformerBridge .*pass that bridge instead"):
+        run_with_geometry_hooks(bridge.original_model, TEXTS, n_grid=GRID, tokenizer=tm.tiny_tokenizer())
+
+
 @needs_nnsight
 def test_a_lazy_nnsight_model_is_dispatched_and_equals_the_bridge(tmp_path):
     """An nnsight model of a local folder, not yet loaded (nnsight loads it on its first trace): loaded here."""

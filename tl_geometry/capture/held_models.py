@@ -85,7 +85,8 @@ def wrap_held_model(hf_model: Any, tokenizer: Any = None) -> HookableModel:
         A bridge in eval mode, on the model's device, sharing its weights (the model keeps its own mode).
 
     Raises:
-        GeometryError: no tokenizer found; meta weights; an architecture TransformerLens cannot wrap.
+        GeometryError: no tokenizer found; meta weights; a model a bridge already wraps; an
+            architecture TransformerLens cannot wrap.
 
     >>> bridge = wrap_held_model(hf_model, tokenizer)  # doctest: +SKIP
     >>> bridge.original_model is hf_model, bridge.cfg.n_layers  # doctest: +SKIP
@@ -97,6 +98,11 @@ def wrap_held_model(hf_model: Any, tokenizer: Any = None) -> HookableModel:
         raise GeometryError(
             f"model: {name} has weights on the meta device ({meta[0]}, ...); load them first (for an nnsight model "
             "call model.dispatch(), or pass dispatch=True when building it)"
+        )
+    if any(type(module).__module__.startswith("transformer_lens.") for module in hf_model.modules()):
+        raise GeometryError(
+            f"model: this {type(hf_model).__name__} is already wrapped by a TransformerBridge (its modules hold the "
+            "bridge's components); pass that bridge instead"
         )
     tokenizer = _own_tokenizer(tokenizer if tokenizer is not None else _saved_tokenizer(hf_model, name))
     shell = shell_copy(hf_model)
