@@ -258,16 +258,22 @@ def bundled_hf(request):
 @needs_nnsight
 @pytest.mark.parametrize("bundled_hf", ["smollm2", pytest.param("gemma3", marks=needs_gemma3)], indirect=True)
 def test_bundled_models_held_equal_the_bridge_path(bundled_hf, request):
-    """Both input kinds on each bundled model: every field equal to `load_model`'s bridge (counts exactly,
-    means to 2e-3, as for the rows path: the bridge's folded weights round differently in float32), and the
-    two kinds equal each other exactly."""
+    """Both input kinds on each bundled model: every field equal to `load_model`'s bridge, and the two kinds
+    equal each other exactly.
+
+    Against the bridge, counts are exact and means agree to 2e-3 relative (as for the rows path) or 1e-5
+    absolute: the bridge folds the norms into its float32 weights, which rounds the values ~1e-6 apart, and
+    shares and projections near 0 (an output share at a lag) keep that absolute noise."""
     bundled, hf_model, tokenizer = bundled_hf
     before = Snapshot(hf_model)
     run = config(layers=BUNDLED_LAYERS[bundled][:2])
     bridge = run_with_geometry_hooks(request.getfixturevalue(bundled), TEXTS[:2], config=run)
     held = run_with_geometry_hooks(hf_model, TEXTS[:2], config=run, tokenizer=tokenizer)
     through_nnsight = run_with_geometry_hooks(language_model(hf_model, tokenizer), TEXTS[:2], config=run)
-    assert_close_results(bridge, held, rtol=2e-3)
+    assert set(bridge.fields) == set(held.fields) and bridge.n_documents == held.n_documents
+    for name in bridge.fields:
+        assert torch.equal(bridge.count(name), held.count(name)), name
+        torch.testing.assert_close(held.per_head(name), bridge.per_head(name), rtol=2e-3, atol=1e-5, equal_nan=True)
     assert_equal_runs(held, through_nnsight, padding=EXACT)
     for name, module in hf_model.named_modules():
         module.__dict__.pop("forward", None)  # nnsight's own, inert outside a trace
