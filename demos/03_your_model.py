@@ -104,7 +104,7 @@ print(tiny_result.model_name, tuple(tiny_result.recall.shape))
 # a processed bridge's (`load_model`'s) to float rounding. The result is the
 # same as that of `boot_transformers` on the same model, field for field; to
 # analyse one model many times, wrap it once yourself as above (a model already
-wrapped by a bridge is refused: pass the bridge).
+# wrapped by a bridge is refused: pass the bridge).
 
 # %%
 torch.manual_seed(0)
