@@ -90,6 +90,59 @@ tiny_result = tg.run_with_geometry_hooks(tiny, "A model of my own, with my own t
 print(tiny_result.model_name, tuple(tiny_result.recall.shape))
 
 # %% [markdown]
+# ## A model you already hold: `transformers` or nnsight
+#
+# A plain `transformers` causal LM goes in as it is: `run_with_geometry_hooks`
+# and `analyze_corpus` wrap it once into a `TransformerBridge` themselves, with
+# the tokenizer you pass (or, without one, the tokenizer saved in the folder the
+# model was loaded from). Your model is left exactly as it was: the bridge wraps
+# a shell of it that shares its weights (no copy of them, no memory for them),
+# so its modules, config, attention implementation, training mode and weights
+# do not change, and no hook stays behind. The bridge runs without
+# TransformerLens's weight processing (which would fold the norms into *your*
+# weights): value vectors and attention patterns are the model's own, equal to
+# a processed bridge's (`load_model`'s) to float rounding. The result is the
+# same as that of `boot_transformers` on the same model, field for field; to
+# analyse one model many times, wrap it once yourself as above (a model already
+# wrapped by a bridge is refused: pass the bridge).
+
+# %%
+torch.manual_seed(0)
+held_model = transformers.AutoModelForCausalLM.from_config(config).eval()  # the same weights, not wrapped yet
+held_result = tg.run_with_geometry_hooks(held_model, "A model of my own, with my own text.", tokenizer=model.tokenizer)
+print("equal to the bridge's:", torch.equal(held_result.recall, tiny_result.recall),
+      "| the model's attention is still", held_model.config._attn_implementation)
+
+# %% [markdown]
+# An [nnsight](https://nnsight.net) `LanguageModel` (or `TransformersModel`)
+# around a local model works the same way (`pip install tl_geometry[nnsight]`;
+# nnsight is imported only when such a model is passed): its tokenizer is used,
+# and a model nnsight has not loaded yet is loaded first, as its own first trace
+# would. The nnsight model keeps working as before.
+#
+# Remote execution on NDIF (`trace(..., remote=True)`) is not supported: the
+# model's weights live on NDIF's servers, so there is no local module to hook.
+# Supporting it would take the analysis running server-side: the hooks'
+# reductions written as an nnsight intervention (saving only the per-head
+# statistics, never the activations), the package installed on the server (or
+# the reductions shipped as code NDIF accepts), and the per-batch statistics
+# merged here; none of this can be tested without the network.
+
+# %%
+try:
+    import warnings
+
+    import nnsight
+except ImportError:
+    print("nnsight is not installed: pip install tl_geometry[nnsight]")
+else:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nnsight 0.8 calls LanguageModel deprecated in favour of TransformersModel
+        language_model = nnsight.LanguageModel(held_model, tokenizer=model.tokenizer)
+    nnsight_result = tg.run_with_geometry_hooks(language_model, "A model of my own, with my own text.")
+    print("nnsight: equal to the bridge's:", torch.equal(nnsight_result.recall, tiny_result.recall))
+
+# %% [markdown]
 # ## A `HookedTransformer` (TransformerLens 3.x)
 #
 # TransformerLens 4 removed `HookedTransformer`; on 3.x, `load_model(kind="hooked")`

@@ -10,7 +10,6 @@ float32-softmax attention at ~1e-7 relative, and later layers inherit that).
 
 import pytest
 import torch
-import transformers
 
 from tests import tiny_models as tm
 from tests.fixtures import DIFFERENCES_OF_SQUARES, ROLE_DIFFERENCES, cli_config, needs_gemma3
@@ -27,31 +26,8 @@ def tiny_arch_bridge(arch: str, *, compat: bool = True):
     """A TransformerBridge over a tiny random Hugging Face model of one architecture, float64, built offline."""
     from transformer_lens.model_bridge import TransformerBridge
 
-    ids = dict(vocab_size=tm.VOCAB_SIZE, bos_token_id=tm.BOS_ID, eos_token_id=tm.BOS_ID, pad_token_id=tm.PAD_ID)
-    rotary = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-                  max_position_embeddings=64, num_hidden_layers=3, **ids)  # fmt: skip
-    configs = {
-        "gpt2": lambda: transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, **ids),
-        "neox": lambda: transformers.GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                                   num_attention_heads=4, max_position_embeddings=64, **ids),
-        "gptj": lambda: transformers.GPTJConfig(n_embd=32, n_layer=2, n_head=4, n_positions=64, rotary_dim=4, **ids),
-        "llama": lambda: transformers.LlamaConfig(**rotary),
-        "mistral": lambda: transformers.MistralConfig(sliding_window=3, **rotary),
-        "qwen2": lambda: transformers.Qwen2Config(**rotary),
-        "gemma2": lambda: transformers.Gemma2Config(head_dim=8, sliding_window=4, attn_logit_softcapping=5.0,
-                                                    query_pre_attn_scalar=8, **rotary),
-        "gemma3": lambda: transformers.Gemma3TextConfig(head_dim=8, sliding_window=4,
-                                                        layer_types=["sliding_attention", "full_attention",
-                                                                     "sliding_attention"], **rotary),
-        "bloom": lambda: transformers.BloomConfig(hidden_size=32, n_layer=2, n_head=4, **ids),
-    }  # fmt: skip
-    torch.manual_seed(0)
-    config = configs[arch]()
-    config.architectures = [transformers.AutoModelForCausalLM._model_mapping[type(config)].__name__]
-    hf_model = transformers.AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
-    tm.sharpen(hf_model, 0, 0.2)
-    bridge = TransformerBridge.boot_transformers(f"tiny-{arch}", hf_model=hf_model, tokenizer=tm.tiny_tokenizer(),
-                                                 dtype=torch.float64)
+    bridge = TransformerBridge.boot_transformers(f"tiny-{arch}", hf_model=tm.tiny_arch_model(arch),
+                                                 tokenizer=tm.tiny_tokenizer(), dtype=torch.float64)
     if compat:
         bridge.enable_compatibility_mode(disable_warnings=True)
     return bridge.eval()

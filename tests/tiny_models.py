@@ -220,3 +220,36 @@ def padding_close(model: Any) -> dict[str, float]:
     """Tolerances for comparing runs of ``model`` on differently padded batches: `PADDING_CLOSE` for a Llama
     bridge, else none (torch.testing's defaults: float64 models agree to rounding)."""
     return dict(PADDING_CLOSE) if getattr(model.cfg, "architecture", None) == "LlamaForCausalLM" else {}
+
+
+ARCHITECTURES = ("gpt2", "neox", "gptj", "llama", "mistral", "qwen2", "gemma2", "gemma3", "bloom")
+
+
+def tiny_arch_model(arch: str) -> Any:
+    """A tiny random Hugging Face causal LM of one architecture of `ARCHITECTURES` (the zoo), float64, eval mode."""
+    import transformers
+
+    ids = dict(vocab_size=VOCAB_SIZE, bos_token_id=BOS_ID, eos_token_id=BOS_ID, pad_token_id=PAD_ID)
+    rotary = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=64, num_hidden_layers=3, **ids)  # fmt: skip
+    configs = {
+        "gpt2": lambda: transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, **ids),
+        "neox": lambda: transformers.GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                   num_attention_heads=4, max_position_embeddings=64, **ids),
+        "gptj": lambda: transformers.GPTJConfig(n_embd=32, n_layer=2, n_head=4, n_positions=64, rotary_dim=4, **ids),
+        "llama": lambda: transformers.LlamaConfig(**rotary),
+        "mistral": lambda: transformers.MistralConfig(sliding_window=3, **rotary),
+        "qwen2": lambda: transformers.Qwen2Config(**rotary),
+        "gemma2": lambda: transformers.Gemma2Config(head_dim=8, sliding_window=4, attn_logit_softcapping=5.0,
+                                                    query_pre_attn_scalar=8, **rotary),
+        "gemma3": lambda: transformers.Gemma3TextConfig(head_dim=8, sliding_window=4,
+                                                        layer_types=["sliding_attention", "full_attention",
+                                                                     "sliding_attention"], **rotary),
+        "bloom": lambda: transformers.BloomConfig(hidden_size=32, n_layer=2, n_head=4, **ids),
+    }  # fmt: skip
+    torch.manual_seed(0)
+    config = configs[arch]()
+    config.architectures = [transformers.AutoModelForCausalLM._model_mapping[type(config)].__name__]
+    hf_model = transformers.AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
+    sharpen(hf_model, 0, 0.2)
+    return hf_model

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from tl_geometry.capture import distributed
 from tl_geometry.capture.checkpoint import DEFAULT_CHECKPOINT_EVERY, Checkpoint, CheckpointEvery, shard_fingerprint
 from tl_geometry.capture.distributed import Ranks
+from tl_geometry.capture.held_models import as_hookable
 from tl_geometry.capture.hooks import analyse_prepared, model_name, most_visible_keys, new_accumulator
 from tl_geometry.capture.plan import RunPlan, plan_run
 from tl_geometry.capture.sources import Window, WindowStream
@@ -195,7 +196,7 @@ def _corpus_plan(
 
 
 def analyze_corpus(
-    model: HookableModel,
+    model: HookableModel | Any,
     texts_or_token_batches: Any,
     config: GeometryConfig | None = None,
     *,
@@ -203,6 +204,7 @@ def analyze_corpus(
     progress: bool = True,
     checkpoint: str | os.PathLike | None = None,
     checkpoint_every: Any = DEFAULT_CHECKPOINT_EVERY,
+    tokenizer: Any = None,
     **overrides: Any,
 ) -> GeometryResult:
     """Selection metrics over a corpus, batch after batch, equal to analysing it all at once.
@@ -220,7 +222,9 @@ def analyze_corpus(
     float64 rounding). Progress is shown on rank 0 only.
 
     Args:
-        model: a TransformerLens model (see `tl_geometry.run_with_geometry_hooks`).
+        model: a TransformerLens model, a ``transformers`` causal LM or an
+            nnsight model (see `tl_geometry.run_with_geometry_hooks`), wrapped
+            once for the whole corpus.
         texts_or_token_batches: a list of strings (one sequence each), a
             ``[sequence, pos]`` token tensor, an iterable of ``[batch, pos]``
             token tensors (each run as one batch), or windows: a
@@ -240,6 +244,8 @@ def analyze_corpus(
         checkpoint_every: when to write it: a number of windows (``500``) or
             a duration (``"90s"``, ``"5m"``, a ``timedelta``); default every
             five minutes of work.
+        tokenizer: for a ``transformers`` or nnsight model, its tokenizer
+            (default: the nnsight model's, else the one saved with the model).
         **overrides: config fields to replace.
 
     Returns:
@@ -250,6 +256,7 @@ def analyze_corpus(
         GeometryError: a bad corpus, batch size, config or checkpoint; ranks
             started with different arguments.
     """
+    model = as_hookable(model, tokenizer)
     check_model(model)
     config = make_config(config, overrides)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:

@@ -29,6 +29,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from tl_geometry.capture.held_models import as_hookable
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.capture.pictures import PictureKeeper
 from tl_geometry.capture.plan import RunPlan, plan_run
@@ -364,24 +365,30 @@ def grid_for(prepared: Sequence[PreparedTokens], plan: RunPlan) -> Int[Tensor, "
 
 
 def run_with_geometry_hooks(
-    model: HookableModel,
+    model: HookableModel | Any,
     tokens: TokensLike,
     *,
     config: GeometryConfig | None = None,
     attention_mask: Int[Tensor, "batch pos"] | Bool[Tensor, "batch pos"] | None = None,
+    tokenizer: Any = None,
     **overrides: Any,
 ) -> GeometryResult:
     """Selection metrics (and the config's diagnostics) of every analysed layer and head, from one forward pass.
 
     Args:
         model: a TransformerLens model (HookedTransformer, TransformerBridge
-            with or without compatibility mode); left exactly as it was.
+            with or without compatibility mode), a ``transformers`` causal LM
+            or an nnsight ``LanguageModel`` around a local model (wrapped
+            once into a bridge, see `tl_geometry.capture.held_models`); left
+            exactly as it was.
         tokens: token ids ``[batch, pos]`` (used as given), a string, or a
             list of strings (tokenised one by one with BOS prepended unless
             ``prepend_bos=False``, then right-padded). Each sequence is one document.
         config: the GeometryConfig (default ``GeometryConfig()``).
         attention_mask: for padded token tensors, 1 for real tokens (left or
             right padding); without it every token counts as real.
+        tokenizer: for a ``transformers`` or nnsight model, its tokenizer
+            (default: the nnsight model's, else the one saved with the model).
         **overrides: config fields to replace, e.g. ``layers=[0]``.
 
     Returns:
@@ -389,13 +396,15 @@ def run_with_geometry_hooks(
         (``result.precision`` is the ``[layer, head_index, n]`` mean).
 
     Raises:
-        GeometryError: bad tokens, config or layer/head indices, missing hooks.
+        GeometryError: bad tokens, config or layer/head indices, missing hooks;
+            a held model TransformerLens cannot wrap, or without a tokenizer for text.
 
     Example:
         >>> result = run_with_geometry_hooks(model, "the cat sat", n_grid=[1, 2])  # doctest: +SKIP
         >>> result.precision.shape  # [layer, head_index, n]  # doctest: +SKIP
     """
     config = make_config(config, overrides)
+    model = as_hookable(model, tokenizer)
     prepared = prepare_tokens(model, tokens, config, attention_mask)
     plan = plan_run(model, config)
     accumulator = new_accumulator(plan, grid_for([prepared], plan))
