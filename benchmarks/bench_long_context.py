@@ -23,7 +23,9 @@ it. Linux only. Runs (``--runs``):
   most memory held above the loaded model while that part was the innermost
   one running (what the rest of the run still held included), and the part
   with the highest peak is what limits the window's length; the times add
-  up to the run's. The rest of the decoder pass (embeddings, norms, MLPs) is
+  up to the run's. Each new high of a part (by more than 256 MiB) is
+  printed to stderr as it happens, so that a run the machine kills still
+  says where its memory went. The rest of the decoder pass (embeddings, norms, MLPs) is
   "decoder pass, other", and what runs outside the pass (tokens, plan,
   accumulator, result) is "outside the pass".
 
@@ -70,12 +72,16 @@ class Phases:
         self.seconds: dict[str, float] = defaultdict(float)
         self.peak_mib: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
-        self.mark = time.perf_counter()
+        self.mark = self.start = time.perf_counter()
 
     def _boundary(self) -> None:
         now, top = time.perf_counter(), self.stack[-1]
         self.seconds[top] += now - self.mark
-        self.peak_mib[top] = max(self.peak_mib[top], _status_mib("VmHWM") - self.base_mib)
+        peak = _status_mib("VmHWM") - self.base_mib
+        if peak > self.peak_mib[top] + 256:  # a new high of this part: said at once, in case the run dies later
+            print(f"[{now - self.start:8.1f} s] {top}: {peak / 1024:.2f} GiB above the loaded model", file=sys.stderr,
+                  flush=True)
+        self.peak_mib[top] = max(self.peak_mib[top], peak)
         _reset_high_water_mark()
         self.mark = time.perf_counter()  # the boundary's own reads are nobody's time
 
@@ -194,7 +200,7 @@ def main() -> None:
     for run in args.runs:
         out = subprocess.run(
             [sys.executable, __file__, "--child", run, "--model", args.model, "--context", str(args.context)],
-            capture_output=True, text=True, check=True,
+            stdout=subprocess.PIPE, text=True, check=True,  # the child's stderr (its new highs) passes through
         ).stdout
         figures = json.loads(out.strip().splitlines()[-1])
         print(f"  {run:8s} {figures['seconds']:8.1f} s  {figures['above_mib'] / 1024:6.2f} GiB above the loaded model "

@@ -67,7 +67,7 @@ def test_means_within_the_tolerance_pass_and_beyond_it_fail(dtype):
     moved[:, 1, 2, 3] += 1.1 * (t.atol + t.rtol * want[:, 1, 2, 3].mean()) + t.gross * 2  # one entry, grossly
     found = mismatches(moved, want, dtype)
     assert [(m.field, m.run, m.dtype) for m in found] == [("recall", "a run", dtype)]
-    assert "1 of 24 means beyond" in found[0].detail
+    assert "1 of 24 means off" in found[0].detail
 
 
 def test_a_float32_entry_just_beyond_its_tolerance_fails():
@@ -100,14 +100,26 @@ def test_missing_entries_and_counts_must_match_exactly():
     want = documents()
     holed = want.clone()
     holed[:, 0, 1, 2] = float("nan")  # the field undefined in every document: a NaN mean, and counts of 0
-    found = {m.field: m.detail for m in mismatches(holed, want)}
-    assert "defined counts differ at 1 of 24" in found["recall"] or "missing" in found["recall"]
     details = [m.detail for m in mismatches(holed, want)]
     assert any("defined counts differ at 1 of 24 entries" in d for d in details)
-    assert any("missing or infinite entries differ at 1 of 24" in d for d in details)
+    assert any("1 of 24 means off (1 missing or infinite on one side only)" in d for d in details)
     infinite = want.clone()
     infinite[:, 0, 0, 0] = float("inf")
     assert any("infinite" in m.detail for m in mismatches(want, infinite))
+
+
+def test_ties_against_a_bound_are_forgiven_in_a_few_entries_only():
+    want = documents()
+    name = sorted(device_check.TIE_FIELDS)[0]
+    flipped = want.clone()
+    flipped[0, 0, 0, 0] += 1.0  # one document's row flipped from below the bound to above it: 1 of 24 entries
+    assert math.floor(device_check.TIE_SHARE * 24) >= 1
+    tie = compare_results(result_of(flipped, name), result_of(want, name), TOLERANCES["float32"], run="r",
+                          dtype="float32")
+    assert tie == [] and mismatches(flipped, want)  # the same flip in an ordinary field is a mismatch
+    flipped.flatten(1)[:, :12] += 1.0  # half the entries: not ties any more
+    assert compare_results(result_of(flipped, name), result_of(want, name), TOLERANCES["float32"], run="r",
+                           dtype="float32")
 
 
 def test_other_fields_or_documents_are_mismatches():
@@ -153,7 +165,7 @@ def tiny_loader(mutate: bool = False):
 
 
 ARGS = ["--device", "cpu", "--no-torchrun", "--windows", "3", "--context", "24", "--layers", "0", "1",
-        "--heads", "0", "1", "2", "3"]  # fmt: skip
+        "--heads", "0", "1", "2", "3", "--repeats", "1"]  # fmt: skip
 
 
 @pytest.mark.model

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from tl_geometry.capture.corpus import analyze_corpus
 from tl_geometry.capture.distributed import current_ranks, init_from_env
 from tl_geometry.capture.rows import RowsCapture, run_rows_pass
 from tl_geometry.capture.sources import text_windows
+from tl_geometry.diagnostics.bounds import EXCEEDED_OF
 from tl_geometry.errors import GeometryError
 from tl_geometry.models import DEFAULT_MODEL, bundled_model_names, load_model
 from tl_geometry.results.result import GeometryResult
@@ -57,8 +58,9 @@ class Tolerance:
     Selection quantities are discrete (a count of keys in a ball, the top-N
     set): where two keys' scores are within the dtype's rounding of each
     other, the two runs may rank them differently and a document's value
-    jumps. ``outliers`` is the share of a field's entries allowed beyond the
-    tolerance for that reason; ``gross`` bounds even those (relative to the
+    jumps or turns undefined. ``outliers`` is the share of a field's entries
+    allowed off for that reason (beyond the tolerance, or missing on one side
+    only; so too for the defined counts); ``gross`` bounds the finite ones (relative to the
     largest reference magnitude of the field, at least 1), so a wrong mask or
     a lost layer still fails.
     """
@@ -78,12 +80,20 @@ TOLERANCES: Mapping[str, Tolerance] = {
             "near 0, no entry beyond",
     ),
     "bfloat16": Tolerance(
-        rtol=0.1, atol=0.05, outliers=0.1, gross=0.5,
-        why="bfloat16 keeps 8 bits of mantissa (0.4 % per rounding) through every layer: 10 % relative, 0.05 "
-            "absolute on the [0, 1] quantities; a tenth of the entries may be off by a near-tie flipped, none by "
-            "more than half the field's scale",
+        rtol=0.1, atol=0.05, outliers=0.25, gross=0.5,
+        why="bfloat16 keeps 8 bits of mantissa (0.4 % per rounding) through every layer, and rounds near-tied "
+            "attention weights to equal ones, which reorders the top-N: 10 % relative and 0.05 absolute, with up to "
+            "a quarter of a field's entries off (on the CPU's bfloat16, a tiny Llama had 13 % of k_out and "
+            "margin_delta0 off), none by more than half the field's scale",
     ),
 }  # fmt: skip
+
+
+# Shares of rows whose measured P or R lies above an envelope: where the envelope is 1 and so is the measured
+# value, the comparison is a tie that rounding decides (float32 flipped a third of a head's documents at N = 1
+# on SmolLM2, 3 windows of 64 tokens). Up to TIE_SHARE of their entries may differ by anything, in any dtype.
+TIE_FIELDS = frozenset(spec.name for spec in EXCEEDED_OF.values())
+TIE_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -103,7 +113,8 @@ def compare_results(
     result: GeometryResult, reference: GeometryResult, tolerance: Tolerance, *, run: str, dtype: str
 ) -> list[Mismatch]:
     """Every field of ``result`` against ``reference``: the same fields and documents, the same defined counts
-    exactly, the same missing (NaN) and infinite entries, and the per-head means within ``tolerance``.
+    exactly, the same missing (NaN) and infinite entries, and the per-head means within ``tolerance`` (the
+    fields of `TIE_FIELDS` with up to `TIE_SHARE` of their entries beyond it).
 
     Args:
         result: the run on the device.
@@ -129,41 +140,49 @@ def compare_results(
         miss("n_grid", f"{result.n_grid.tolist()}, reference {reference.n_grid.tolist()}")
         return found
     for name in sorted(set(result.fields) & set(reference.fields)):
+        allowed = tolerance if name not in TIE_FIELDS else replace(
+            tolerance, outliers=max(tolerance.outliers, TIE_SHARE), gross=math.inf)
         counts, want_counts = result.count(name).cpu(), reference.count(name).cpu()
-        if not torch.equal(counts, want_counts):
-            miss(name, f"defined counts differ at {int((counts != want_counts).sum())} of {counts.numel()} entries")
-        detail = _compare_means(result.per_head(name).cpu().double(), reference.per_head(name).double(), tolerance)
+        differ = counts != want_counts
+        if float(differ.double().mean()) > allowed.outliers:
+            miss(name, f"defined counts differ at {int(differ.sum())} of {counts.numel()} entries")
+        detail = _compare_means(result.per_head(name).cpu().double(), reference.per_head(name).double(), allowed)
         if detail:
             miss(name, detail)
     return found
 
 
 def _compare_means(got: torch.Tensor, want: torch.Tensor, tolerance: Tolerance) -> str | None:
-    """What is wrong with ``got`` against ``want`` under ``tolerance``, or None."""
+    """What is wrong with ``got`` against ``want`` under ``tolerance``, or None.
+
+    An entry is off when one side is missing (NaN) or infinite and the other is not the same, or when both are
+    finite and differ beyond ``atol + rtol |want|``; at most ``tolerance.outliers`` of the entries may be off,
+    none of the finite ones by more than ``tolerance.gross`` times the field's scale.
+    """
     if got.shape != want.shape:
         return f"shape {list(got.shape)}, reference {list(want.shape)}"
-    special = want.isnan() | want.isinf()
-    if not torch.equal(got.isnan(), want.isnan()) or not torch.equal(got[want.isinf()], want[want.isinf()]):
-        return (f"missing or infinite entries differ at {int((got.isnan() != want.isnan()).sum())} of {got.numel()} "
-                "entries")
-    if got[~special].isinf().any():
-        return f"{int(got[~special].isinf().sum())} infinite entries where the reference is finite"
-    got, want = got[~special], want[~special]
     if not want.numel():
         return None
-    error = (got - want).abs()
-    beyond = error > tolerance.atol + tolerance.rtol * want.abs()
-    if not beyond.any():
+    finite = got.isfinite() & want.isfinite()
+    odd = ~finite & ~((got == want) | (got.isnan() & want.isnan()))
+    error = torch.where(finite, got - want, 0.0).abs()
+    allowed = tolerance.atol + tolerance.rtol * torch.where(finite, want, 0.0).abs()
+    off = odd | (error > allowed)
+    if not off.any():
         return None
-    worst = int(error.argmax())
-    scale = max(float(want.abs().max()), 1.0)
-    share = float(beyond.double().mean())
-    said = (f"{int(beyond.sum())} of {want.numel()} means beyond {tolerance.rtol:g} relative + {tolerance.atol:g}; "
-            f"worst {float(got[worst]):.6g} against {float(want[worst]):.6g}")
+    share = float(off.double().mean())
+    said = f"{int(off.sum())} of {want.numel()} means off"
+    if odd.any():
+        said += f" ({int(odd.sum())} missing or infinite on one side only)"
+    if (error > allowed).any():
+        worst = int((error / allowed).argmax())
+        said += (f"; worst {float(got.flatten()[worst]):.6g} against {float(want.flatten()[worst]):.6g} "
+                 f"(allowed {tolerance.rtol:g} relative + {tolerance.atol:g})")
     if share > tolerance.outliers:
-        return f"{said} (at most {tolerance.outliers:.0%} may be)"
+        return f"{said}; at most {tolerance.outliers:.0%} may be"
+    scale = max(float(want[finite].abs().max()), 1.0) if finite.any() else 1.0
     if float(error.max()) > tolerance.gross * scale:
-        return f"{said}, beyond {tolerance.gross:g} x the field's scale {scale:.3g}"
+        return f"{said}; one by more than {tolerance.gross:g} x the field's scale {scale:.3g}"
     return None
 
 
@@ -419,6 +438,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--layers", type=int, nargs="*", default=None, help="default: the first, middle and last")
     parser.add_argument("--heads", type=int, nargs="*", default=list(CheckSetup.heads))
     parser.add_argument("--n-bootstrap", type=int, default=CheckSetup.n_bootstrap)
+    parser.add_argument("--repeats", type=int, default=CheckSetup.repeats, help="timed calls per run (the median)")
+    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES), help="the dtypes run on the device")
     parser.add_argument("--no-torchrun", action="store_true", help="leave the torchrun part out")
     parser.add_argument("--rank-part", metavar="OUT", help=argparse.SUPPRESS)
     return parser
@@ -434,12 +455,12 @@ def main(argv: Sequence[str] | None = None, *, load: Loader = load_model) -> int
             print(no_cuda_line(), flush=True)
     setup = CheckSetup(model=args.model, device=device, windows=args.windows, context=args.context,
                        layers=None if args.layers is None else tuple(args.layers), heads=tuple(args.heads),
-                       n_bootstrap=args.n_bootstrap)
+                       n_bootstrap=args.n_bootstrap, repeats=args.repeats)
     if args.rank_part:
         rank_part(setup, args.rank_part, load)
         return 0
     start = time.perf_counter()
-    report = run_check(setup, load=load, torchrun=not args.no_torchrun, say=lambda line: print(line, flush=True))
+    report = run_check(setup, load=load, dtypes=args.dtypes, torchrun=not args.no_torchrun, say=lambda line: print(line, flush=True))
     for mismatch in report.mismatches:
         print(mismatch)
     print(f"\nwall times on {device}, median of {setup.repeats} after a warm-up (x: the bare forward of the dtype):")
