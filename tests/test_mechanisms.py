@@ -55,7 +55,7 @@ def test_detector_scores_match_the_reference():
 
 
 @pytest.mark.model
-def test_the_check_measures_scores_and_roles_in_one_pass_as_two_separate_runs_would():
+def test_the_check_measures_scores_and_roles_in_one_pass_as_two_separate_runs_would(capsys):
     from tl_geometry.analysis.taxonomy import taxonomy_from_result
     from tl_geometry.capture.hooks import run_with_geometry_hooks
     from tl_geometry.capture.roles import natural_text
@@ -67,9 +67,10 @@ def test_the_check_measures_scores_and_roles_in_one_pass_as_two_separate_runs_wo
     passes = []
     handle = model.register_forward_pre_hook(lambda module, args: passes.append(1))
     try:
-        checks = check_known_mechanisms(model, n_prompts=2, context=24, period=10)
+        checks = check_known_mechanisms(model, n_prompts=2, context=24, period=10, progress=True)
     finally:
         handle.remove()
+    assert "tl_geometry: known-mechanism check" in capsys.readouterr().err
     assert len(passes) == 2  # one forward pass per prompt set
     assert tm.hook_counts(model) == hooks_before
     inputs = {"natural": (natural_text(model, 2, 24), None), "repeated": (repeated_random_tokens(model, 2, 10), 10)}
@@ -88,9 +89,10 @@ def test_the_check_measures_scores_and_roles_in_one_pass_as_two_separate_runs_wo
 
 
 @pytest.mark.model
-def test_known_mechanisms_and_their_report_section():
+def test_known_mechanisms_and_their_report_section(capsys):
     model = tm.tiny_bridge("gpt2")
     checks = check_known_mechanisms(model, n_prompts=2, context=24, period=10)
+    assert "known-mechanism check" not in capsys.readouterr().err  # no bar unless asked
     assert set(checks) == {"natural", "repeated"} and checks["repeated"].period == 10
     assert checks["natural"].n_prompts == checks["repeated"].n_prompts == 2
     natural = checks["natural"]

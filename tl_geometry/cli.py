@@ -231,9 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(self-contained, opens offline), OUT/result.npz and OUT/result.json, and print a summary.",
     )
     report.add_argument("--png", action="store_true", help="also write a PNG of every figure (kaleido + Chromium)")
-    report.add_argument("--mechanism-prompts", type=int, default=8, metavar="N",
+    report.add_argument("--mechanism-prompts", type=int, default=4, metavar="N",
                         help="prompts in each set of the check of the head roles against known mechanisms "
-                        "(natural text, repeated random tokens; default: 8); 0 leaves the check out")
+                        "(natural text, repeated random tokens; default: 4, as check_known_mechanisms); 0 leaves "
+                        "the check out")
     analyze = commands.add_parser(
         "analyze",
         parents=[run],

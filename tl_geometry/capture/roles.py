@@ -205,7 +205,7 @@ def _detector_hooks(
 def check_known_mechanisms(
     model: HookableModel,
     *,
-    n_prompts: int = 8,
+    n_prompts: int = 4,
     context: int = 256,
     period: int = 64,
     config: GeometryConfig | None = None,
@@ -219,7 +219,12 @@ def check_known_mechanisms(
     repeated prompts from every query of the second copy (where induction
     can act), ``settings={"taxonomy": {"queries": "analysed"}}``. Prompts are
     cut to the model's context (``cfg.n_ctx``) where it is shorter.
-    One forward pass per set computes both the detector scores and the roles;
+    One forward pass per set computes both the detector scores and the roles
+    (the pattern path: the detectors read the whole attention pattern), so
+    the cost is two passes, over ``n_prompts`` x ``context`` and
+    ``n_prompts`` x (2 ``period`` + 1) tokens, with the role features of
+    their rows; it grows linearly with ``n_prompts``
+    (`benchmarks/bench_main_job.py` measures it beside a bare pass).
     ``progress`` shows a bar over the two sets.
 
     Returns:
