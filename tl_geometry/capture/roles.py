@@ -246,7 +246,7 @@ def check_known_mechanisms(
         for name, tokens, run_config, t in sets:
             bar.set_postfix_str(f"{name}, {tokens.shape[0]} x {tokens.shape[1]} tokens", refresh=False)
             # One pass per set: the detectors read the whole pattern the role features are measured on (the
-            # pattern path), where a pass of their own took about as long again.
+            # pattern path); a pass of their own cost about a bare forward pass (measured on a loaded machine).
             hooks, scores = _detector_hooks(model, tokens, t)
             with model.hooks(fwd_hooks=hooks):
                 result = run_with_geometry_hooks(model, tokens, config=run_config.with_overrides(capture="pattern"))
