@@ -126,7 +126,8 @@ def assert_equal_runs(a: GeometryResult, b: GeometryResult, padding: dict[str, f
             spread = {"equal_nan": True, "rtol": 1e-6, "atol": 1e-9, **(padding or {})}
             torch.testing.assert_close(a.std(name), b.std(name), msg=f"std {name}", **spread)
     replicated = [name for name in a.fields if a.has_replicates(name)]
-    assert replicated and replicated == [name for name in b.fields if b.has_replicates(name)]
+    other = [name for name in b.fields if b.has_replicates(name)]
+    assert replicated and replicated == other, set(replicated) ^ set(other)
     for name in replicated:
         torch.testing.assert_close(a.replicates(name), b.replicates(name), msg=name, **close)
         for mine, theirs in zip(a.ci(name), b.ci(name), strict=True):
@@ -292,7 +293,7 @@ def study_roles(means: dict[str, np.ndarray], documents: int = STUDY_DOCUMENTS,
     """Each head's role (``[layer, head]``, names) by the taxonomy's rules on its true means, with the standard
     errors a study of ``documents`` documents of ``population`` has (the rules' z-scores are relative to them)."""
     se = {name: population.role_noise * ROLE_NOISE[name] / math.sqrt(documents)
-          for name in ("align_self_excess", "shift_self_raw", "shift_sink_raw")}
+          for name in ("align_self_excess", "shift_self_raw", "shift_sink_raw", "share_sink", "share_self", "share_rest")}
     roles = np.empty(means["share_self"].shape, dtype=object)
     for index in np.ndindex(roles.shape):
         head = {name: float(v[index]) for name, v in means.items() if v.ndim == 2}

@@ -55,13 +55,11 @@ def test_int32_tokens_are_accepted(model):
 
 
 NOT_MODELS = """
-import torch, transformers
+import torch
 from tl_geometry import analyze_corpus, run_with_geometry_hooks
 from tl_geometry.errors import GeometryError
 
-config = transformers.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                  num_attention_heads=2, num_key_value_heads=1, vocab_size=64)
-for thing in (None, torch.nn.Linear(4, 4), "gpt2", transformers.AutoModelForCausalLM.from_config(config)):
+for thing in (None, torch.nn.Linear(4, 4), "gpt2"):  # (a transformers model is taken: test_held_models)
     for call in (lambda: run_with_geometry_hooks(thing, torch.ones(1, 4, dtype=torch.long)),
                  lambda: analyze_corpus(thing, ["some text"], progress=False)):
         try:
@@ -76,12 +74,36 @@ def test_things_that_are_not_transformerlens_models():
     done = subprocess.run([sys.executable, "-c", NOT_MODELS], capture_output=True, text=True, cwd=os.getcwd(),
                           env={**os.environ, "PYTHONPATH": os.getcwd()}, timeout=300)
     lines = done.stdout.splitlines()
-    assert len(lines) == 8, done.stderr
+    assert len(lines) == 6, done.stderr
     assert all(line.startswith("model: expected a TransformerLens model") for line in lines)
-    assert [line.split("), got ")[1].split(";")[0] for line in lines[::2]] == [
-        "None", "Linear", "str", "LlamaForCausalLM"]
+    assert [line.split("), got ")[1].split(";")[0] for line in lines[::2]] == ["None", "Linear", "str"]
     assert "load one with tl_geometry.load_model(name)" in lines[2]
-    assert "wrap it: TransformerBridge.boot_transformers(name, hf_model=model" in lines[6]
+
+
+HELD_WITHOUT_TOKENIZER = """
+import time, torch, transformers
+from tl_geometry import run_with_geometry_hooks
+from tl_geometry.errors import GeometryError
+
+config = transformers.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=1, vocab_size=64)
+start = time.perf_counter()
+try:
+    run_with_geometry_hooks(transformers.AutoModelForCausalLM.from_config(config), torch.ones(1, 4, dtype=torch.long))
+except GeometryError as error:
+    print(error)
+print(time.perf_counter() - start)
+"""
+
+
+def test_a_held_model_without_a_tokenizer_is_refused_without_asking_the_hub():
+    """A plain transformers model is taken (wrapped), but its tokenizer is looked for locally only: offline, no
+    retries against huggingface.co, one clear line."""
+    done = subprocess.run([sys.executable, "-c", HELD_WITHOUT_TOKENIZER], capture_output=True, text=True,
+                          cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": os.getcwd()}, timeout=300)
+    message, seconds = done.stdout.splitlines()
+    assert message.startswith("tokenizer: none given and none found") and "tokenizer=" in message, done.stderr
+    assert "huggingface.co" not in done.stderr and float(seconds) < 10
 
 
 def test_a_device_the_machine_does_not_have():

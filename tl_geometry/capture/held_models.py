@@ -147,11 +147,11 @@ def _nnsight_module(model: Any) -> Any:
 
 
 def _saved_tokenizer(hf_model: Any, name: str) -> Any:
-    """The tokenizer saved beside the model (its folder or a name in the Hugging Face cache)."""
+    """The tokenizer saved beside the model (its folder or a name in the Hugging Face cache; never the hub)."""
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(name, add_bos_token=True)
+        return AutoTokenizer.from_pretrained(name, add_bos_token=True, local_files_only=True)
     except Exception as error:  # noqa: BLE001 - hub, file and format errors all mean "pass it"
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
         raise GeometryError(

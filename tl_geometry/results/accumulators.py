@@ -332,7 +332,12 @@ class Accumulator:
                 in rank order (needed only with per-query rows or pictures).
         """
         names = list(self.specs)
-        # Rows cannot be added across processes: every process turns its rows into sums first.
+        # Rows cannot be added across processes: every process turns its rows into sums first, and where every
+        # process keeps a field as rows they are also gathered and joined (`merge_stats`), as one process would
+        # have kept them (a profile's replicates live only in its rows).
+        held = torch.tensor([self.stats[name].is_rows for name in names] or [False], dtype=torch.int64)
+        everywhere = all_reduce(held, "min").tolist() if gather_queries is not None else [0] * len(held)
+        as_rows = [name for name, flag in zip(names, everywhere) if flag]
         summed = {name: s.summed() for name, s in self.stats.items()}
         widths = torch.tensor([n for name in names for n in summed[name].trailing] or [0], dtype=torch.int64)
         widths = all_reduce(widths, "max").tolist()
@@ -374,6 +379,14 @@ class Accumulator:
         result = object.__new__(Accumulator)
         result.__dict__.update(self.__dict__)
         result.stats = {name: FieldStats(spec=self.specs[name], **out[name]) for name in names}
+        if as_rows:
+            parts = gather_queries({name: self.stats[name].arrays() for name in as_rows})
+            for name in as_rows:
+                joined = [FieldStats.from_arrays(self.specs[name], part[name]) for part in parts]
+                merged = joined[0]
+                for other in joined[1:]:
+                    merged = merge_stats(merged, other)
+                result.stats[name] = merged
         result.n_documents, result.n_tokens = (int(x) for x in reduced_counts[-2:].tolist())
         result.queries = self.queries
         if self.keep_queries:
