@@ -46,16 +46,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from bench_memory import _status_mib  # this script's folder is on sys.path
+
 RUNS = ("bare", "metrics", "all")
-
-
-def _status_mib(key: str) -> float:
-    """A memory figure of this process from /proc/self/status, in MiB."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024  # kB
-    raise KeyError(key)
 
 
 def _reset_high_water_mark() -> None:
