@@ -27,7 +27,7 @@ import jaxtyping
 import numpy as np
 
 from tests.fixtures import simulate_study, true_means
-from tests.test_claim_coverage import COVERED, true_values
+from tests.test_claim_coverage import COVERED, estimate, true_values
 from tl_geometry import claims
 
 POPULATION_SEED = 11  # held out: the tests use population 0
@@ -50,7 +50,7 @@ def main(studies: int = STUDIES) -> dict[str, int]:
         for _ in range(studies):
             table = claims(simulate_study(means, rng, documents))
             for key in COVERED:
-                low, high, value = table.loc[key, "low"], table.loc[key, "high"], table.loc[key, "value"]
+                value, low, high = estimate(table, key)
                 if not math.isnan(low):
                     hits[key][0] += low <= truth[key] <= high
                     hits[key][1] += 1

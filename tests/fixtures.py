@@ -7,7 +7,7 @@ Test modules import from here (and from ``tests.tiny_models`` and
 import importlib.util
 import math
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -22,6 +22,7 @@ from tl_geometry.diagnostics.taxonomy import ROLE_CURVES, ROLE_FEATURES
 from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.results.bootstrap import document_weights
 from tl_geometry.results.result import REQUIRED_FIELDS, GeometryResult
+from tl_geometry.results.stats import FieldStats
 
 # ---------------------------------------------------------------- hand-built results (no model)
 
@@ -182,6 +183,7 @@ def cli_config(*args: str) -> GeometryConfig:
 # A study is a result of STUDY_DOCUMENTS documents whose heads have known true means (`true_means`); the claims'
 # tests read the statistics of those means as the truth (tests/test_claim_coverage.py says how).
 
+NORM_CURVE = "value_norm_by_position"  # the one position-wide field of a study, kept as the documents' rows
 STUDY_DOCUMENTS = 16  # the report's default corpus: 16 windows
 STUDY_REPLICATES = 200  # GeometryConfig's default n_bootstrap
 STUDY_LAYERS, STUDY_HEADS = 4, 6
@@ -211,6 +213,9 @@ class Population:
     curve_shape: float = 2.0  # ... from a centred gamma of this shape (smaller: more skewed)
     positive_shape: float = 4.0  # the positive fields' gamma (CV 1 / sqrt(shape))
     role_noise: float = 1.0  # times ROLE_NOISE
+    curve_cv: tuple[float, float] = (0.01, 0.08)  # the expected norm-by-position curve's CV over non-sink positions
+    positions: int = 256  # the curve's non-sink positions
+    norm_noise: float = 0.2  # a document's norms around the curve (CV of a gamma; real runs: about 0.2)
 
 
 def true_means(seed: "int | Population" = 0) -> dict[str, np.ndarray]:
@@ -218,6 +223,7 @@ def true_means(seed: "int | Population" = 0) -> dict[str, np.ndarray]:
     seed: the default `Population` with that seed)."""
     population = seed if isinstance(seed, Population) else Population(seed=seed)
     rng = np.random.default_rng(population.seed)
+    curves = rng.spawn(1)[0]  # the curves' draws leave the other fields' stream as it was
     shape = (STUDY_LAYERS, population.heads)
     rho0 = rng.uniform(*population.rho0, shape)
     u = np.array([1.0, 0.75, 0.62, 0.55, 0.42, 0.4, 0.5, 0.7])  # a U-shaped curve over the grid
@@ -239,7 +245,21 @@ def true_means(seed: "int | Population" = 0) -> dict[str, np.ndarray]:
         "bound_recall_lower": np.zeros((*shape, len(STUDY_GRID))),
         **profile_means(rng, shape, population),
         **role_means(rng, shape),
+        "value_norm_by_position": norm_curves(curves.uniform(*population.curve_cv, shape), curves, population.positions),
     }  # fmt: skip
+
+
+def norm_curves(cv: np.ndarray, rng: np.random.Generator, positions: int = 256) -> np.ndarray:
+    """Expected value norms by position ``[layer, head, 1 + positions]`` whose CV over the non-sink positions
+    (population std / mean) is exactly ``cv`` ``[layer, head]``: a smooth drift and position-to-position
+    wiggle, standardised, around a head's own level; the sink's norm (position 0) a fraction of it."""
+    t = np.linspace(0, 1, positions)
+    shape = cv.shape + (positions,)
+    shape_of = rng.normal(0, 1, cv.shape + (3,))
+    z = shape_of[..., :1] * t + shape_of[..., 1:2] * np.sin(6 * t + shape_of[..., 2:3]) + rng.normal(0, 1, shape)
+    z = (z - z.mean(-1, keepdims=True)) / z.std(-1, keepdims=True)
+    level = rng.uniform(1.0, 4.0, cv.shape)[..., None]
+    return np.concatenate([0.3 * level, level * (1 + cv[..., None] * z)], axis=-1)
 
 
 def profile_means(rng: np.random.Generator, shape: tuple[int, int],
@@ -312,8 +332,13 @@ def simulate_study(means: dict[str, np.ndarray], rng: np.random.Generator,
     role_noise = roles.normal(0.0, 1.0, (documents, len(ROLE_NOISE), *shape))
     role_noise[:, :3] -= role_noise[:, :3].mean(1, keepdims=True)  # the three shares still sum to 1
     positive, curve = population.positive_shape, population.curve_shape
+    norms = roles.spawn(1)[0]  # and the curves' leave all three
     for name, mean in means.items():
-        if name in ROLE_NOISE:
+        if name == NORM_CURVE:  # a document's scale, then each position's norm around it (skewed)
+            scale = norms.gamma(100.0, 1 / 100.0, (documents, *shape, 1))
+            k = 1 / population.norm_noise**2
+            curves = mean * scale * norms.gamma(k, 1 / k, (documents, *mean.shape))
+        elif name in ROLE_NOISE:
             values[name] = mean + population.role_noise * ROLE_NOISE[name] * role_noise[:, list(ROLE_NOISE).index(name)]
         elif name.startswith("profile_has_"):  # each document has the phase or not
             values[name] = (profiles.random((documents, *mean.shape)) < mean).astype(float)
@@ -335,4 +360,10 @@ def simulate_study(means: dict[str, np.ndarray], rng: np.random.Generator,
                       n_bootstrap=STUDY_REPLICATES, replicate_fields=frozenset(values))
     weights = torch.tensor(rng.poisson(1.0, (documents, STUDY_REPLICATES)), dtype=torch.float64)
     acc.add(tensors, weights, n_tokens=documents)
-    return GeometryResult.from_accumulator(acc, config=GeometryConfig(), model_name="simulated study")
+    result = GeometryResult.from_accumulator(acc, config=GeometryConfig(), model_name="simulated study")
+    if NORM_CURVE not in means:
+        return result
+    # The curves as a real run of few documents keeps them: each document's row, with the same weights.
+    spec = FieldSpec(NORM_CURVE, NORM_CURVE, axes=("position",), queries="sequence", documents="mean", bootstrap=True)
+    rows = FieldStats.of_documents(spec, torch.tensor(curves), weights).stored()
+    return replace(result, stats={**result.stats, NORM_CURVE: rows})

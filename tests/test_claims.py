@@ -129,15 +129,78 @@ def test_one_row_per_claim_with_the_documented_columns(table):
     assert table.loc["sink_recall_correlation", "paper_ref"].startswith("Figure 6")
 
 
-def test_stable_norms_is_the_share_of_heads_with_cv_at_most_005(result, table):
-    """Figure 2's reading: the norm averaged over sequences, by position (sink left out); the within-sequence CV beside."""
+def _pairwise_cv(x, w):
+    """The CV of one head's expected norm-by-position curve from its documents' curves ``x`` [document, position]
+    (the sink left out) weighted by ``w`` [document], as docs/claims.md derives it: each document centred on its
+    own mean over positions, the variance the weighted mean over pairs of different documents of the mean over
+    positions of their product (0 if below), over the weighted mean of the documents' mean norms."""
+    y = x - x.mean(1, keepdims=True)
+    pairs = [(d, e) for d in range(len(x)) for e in range(len(x)) if d != e]
+    weight = sum(w[d] * w[e] for d, e in pairs)
+    if weight == 0:
+        return np.nan
+    variance = sum(w[d] * w[e] * np.mean(y[d] * y[e]) for d, e in pairs) / weight
+    return np.sqrt(max(variance, 0.0)) / (np.sum(w * x.mean(1)) / np.sum(w))
+
+
+def _curve_share(documents, w):
+    """The share of heads whose `_pairwise_cv` is <= 0.05, documents [document, layer, head, position]."""
+    x = documents[..., 1:]
+    cvs = np.array([_pairwise_cv(x[:, layer, head], w) for layer in range(x.shape[1]) for head in range(x.shape[2])])
+    cvs = cvs[~np.isnan(cvs)]
+    return np.mean(cvs <= 0.05) if len(cvs) else np.nan
+
+
+def _plain_share(result):
+    """The share of heads whose averaged curve (sink left out) has a population CV <= 0.05."""
     curves = _np(result.per_head("value_norm_by_position"))[..., 1:].reshape(-1, result.per_head("value_norm_by_position").shape[-1] - 1)
     cvs = [np.std(c[~np.isnan(c)]) / np.mean(c[~np.isnan(c)]) for c in curves]
-    assert table.loc["stable_norms", "value"] == pytest.approx(np.mean(np.array(cvs) <= 0.05))
+    return np.mean(np.array(cvs) <= 0.05)
+
+
+def test_stable_norms_is_the_share_of_heads_with_cv_at_most_005(default_run):
+    """Figure 2's reading: the expected norm by position over sequences (sink left out), the documents' noise taken
+    out; the plain averaged curve's share and the within-sequence CV beside."""
+    rows = default_run.stats["value_norm_by_position"]
+    assert rows.is_rows  # a default run of 4 documents keeps their curves
+    documents = _np(rows.documents)
+    row = claims(default_run).loc["stable_norms"]
+    assert row.value == pytest.approx(_curve_share(documents, np.ones(len(documents))))
+    assert f"noise included: {_plain_share(default_run):.0%} of heads" in row.measured
+
+
+def test_stable_norms_without_the_documents_curves_is_the_plain_curve(result, table):
+    """A run whose curve keeps no replicates keeps no curve per document: the plain averaged curve's share, said
+    to overstate the CV, without an interval; the within-sequence CV beside."""
+    assert not result.stats["value_norm_by_position"].is_rows
+    assert table.loc["stable_norms", "value"] == pytest.approx(_plain_share(result))
+    assert "the documents' noise not taken out (the result keeps no curve per document" in table.loc["stable_norms", "measured"]
+    assert math.isnan(table.loc["stable_norms", "low"])
     within = _np(result.per_head("value_norm_cv")).ravel()
     share_within = np.mean(within[~np.isnan(within)] <= 0.05)
     assert f"within each sequence: {share_within:.0%} of heads" in table.loc["stable_norms", "measured"]
     assert "Figure 2's reading" in table.loc["stable_norms", "measured"]
+
+
+def test_the_curve_cv_takes_the_documents_noise_out():
+    """Documents scattered around a known curve (CV 0.03) with noise whose mean over 16 documents has about the
+    curve's own spread: over 300 draws the pairwise estimate of the curve's variance averages the true one (within
+    3 of its standard errors), where the averaged curve's plain variance is about twice as large. A mutant that
+    pairs each document with itself too (the plain variance) fails the first assertion."""
+    rng = np.random.default_rng(3)
+    positions, documents = 200, 16
+    z = rng.normal(0, 1, positions)
+    curve = 2.0 * (1 + 0.03 * (z - z.mean()) / z.std())
+    true_variance = np.var(curve)
+    found, plain = [], []
+    for _ in range(300):
+        x = curve * rng.gamma(25.0, 1 / 25.0, (documents, positions))  # noise CV 0.2
+        rows = torch.tensor(np.concatenate([np.ones((documents, 1)), x], 1)[:, None, None])  # [doc, 1, 1, 1 + pos]
+        cv = float(claims_module._pairwise_curve_cv(rows, torch.ones(1, documents, dtype=torch.float64))[0, 0, 0])
+        found.append((cv * x.mean()) ** 2)
+        plain.append(np.var(x.mean(0)))
+    assert abs(np.mean(found) - true_variance) < 3 * np.std(found) / np.sqrt(len(found)), (np.mean(found), true_variance)
+    assert np.mean(plain) > 1.7 * true_variance
 
 
 def test_sink_and_decay_statistics(result, table):
@@ -728,7 +791,7 @@ def test_what_would_change_names_a_value_that_changes_the_verdict(key, where):
 def _simulated(key: str, holds: bool) -> GeometryResult:
     """A simulated study of 16 noisy documents whose true means make ``key`` hold (or fail) clearly: the other
     fields as ``true_means`` draws them."""
-    from tests.fixtures import STUDY_GRID, study_roles
+    from tests.fixtures import STUDY_GRID, norm_curves, study_roles
     from tl_geometry.diagnostics.taxonomy import ROLE_FEATURES
 
     m = true_means()
@@ -736,7 +799,9 @@ def _simulated(key: str, holds: bool) -> GeometryResult:
     spread = np.linspace(0, 1, m["rho0"].size).reshape(shape)  # heads differ, deterministically
     curve = lambda values: np.asarray(values, dtype=float) + 0.02 * spread[..., None]  # noqa: E731
     large = STUDY_GRID >= 32
-    if key == "stable_norms":
+    if key == "stable_norms":  # the expected curves' CVs (the verdict's reading) and the within-sequence ones
+        m["value_norm_by_position"] = norm_curves(0.01 + 0.01 * spread if holds else 0.1 + 0.1 * spread,
+                                                  np.random.default_rng(2))
         m["value_norm_cv"] = 0.01 + 0.01 * spread if holds else 0.1 + 0.1 * spread
     elif key == "compressed_sink":
         m["sink_norm_ratio"] = 0.1 + 0.2 * spread if holds else 1.2 + spread
@@ -910,28 +975,14 @@ def test_every_claim_has_an_interval_on_a_default_run(default_run):
 
 
 def test_stable_norms_interval_is_that_of_the_curve_on_each_replicate(default_run):
-    """Each replicate's curve, weighted by the documents' bootstrap weights, from the definition; its share of
-    heads with CV <= 0.05; the interval of the declared method."""
+    """Each replicate's documents, weighted by their bootstrap weights, through the pairwise CV from its
+    definition (a document drawn twice not paired with itself); its share of heads with CV <= 0.05; the interval
+    of the declared method."""
     rows = default_run.stats["value_norm_by_position"]
     x, w = _np(rows.documents), _np(rows.document_weights)  # [doc, layer, head, position], [doc, replicate]
     assert x.shape[0] == default_run.n_documents
-
-    def share(curve):
-        cvs = []
-        for c in curve[..., 1:].reshape(-1, curve.shape[-1] - 1):
-            c = c[~np.isnan(c)]
-            cvs.append(np.std(c) / np.mean(c) if len(c) >= 2 else np.nan)
-        cvs = np.array(cvs)
-        cvs = cvs[~np.isnan(cvs)]
-        return np.mean(cvs <= 0.05) if len(cvs) else np.nan
-
-    defined = ~np.isnan(x)
-    reps = []
-    for b in range(w.shape[1]):
-        weight = w[:, b].reshape(-1, 1, 1, 1)
-        with np.errstate(invalid="ignore"):  # 0 / 0: a position no document of weight > 0 reaches is undefined
-            reps.append(share(np.where(defined, weight * np.nan_to_num(x), 0).sum(0) / (weight * defined).sum(0)))
-    value = share(np.nanmean(x, 0))
+    reps = [_curve_share(x, w[:, b]) for b in range(w.shape[1])]
+    value = _curve_share(x, np.ones(len(x)))
     row = claims(default_run).loc["stable_norms"]
     assert row.value == pytest.approx(value)
     low, high = _claim_interval("stable_norms", value, reps, default_run.n_documents)
