@@ -33,6 +33,8 @@ def _check_table(table, n_documents: int) -> None:
             assert any(f"{x} documents" in row.flip for x in (MIN_DOCUMENTS[key], f"more than {n_documents}", "more than 32")), (key, row.flip)
         if n_documents < MIN_DOCUMENTS[key]:
             assert row.verdict in ("too few documents", "not measured"), (key, n_documents, row.verdict)
+        if row.literal_verdict in RESOLVED and not math.isnan(row.literal_low):  # the literal reading: the same rule
+            assert row.literal_low - 1e-6 <= row.literal_value <= row.literal_high + 1e-6, (key, row.literal_value)
 
 
 @pytest.mark.parametrize("documents", [2, 4, 8, 16])
@@ -42,7 +44,7 @@ def test_no_verdict_from_an_estimate_outside_its_interval_on_simulated_studies(d
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("windows", [2, 4])
+@pytest.mark.parametrize("windows", [2, 4, 8, 16])
 def test_no_verdict_from_an_estimate_outside_its_interval_on_a_model_run(windows):
     model = tm.make_model("bridge-llama")
     result = run_with_geometry_hooks(model, tm.with_bos(tm.random_tokens(windows, 24)), diagnostics="all",
