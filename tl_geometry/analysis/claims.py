@@ -185,7 +185,7 @@ INSIDE_TOLERANCE = 1e-6
 # before the run (the coverage closest to 95 %) and validated on populations drawn differently, at 8, 16 and 32
 # documents (benchmarks/bench_coverage.py; docs/claims.md, "Intervals").
 INTERVAL_METHOD = {
-    "stable_norms": "basic",
+    "stable_norms": "bias-corrected",
     "stable_norms_within": "basic",
     "compressed_sink": "normal",
     "exponential_decay": "basic",
@@ -198,7 +198,7 @@ INTERVAL_METHOD = {
     "regimes_by_depth": "basic",
     "regime_tradeoffs": "shifted",
 }
-NOT_EXPANDED = frozenset({"stable_norms", "exponential_decay", "four_phase_profile", "large_n_return", "sink_recall_correlation",
+NOT_EXPANDED = frozenset({"exponential_decay", "four_phase_profile", "large_n_return", "sink_recall_correlation",
                           "regimes_by_depth"})  # their plain level covered nearest 95 %
 WITHIN_KEY = "stable_norms_within"  # the interval of stable norms read within sequences (its literal reading)
 # Per claim whose intervals covered under 93 % with every method at the nominal level on the tuning population:
@@ -206,8 +206,8 @@ WITHIN_KEY = "stable_norms_within"  # the interval of stable norms read within s
 CALIBRATED_LEVEL = {"stable_norms_within": 0.99, "envelope_tightness": 0.99}
 # Per claim whose interval covered under 90 % at 16 or 32 documents on some population it was not chosen on: the
 # lowest and highest of those held-out coverages (benchmarks/bench_coverage.py). Its interval says it is uncertain.
-UNCERTAIN_INTERVAL = {"four_phase_profile": (0.0, 0.88), "large_n_return": (0.89, 0.95),
-                      "sink_recall_correlation": (0.87, 0.97), "regimes_by_depth": (0.87, 0.95)}
+UNCERTAIN_INTERVAL = {"stable_norms": (0.40, 0.97), "four_phase_profile": (0.0, 0.88), "large_n_return": (0.89, 0.95),
+                      "sink_recall_correlation": (0.87, 0.97), "regimes_by_depth": (0.29, 0.98)}
 
 # Per claim: the documents below which the bootstrap cannot resolve the verdict: the smallest count of the ladder
 # 2, 4, 8, 16, 32 from which on the claim's interval covered the truth in at least 90 % of 30 simulated studies,
@@ -594,25 +594,13 @@ def _pairwise_curve_cv(
     return (variance.sqrt() / mean).masked_fill(pair_weight <= 0, math.nan)
 
 
-def _curve_shares(result: GeometryResult) -> tuple[float, Tensor, float]:
-    """The expected share of heads whose expected curve's CV (`_pairwise_curve_cv`) is <= 0.05 on the result and
-    on each bootstrap replicate ``[replicate]``, from the documents' curves (kept as rows for a few documents),
-    each head counted by the normal probability that its CV is <= 0.05 given its standard error, the spread of
-    its replicates' CVs (`_expected_share_stable`); and the hard share beside."""
+def _curve_shares(result: GeometryResult) -> tuple[float, Tensor]:
+    """The share of heads whose expected curve's CV (`_pairwise_curve_cv`) is <= 0.05 on the result and on each
+    bootstrap replicate ``[replicate]``, from the documents' curves (kept as rows for a few documents)."""
     stats = result.stats[VALUE_NORM_BY_POSITION.name]
     documents, weights = stats.documents.double(), stats.document_weights.double()
-    cv = _pairwise_curve_cv(documents, torch.ones(1, len(documents), dtype=torch.float64))[0]
-    replicated = _pairwise_curve_cv(documents, weights.T)
-    se = _nanstd(replicated)
-    return float(_expected_share_stable(cv, se)), _expected_share_stable(replicated, se), _share_stable(cv)
-
-
-def _nanstd(x: Tensor) -> Tensor:
-    """The standard deviation over the first axis (divisor count - 1), NaN left out."""
-    defined = ~x.isnan()
-    count = defined.sum(0)
-    mean = torch.where(defined, x, 0.0).sum(0) / count
-    return (torch.where(defined, (x - mean) ** 2, 0.0).sum(0) / (count - 1)).sqrt()
+    value = float(_shares_stable(_pairwise_curve_cv(documents, torch.ones(1, len(documents), dtype=torch.float64)))[0])
+    return value, _shares_stable(_pairwise_curve_cv(documents, weights.T))
 
 
 def _stable_norms(result: GeometryResult) -> Claim:
@@ -621,10 +609,10 @@ def _stable_norms(result: GeometryResult) -> Claim:
     reported beside it. The averaged curve of a few documents carries their noise, which on real runs is most of
     its variance over positions (16 documents of 1024 tokens: about nine tenths), so its plain CV measures the
     sample size more than the norms; `_pairwise_curve_cv` takes the noise out, on the result and on each
-    replicate. Both readings' statistic is the expected share (`_expected_share_stable`): a hard count of noisy
-    CVs past a threshold is a step function, whose bootstrap interval does not cover where a head's CV lies
-    within its noise of 0.05 (the curve's hard share: 0.40-0.55 on a simulated population with two heads at
-    0.0505)."""
+    replicate; its share is a hard count (the expected share, tried after, covered less out of sample: see
+    docs/claims.md). The within reading's statistic is the expected share (`_expected_share_stable`): a hard count
+    of noisy CVs past a threshold is a step function, whose bootstrap interval does not cover (0.995 on simulated
+    studies)."""
     if _missing(result, [VALUE_NORM_CV]):
         return _not_measured("stable_norms", OPTIONS["assumptions"], "the result has no value_norm_cv")
     within = result.per_head(VALUE_NORM_CV)
@@ -643,14 +631,12 @@ def _stable_norms(result: GeometryResult) -> Claim:
     plain = _curve_cv(result.per_head(VALUE_NORM_BY_POSITION))
     stats = result.stats[VALUE_NORM_BY_POSITION.name]
     if stats.is_rows and result.n_documents >= 2:
-        value, replicates, hard = _curve_shares(result)
+        value, replicates = _curve_shares(result)
         across = _pairwise_curve_cv(stats.documents.double(), torch.ones(1, result.n_documents, dtype=torch.float64))[0]
         interval = _interval("stable_norms", result, [VALUE_NORM_BY_POSITION], replicates, value, (0.0, 1.0))
-        reading = (f"expected share {_fmt(value)} of heads with CV <= {CV_STABLE}, each head counted by the "
-                   f"probability given its standard error ({hard:.0%} of heads; median CV "
-                   f"{_fmt(float(across.nanmedian()))}), the documents' noise taken out (pairs of different "
-                   f"documents); the plain CV of the averaged curve, noise included: {_share_stable(plain):.0%} of "
-                   f"heads (median {_fmt(float(plain.nanmedian()))})")
+        reading = (f"{value:.0%} of heads have CV <= {CV_STABLE} (median CV {_fmt(float(across.nanmedian()))}), the "
+                   f"documents' noise taken out (pairs of different documents); the plain CV of the averaged curve, "
+                   f"noise included: {_share_stable(plain):.0%} of heads (median {_fmt(float(plain.nanmedian()))})")
     else:
         value, across = _share_stable(plain), plain
         if result.n_documents < 2:
