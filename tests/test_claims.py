@@ -161,6 +161,13 @@ def _curve_shares(result):
     return share(_curve_cvs(x, np.ones(len(x)))), [share(_curve_cvs(x, w[:, b])) for b in range(w.shape[1])]
 
 
+def _plain_share(result):
+    """The share of heads whose averaged curve (sink left out) has a population CV <= 0.05."""
+    curves = _np(result.per_head("value_norm_by_position"))[..., 1:].reshape(-1, result.per_head("value_norm_by_position").shape[-1] - 1)
+    cvs = [np.std(c[~np.isnan(c)]) / np.mean(c[~np.isnan(c)]) for c in curves]
+    return np.mean(np.array(cvs) <= 0.05)
+
+
 def test_stable_norms_is_the_share_of_heads_with_cv_at_most_005(default_run):
     """Figure 2's reading: the expected norm by position over sequences (sink left out), the documents' noise taken
     out; the plain averaged curve's share and the within-sequence CV beside."""
