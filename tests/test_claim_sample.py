@@ -75,8 +75,8 @@ def test_the_first_screen_says_when_the_sample_is_too_small():
     assert sample_warning(max(MIN_DOCUMENTS.values())) == ""
     assert "Too few documents to trust: this result has 2" in sample_warning(2)
     # Only the claims beyond the ladder short: "more than 32", never "from 64 to more than 32".
-    assert sample_warning(32).endswith("stable_norms: more than 32) before their bootstrap intervals can resolve a "
-                                       "verdict, and read 'too few documents' until then.")
+    assert sample_warning(32).endswith("small_n_separability: more than 32) before their bootstrap intervals can "
+                                       "resolve a verdict, and read 'too few documents' until then.")
     result = simulate_study(true_means(3), np.random.default_rng(7), 2)
     page = scorecard_html(result)
     assert "Too few documents to trust" in page and "too few documents</span>" in page
