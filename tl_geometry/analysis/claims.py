@@ -1215,7 +1215,12 @@ def sample_warning(n_documents: int) -> str:
     def count(x: int) -> str:
         return f"more than {LADDER_END}" if x > LADDER_END else str(x)
 
-    need = count(least) if count(least) == count(most) else f"from {count(least)} to {count(most)}"
+    if count(least) == count(most):
+        need = count(least)
+    elif least == LADDER_END:  # not "from 32 to more than 32"
+        need = f"{LADDER_END} or more"
+    else:
+        need = f"from {count(least)} to {count(most)}"
     return (f"Too few documents to trust: this result has {n_documents}; {len(short)} of the {len(MIN_DOCUMENTS)} "
             f"claims need more ({', '.join(sorted(short))}: {need}) before their bootstrap intervals can resolve "
             "a verdict, and read 'too few documents' until then.")
