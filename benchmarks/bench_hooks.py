@@ -226,8 +226,8 @@ def _clock_parts(parts: dict[str, float], model) -> None:
 
     model.register_forward_pre_hook(forward_started)
     model.register_forward_hook(forward_ended)
-    clocked(layer_analysis._LayerAnalysis, "value_hook", "hooks")
-    clocked(layer_analysis._LayerAnalysis, "pattern_hook", "hooks")
+    clocked(layer_analysis.LayerAnalysis, "value_hook", "hooks")
+    clocked(layer_analysis.LayerAnalysis, "pattern_hook", "hooks")
     clocked(SelectionContext, "_chunk", "selection context")
     for name in REGISTRY.names():
         diagnostic = REGISTRY.get(name)

@@ -127,7 +127,7 @@ def instrument(phases: Phases) -> None:
     rows._eager_function = lambda module: phases.wrap("analysed rows (eager attention)", eager_of(module))
     rows.additive_rows_mask = phases.wrap("analysed rows (eager attention)", rows.additive_rows_mask)
     hooks.run_rows_pass = phases.wrap("decoder pass, other (embeddings, norms, MLPs)", hooks.run_rows_pass)
-    analysis = layer_analysis._LayerAnalysis
+    analysis = layer_analysis.LayerAnalysis
     analysis.analyse_layers = phases.wrap("analysis, other (folding layers, reductions)", analysis.analyse_layers)
     SelectionContext.__init__ = phases.wrap("selection context", SelectionContext.__init__)
     SelectionContext.chunks = phases.wrap_generator("selection core (sorted chunks)", SelectionContext.chunks)

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from tl_geometry.capture.held_models import as_hookable
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
-from tl_geometry.capture.layer_analysis import _LayerAnalysis
+from tl_geometry.capture.layer_analysis import LayerAnalysis
 from tl_geometry.capture.pictures import PictureKeeper
 from tl_geometry.capture.plan import RunPlan, plan_run
 from tl_geometry.capture.query_sample import offsets_from_first, sample_queries
@@ -72,7 +72,7 @@ def analyse_prepared(model: HookableModel, prepared: PreparedTokens, plan: RunPl
     if resampled:
         rows = offsets_from_first(sample if sample is not None else prepared)
         query_weights = query_weights_of([d.cpu() for d in documents], rows, config.n_bootstrap, config.seed)
-    state = _LayerAnalysis(
+    state = LayerAnalysis(
         prepared=prepared,
         plan=plan,
         heads=torch.tensor(plan.heads, dtype=torch.long),

@@ -3,7 +3,7 @@
 The pattern path's hooks (``hook_v``, then ``hook_pattern``; attached by
 `tl_geometry.capture.hooks`) and the rows path's callback
 (`tl_geometry.capture.rows`) hand each analysed layer's attention rows and
-value states to a `_LayerAnalysis`: it builds the layer's selection context
+value states to a `LayerAnalysis`: it builds the layer's selection context
 (visible keys from causality, padding and the layer's sliding window; the
 sink; the top-N core over the plan's N grid, chunk by chunk), runs every
 active diagnostic on it with the settings the plan resolved, and reduces each
@@ -32,7 +32,7 @@ from tl_geometry.errors import GeometryError
 # repr=False: TransformerLens names every hook after repr(hook.func), and a dataclass repr of this state
 # formats its tensors, which cost about 25 ms per pass on SmolLM2 (1 % of a 1024-token pass).
 @dataclass(repr=False)
-class _LayerAnalysis:
+class LayerAnalysis:
     """State shared by the hooks of one pass; the layer is bound per hook with functools.partial."""
 
     prepared: PreparedTokens
