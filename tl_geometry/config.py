@@ -348,4 +348,5 @@ def make_config(config: GeometryConfig | None, overrides: dict[str, Any]) -> Geo
     """``config`` (default: ``GeometryConfig()``) with ``overrides`` applied."""
     if config is not None and not isinstance(config, GeometryConfig):
         raise GeometryError(f"config: expected a GeometryConfig or None, got {type(config).__name__}")
-    return (config or GeometryConfig()).with_overrides(**overrides)
+    base = config or GeometryConfig()
+    return base.with_overrides(**overrides) if overrides else base  # made and checked once, not again
