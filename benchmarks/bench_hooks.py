@@ -202,7 +202,7 @@ def run_mode(mode: str, repeats: int, context: int) -> dict:
 
 def _clock_parts(parts: dict[str, float], model) -> None:
     """Add the wall time of each part to ``parts``: the model's forward, the hooks, the context, each diagnostic."""
-    from tl_geometry.capture import hooks
+    from tl_geometry.capture import layer_analysis
     from tl_geometry.diagnostics.registry import REGISTRY
     from tl_geometry.engine.context import SelectionContext
 
@@ -226,8 +226,8 @@ def _clock_parts(parts: dict[str, float], model) -> None:
 
     model.register_forward_pre_hook(forward_started)
     model.register_forward_hook(forward_ended)
-    clocked(hooks._LayerAnalysis, "value_hook", "hooks")
-    clocked(hooks._LayerAnalysis, "pattern_hook", "hooks")
+    clocked(layer_analysis.LayerAnalysis, "value_hook", "hooks")
+    clocked(layer_analysis.LayerAnalysis, "pattern_hook", "hooks")
     clocked(SelectionContext, "_chunk", "selection context")
     for name in REGISTRY.names():
         diagnostic = REGISTRY.get(name)

@@ -117,7 +117,7 @@ def instrument(phases: Phases) -> None:
     """Wrap the parts of a rows-path run (in this process only) so that ``phases`` clocks them."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-    from tl_geometry.capture import hooks, rows
+    from tl_geometry.capture import hooks, layer_analysis, rows
     from tl_geometry.diagnostics import REGISTRY
     from tl_geometry.engine.context import SelectionContext
 
@@ -127,7 +127,7 @@ def instrument(phases: Phases) -> None:
     rows._eager_function = lambda module: phases.wrap("analysed rows (eager attention)", eager_of(module))
     rows.additive_rows_mask = phases.wrap("analysed rows (eager attention)", rows.additive_rows_mask)
     hooks.run_rows_pass = phases.wrap("decoder pass, other (embeddings, norms, MLPs)", hooks.run_rows_pass)
-    analysis = hooks._LayerAnalysis
+    analysis = layer_analysis.LayerAnalysis
     analysis.analyse_layers = phases.wrap("analysis, other (folding layers, reductions)", analysis.analyse_layers)
     SelectionContext.__init__ = phases.wrap("selection context", SelectionContext.__init__)
     SelectionContext.chunks = phases.wrap_generator("selection core (sorted chunks)", SelectionContext.chunks)
@@ -164,8 +164,8 @@ def one(run: str, model_name: str, context: int) -> dict:
         run_rows_pass(model, tokens, None, nothing)
     else:
         result = run_with_geometry_hooks(model, tokens, capture="rows", diagnostics="all" if run == "all" else [])
-        if result.config.capture != "rows":
-            raise SystemExit(f"expected the rows path, the run took {result.config.capture!r}")
+        if result.provenance["capture"] != "rows":
+            raise SystemExit(f"expected the rows path, the run took {result.provenance['capture']!r}")
     seconds = time.perf_counter() - start
     peak = _status_mib("VmHWM") - before
     if run == "all":

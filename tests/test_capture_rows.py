@@ -223,52 +223,52 @@ def test_auto_takes_the_rows_on_a_bridge_and_equals_the_pattern(arch):
     config = GeometryConfig(diagnostics="all", n_grid=GRID, n_bootstrap=4)
     auto = run_with_geometry_hooks(model, tokens, attention_mask=mask, config=config)
     pattern = run_with_geometry_hooks(model, tokens, attention_mask=mask, config=config.with_overrides(capture="pattern"))
-    assert auto.config.capture == "rows"
+    assert auto.config.capture == "auto" and auto.provenance["capture"] == "rows"  # what was asked; what was done
+    assert "capture_reason" not in auto.provenance
     assert_close_results(pattern, auto)
 
 
-def test_auto_takes_the_pattern_where_a_hook_is_attached(recwarn):
+def test_auto_takes_the_pattern_where_a_hook_is_attached():
     """A hook on the model would not fire on the rows path: auto reads the pattern instead (the hook's edit is
-    in the result) and says why once."""
-    from tl_geometry.capture import plan as plan_module
+    in the result) and says why once per run; Python's default filter shows it once per calling line."""
+    import warnings
 
     model = tiny_arch_bridge("llama")
-    plan_module._SAID.clear()
     halved = []
 
     def halve(pattern, hook):
         halved.append(hook.name)
         return pattern / 2
 
-    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", halve)]):
-        first = run_with_geometry_hooks(model, "the cat sat on the mat", n_grid=GRID, layers=[0])
-        second = run_with_geometry_hooks(model, "the cat sat on the mat", n_grid=GRID, layers=[0])
-    assert first.config.capture == second.config.capture == "pattern" and len(halved) == 2
-    said = [w for w in recwarn if "capture=\"auto\"" in str(w.message)]
-    assert len(said) == 1 and "hooks are attached" in str(said[0].message)
+    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", halve)]), warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("default")
+        results = [run_with_geometry_hooks(model, "the cat sat on the mat", n_grid=GRID, layers=[0]) for _ in range(2)]
+        warnings.simplefilter("always")
+        results.append(run_with_geometry_hooks(model, "the cat sat on the mat", n_grid=GRID, layers=[0]))
+    assert len(halved) == 3
+    for result in results:
+        assert (result.config.capture, result.provenance["capture"]) == ("auto", "pattern")
+        assert "hooks are attached" in result.provenance["capture_reason"]
+    said = [w for w in said if 'capture="auto"' in str(w.message)]
+    assert len(said) == 2 and all("hooks are attached" in str(w.message) for w in said)  # once per line, then per run
+    assert all(w.filename == __file__ for w in said)  # said at the line that started the run
     plain = run_with_geometry_hooks(model, "the cat sat on the mat", n_grid=GRID, layers=[0])
-    assert plain.config.capture == "rows"
+    assert plain.provenance["capture"] == "rows"
 
 
 @pytest.mark.parametrize("arch", ["bloom", pytest.param("gptj", marks=TL3_FLOAT64_BROKEN)])
 def test_auto_takes_the_pattern_where_attention_is_the_models_own_code(arch):
-    from tl_geometry.capture import plan as plan_module
-
-    plan_module._SAID.clear()
     model = tiny_arch_bridge(arch)
     with pytest.warns(UserWarning, match="computes its attention in its own code"):
         result = run_with_geometry_hooks(model, "the cat sat", n_grid=GRID)
-    assert result.config.capture == "pattern"
+    assert (result.config.capture, result.provenance["capture"]) == ("auto", "pattern")
 
 
 @pytest.mark.skipif(not tm.has_hooked_transformer(), reason="HookedTransformer needs transformer-lens 3.x")
 def test_auto_takes_the_pattern_on_a_hooked_transformer():
-    from tl_geometry.capture import plan as plan_module
-
-    plan_module._SAID.clear()
     with pytest.warns(UserWarning, match="wraps no Hugging Face model"):
         result = run_with_geometry_hooks(tm.make_model("hooked"), "the cat sat", n_grid=GRID)
-    assert result.config.capture == "pattern"
+    assert (result.config.capture, result.provenance["capture"]) == ("auto", "pattern")
 
 
 @pytest.mark.parametrize(("args", "expected"), [(("--capture", "rows"), "rows"), ((), "auto")])

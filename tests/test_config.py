@@ -79,8 +79,11 @@ def test_default_grid(n_keys):
 
 
 def test_resolve_n_grid_modes():
-    assert GeometryConfig(n_grid="all").resolve_n_grid(5).tolist() == [1, 2, 3, 4, 5]
-    assert GeometryConfig(n_grid=[3, 9]).resolve_n_grid(5).tolist() == [3, 9]  # N > keys: NaN later, not clipped
+    """The old method still answers (the run's plan decides the grid now), with a DeprecationWarning."""
+    with pytest.warns(DeprecationWarning, match="grid_of"):
+        assert GeometryConfig(n_grid="all").resolve_n_grid(5).tolist() == [1, 2, 3, 4, 5]
+    with pytest.warns(DeprecationWarning, match="grid_of"):
+        assert GeometryConfig(n_grid=[3, 9]).resolve_n_grid(5).tolist() == [3, 9]  # N > keys: NaN later, not clipped
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,8 @@ import torch
 from tests.fixtures import assert_equal_runs, needs_gemma3
 from tl_geometry import models
 from tl_geometry.capture.provenance import weights_fingerprint
-from tl_geometry.capture.hooks import gathered, kept_groups, run_with_geometry_hooks
+from tl_geometry.capture.hooks import gathered, run_with_geometry_hooks
+from tl_geometry.capture.layer_analysis import kept_groups
 from tl_geometry.config import GeometryConfig
 from tl_geometry.errors import GeometryError
 from tl_geometry.models import check_device_map, load_model, transformer_lens_major_version

@@ -81,7 +81,10 @@ def test_merge_refuses_other_weights_or_dtypes_and_combines_the_rest():
     for field, value in (("weights_sha256", "bb"), ("dtype", "bfloat16"), ("revision", "abc123")):
         with pytest.raises(GeometryError, match=f"merge: the results differ in model {field} "):
             GeometryResult.merge(_with(a), _with(b, **{field: value}))
-    merged = GeometryResult.merge(_with(a), _with(b, device="cuda", attention_implementation="sdpa"))
+    rows, pattern = _with(a), _with(b, device="cuda", attention_implementation="sdpa")
+    rows.provenance["capture"], pattern.provenance["capture"] = "rows", "pattern"
+    merged = GeometryResult.merge(rows, pattern)
+    assert merged.provenance["capture"] == "pattern, rows"  # the paths the parts took, as the devices
     assert merged.provenance["model"]["device"] == "cpu, cuda"
     assert merged.provenance["model"]["attention_implementation"] == "eager, sdpa"
     assert merged.provenance["corpus"]["windows"] == a.n_documents + b.n_documents

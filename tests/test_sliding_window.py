@@ -109,7 +109,7 @@ def package(tokens, gemma3):
 def test_the_default_run_reads_the_rows(package):
     """The default capture takes the rows path on the bundled Gemma-3: the float64 eager reference below
     checks the rows its own eager attention builds under SDPA's sliding-window mask."""
-    assert package.config.capture == "rows"
+    assert (package.config.capture, package.provenance["capture"]) == ("auto", "rows")
 
 
 def test_the_last_query_of_a_local_layer_has_no_sink(package):

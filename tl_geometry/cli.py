@@ -321,10 +321,6 @@ def _float_list(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected numbers like 0.01,0.05,0.1, got {text!r}") from None
 
 
-# The N an intervention sweep tries by default (--n-grid default): powers of two, each one forward pass per setting.
-INTERVENE_GRID = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-
-
 def _add_intervene_parser(commands, run: argparse.ArgumentParser) -> None:
     """``tl-geometry intervene``: top-N interventions (its own block, so that other commands merge cleanly)."""
     intervene = commands.add_parser(
@@ -361,14 +357,14 @@ def _intervene(args: argparse.Namespace) -> int:
 
     from tl_geometry.analysis.interventions import geometry_vs_dnll
     from tl_geometry.capture.corpus import analyze_corpus
-    from tl_geometry.capture.sweep import effective_set_size, intervention_sweep
+    from tl_geometry.capture.sweep import DEFAULT_SWEEP_GRID, effective_set_size, intervention_sweep
     from tl_geometry.diagnostics.selection import F_SCORE, PRECISION, RECALL
     from tl_geometry.report.html import intervention_figures, render_html
     from tl_geometry.results.files import atomic_path, json_text
 
     if args.n_grid == "all":
         raise GeometryError("--n-grid: intervene needs a list of N like 1,2,4,8 (each N is a forward pass), not 'all'")
-    n_grid = INTERVENE_GRID if args.n_grid == "default" else args.n_grid
+    n_grid = list(DEFAULT_SWEEP_GRID) if args.n_grid == "default" else args.n_grid
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     model, quiet = _load_model_on_every_rank(args)  # under torchrun each rank sweeps its share of the windows
     stream, _ = _corpus(args, model, None)

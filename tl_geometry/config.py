@@ -2,22 +2,22 @@
 
 Fields that depend on the model (layers and heads in range) or on the input
 (the default grid's last N, query positions within the sequences) are checked
-when the config meets a model, in `tl_geometry.capture.hooks`.
+when the config meets a model, in the run's plan (`tl_geometry.capture.plan`).
 """
 
 import dataclasses
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
 
 import numpy as np
-import torch
 from jaxtyping import Int
 from torch import Tensor
 
 from tl_geometry._types import Distance, Ranking
 from tl_geometry.errors import GeometryError
-from tl_geometry.engine.grid import default_n_grid
+from tl_geometry.engine.grid import grid_of
 from tl_geometry.engine.metrics import DEFAULT_MEMORY_BUDGET_MIB
 from tl_geometry.engine.inputs import check_mib, resolve_n_grid
 
@@ -133,9 +133,12 @@ class GeometryConfig:
             (eager attention). ``"auto"`` (default) takes the rows where the
             model supports them and no hook is attached to it (a hook on
             ``hook_v`` or ``hook_pattern`` would not fire on the rows path),
-            else the pattern, and says why once; the result's
-            ``config.capture`` records the path taken. Interventions always
-            use the pattern.
+            else the pattern, with a warning saying why, given once per
+            run (at the line that started it; Python's default warnings
+            filter then shows each reason once per calling line). The config
+            keeps what was asked; the run's plan decides the path and the
+            result records it (``result.provenance["capture"]``).
+            Interventions always use the pattern.
 
     Example:
         >>> GeometryConfig(n_grid=[1, 2, 4], layers=[0]).n_grid
@@ -221,8 +224,9 @@ class GeometryConfig:
             raise _literal_error("capture", self.capture, Capture)
         from tl_geometry.diagnostics.registry import REGISTRY
 
-        for name in self.diagnostics:
-            REGISTRY.get(name).check(self)  # e.g. the bounds need the Euclidean distance
+        # The one check of the diagnostics (the always-on ones too) against the config: the config is frozen.
+        for diagnostic in REGISTRY.active(self.diagnostics):
+            diagnostic.check(self)  # e.g. the bounds need the Euclidean distance
 
     def settings_for(self, diagnostic: str) -> Any:
         """The settings of a diagnostic: those given in ``settings``, else its defaults."""
@@ -254,12 +258,14 @@ class GeometryConfig:
         return dataclasses.replace(self, **overrides)
 
     def resolve_n_grid(self, n_keys: int) -> Int[Tensor, " n"]:
-        """The grid for inputs whose longest query sees ``n_keys`` keys."""
-        if self.n_grid == "default":
-            return default_n_grid(n_keys)
-        if self.n_grid == "all":
-            return torch.arange(1, n_keys + 1, dtype=torch.int64)
-        return torch.tensor(self.n_grid, dtype=torch.int64)
+        """Deprecated: the grid for inputs whose longest query sees ``n_keys`` keys (`tl_geometry.engine.grid.grid_of`).
+
+        A run decides its grid once, in its plan (`tl_geometry.capture.plan.RunPlan.with_grid`).
+        """
+        warnings.warn("GeometryConfig.resolve_n_grid is deprecated; a run's grid is its plan's "
+                      "(tl_geometry.capture.plan), and the rule is tl_geometry.engine.grid.grid_of(config.n_grid, "
+                      "n_keys)", DeprecationWarning, stacklevel=2)
+        return grid_of(self.n_grid, n_keys)  # type: ignore[arg-type]
 
     def to_json(self) -> dict[str, Any]:
         """The fields as JSON-ready values (tuples become lists, settings dicts of their fields)."""
@@ -342,4 +348,5 @@ def make_config(config: GeometryConfig | None, overrides: dict[str, Any]) -> Geo
     """``config`` (default: ``GeometryConfig()``) with ``overrides`` applied."""
     if config is not None and not isinstance(config, GeometryConfig):
         raise GeometryError(f"config: expected a GeometryConfig or None, got {type(config).__name__}")
-    return (config or GeometryConfig()).with_overrides(**overrides)
+    base = config or GeometryConfig()
+    return base.with_overrides(**overrides) if overrides else base  # made and checked once, not again

@@ -23,7 +23,7 @@ from tl_geometry.capture import distributed
 from tl_geometry.capture.checkpoint import DEFAULT_CHECKPOINT_EVERY, Checkpoint, CheckpointEvery, shard_fingerprint
 from tl_geometry.capture.distributed import Ranks
 from tl_geometry.capture.held_models import as_hookable
-from tl_geometry.capture.hooks import analyse_prepared, model_name, most_visible_keys, new_accumulator
+from tl_geometry.capture.hooks import analyse_prepared, model_name
 from tl_geometry.capture.plan import RunPlan, plan_run
 from tl_geometry.capture.sources import Window, WindowStream
 from tl_geometry.capture.tokens import HookableModel, PreparedTokens, check_model, prepare_tokens
@@ -116,7 +116,7 @@ def _token_plan(model: HookableModel, corpus: Any, run_plan: RunPlan, ranks: Ran
     n_windows = sum(len(batch.tokens) for batch in batches)
     return _CorpusPlan(
         batches=iter(batches),
-        n_keys=most_visible_keys(batches, run_plan),
+        n_keys=run_plan.visible_keys(batches),
         n_windows=n_windows,
         identity={"windows": n_windows, "tokens_sha256": shard_fingerprint(batches)},
         corpus=lambda accumulator: {"documents": accumulator.n_documents},
@@ -163,7 +163,7 @@ def _window_plan(
     identity = {"windows": {"context": context, "n_windows": total,
                             "min_context": None if stream is None else stream.min_context,
                             "prepend_bos": None if stream is None else stream.prepend_bos}}
-    return _CorpusPlan(batches(), most_visible_keys([probe], run_plan), shares, identity, corpus)
+    return _CorpusPlan(batches(), run_plan.visible_keys([probe]), shares, identity, corpus)
 
 
 def _window_batch(model: HookableModel, windows: list[Window], config: GeometryConfig) -> PreparedTokens:
@@ -265,16 +265,16 @@ def analyze_corpus(
     ranks = distributed.current_ranks()
     name = model_name(model)
     distributed.agree("model and config", (name, config.to_json(), batch_size))
-    run_plan = plan_run(model, config)  # the layers, heads and diagnostics, once for every batch
+    run_plan = plan_run(model, config)  # the layers, heads, diagnostics and capture path, once for every batch
     plan = _corpus_plan(model, texts_or_token_batches, run_plan, ranks, batch_size, progress)
     # Every rank must use the same N grid: agree on the most keys any query of any shard sees.
-    grid = config.resolve_n_grid(distributed.agree_on_max(plan.n_keys))
-    accumulator = new_accumulator(run_plan, grid)
+    run_plan = run_plan.with_grid(distributed.agree_on_max(plan.n_keys))
+    accumulator = run_plan.new_accumulator()
     run = None
     done_batches = done_windows = 0
     if checkpoint is not None:
         identity = {"model": name, "config": config.to_json(), "batch_size": batch_size,
-                    "ranks": f"{ranks.rank} of {ranks.world_size}", "n_grid": grid.tolist(), **plan.identity}
+                    "ranks": f"{ranks.rank} of {ranks.world_size}", "n_grid": accumulator.n_grid.tolist(), **plan.identity}
         run = Checkpoint(checkpoint, every, identity, ranks)
         refused = None
         try:
@@ -307,7 +307,8 @@ def analyze_corpus(
             if run is not None:
                 run.step(accumulator, i, done_windows, len(batch.tokens))
     accumulator = distributed.reduce_accumulator(accumulator)
-    provenance = {"model": model_provenance(model), "versions": package_versions(), "corpus": plan.corpus(accumulator)}
+    provenance = {"model": model_provenance(model), "versions": package_versions(), "corpus": plan.corpus(accumulator),
+                  **run_plan.provenance()}
     result = GeometryResult.from_accumulator(accumulator, config=run_plan.config, model_name=name, provenance=provenance)
     if run is not None:
         distributed.barrier()  # every rank has its share of the result before any checkpoint goes

@@ -1,17 +1,24 @@
-"""What a run analyses, worked out once from the model and the config.
+"""What a run analyses, worked out once from the model, the config and the inputs' length.
 
 `plan_run` checks the layers and heads against the model and its hook points,
 finds the value head each analysed query head reads (grouped-query
-attention), every layer's sliding window, the active diagnostics (each
-checked against the config), with those that read a query sample, and the
-capture path (``capture="auto"`` resolved for this model). The
-accumulator, the grid and the hooks of every batch read the plan; nothing
-recomputes it per batch.
+attention), every layer's sliding window, the active diagnostics (the config
+checked them when it was made) with each one's settings, those that read a
+query sample, the fields that keep replicates, and the capture path
+(``capture="auto"`` resolved for this model: the config keeps what was asked,
+the plan records the path taken, and why where auto fell back to the pattern).
+`RunPlan.with_grid` decides the N grid, the one place that does, once the most
+keys a query sees is known. The accumulator and the hooks of every batch read
+the plan; nothing is looked up again per batch or per hook call, and nothing
+of a run is kept in a module global.
 """
 
+import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Any
 
 import torch
 from jaxtyping import Int
@@ -19,26 +26,35 @@ from torch import Tensor
 
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.capture.rows import why_not_rows
-from tl_geometry.capture.tokens import HookableModel
+from tl_geometry.capture.tokens import HookableModel, PreparedTokens
 from tl_geometry.capture.windows import attention_windows
 from tl_geometry.config import GeometryConfig, resolve_indices
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.registry import REGISTRY, Diagnostic
+from tl_geometry.engine.grid import grid_of
 from tl_geometry.errors import GeometryError
+from tl_geometry.results.accumulators import Accumulator
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    """The analysed layers and heads of one model under one config, and what runs on them.
+    """The analysed layers and heads of one model under one config, what runs on them and how.
 
     Attributes:
-        config: the run's config, its ``capture`` the path this run takes ("rows" or "pattern").
+        config: the run's config as asked (``capture="auto"`` stays ``"auto"``), its layer and head
+            indices resolved (-1 -> the last layer).
         layers, heads: the analysed layer and head numbers.
         n_heads, n_kv: the model's query and KV heads per layer.
         kv_heads: the KV head each analysed query head reads, ``[head_index]``.
         windows: every layer's sliding window (None: global attention).
-        diagnostics: the active diagnostics, checked against the config.
+        diagnostics: the active diagnostics.
+        settings: each active diagnostic's settings, by name.
         sampled: those whose settings ask for a query sample (the taxonomy's).
+        replicate_fields: the fields that keep bootstrap replicates.
+        resampled: those of them that also resample the query rows.
+        capture: the path this run takes, ``"rows"`` or ``"pattern"``.
+        capture_reason: why ``capture="auto"`` took the pattern (None: it was asked, or auto took the rows).
+        grid: the N grid (`with_grid`; None until the inputs' length is known).
     """
 
     config: GeometryConfig
@@ -49,21 +65,73 @@ class RunPlan:
     kv_heads: Int[Tensor, " head_index"]
     windows: tuple[int | None, ...]
     diagnostics: tuple[Diagnostic, ...]
+    settings: Mapping[str, Any]
     sampled: tuple[Diagnostic, ...]
+    replicate_fields: frozenset[str]
+    resampled: frozenset[str]
+    capture: str
+    capture_reason: str | None = None
+    grid: Int[Tensor, " n"] | None = None
 
     def fields(self) -> dict[str, FieldSpec]:
         """Every field the active diagnostics declare, by name."""
         return REGISTRY.fields_of(self.diagnostics)
 
+    def visible_keys(self, prepared: Sequence[PreparedTokens]) -> int:
+        """The most keys any analysed query of these batches sees in an analysed layer (0 without batches)."""
+        used = [self.windows[layer] for layer in self.layers]
+        return max((batch.max_visible(used) for batch in prepared), default=0)
 
-def plan_run(model: HookableModel, config: GeometryConfig) -> RunPlan:
-    """The plan of a run of ``config`` on ``model``; GeometryError naming a layer, head or hook it cannot have."""
+    def with_grid(self, n_keys: int) -> "RunPlan":
+        """The plan with its N grid: the config's, the default's last N ``n_keys`` (the most keys a query sees)."""
+        return replace(self, grid=grid_of(self.config.n_grid, n_keys))  # type: ignore[arg-type]
+
+    def provenance(self) -> dict[str, Any]:
+        """What the result records of how the run went: the capture path taken (and why, where auto fell back)."""
+        return {"capture": self.capture} | ({} if self.capture_reason is None else {"capture_reason": self.capture_reason})
+
+    def new_accumulator(self) -> Accumulator:
+        """An empty accumulator for the fields of the plan's diagnostics, over the plan's grid."""
+        if self.grid is None:
+            raise GeometryError("run plan: no N grid yet; call plan.with_grid(n_keys) once the inputs are known")
+        return Accumulator(
+            list(self.fields().values()),
+            layers=self.layers,
+            heads=self.heads,
+            n_grid=self.grid,
+            n_bootstrap=self.config.n_bootstrap,
+            replicate_fields=self.replicate_fields,
+            keep_queries=self.config.keep_queries,
+            picture_heads=self.config.picture_heads,
+            document_rows=True,  # a run of few documents keeps their values: smaller than the sums (results/stats.py)
+        )
+
+
+def plan_run(model: HookableModel, config: GeometryConfig, prepared: Sequence[PreparedTokens] | None = None) -> RunPlan:
+    """The plan of a run of ``config`` on ``model``; GeometryError naming a layer, head or hook it cannot have.
+
+    With ``prepared`` (the run's batches) the plan has its N grid; without, `RunPlan.with_grid` gives it
+    once the inputs' length is known (a corpus read lazily, ranks that agree on it first). Where
+    ``capture="auto"`` takes the pattern, a warning says why, once per plan, so once per run.
+    """
     layers, heads, n_heads, n_kv = _model_shape(model, config)
-    diagnostics = active_diagnostics(config)
+    diagnostics = REGISTRY.active(config.diagnostics)  # checked against the config when it was made
+    settings = {d.name: config.settings_for(d.name) for d in diagnostics}
+    specs = REGISTRY.fields_of(diagnostics)
+    chosen = config.resolve_bootstrap_fields(specs)  # checked even without replicates
+    replicate_fields = chosen if config.n_bootstrap else frozenset()  # as the accumulator keeps them
+    capture, reason = capture_path(model, config.capture)
+    if reason is not None:
+        # Said at the line that started the run, where Python's warnings registry shows each reason once per
+        # calling line (unless the user's filter asks for more): no record of ours outlives the run.
+        warnings.warn(f'capture="auto": the pattern path (eager attention), since {reason}; pass capture="pattern" '
+                      "to choose it and silence this", stacklevel=_callers_level(sys._getframe()))
     # The config recorded holds the indices resolved (-1 -> the last layer), so results of [-1] and [29] merge.
     resolved = {"layers": None if config.layers is None else layers, "heads": None if config.heads is None else heads}
-    return RunPlan(
-        config=replace(config, capture=capture_path(model, config.capture), **resolved),
+    if (config.layers, config.heads) != (resolved["layers"], resolved["heads"]):
+        config = replace(config, **resolved)
+    plan = RunPlan(
+        config=config,
         layers=layers,
         heads=heads,
         n_heads=n_heads,
@@ -71,26 +139,41 @@ def plan_run(model: HookableModel, config: GeometryConfig) -> RunPlan:
         kv_heads=kv_head_of(torch.tensor(heads, dtype=torch.long), n_heads, n_kv),
         windows=tuple(attention_windows(model)),
         diagnostics=diagnostics,
-        sampled=tuple(d for d in diagnostics if getattr(config.settings_for(d.name), "queries", None) == "sample"),
+        settings=MappingProxyType(settings),
+        sampled=tuple(d for d in diagnostics if getattr(settings[d.name], "queries", None) == "sample"),
+        replicate_fields=replicate_fields,
+        resampled=frozenset(
+            spec.name for spec in specs.values() if spec.resample_queries and spec.name in replicate_fields
+        ),
+        capture=capture,
+        capture_reason=reason,
     )
+    return plan if prepared is None else plan.with_grid(plan.visible_keys(prepared))
 
 
-_SAID: set[str] = set()  # the reasons capture="auto" fell back for, said once each per process
+# Frames of the package and of the runtime type checkers that may wrap its functions (jaxtyping, beartype).
+_OWN_FRAMES = ("tl_geometry", "jaxtyping", "beartype", "typeguard")
 
 
-def capture_path(model: HookableModel, capture: str) -> str:
-    """The capture path a run takes: ``capture`` itself, or for ``"auto"`` the rows where the model can take
-    them (`tl_geometry.capture.rows.why_not_rows`), else the pattern, with a warning the first time."""
+def _callers_level(frame: Any) -> int:
+    """The ``stacklevel`` that makes a warning given in ``frame`` point at the first frame outside the package:
+    the user's line that started the run, however deep the package called."""
+    level = 1
+    while frame is not None and str(frame.f_globals.get("__name__", "")).split(".")[0] in _OWN_FRAMES:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def capture_path(model: HookableModel, capture: str) -> tuple[str, str | None]:
+    """The capture path a run of ``capture`` takes on ``model``, and why ``"auto"`` took the pattern (else None).
+
+    ``"auto"`` takes the rows where the model can take them (`tl_geometry.capture.rows.why_not_rows`), else
+    the pattern; ``"rows"`` and ``"pattern"`` are taken as asked.
+    """
     if capture != "auto":
-        return capture
+        return capture, None
     reason = why_not_rows(model)
-    if reason is None:
-        return "rows"
-    if reason not in _SAID:
-        _SAID.add(reason)
-        warnings.warn(f'capture="auto": the pattern path (eager attention), since {reason}; pass capture="pattern" '
-                      "to choose it and silence this", stacklevel=3)
-    return "pattern"
+    return ("rows", None) if reason is None else ("pattern", reason)
 
 
 def kv_head_of(heads: Int[Tensor, " head_index"], n_heads: int, n_kv_heads: int) -> Int[Tensor, " head_index"]:
@@ -141,11 +224,3 @@ def _check_picture_heads(
                 f"picture_heads: ({layer}, {head}) is not analysed by this run (layers {list(layers)}, heads "
                 f"{list(heads)}); add layer {layer} and head {head} to layers / heads, or drop the picture"
             )
-
-
-def active_diagnostics(config: GeometryConfig) -> tuple[Diagnostic, ...]:
-    """The always-on diagnostics and those the config asks for, each checked against the config."""
-    diagnostics = REGISTRY.active(config.diagnostics)
-    for diagnostic in diagnostics:
-        diagnostic.check(config)
-    return diagnostics

@@ -14,7 +14,7 @@ the forward pass runs through Hugging Face's attention interface instead:
   scaling, softcapping, sliding-window and padding masks, grouped-query
   ``repeat_kv``, all as the model does them) on the analysed query rows only;
 - those rows and the layer's value states go to the same layer analysis the
-  pattern hook runs (`tl_geometry.capture.hooks._LayerAnalysis`), which
+  pattern hook runs (`tl_geometry.capture.layer_analysis`), which
   analyses several layers' rows at once.
 
 Why not the bridge's own forward: TransformerLens 4.x's attention bridges
@@ -43,9 +43,10 @@ from torch import Tensor
 from tl_geometry.errors import GeometryError
 
 ROWS_ATTENTION = "tl_geometry_rows"
-
-# The layer analysis of the pass under way (one at a time: the pass runs with inference mode, in one thread).
-_ACTIVE: list["RowsCapture"] = []
+# The attribute that carries a pass's RowsCapture on each attention module for the pass's duration (as a
+# TransformerLens hook keeps its state on the hook point): nothing of a pass lives in a module global, so
+# passes of different models may run at once, in threads.
+ROWS_CAPTURE = "_tl_geometry_rows_capture"
 
 
 class RowsCapture:
@@ -165,7 +166,7 @@ def rows_attention(
                                                                         query.dtype), **kwargs)
     else:
         output, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
-    capture = _ACTIVE[-1] if _ACTIVE else None
+    capture = module.__dict__.get(ROWS_CAPTURE)
     layer = getattr(module, "layer_idx", None)
     if capture is None or layer is None or layer not in capture.layers:
         return output, None
@@ -226,8 +227,11 @@ def rows_attention_active(model: Any, hf: Any, capture: RowsCapture) -> Iterator
     configs = _configs(hf)
     before = [c._attn_implementation for c in configs]
     bridges = _attention_bridges(model)
-    _ACTIVE.append(capture)
+    # The modules the rows attention is called with: each layer's attention (those with a layer_idx).
+    carriers = {id(m): m for m in [*hf.modules(), *(b.original_component for b in bridges)] if hasattr(m, "layer_idx")}
     try:
+        for module in carriers.values():
+            module.__dict__[ROWS_CAPTURE] = capture  # not setattr: a module's own __setattr__ may pass it on
         for c in configs:
             c._attn_implementation = ROWS_ATTENTION
         for bridge in bridges:
@@ -239,7 +243,8 @@ def rows_attention_active(model: Any, hf: Any, capture: RowsCapture) -> Iterator
             bridge.__dict__.pop("forward", None)
         for c, implementation in zip(configs, before):
             c._attn_implementation = implementation
-        _ACTIVE.remove(capture)
+        for module in carriers.values():
+            module.__dict__.pop(ROWS_CAPTURE, None)
 
 
 def position_ids(real: torch.Tensor) -> Int[Tensor, "batch pos"]:

@@ -67,6 +67,9 @@ from tl_geometry.results.provenance import STAMPED, package_versions
 
 Scope = Literal["model", "layer", "head"]
 DEFAULT_CONTROLS = 16
+# The N a sweep tries where none are asked for (the command's --n-grid default): powers of two, each one
+# forward pass per setting.
+DEFAULT_SWEEP_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def resid_hook(layer: int) -> str:
@@ -431,7 +434,7 @@ def intervention_sweep(
             logits (checked once per layer, `tl_geometry.capture.interventions.check_pattern_edits`).
         corpus: texts, a ``[sequence, pos]`` token tensor, or an iterable of
             ``[batch, pos]`` token tensors (as `tl_geometry.analyze_corpus`); each sequence is one document.
-        n_grid: the N values (increasing), e.g. powers of two ``[1, 2, 4, ..., 256]``.
+        n_grid: the N values (increasing), e.g. powers of two ``[1, 2, 4, ..., 256]`` (`DEFAULT_SWEEP_GRID`).
         modes: ``"renormalise"`` and/or ``"delete"``.
         scope: ``"model"`` (every layer and head at once), ``"layer"`` (one
             layer at a time) or ``"head"`` (one head of one layer at a time).

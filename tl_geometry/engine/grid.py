@@ -1,4 +1,6 @@
-"""The default grid of selection sizes N for model runs."""
+"""The grids of selection sizes N for model runs: the default one, and what a requested grid means."""
+
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -42,3 +44,19 @@ def default_n_grid(n_keys: int, *, dense_until: int = 16, n_points: int = 40) ->
         if len(tail) >= want or len(tail) == n_keys - dense_until:
             break
     return torch.as_tensor(np.concatenate([dense, tail]), dtype=torch.int64)
+
+
+def grid_of(n_grid: str | Sequence[int], n_keys: int) -> Int[Tensor, " n"]:
+    """The selection sizes a requested grid means for inputs whose longest query sees ``n_keys`` keys.
+
+    ``"default"`` is `default_n_grid`, ``"all"`` every N from 1 to ``n_keys``, a sequence itself
+    (N above ``n_keys`` included: such N is reported as missing, never clipped).
+
+    >>> grid_of("all", 3).tolist(), grid_of((2, 9), 3).tolist()
+    ([1, 2, 3], [2, 9])
+    """
+    if n_grid == "default":
+        return default_n_grid(n_keys)
+    if n_grid == "all":
+        return torch.arange(1, n_keys + 1, dtype=torch.int64)
+    return torch.tensor(list(n_grid), dtype=torch.int64)

@@ -1,7 +1,9 @@
 """What reproduces a result, as plain JSON: the package versions, and what two results' provenances must share.
 
 A run records the model's identity (`tl_geometry.capture.provenance`), the
-package versions and the corpus on its result (``result.provenance``), saved
+package versions, the corpus and the capture path its plan took (``"capture"``,
+with ``"capture_reason"`` where ``capture="auto"`` fell back to the pattern) on
+its result (``result.provenance``), saved
 in its JSON file; merging results checks the identity here and combines the
 rest.
 """
@@ -55,7 +57,8 @@ def merge_check(mine: Any, theirs: Any) -> tuple[str, Any, Any] | None:
 
 
 def merged(provenances: list[Any]) -> dict[str, Any] | None:
-    """The provenance of a merge: one model (devices and attention kernels of every part listed), corpora summed."""
+    """The provenance of a merge: one model (devices, attention kernels and capture paths of every part listed),
+    corpora summed."""
     known = [p for p in provenances if isinstance(p, dict)]
     if not known:
         return None
@@ -77,5 +80,8 @@ def merged(provenances: list[Any]) -> dict[str, Any] | None:
             "skipped": dict(sorted(skipped.items())),
             "parts": corpora,
         }
+    paths = sorted({str(p["capture"]) for p in known if "capture" in p})  # the capture paths the parts took
+    if paths:
+        out["capture"] = ", ".join(paths)
     out["merged_from"] = len(provenances)
     return out

@@ -280,13 +280,15 @@ class GeometryResult(StatisticsTable):
             sample += f" ({int((self.query_positions >= 0).sum())} kept per query, result.queries_dataframe())"
         kept = [name for name, s in self.stats.items() if s.n_replicates]
         layer, head, n = self.layers[0], self.heads[0], int(self.n_grid[min(3, len(self.n_grid) - 1)])
+        path = (self.provenance or {}).get("capture")  # the path the run took, where it differs from the request
+        taken = f" (took {path!r})" if path is not None and path != c.capture else ""
         rows = [
             ("model", self.model_name),
             ("sample", sample),
             ("heads", f"{plural(len(self.layers), 'layer')} x {plural(len(self.heads), 'head')} "
                       f"(layers {ranges(self.layers)}; heads {ranges(self.heads)})"),
             ("N grid", f"{plural(len(self.n_grid), 'value')}: {short_list(self.n_grid.tolist())}"),
-            ("measured", f"distance={c.distance!r}, ranking={c.ranking!r}, capture={c.capture!r}, "
+            ("measured", f"distance={c.distance!r}, ranking={c.ranking!r}, capture={c.capture!r}{taken}, "
                          f"diagnostics={list(c.diagnostics)}"),
             ("fields", f"{len(self.stats)}: " + names(list(self.stats), more="result.describe()")),
             ("bootstrap", f"{self.n_bootstrap} replicates of {names(kept, 4)} (result.ci)" if kept else
