@@ -157,7 +157,7 @@ def test_a_sweep_reads_its_fields_by_name_like_a_result(sweep):
 
 
 def test_a_sweep_as_a_long_table(sweep):
-    table = sweep.to_dataframe(level=0.9)
+    table = sweep.to_dataframe(form="long", level=0.9)
     assert list(table.columns) == ["field", "layer", "head", "n", "control", "mean", "std", "count", "ci_low",
                                    "ci_high"]
     assert len(table) == sum(s.count.numel() for s in sweep.stats.values())
