@@ -5,7 +5,7 @@ from collections.abc import Mapping, Sequence
 
 from tl_geometry.analysis.mechanisms import DetectorAgreement, PromptSetCheck
 from tl_geometry.analysis.taxonomy import LITERAL_ROLES, REGIMES, HeadTaxonomy, SensitivityRow, role_counts
-from tl_geometry.results.display import plural
+from tl_geometry.results.display import head_name, plural
 
 INTRO = (
     "Each head's role is read from its output o = sum of alpha_i v_i over a seeded sample of query positions: "
@@ -28,7 +28,7 @@ def _cross_tab(check: PromptSetCheck, detector: str, roles: HeadTaxonomy, what: 
         layer, head = (int(x) for x in row["head"].split("."))
         here = roles.label_names()[roles.layers.index(layer)][roles.heads.index(head)]
         sub = roles.subtype_text(layer, head)
-        cells = [row["head"], f"{row['score']:.2f}", row["label"], row["subtype"] or "-", f"{row['p_content']:.2f}",
+        cells = [head_name(layer, head), f"{row['score']:.2f}", row["label"], row["subtype"] or "-", f"{row['p_content']:.2f}",
                  here + (f" ({sub})" if sub else "")]
         rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     head = "".join(f"<th>{c}</th>" for c in ("head", "score", "role on these prompts", "sub-type", "p(content)",
