@@ -127,8 +127,10 @@ for k, (n, rho, lo, hi) in enumerate(zip(corr.n_grid.tolist(), corr.rho.tolist()
 # ## The figures, in the report
 #
 # `intervention_figures` draws dNLL against N with the control band, the N*_tau
-# heatmap and the F_N-against-dNLL scatter; `write_report` appends them to the
-# geometry report. (The command `tl-geometry intervene` does all of this.)
+# heatmap and the F_N-against-dNLL scatter; `write_report` puts them in a
+# section of their own right after the report's summary, first in its
+# contents, with the geometry of the same windows after them. (The command
+# `tl-geometry intervene` does all of this.)
 
 # %%
 figures = intervention_figures(sweep, n_star, corr)

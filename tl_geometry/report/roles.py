@@ -30,8 +30,8 @@ NO_ABLATIONS = (
     "Not run: ablations run the model many times, so the report leaves them out. "
     "<code>tl-geometry intervene --ablate-roles</code> writes them beside the roles of its windows "
     "(<code>interventions/ablation.html</code>); in Python, "
-    "<code>write_report(result, out, ablation=ablate_roles(model, tg.classify_heads(result), tokens=...))</code> "
-    "puts them here (<code>tl_geometry.interventions.ablate_roles</code>)."
+    "<code>tl_geometry.report.html.write_report(result, out, ablation=ablation)</code> puts them here, with "
+    "<code>ablation = tl_geometry.interventions.ablate_roles(model, tl_geometry.classify_heads(result), tokens=...)</code>."
 )
 
 
