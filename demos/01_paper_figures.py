@@ -199,7 +199,7 @@ def mean_layer(index: int) -> float:
 
 
 depth = {regime: mean_layer(i) for i, regime in enumerate(tg.analysis.REGIMES)}
-print(", ".join(f"{regime}: {int(n)} heads (mean layer {depth[regime]:.1f})"
+print(", ".join(f"{regime}: {int(n)} heads (mean layer {depth[regime]:.1f})" if n else f"{regime}: no heads"
                 for regime, n in zip(tg.analysis.REGIMES, total)))
 
 # %% [markdown]

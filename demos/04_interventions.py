@@ -101,7 +101,9 @@ for mode in sweep.modes:
 
 # %%
 n_star = effective_set_size(model, windows, scope="model", taus=(0.05,), progress=False)
-print("N*_5% of the model:", n_star.sel(0.05).item(), "interval", n_star.low[0, 0, 0].item(), n_star.high[0, 0, 0].item())
+found, low, high = n_star.sel(0.05).item(), n_star.low[0, 0, 0].item(), n_star.high[0, 0, 0].item()
+print(f"N*_5% of the model: {found:g} keys, interval [{low:g}, {high:g}]" if found == found else
+      f"N*_5% of the model: not reached (no N up to {n_star.max_n} keeps the relative dNLL within 0.05)")
 
 # %% [markdown]
 # ## Geometry against function, layer by layer
@@ -116,15 +118,19 @@ layer_sweep = intervention_sweep(model, windows, GRID, scope="layer", layers=LAY
 geometry = tg.analyze_corpus(model, windows, n_grid=GRID, layers=LAYERS, progress=False,
                              bootstrap_fields=["precision", "recall", "f_score"])
 corr = geometry_vs_dnll(geometry, layer_sweep, field="f_score")
-for n, rho, lo, hi in zip(corr.n_grid.tolist(), corr.rho.tolist(), corr.low.tolist(), corr.high.tolist()):
-    print(f"N={n:<4} Spearman(F_N, dNLL) across layers = {rho:6.2f}  [{lo:.2f}, {hi:.2f}]")
+for k, (n, rho, lo, hi) in enumerate(zip(corr.n_grid.tolist(), corr.rho.tolist(), corr.low.tolist(),
+                                         corr.high.tolist())):
+    why = corr.why_undefined(k)  # a missing rho says why (e.g. dNLL the same for every layer), never "nan"
+    print(f"N={n:<4} Spearman(F_N, dNLL) across layers = " + (f"no value: {why}" if why else f"{rho:6.2f}  [{lo:.2f}, {hi:.2f}]"))
 
 # %% [markdown]
 # ## The figures, in the report
 #
 # `intervention_figures` draws dNLL against N with the control band, the N*_tau
-# heatmap and the F_N-against-dNLL scatter; `write_report` appends them to the
-# geometry report. (The command `tl-geometry intervene` does all of this.)
+# heatmap and the F_N-against-dNLL scatter; `write_report` puts them in a
+# section of their own right after the report's summary, first in its
+# contents, with the geometry of the same windows after them. (The command
+# `tl-geometry intervene` does all of this.)
 
 # %%
 figures = intervention_figures(sweep, n_star, corr)

@@ -368,7 +368,11 @@ def test_intervene_ablate_roles_writes_the_table_and_the_figure(tmp_path, monkey
     assert code == 0
     frame = __import__("pandas").read_csv(out / "ablation.csv")
     assert {"group", "task", "ablation", "dnll", "low", "high", "random_low", "random_high"} <= set(frame.columns)
-    assert (out / "ablation.html").read_text().count("random band") >= 1
+    page = (out / "ablation.html").read_text()
+    assert page.count("random band") >= 1
+    # The ablations sit inside the roles they test, after the role counts and before the list of every head.
+    assert page.index("<section id='head-roles'>") < page.index("<section id='role-ablations'>") < page.index(
+        "<summary>Every head</summary>")
     assert "| group | heads | task |" in (out / "ablation.md").read_text()
     assert "ablation.csv" in capsys.readouterr().out
     assert hook_counts(tiny) == before

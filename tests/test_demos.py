@@ -24,8 +24,7 @@ _spec.loader.exec_module(render_outputs)
 # - the last printed digit of a decimal, by one unit: another CPU's vector width or another number of
 #   threads sums floats in another order, and a value near a rounding boundary then prints one unit
 #   higher or lower. Words, integers (counts, layers, N, percentages) and the number of digits must match.
-#   (A head written layer.head, as `HeadTaxonomy.describe` does, reads as a decimal here; the demos also
-#   name their heads as L16H0, which is compared exactly.)
+#   (Heads are written L16H0, as `HeadTaxonomy.describe` and the demos write them, and compared exactly.)
 TEMPORARY_FOLDER = re.compile(r"[^\s'\"]*/tmp[a-z0-9_]{8}(?=[/\s'\"]|$)")
 DECIMAL = re.compile(r"-?\d+\.\d+")
 
@@ -86,6 +85,32 @@ def test_every_demo_has_outputs_whose_cells_and_figures_exist():
     assert {path.stem for path in OUTPUTS.glob("*.json")} == {demo.stem for demo in DEMOS}
 
 
+# What a reader should never see in a tutorial: a bare "nan" (a missing value says why) and a head written
+# layer.head at the start of a line, which reads as a number ("16.0: content ...").
+UNREADABLE = {"a bare nan": re.compile(r"\bnan\b"), "a head written layer.head": re.compile(r"(?m)^\d+\.\d+: ")}
+
+
+def unreadable(cells: dict[str, dict]) -> list[str]:
+    return [f"code cell {index} prints {what}: {cell['text']!r}" for index, cell in sorted(cells.items())
+            for what, pattern in UNREADABLE.items() if pattern.search(cell["text"])]
+
+
+def test_committed_outputs_say_why_a_value_is_missing_and_name_heads_as_l_h():
+    """Once the outputs are rendered again: no cell prints "nan" or a head as "16.0"."""
+    problems = [f"{path.name}: {problem}" for path in sorted(OUTPUTS.glob("*.json"))
+                for problem in unreadable(json.loads(path.read_text())["cells"])]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(("text", "found"), [
+    ("N=1 Spearman = nan [nan, nan]", True), ("mixer: 0 heads (mean layer nan)", True),
+    ("16.0: content (previous-token)", True), ("N=1 Spearman: no value: dNLL the same for every unit", False),
+    ("L16H0: content", False), ("relative dNLL 0.7222 [0.6943, 0.7522]", False), ("nanoGPT, NaN-free", False),
+])
+def test_what_counts_as_unreadable(text, found):
+    assert bool(unreadable({"1": {"text": text, "images": []}})) == found
+
+
 TEXT = "L16H0 content previous-token 0.79, 102 Content heads; relative dNLL  -0.0016 [-0.0024, 0.0939]"
 
 
@@ -140,6 +165,7 @@ def test_demo_runs_and_prints_what_its_tutorial_shows(demo, tmp_path, monkeypatc
     if major_version(rendered_with) != major_version(running):
         pytest.skip(f"{demo.name} ran; its outputs come from TransformerLens {rendered_with}, which prints "
                     f"differently from {running} (a HookedTransformer or not): not compared")
+    assert not unreadable(printed), "\n".join(unreadable(printed))
     problems = differences(saved["cells"], printed)
     assert not problems, (f"{demo.name} no longer prints what its tutorial shows "
                           f"({saved_path.relative_to(ROOT)}):\n" + "\n".join(problems) + f"\n{regenerate}")

@@ -157,7 +157,7 @@ def test_a_sweep_reads_its_fields_by_name_like_a_result(sweep):
 
 
 def test_a_sweep_as_a_long_table(sweep):
-    table = sweep.to_dataframe(level=0.9)
+    table = sweep.to_dataframe(form="long", level=0.9)
     assert list(table.columns) == ["field", "layer", "head", "n", "control", "mean", "std", "count", "ci_low",
                                    "ci_high"]
     assert len(table) == sum(s.count.numel() for s in sweep.stats.values())
@@ -193,3 +193,39 @@ def test_analysis_results_print_a_line_per_field(run):
     text = check_summary(n_star, "[64x1x2x1]", "2 InterventionResults", "n_star.sel(")
     assert re.search(r"replicates +\[64x1x2x1\]", text) and len(text) < 1500  # not 64 x 2 replicate values
     check_summary(tg.sink_recall_correlation(result), "n_grid", "pearson", "n_bootstrap")
+
+
+# ---------------------------------------------------------------- the other public result types: ablations, checks
+
+def test_role_ablation_summary_counts_the_verdicts_not_every_row():
+    from tl_geometry.analysis.ablation import AblationRow, HeadGroup, RoleAblation
+
+    groups = tuple(HeadGroup(f"role {k}", "role", ((0, k),)) for k in range(40))
+
+    def row(group, dnll):  # the band is 0 to 0.04: above it from 0.06 on, below it under -0.02
+        return AblationRow(group=group, kind="role", task="natural", ablation="zero", n_heads=1, layers="0:1",
+                           clean=3.0, dnll=dnll, low=dnll - 0.01, high=dnll + 0.01, random_mean=0.02, random_sd=0.01,
+                           random_low=0.0, random_high=0.04, excess=dnll - 0.02, excess_low=dnll - 0.03,
+                           excess_high=dnll - 0.01, above_random=0.0, n_random=8)
+
+    dnlls = [0.5] * 3 + [0.02] * 30 + [-0.5] * 7
+    ablation = RoleAblation(rows=tuple(row(g.name, d) for g, d in zip(groups, dnlls)), groups=groups, model="tiny",
+                            settings={"windows": 4, "context": 64})
+    text = check_summary(ablation, "RoleAblation of tiny", "40 rows", "to_markdown()")
+    words = " ".join(text.split())  # long values wrap
+    assert "8 random head sets: 3 above the random band, 30 in it, 7 below" in words
+    assert "above band role 0 (natural, zero), role 1 (natural, zero), role 2 (natural, zero)" in words
+    assert len(text) < 1500 and "role 39" not in text  # the dataclass repr printed every row's numbers
+
+
+def test_published_measures_and_a_prompt_set_check_print_short(run):
+    from tl_geometry.analysis.mechanisms import PromptSetCheck
+    from tl_geometry.interventions import published_measures
+
+    model, tokens, _ = run
+    check_summary(published_measures(model, tokens), "first_token_score", "[2x4]", "crosstab(roles)")
+    taxonomy = tg.classify_heads(simulate_study(true_means(), np.random.default_rng(0)))
+    scores = torch.arange(24, dtype=torch.float64).reshape(4, 6) / 24  # the highest: layer 3, head 5
+    check = PromptSetCheck("repeated", {"induction": scores}, taxonomy, period=16, n_prompts=4)
+    check_summary(check, "4 prompts, repeated", "period 16", "L3H5 0.96, L3H4 0.92", "24 heads classified",
+                  "check.cross_tab('induction')")

@@ -69,7 +69,7 @@ def test_figure_numbers_follow_the_paper_and_figure_9_says_why_it_is_not_drawn(r
 def test_the_scorecard_sits_between_the_summary_and_the_explorer(result):
     page = report.render_html(result)
     assert (page.index('<table id="summary">') < page.index('<section id="claims-scorecard">')
-            < page.index('<section id="explorer">') < page.index("<h2>Figures</h2>"))
+            < page.index('<section id="explorer">') < page.index('<h2 id="figures">Figures</h2>'))
 
 
 def test_the_first_screen_says_the_sample_is_too_small(result):
@@ -178,3 +178,79 @@ def test_png_when_the_one_session_fails_each_figure_is_rendered_alone(result, tm
     assert written == sorted(f"{figure.key}.png" for figure, _ in two_figures(result).figures)
     for name in written:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------- where the interventions sit, and the page's contents
+
+def _role_ablation():
+    from tl_geometry.analysis.ablation import AblationRow, HeadGroup, RoleAblation
+
+    def row(group, ablation, dnll):
+        return AblationRow(group=group, kind="role", task="natural", ablation=ablation, n_heads=2, layers="0:1, 1:1",
+                           clean=3.0, dnll=dnll, low=dnll - 0.01, high=dnll + 0.01, random_mean=0.02, random_sd=0.01,
+                           random_low=0.0, random_high=0.04, excess=dnll - 0.02, excess_low=dnll - 0.03,
+                           excess_high=dnll - 0.01, above_random=0.0, n_random=4)
+
+    groups = (HeadGroup("role reset", "role", ((0, 0), (1, 1))), HeadGroup("role content", "role", ((0, 1), (1, 2))))
+    rows = tuple(row(g.name, a, d) for g, d in zip(groups, (0.5, 0.01)) for a in ("zero", "mean"))
+    return RoleAblation(rows=rows, groups=groups, model="tiny")
+
+
+def _sweep_figures():
+    import plotly.graph_objects as go
+
+    return [(report.Figure(f"interventions-{k}", f"Intervention figure {k}", "how", None), go.Figure()) for k in "ab"]
+
+
+def _ids_and_links(page: str) -> tuple[set[str], list[str]]:
+    import re
+
+    nav = page[page.index('<nav id="contents">'):page.index("</nav>")]
+    return set(re.findall(r"""id=["']([^"']+)["']""", page)), re.findall(r'href="#([^"]+)"', nav)
+
+
+def test_the_page_lists_every_part_first_and_every_link_lands(result):
+    page = report.render_html(result)
+    ids, links = _ids_and_links(page)
+    assert links and all(link in ids for link in links), [link for link in links if link not in ids]
+    assert links[:2] == ["head-roles", "role-ablations"] and "interventions" not in links  # no sweep, no section
+    assert (page.index('<table id="summary">') < page.index('<nav id="contents">') < page.index("<section id='head-roles'>")
+            < page.index("<section id='role-ablations' class='not-drawn'>") < page.index("<summary>Every head</summary>")
+            < page.index('<section id="claims-scorecard">') < page.index('<h2 id="figures">'))
+    assert "tl-geometry intervene --ablate-roles" in page  # how to put the ablations beside the roles
+
+
+def test_interventions_come_after_the_summary_and_role_ablations_beside_the_roles(result):
+    """A sweep's figures open the page (linked first in its contents), not after Figure 11; each role ablation
+    row sits in the roles section, between the roles and the list of every head."""
+    figures, ablation = _sweep_figures(), _role_ablation()
+    page = report.render_html(result, extra_figures=figures, ablation=ablation)
+    ids, links = _ids_and_links(page)
+    assert all(link in ids for link in links)
+    assert links[:3] == ["interventions", "section-interventions-a", "section-interventions-b"]
+    places = [page.index('<nav id="contents">'), page.index('<section id="interventions">'),
+              page.index('id="section-interventions-a"'), page.index('id="section-interventions-b"'),
+              page.index("<section id='head-roles'>"), page.index("<section id='role-ablations'>"),
+              page.index("<summary>Every head</summary>"), page.index('<section id="claims-scorecard">'),
+              page.index('<h2 id="figures">'), page.index('id="section-figure-11"')]
+    assert places == sorted(places)
+    figures_list = page[page.index('<h2 id="figures">'):]
+    assert "Intervention figure a" not in figures_list[:figures_list.index("</ul>")]  # listed once, at the top
+    start = page.index("<section id='role-ablations'>")
+    roles = page[start:page.index("</section>", start)]
+    for row in ablation.rows:
+        assert f"<td>{row.group}</td><td>2</td><td>natural</td><td>{row.ablation}</td><td>{row.dnll:+.3f}" in roles
+    assert roles.count("<tr><td>") == len(ablation.rows) and 'id="role-ablations-figure"' in roles
+    assert page.count("plotly.js v") == 1
+
+
+def test_the_ablation_page_shows_the_roles_with_their_ablations(result):
+    from tl_geometry.analysis.taxonomy import taxonomy_from_result
+
+    ablation = _role_ablation()
+    page = report.ablation_page(taxonomy_from_result(result), ablation, {"windows": "2 x 16 tokens"})
+    ids, links = _ids_and_links(page)
+    assert links == ["head-roles", "role-ablations"] and set(links) <= ids
+    assert page.index("<section id='head-roles'>") < page.index("<section id='role-ablations'>") < page.index(
+        "<summary>Every head</summary>")
+    assert "<th>windows</th><td>2 x 16 tokens</td>" in page and page.count("plotly.js v") == 1

@@ -382,8 +382,9 @@ def test_summaries_and_sensitivity(built):
         moved = taxonomy_from_result(built, TaxonomyConfig(**{row.threshold: row.value}))
         assert row.changed == int((moved.labels != found.labels).sum())
         assert list(row.counts) == moved.counts_by_layer().sum(0).tolist()
-    assert "0.0: retriever" in found.describe(0, 0)
-    assert "0.3: content (previous-token: top rest key in 100 % of rows, weight 0." in found.describe(0, 3)
+    # Heads named as everywhere else ("L0H3"), not "0.3", which reads as a number.
+    assert found.describe(0, 0).startswith("L0H0: retriever")
+    assert found.describe(0, 3).startswith("L0H3: content (previous-token: top rest key in 100 % of rows, weight 0.")
     table = found.table()
     assert len(table) == tm.N_LAYERS * tm.N_HEADS and all(abs(sum(r[f"p_{k}"] for k in ROLES) - 1) < 1e-9 for r in table)
 

@@ -344,7 +344,7 @@ def _add_intervene_parser(commands, run: argparse.ArgumentParser) -> None:
                            help="instead of the top-N sweep: zero- and mean-ablate each head role, sub-type and detector "
                                 "group (tl_geometry.interventions.ablate_roles) against random head sets of the same size and layers; the "
                                 "first --windows windows are evaluated, the next --windows give the mean z. Writes "
-                                "OUT/ablation.csv, OUT/ablation.md and OUT/ablation.html")
+                                "OUT/ablation.csv, OUT/ablation.md and OUT/ablation.html (the roles with their ablations beside them)")
     intervene.add_argument("--random-sets", type=int, default=8, help="with --ablate-roles: random head sets per group "
                            "(default: 8)")
 
@@ -427,7 +427,7 @@ def _ablate_roles(args: argparse.Namespace) -> int:
 
     from tl_geometry.capture.ablation import ablate_roles
     from tl_geometry.capture.roles import classify_heads
-    from tl_geometry.report.ablation import ablation_figure
+    from tl_geometry.report.html import ablation_page
     from tl_geometry.results.files import atomic_path
 
     if args.random_sets < 2:
@@ -454,7 +454,9 @@ def _ablate_roles(args: argparse.Namespace) -> int:
     markdown = result.to_markdown()
     for name, write in (("ablation.csv", lambda path: result.to_dataframe().to_csv(path, index=False)),
                         ("ablation.md", lambda path: path.write_text(markdown + "\n")),
-                        ("ablation.html", lambda path: ablation_figure(result).write_html(path, include_plotlyjs=True))):
+                        ("ablation.html", lambda path: path.write_text(ablation_page(taxonomy, result, {
+                            "windows": f"{half} x {args.context} tokens (roles and ablations; the next {half} give "
+                                       "the mean z)"})))):
         with atomic_path(args.out / name) as tmp:
             write(tmp)
     print(markdown)

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from tl_geometry.analysis.intervals import percentile_interval
 from tl_geometry.errors import GeometryError
+from tl_geometry.results.display import Summary, field_summary, names, plural
 
 Head = tuple[int, int]
 ROLE_LABELS: tuple[str, ...] = ("retriever", "mixer", "reset", "content", "uncertain")
@@ -217,7 +218,7 @@ def ablation_row(
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)  # repr: a summary, not every row (one line of every group's numbers)
 class RoleAblation:
     """What ablating each head group costs the model, against random head sets of the same shape.
 
@@ -232,6 +233,29 @@ class RoleAblation:
     groups: tuple[HeadGroup, ...]
     model: str = ""
     settings: Mapping[str, Any] = field(default_factory=dict)
+
+    def _summary(self) -> Summary:
+        verdicts = [row.verdict for row in self.rows]
+        above = [f"{row.group} ({row.task}, {row.ablation})" for row in self.rows if row.verdict == "above band"]
+        n_random = max((row.n_random for row in self.rows), default=0)
+        rows = (
+            ("model", self.model or "-"),
+            ("groups", f"{len(self.groups)}: " + names([g.name for g in self.groups], 6)),
+            ("rows", f"{plural(len(self.rows), 'row')} (group x task x ablation), each against "
+                     f"{plural(n_random, 'random head set')}: {verdicts.count('above band')} above the random band, "
+                     f"{verdicts.count('in band')} in it, {verdicts.count('below band')} below"),
+            ("above band", names(above, 6) or "none"),
+            ("settings", ", ".join(f"{k} {v}" for k, v in self.settings.items()) or "-"),
+            ("read", "ablation.to_dataframe(); print(ablation.to_markdown()); "
+                     "tl_geometry.interventions.ablation_figure(ablation)"),
+        )
+        return Summary(f"RoleAblation of {self.model or 'a model'}", rows)
+
+    def __repr__(self) -> str:
+        return self._summary().text()
+
+    def _repr_html_(self) -> str:
+        return self._summary().html()
 
     def table(self) -> list[dict[str, Any]]:
         """The rows as dicts (with their verdict against the random band)."""
@@ -267,7 +291,7 @@ class RoleAblation:
         return "\n".join(lines)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)  # repr: a line per field, not every head's values
 class PublishedMeasures:
     """Two published per-head measures beside the roles.
 
@@ -299,6 +323,12 @@ class PublishedMeasures:
     space: str
     sequences: int
     length: int
+
+    def __repr__(self) -> str:
+        return field_summary(self, "measures.crosstab(roles); measures.sink_heads, .dormant_heads are [layer, head]").text()
+
+    def _repr_html_(self) -> str:
+        return field_summary(self, "measures.crosstab(roles); measures.sink_heads, .dormant_heads are [layer, head]").html()
 
     @property
     def sink_heads(self) -> torch.Tensor:

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from tl_geometry.analysis.taxonomy import CONTENT, HeadTaxonomy
 from tl_geometry.errors import GeometryError
+from tl_geometry.results.display import Summary, head_name, plural
 
 DETECTORS = ("previous_token", "duplicate_token", "induction", "bos")
 # A head is confirmed by a detector at this score (the usual cut of TransformerLens's head detector studies).
@@ -75,7 +76,7 @@ def agreement(taxonomy: HeadTaxonomy, scores: Tensor, subtype: str, threshold: f
     return DetectorAgreement(subtype, named, detected, threshold)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)  # repr: a summary, not every score and the roles' tensors
 class PromptSetCheck:
     """One prompt set: detector scores and the roles found on the same prompts.
 
@@ -92,6 +93,26 @@ class PromptSetCheck:
     taxonomy: HeadTaxonomy
     period: int | None
     n_prompts: int | None = None
+
+    def _summary(self) -> Summary:
+        prompts = "prompts" if self.n_prompts is None else plural(self.n_prompts, "prompt")
+        rows = [("prompts", f"{prompts}, {self.name}" + (f" (random tokens repeated, period {self.period})"
+                                                          if self.period else ""))]
+        for detector, scores in self.scores.items():
+            top = ", ".join(f"{head_name(layer, head)} {float(scores[layer, head]):.2f}"
+                            for layer, head in self.top_heads(detector, 4))
+            rows.append((detector, f"top scores {top}"))
+        rows.append(("roles", f"{plural(self.taxonomy.labels.numel(), 'head')} classified on these prompts "
+                              "(check.taxonomy)"))
+        detector = next(iter(self.scores), "previous_token")
+        rows.append(("read", f"check.cross_tab({detector!r}); check.agreement({detector!r}, your_roles)"))
+        return Summary(f"PromptSetCheck {self.name!r}", tuple(rows))
+
+    def __repr__(self) -> str:
+        return self._summary().text()
+
+    def _repr_html_(self) -> str:
+        return self._summary().html()
 
     def top_heads(self, detector: str, k: int = 10) -> list[tuple[int, int]]:
         """The k heads with the highest score of ``detector`` (NaN last)."""

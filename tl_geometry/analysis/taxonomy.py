@@ -128,6 +128,7 @@ from tl_geometry.diagnostics.taxonomy import (
     TOP_REST_SHARE,
 )
 from tl_geometry.errors import GeometryError
+from tl_geometry.results.display import head_name
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.results.table import FieldName, field_name
 
@@ -539,7 +540,7 @@ class HeadTaxonomy:
         return torch.nn.functional.one_hot(self.labels, len(REGIMES)).sum(1)
 
     def describe(self, layer: int, head: int) -> str:
-        """What kind of head is ``layer.head``, in one line with its evidence."""
+        """What kind of head is ``L<layer>H<head>``, in one line with its evidence."""
         i, j = self.layers.index(layer), self.heads.index(head)
         p = self.probabilities[i, j]
         label = REGIMES[int(self.labels[i, j])]
@@ -547,10 +548,10 @@ class HeadTaxonomy:
         odds = ", ".join(f"{r} {float(p[k]):.2f}" for k, r in enumerate(ROLES))
         if label == "uncertain":
             first = ROLES[int(p.nan_to_num(-1).argmax())]
-            head_line = f"{layer}.{head}: uncertain between {first} and {ROLES[int(self.runner_up[i, j])]}"
+            head_line = f"{head_name(layer, head)}: uncertain between {first} and {ROLES[int(self.runner_up[i, j])]}"
         else:
             sub = self.subtype_text(layer, head)
-            head_line = f"{layer}.{head}: {label}" + (f" ({sub})" if sub else "")
+            head_line = f"{head_name(layer, head)}: {label}" + (f" ({sub})" if sub else "")
         return (
             f"{head_line}; probabilities {odds}; shares of the output: sink {f[SHARE_SINK.name]:.2f}, own token "
             f"{f[SHARE_SELF.name]:.2f}, rest {f[SHARE_REST.name]:.2f} (effective share of rest keys "

@@ -1,5 +1,10 @@
 """The self-contained HTML report: a summary table, the head explorer, then every figure with how to read it.
 
+The page's contents come first, after the summary, and link to every part.
+Interventions sit where a reader looks for them: a sweep's figures (the page
+of ``tl-geometry intervene``) in their own section right after the summary,
+the role ablations inside the roles section, beside the roles they test.
+
 plotly.js is embedded once, so the page opens offline. A figure the result
 cannot draw leaves a short note saying which option would draw it. The page, the result
 files and the PNGs are committed as one unit (`tl_geometry.results.files`), so
@@ -21,14 +26,16 @@ from plotly.offline import get_plotlyjs
 
 from tl_geometry.report import plots
 from tl_geometry.report.explorer import HEATMAPS, default_n_index, explorer_html, explorer_script
-from tl_geometry.report.roles import roles_html
+from tl_geometry.report.roles import ABLATIONS_ID, ABLATIONS_TITLE, roles_html
 from tl_geometry.report.scorecard import scorecard_html
 from tl_geometry.errors import GeometryError
 from tl_geometry.diagnostics.registry import REGISTRY
 from tl_geometry.diagnostics.selection import ATTENTION_MASS, PRECISION, RECALL
 from tl_geometry.results import fileformat
 from tl_geometry.results.files import Unit, commit_unit
+from tl_geometry.results.display import plural
 from tl_geometry.results.result import GeometryResult
+from tl_geometry.analysis.ablation import RoleAblation
 from tl_geometry.analysis.claims import sample_warning
 from tl_geometry.analysis.sink import sink_recall_correlation
 from tl_geometry.theory.synthetic import toy_2d
@@ -299,15 +306,61 @@ def _position(key: str) -> float:
     return float(keys.index(key) if key in keys else len(keys))
 
 
-def _figure_section(figure: Figure, drawn: go.Figure) -> str:
+def _figure_section(figure: Figure, drawn: go.Figure, level: int = 2) -> str:
     div = drawn.to_html(full_html=False, include_plotlyjs=False, div_id=figure.key)
-    return (f'<section id="section-{figure.key}"><h2>{html.escape(figure.title)}</h2>'
+    return (f'<section id="section-{figure.key}"><h{level}>{html.escape(figure.title)}</h{level}>'
             f'<p class="how">{html.escape(figure.how_to_read)}</p>{div}</section>')
+
+
+INTERVENTIONS_ID = "interventions"
+INTERVENTIONS_TITLE = "Interventions: what the model needs"
+
+
+def _interventions_section(figures: Sequence[tuple[Figure, go.Figure]]) -> str:
+    """The figures of an intervention run, first after the summary ("" without any)."""
+    if not figures:
+        return ""
+    how = ("What the model loses when attention keeps only its top-N keys, measured beside the geometry of the same "
+           "windows: the geometry of selection (roles, claims, the head explorer and the paper's figures) follows.")
+    return (f'<section id="{INTERVENTIONS_ID}"><h2>{INTERVENTIONS_TITLE}</h2><p class="how">{html.escape(how)}</p>'
+            + "".join(_figure_section(f, d, level=3) for f, d in figures) + "</section>")
+
+
+def _link(anchor: str, title: str, inner: Sequence[tuple[str, str]] = ()) -> str:
+    sub = "".join(f'<li><a href="#{a}">{html.escape(t)}</a></li>' for a, t in inner)
+    return f'<li><a href="#{anchor}">{html.escape(title)}</a>' + (f"<ul>{sub}</ul>" if sub else "") + "</li>"
+
+
+def _page_contents(extra_figures: Sequence[tuple[Figure, go.Figure]], figures: Sequence[Figure]) -> str:
+    """The page's table of contents: every part in page order, the interventions and the roles' ablations included."""
+    links = []
+    if extra_figures:
+        links.append(_link(INTERVENTIONS_ID, INTERVENTIONS_TITLE, [(f"section-{f.key}", f.title) for f, _ in extra_figures]))
+    links += [
+        _link("head-roles", "What kind of head is each one?", [(ABLATIONS_ID, ABLATIONS_TITLE)]),
+        _link("claims-scorecard", "The paper's claims on this model"),
+        _link("explorer", "Head explorer: every head's curves and heatmaps"),
+        _link("figures", f"Figures ({plural(len(figures), 'section')}, in the paper's order)"),
+    ]
+    return f'<nav id="contents"><h2>On this page</h2><ul>{"".join(links)}</ul></nav>'
 
 
 def _note_section(figure: Figure, note: str) -> str:
     return (f'<section id="section-{figure.key}" class="not-drawn"><h2>{html.escape(figure.title)}</h2>'
             f'<p class="note">{html.escape(note)}</p></section>')
+
+
+PAGE_STYLE = """<style>
+body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }
+table { border-collapse: collapse; } th, td { text-align: left; padding: 0.25em 1em 0.25em 0; }
+th { font-weight: 600; } p.how { color: #444; max-width: 70em; }
+p.note { color: #444; background: #f4f4f4; padding: 0.6em 1em; max-width: 70em; }
+table.sortable th { cursor: pointer; } table.sortable tbody tr { cursor: pointer; }
+table.sortable tbody tr:hover, table.sortable tr.chosen { background: #fdebd9; }
+table.sortable td { font-variant-numeric: tabular-nums; }
+th[data-order=descending]::after { content: " \\25BC"; } th[data-order=ascending]::after { content: " \\25B2"; }
+</style>"""
+"""The pages' CSS (the report and the roles' ablation page)."""
 
 
 def _sample_banner(result: GeometryResult) -> str:
@@ -323,14 +376,17 @@ def render_html(
     rendered: Rendered | None = None,
     extra_figures: Sequence[tuple[Figure, go.Figure]] = (),
     mechanisms: Mapping[str, PromptSetCheck] | None = None,
+    ablation: RoleAblation | None = None,
 ) -> str:
     """The whole report as one HTML document (plotly.js embedded once).
 
     Figures that need a diagnostic (taxonomy, assumptions) are drawn when the
     result carries its fields. ``rendered`` reuses figures already drawn.
-    ``extra_figures`` (e.g. `intervention_figures` of a sweep) follow them.
-    ``mechanisms`` (`tl_geometry.capture.roles.check_known_mechanisms`) adds
-    the detector cross-tab to the head roles' section.
+    ``extra_figures`` (e.g. `intervention_figures` of a sweep) get a section
+    of their own right after the summary. ``mechanisms``
+    (`tl_geometry.capture.roles.check_known_mechanisms`) adds the detector
+    cross-tab to the head roles' section, and ``ablation``
+    (`tl_geometry.interventions.ablate_roles`) the roles' ablations.
     """
     details = details or {}
     taxonomy, figures, notes = render_figures(result) if rendered is None else rendered
@@ -343,23 +399,13 @@ def render_html(
     body: dict[str, str] = {f.key: _figure_section(f, d) for f, d in figures if f.key not in HEATMAPS}
     body.update({f.key: _note_section(f, note) for f, note in notes})
     shown = [f for f, _ in figures if f.key not in HEATMAPS] + [f for f, _ in notes]
-    order = sorted(shown, key=lambda f: _position(f.key)) + [f for f, _ in extra_figures]
-    body.update({f.key: _figure_section(f, d) for f, d in extra_figures})
+    order = sorted(shown, key=lambda f: _position(f.key))
     contents = "\n".join(f'<li><a href="#section-{f.key}">{html.escape(f.title)}</a></li>' for f in order)
     sections = [body[f.key] for f in order]
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>tl_geometry report: {html.escape(result.model_name)}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }}
-table {{ border-collapse: collapse; }} th, td {{ text-align: left; padding: 0.25em 1em 0.25em 0; }}
-th {{ font-weight: 600; }} p.how {{ color: #444; max-width: 70em; }}
-p.note {{ color: #444; background: #f4f4f4; padding: 0.6em 1em; max-width: 70em; }}
-table.sortable th {{ cursor: pointer; }} table.sortable tbody tr {{ cursor: pointer; }}
-table.sortable tbody tr:hover, table.sortable tr.chosen {{ background: #fdebd9; }}
-table.sortable td {{ font-variant-numeric: tabular-nums; }}
-th[data-order=descending]::after {{ content: " \\25BC"; }} th[data-order=ascending]::after {{ content: " \\25B2"; }}
-</style>
+{PAGE_STYLE}
 <script>{get_plotlyjs()}</script></head>
 <body>
 <h1>Geometry of token selection: {html.escape(result.model_name)}</h1>
@@ -369,12 +415,34 @@ th[data-order=descending]::after {{ content: " \\25BC"; }} th[data-order=ascendi
 <table id="summary">
 {table}
 </table>
-{roles_html(taxonomy, mechanisms, threshold_sensitivity(result, taxonomy.config) if taxonomy else ())}
+{_page_contents(extra_figures, order)}
+{_interventions_section(extra_figures)}
+{roles_html(taxonomy, mechanisms, threshold_sensitivity(result, taxonomy.config) if taxonomy else (), ablation)}
 {scorecard_html(result)}
 {explorer_html(result, taxonomy, heatmaps)}
-<h2>Figures</h2><ul>{contents}</ul>
+<h2 id="figures">Figures</h2><ul>{contents}</ul>
 {"".join(sections)}
 {explorer_script()}
+</body></html>
+"""
+
+
+def ablation_page(roles: HeadTaxonomy, ablation: RoleAblation, details: Mapping[str, str] | None = None) -> str:
+    """A page of the roles and, inside their section, what ablating each costs the model (plotly.js embedded once):
+    ``tl-geometry intervene --ablate-roles`` writes it as ``ablation.html``."""
+    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+                   for k, v in {"model": ablation.model or "-", **(details or {})}.items())
+    name = html.escape(ablation.model or "the model")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>tl_geometry: head roles and their ablations, {name}</title>
+{PAGE_STYLE}
+<script>{get_plotlyjs()}</script></head>
+<body>
+<h1>Head roles and what they cost the model: {name}</h1>
+<table id="summary">{rows}</table>
+<nav id="contents"><ul>{_link("head-roles", "What kind of head is each one?", [(ABLATIONS_ID, ABLATIONS_TITLE)])}</ul></nav>
+{roles_html(roles, None, (), ablation)}
 </body></html>
 """
 
@@ -427,6 +495,7 @@ def write_report(
     png: bool = False,
     extra_figures: Sequence[tuple[Figure, go.Figure]] = (),
     mechanisms: Mapping[str, PromptSetCheck] | None = None,
+    ablation: RoleAblation | None = None,
 ) -> Path:
     """Write ``out_dir/index.html`` and the result files ``out_dir/result.npz`` + ``.json``.
 
@@ -435,8 +504,10 @@ def write_report(
         out_dir: the report folder (created if needed).
         details: extra rows for the summary table, e.g. the text analysed.
         png: also write a PNG of every figure (needs kaleido and a Chromium).
-        extra_figures: drawn figures appended to the report (`intervention_figures` of a sweep).
+        extra_figures: drawn figures of an intervention run (`intervention_figures` of a sweep), in a section
+            of their own right after the summary.
         mechanisms: detector scores and roles on known-mechanism prompts (the head roles' cross-tab).
+        ablation: the roles' ablations (`tl_geometry.interventions.ablate_roles`), shown in the roles section.
 
     Returns:
         The path of ``index.html``.
@@ -449,7 +520,7 @@ def write_report(
     if png:
         _browser_for_png()  # fail before writing anything
     rendered = render_figures(result)
-    page = render_html(result, details, rendered, extra_figures, mechanisms)  # everything is drawn before anything is written
+    page = render_html(result, details, rendered, extra_figures, mechanisms, ablation)  # everything is drawn before anything is written
     index = out / "index.html"
     # One commit: a reader sees the old page with the old result or the new page with the new one.
     with commit_unit(out) as unit:

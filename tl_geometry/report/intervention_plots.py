@@ -16,7 +16,7 @@ from tl_geometry.analysis.interventions import (
     dnll_curve,
 )
 from tl_geometry.report.plots import fit_cells
-from tl_geometry.results.display import plural
+from tl_geometry.results.display import head_name, plural
 from tl_geometry.results.interventions import ALL, InterventionResult
 
 _COLOURS = {"renormalise": "#1f77b4", "delete": "#d62728"}
@@ -46,7 +46,7 @@ def dnll_vs_n_figure(sweep: InterventionResult, *, layer: int | None = None, hea
         if c.low is not None:
             fig.add_trace(_band(c.n, c.low, c.high, colour, f"top-N, {mode} (95% CI)"))
         fig.add_trace(go.Scatter(x=c.n, y=c.mean, mode="lines+markers", line=dict(color=colour), name=f"top-N, {mode}"))
-    unit = "model" if layer == ALL else (f"layer {layer}" if head == ALL else f"L{layer}H{head}")
+    unit = "model" if layer == ALL else (f"layer {layer}" if head == ALL else head_name(layer, head))
     fig.add_hline(y=0, line=dict(color="#7f7f7f", width=1))
     # A linear dNLL axis: a log one drops every N where keeping the top N keys lowers the loss (dNLL < 0).
     fig.update_layout(

@@ -1,11 +1,14 @@
-"""The report's "What kind of head is each one?" section: roles, their probabilities, and the known mechanisms."""
+"""The report's "What kind of head is each one?" section: roles, their probabilities, the known mechanisms, and
+what ablating each role costs the model (the test of the roles, placed beside them)."""
 
 import html
 from collections.abc import Mapping, Sequence
 
+from tl_geometry.analysis.ablation import RoleAblation
 from tl_geometry.analysis.mechanisms import DetectorAgreement, PromptSetCheck
 from tl_geometry.analysis.taxonomy import LITERAL_ROLES, REGIMES, HeadTaxonomy, SensitivityRow, role_counts
-from tl_geometry.results.display import plural
+from tl_geometry.report.ablation import ablation_figure
+from tl_geometry.results.display import head_name, plural
 
 INTRO = (
     "Each head's role is read from its output o = sum of alpha_i v_i over a seeded sample of query positions: "
@@ -20,6 +23,16 @@ INTRO = (
     "runner-up by {margin}."
 )
 TOP_K = 10
+ABLATIONS_ID = "role-ablations"
+"""The anchor of the roles' ablations, inside the roles section (the page's contents link to it)."""
+ABLATIONS_TITLE = "Do the roles matter to the model? Ablating each role against random heads"
+NO_ABLATIONS = (
+    "Not run: ablations run the model many times, so the report leaves them out. "
+    "<code>tl-geometry intervene --ablate-roles</code> writes them beside the roles of its windows "
+    "(<code>interventions/ablation.html</code>); in Python, "
+    "<code>tl_geometry.report.html.write_report(result, out, ablation=ablation)</code> puts them here, with "
+    "<code>ablation = tl_geometry.interventions.ablate_roles(model, tl_geometry.classify_heads(result), tokens=...)</code>."
+)
 
 
 def _cross_tab(check: PromptSetCheck, detector: str, roles: HeadTaxonomy, what: str) -> str:
@@ -28,7 +41,7 @@ def _cross_tab(check: PromptSetCheck, detector: str, roles: HeadTaxonomy, what: 
         layer, head = (int(x) for x in row["head"].split("."))
         here = roles.label_names()[roles.layers.index(layer)][roles.heads.index(head)]
         sub = roles.subtype_text(layer, head)
-        cells = [row["head"], f"{row['score']:.2f}", row["label"], row["subtype"] or "-", f"{row['p_content']:.2f}",
+        cells = [head_name(layer, head), f"{row['score']:.2f}", row["label"], row["subtype"] or "-", f"{row['p_content']:.2f}",
                  here + (f" ({sub})" if sub else "")]
         rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     head = "".join(f"<th>{c}</th>" for c in ("head", "score", "role on these prompts", "sub-type", "p(content)",
@@ -79,6 +92,37 @@ def _literal(roles: HeadTaxonomy) -> str:
             f"<tbody>{body}</tbody></table></details>")
 
 
+def _f(x: float) -> str:
+    return f"{x:+.3f}"
+
+
+def ablations_html(ablation: RoleAblation | None) -> str:
+    """The roles' ablations: each group's change in loss against random head sets of its shape (figure and
+    table), or a note saying how to run them."""
+    title = f"<h3>{ABLATIONS_TITLE}</h3>"
+    if ablation is None:
+        return f"<section id='{ABLATIONS_ID}' class='not-drawn'>{title}<p class='note'>{NO_ABLATIONS}</p></section>"
+    head = "".join(f"<th>{c}</th>" for c in ("group", "heads", "task", "ablation", "ΔNLL [95 % CI]",
+                                               "random band 5-95 %", "excess [95 % CI]", "verdict"))
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in (
+            row.group, str(row.n_heads), row.task, row.ablation, f"{_f(row.dnll)} [{_f(row.low)}, {_f(row.high)}]",
+            f"{_f(row.random_low)} to {_f(row.random_high)}",
+            f"{_f(row.excess)} [{_f(row.excess_low)}, {_f(row.excess_high)}]", row.verdict)) + "</tr>"
+        for row in ablation.rows
+    )
+    n_random = max((row.n_random for row in ablation.rows), default=0)
+    how = (f"A role says what a head's output is made of, not whether the model needs it. Each group of heads (a "
+           f"role, a sub-type, a detector's heads) is ablated at once (zero: its output set to 0; mean: to its mean "
+           f"output) and the change in loss (ΔNLL, nats; natural: next-token NLL on text, repeated: the second copy "
+           f"of repeated random tokens) is set against {plural(n_random, 'random head set')} of the same size and "
+           f"layers (the band: their 5-95 % range). Above band: the group costs the model more than random heads "
+           f"of its shape.")
+    figure = ablation_figure(ablation).to_html(full_html=False, include_plotlyjs=False, div_id=f"{ABLATIONS_ID}-figure")
+    return (f"<section id='{ABLATIONS_ID}'>{title}<p class='how'>{html.escape(how)}</p>{figure}"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></section>")
+
+
 def _sensitivity(rows: Sequence[SensitivityRow]) -> str:
     head = "".join(f"<th>{c}</th>" for c in ("threshold", "moved to", "labels changed", *REGIMES))
     body = "".join(
@@ -94,11 +138,14 @@ def roles_html(
     roles: HeadTaxonomy | None,
     checks: Mapping[str, PromptSetCheck] | None = None,
     sensitivity: Sequence[SensitivityRow] = (),
+    ablation: RoleAblation | None = None,
 ) -> str:
-    """The section, or a note saying which option adds it (no taxonomy features)."""
+    """The section, or a note saying which option adds it (no taxonomy features); the roles' ablations (or how to
+    run them) inside it, after the roles and their check against known mechanisms."""
     if roles is None:
         return ("<section id='head-roles'><h2>What kind of head is each one?</h2><p class='note'>No roles: analyse with "
-                "the 'taxonomy' diagnostic (the tl-geometry default).</p></section>")
+                "the 'taxonomy' diagnostic (the tl-geometry default).</p>"
+                + (ablations_html(ablation) if ablation is not None else "") + "</section>")
     counts = role_counts(roles)
     n_heads = roles.labels.numel()
     count_row = "".join(f"<td>{counts[r]}</td>" for r in REGIMES)
@@ -125,6 +172,7 @@ def roles_html(
         parts.append("<p class='note'>No detector cross-tab: it runs the model on its own prompts, which "
                      "tl-geometry report does (unless --mechanism-prompts 0) and tl-geometry plot (saved results "
                      "only) cannot.</p>")
+    parts.append(ablations_html(ablation))
     if sensitivity:
         parts.append(_sensitivity(sensitivity))
     lines = "".join(f"<li>{html.escape(roles.describe(layer, head))}</li>" for layer in roles.layers for head in roles.heads)

@@ -1,11 +1,16 @@
 """A result as pandas tables: a summary a person reads, and long tables ready for seaborn or plotly.
 
 `summary_dataframe` (what ``result.to_dataframe()`` gives by default): one
-row per layer, head and N at a few N (1, 2, 4, 8 and 16 where the grid has
-them), one column per field, ``<field>_ci_low`` / ``<field>_ci_high`` beside
-the fields with bootstrap replicates. Default fields: Precision, Recall and
-F_N. Fields without an N axis (per-head numbers such as ``rho0``) repeat on
-each N; fields over key positions or lags belong to the long table.
+row per layer, head and N, one column per field, ``<field>_ci_low`` /
+``<field>_ci_high`` beside the fields with bootstrap replicates. Fields
+without an N axis (per-head numbers such as ``rho0``) repeat on each N;
+fields over key positions, lags or random controls belong to the long
+table. By default, for a `GeometryResult`: Precision, Recall and F_N at a
+few N (1, 2, 4, 8 and 16 where the grid has them); for an
+`InterventionResult` (one row per scope unit and N, layer or head -1 for the
+unit of every layer or head): each mode's dNLL and, with random controls,
+their mean dNLL, at every N of the sweep's grid (a sweep's N are chosen, one
+forward pass each).
 
 `to_dataframe` (``result.to_dataframe(form="long")``), one row per
 (field, layer, head, trailing index) over every field and N by default, with
@@ -143,14 +148,17 @@ def to_dataframe(result: Any, fields: Sequence[str] | str | None = None, level: 
 
 
 def summary_dataframe(result: Any, fields: Sequence[str] | str | None = None, n: Sequence[int] | int | None = None,
-                      level: float = 0.95) -> Any:
+                      level: float = 0.95, *, default_fields: Sequence[str] = SUMMARY_FIELDS,
+                      default_n: Sequence[int] | None = SUMMARY_N) -> Any:
     """One row per layer, head and N, one column per field (see the module docs).
 
     Args:
-        result: a GeometryResult.
-        fields: fields with an N axis or none (default: Precision, Recall and F_N).
-        n: the N values (default: 1, 2, 4, 8 and 16 where the grid has them).
+        result: a GeometryResult or an InterventionResult.
+        fields: fields with an N axis or none (default: those of ``default_fields`` the result has).
+        n: the N values (default: those of ``default_n`` on the grid; None: the whole grid).
         level: coverage of the bootstrap intervals.
+        default_fields: the fields shown when ``fields`` is None (a GeometryResult's: Precision, Recall and F_N).
+        default_n: the N shown when ``n`` is None (a GeometryResult's: 1, 2, 4, 8 and 16 where the grid has them).
 
     Returns:
         A ``pandas.DataFrame`` with columns ``layer``, ``head``, ``n``, then each
@@ -160,12 +168,12 @@ def summary_dataframe(result: Any, fields: Sequence[str] | str | None = None, n:
         GeometryError: an unknown field, a field over positions or lags, an N off the grid.
     """
     pd = _pandas()
-    names = [name for name in SUMMARY_FIELDS if name in result.stats] if fields is None else _chosen(result, fields)
+    names = [name for name in default_fields if name in result.stats] if fields is None else _chosen(result, fields)
     wide = [name for name in names if result.spec(name).axes not in ((), ("n",))]
     if wide:
         raise GeometryError(f"fields: {wide} have axes {[result.spec(name).axes for name in wide]}, which a row per "
                             "layer, head and N cannot hold; use to_dataframe(fields, form='long')")
-    ns = chosen_n(result, n)
+    ns = chosen_n(result, n, default_n)
     grid = result.n_grid.tolist()
     at = torch.tensor([grid.index(m) for m in ns])
     shape = (len(result.layers), len(result.heads), len(ns))

@@ -24,6 +24,11 @@ def plural(count: int, noun: str, nouns: str | None = None) -> str:
     return f"{count} {noun if count == 1 else (nouns or noun + 's')}"
 
 
+def head_name(layer: int, head: int) -> str:
+    """A head as readers see it everywhere: ``"L16H0"`` (``"16.0"`` read as a number)."""
+    return f"L{layer}H{head}"
+
+
 def ranges(values: Iterable[int]) -> str:
     """Integers as runs: ``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"`` (in the given order)."""
     runs: list[list[int]] = []

@@ -212,12 +212,38 @@ class InterventionResult(StatisticsTable):
             raise GeometryError(f"{name!r} is a field: relative= and control= apply to a mode {list(self.modes)}; "
                                 "name the field you want instead (e.g. 'dnll_delete_random_mean')")
 
-    def to_dataframe(self, fields: Sequence[str] | str | None = None, level: float = 0.95) -> Any:
-        """A pandas long table, as `GeometryResult.to_dataframe`: field, layer, head, n, control, mean, std, count,
-        ci_low, ci_high (layer or head -1: the unit of every layer or head; control NaN for fields without one)."""
-        from tl_geometry.results.dataframe import to_dataframe
+    def to_dataframe(self, fields: Sequence[str] | str | None = None, n: Sequence[int] | int | None = None, *,
+                     form: str = "summary", level: float = 0.95) -> Any:
+        """A pandas table of the statistics: by default a summary a person reads, ``form="long"`` every statistic.
 
-        return to_dataframe(self, fields, level, axis_columns=("n", "control"))
+        ``form="summary"``: one row per scope unit and N (every N of the
+        sweep's grid by default), columns layer, head, n (layer or head -1: the
+        unit of every layer or head), then per mode its mean dNLL
+        (``dnll_<mode>``) and, with random controls, their mean
+        (``dnll_<mode>_random_mean``), each with ``_ci_low`` / ``_ci_high``
+        where it kept bootstrap replicates. ``form="long"``: one row per
+        statistic, columns field, layer, head, n, control, mean, std, count,
+        ci_low, ci_high (control NaN for fields without one), every field and
+        N by default. As `GeometryResult.to_dataframe`; see `tl_geometry.results.dataframe`.
+
+        Args:
+            fields: the fields (summary: default each mode's dNLL and control mean; long: default all).
+            n: the N values (default every N of the grid).
+            form: ``"summary"`` or ``"long"``.
+            level: coverage of the bootstrap intervals.
+
+        >>> sweep.to_dataframe()  # doctest: +SKIP
+        >>> sweep.to_dataframe(["dnll_delete", "nll_clean"], n=[1, 4])  # doctest: +SKIP
+        >>> sweep.to_dataframe(form="long")  # doctest: +SKIP
+        """
+        from tl_geometry.results.dataframe import check_form, summary_dataframe, to_dataframe
+
+        check_form(form)
+        if form == "summary":
+            shown = [spec.name for mode in self.modes
+                     for spec in ((dnll_spec(mode), control_mean_spec(mode)) if self.n_controls else (dnll_spec(mode),))]
+            return summary_dataframe(self, fields, n, level, default_fields=shown, default_n=None)
+        return to_dataframe(self, fields, level, axis_columns=("n", "control"), n=n)
 
     def describe(self) -> str:
         """A few lines: scope, units, grid, documents, clean NLL and fields."""

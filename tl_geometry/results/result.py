@@ -53,7 +53,7 @@ from tl_geometry.engine.metrics import METRIC_NAMES
 from tl_geometry.errors import GeometryError
 from tl_geometry.results import fileformat, provenance
 from tl_geometry.results.accumulators import Accumulator
-from tl_geometry.results.display import Summary, names, plural, ranges, short_list
+from tl_geometry.results.display import Summary, head_name, names, plural, ranges, short_list
 from tl_geometry.results.pictures import SelectionPicture, pick
 from tl_geometry.results.provenance import STAMPED, package_versions
 from tl_geometry.results.queries import check_rows, join_rows
@@ -295,7 +295,7 @@ class GeometryResult(StatisticsTable):
                           "none (n_bootstrap=0: no intervals)"),
         ]
         if self.pictures:
-            rows.append(("pictures", ", ".join(f"{p.layer}.{p.head}" for p in self.pictures) + " (result.picture)"))
+            rows.append(("pictures", ", ".join(head_name(p.layer, p.head) for p in self.pictures) + " (result.picture)"))
         rows += [
             ("read", f"result.sel('precision', layer={layer}, head={head}, n={n}); result.precision is "
                      "[layer, head, n]; result.to_dataframe()" + (f"; result.ci({kept[0]!r})" if kept else "")),
