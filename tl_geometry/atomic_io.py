@@ -1,4 +1,7 @@
-"""Writing a result's files as one unit: whole new files or the old ones, never a mix.
+"""Writing files as one unit: whole new files or the old ones, never a mix; a folder's lock; strict JSON text.
+
+A result's two files, its report and a checkpoint are written through here; nothing in it knows what they hold,
+so it sits on the lowest floor of the package (it imports only `tl_geometry.errors`).
 
 A writer holds the folder's lock (`folder_lock`), stages every file of the
 unit as a temporary file beside its target (`Unit.stage`), and commits them
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tl_geometry.errors import GeometryError
+
 
 def json_text(data: Any, **options: Any) -> str:
     """``json.dumps`` of ``data`` as strict JSON: NaN and +-inf written as ``null`` (which every JSON parser reads;

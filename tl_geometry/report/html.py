@@ -2,7 +2,7 @@
 
 plotly.js is embedded once, so the page opens offline. A figure the result
 cannot draw leaves a short note saying which option would draw it. The page, the result
-files and the PNGs are committed as one unit (`tl_geometry.results.files`), so
+files and the PNGs are committed as one unit (`tl_geometry.atomic_io`), so
 an interrupted run or a full disk never leaves a new result beside an old page
 or damages the earlier report.
 """
@@ -27,7 +27,7 @@ from tl_geometry.errors import GeometryError
 from tl_geometry.diagnostics.registry import REGISTRY
 from tl_geometry.diagnostics.selection import ATTENTION_MASS, PRECISION, RECALL
 from tl_geometry.results import fileformat
-from tl_geometry.results.files import Unit, commit_unit
+from tl_geometry.atomic_io import Unit, commit_unit
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.analysis.claims import sample_warning
 from tl_geometry.analysis.sink import sink_recall_correlation
