@@ -19,6 +19,7 @@ from typing import NamedTuple
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
+from tl_geometry.atomic_io import Unit, commit_unit
 from tl_geometry.report import plots
 from tl_geometry.report.explorer import HEATMAPS, default_n_index, explorer_html, explorer_script
 from tl_geometry.report.roles import roles_html
@@ -27,7 +28,6 @@ from tl_geometry.errors import GeometryError
 from tl_geometry.diagnostics.registry import REGISTRY
 from tl_geometry.diagnostics.selection import ATTENTION_MASS, PRECISION, RECALL
 from tl_geometry.results import fileformat
-from tl_geometry.atomic_io import Unit, commit_unit
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.analysis.claims import sample_warning
 from tl_geometry.analysis.sink import sink_recall_correlation

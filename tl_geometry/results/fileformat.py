@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from tl_geometry.atomic_io import Unit, commit_unit, committed_path, json_text
 from tl_geometry.config import GeometryConfig
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.errors import GeometryError
 from tl_geometry.results import legacy
-from tl_geometry.atomic_io import Unit, commit_unit, committed_path, json_text
 from tl_geometry.results.pictures import ARRAYS as PICTURE_ARRAYS
 from tl_geometry.results.pictures import SelectionPicture
 from tl_geometry.results.storage import (

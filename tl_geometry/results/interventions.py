@@ -48,9 +48,9 @@ from tl_geometry.results.fileformat import (
     read_stats,
     read_versions,
 )
+from tl_geometry.atomic_io import commit_unit, json_text
 from tl_geometry.results.stats import FieldStats
 from tl_geometry.results.table import StatisticsTable, check_level, percentile_ci
-from tl_geometry.atomic_io import commit_unit, json_text
 from tl_geometry.results.storage import read_npz, sha256, stats_arrays
 
 ALL = -1
