@@ -4,6 +4,7 @@ Test modules import from here (and from ``tests.tiny_models`` and
 ``tests.reference``), never from one another.
 """
 
+import importlib
 import importlib.util
 import math
 import socket
@@ -367,3 +368,52 @@ def simulate_study(means: dict[str, np.ndarray], rng: np.random.Generator,
     spec = FieldSpec(NORM_CURVE, NORM_CURVE, axes=("position",), queries="sequence", documents="mean", bootstrap=True)
     rows = FieldStats.of_documents(spec, torch.tensor(curves), weights).stored()
     return replace(result, stats={**result.stats, NORM_CURVE: rows})
+
+
+# ---------------------------------------------------------------- fault seams (the private names tests reach)
+
+FAULT_SEAMS: dict[str, tuple[str, str]] = {
+    # Every staged file of a commit is opened here: a disk that fills up, or a slow one that a signal interrupts.
+    "open_for_writing": ("tl_geometry.atomic_io", "_open_for_writing"),
+    # Where a bundled model's package is found, without importing it: None is a package that is not installed.
+    "find_package": ("tl_geometry.models.names", "_package_dir"),
+    # The slow step of a bundled model's first export, (gguf_path, steps) -> (Hugging Face model, tokenizer):
+    # an interrupt, or a stand-in whose save_pretrained writes a few small files.
+    "dequantise": ("tl_geometry.models.export_cache", "dequantise_gguf"),
+    # load_model's two ways to a model's weights (the bundled export, TransformerLens's loader).
+    "export": ("tl_geometry.models.loading", "export_bundled_model"),
+    "load_by_name": ("tl_geometry.models.loading", "load_by_name"),
+    # The transformer-lens major version load_model decides by: the other version's refusals, checked on this one.
+    "transformer_lens_major": ("tl_geometry.models.loading", "transformer_lens_major_version"),
+}
+"""Where tests inject faults: a seam's name -> (module, attribute), an attribute the package looks up when it is
+called. The only private names of the package the tests reach; a refactor that moves one updates it here."""
+
+
+def seam(name: str) -> tuple[object, str]:
+    """The module and attribute of a fault seam, as `spy` and ``monkeypatch.setattr`` take them."""
+    module, attribute = FAULT_SEAMS[name]
+    return importlib.import_module(module), attribute
+
+
+def inject(monkeypatch, name: str, replacement: object) -> object:
+    """Put ``replacement`` at a fault seam for the test (``monkeypatch=None``: for the rest of the process, in a
+    subprocess's script); returns what was there."""
+    owner, attribute = seam(name)
+    real = getattr(owner, attribute)
+    if monkeypatch is None:
+        setattr(owner, attribute, replacement)
+    else:
+        monkeypatch.setattr(owner, attribute, replacement)
+    return real
+
+
+def forbid_loading(monkeypatch, why: str = "a model was loaded") -> None:
+    """``load_model`` fails the test with ``why`` if it reaches a model's weights (for checks that must refuse
+    before anything loads)."""
+
+    def fail(*args, **kwargs):
+        raise AssertionError(why)
+
+    inject(monkeypatch, "export", fail)
+    inject(monkeypatch, "load_by_name", fail)

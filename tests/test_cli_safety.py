@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tl_geometry import cli, models
-from tl_geometry.results import files
+from tl_geometry import atomic_io, cli, models
 from tl_geometry.results.result import GeometryResult
 from tests.fixtures import installed, make_result
 
@@ -60,7 +59,7 @@ def test_an_unwritable_out_is_refused_before_the_model_loads(tmp_path, monkeypat
 def test_a_second_run_on_one_out_is_refused_before_the_model_loads(tmp_path, capsys, no_model):
     out = tmp_path / "out"
     out.mkdir()
-    fd = os.open(out / files.LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    fd = os.open(out / atomic_io.LOCK_NAME, os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)  # a running run holds it
     try:
         assert cli.main(["analyze", "--out", str(out)]) == cli.EXIT_INPUT
@@ -72,17 +71,14 @@ def test_a_second_run_on_one_out_is_refused_before_the_model_loads(tmp_path, cap
 SLOW_WRITE = """
 import sys, time
 from tl_geometry import cli
-from tl_geometry.results import files
-from tests.fixtures import make_result
-
-real_open = files._open_for_writing
+from tests.fixtures import inject, make_result
 
 def slow_open(path):  # the disk is slow: the signal arrives while result.npz is being written
     print("writing", flush=True)
     time.sleep(60)
     return real_open(path)
 
-files._open_for_writing = slow_open
+real_open = inject(None, "open_for_writing", slow_open)
 cli._analyse = lambda args: (make_result(seed=1), {}, None)
 cli._summary = lambda result, seconds: "analysed"
 sys.exit(cli.main(sys.argv[1:]))
@@ -91,6 +87,7 @@ sys.exit(cli.main(sys.argv[1:]))
 SLOW_EXPORT = """
 import sys, time
 from tl_geometry import cli, models
+from tests.fixtures import inject
 
 def dequantise(gguf_path, steps):  # a long first export of the bundled model
     staging = [p for p in models.model_cache_dir().glob("models/.*") if p.is_dir()]
@@ -98,7 +95,7 @@ def dequantise(gguf_path, steps):  # a long first export of the bundled model
     print("exporting", flush=True)
     time.sleep(60)
 
-models._dequantise_gguf = dequantise
+inject(None, "dequantise", dequantise)
 sys.exit(cli.main(sys.argv[1:]))
 """
 

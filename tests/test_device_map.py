@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from tests.fixtures import assert_equal_runs, needs_gemma3
+from tests.fixtures import assert_equal_runs, forbid_loading, inject, needs_gemma3
 from tl_geometry import models
 from tl_geometry.capture.provenance import weights_fingerprint
 from tl_geometry.capture.hooks import gathered, run_with_geometry_hooks
@@ -58,16 +58,12 @@ def test_a_map_onto_missing_gpus_is_refused(target, shown):
 
 
 def _nothing_loads(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("load_model read the model before refusing the map")
-
-    monkeypatch.setattr(models, "export_bundled_model", fail)
-    monkeypatch.setattr(models, "_load_by_name", fail)
+    forbid_loading(monkeypatch, "load_model read the model before refusing the map")
 
 
 def test_refusals_come_before_anything_loads(monkeypatch):
     _nothing_loads(monkeypatch)
-    monkeypatch.setattr(models, "transformer_lens_major_version", lambda: 4)  # the map is checked on 3.x too
+    inject(monkeypatch, "transformer_lens_major", lambda: 4)  # the map is checked on 3.x too
     with pytest.raises(GeometryError, match=r"device='cpu' and device_map: pass one"):
         load_model(device="cpu", device_map="auto")
     with pytest.raises(GeometryError, match=r"'fast' is not a placement strategy"):
@@ -79,7 +75,7 @@ def test_refusals_come_before_anything_loads(monkeypatch):
 @pytest.mark.parametrize("kind, major", [("hooked", 3), ("bridge", 3), ("hooked", 4)])
 def test_device_map_needs_a_bridge_on_transformer_lens_4(monkeypatch, kind, major):
     _nothing_loads(monkeypatch)
-    monkeypatch.setattr(models, "transformer_lens_major_version", lambda: major)
+    inject(monkeypatch, "transformer_lens_major", lambda: major)
     with pytest.raises(GeometryError, match=rf"device_map needs a TransformerBridge on transformer-lens 4.x "
                                             rf"\(kind='{kind}'.*HookedTransformer and 3.x's bridge hold the model"):
         load_model(kind=kind, device_map="auto")

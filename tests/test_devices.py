@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests import tiny_models as tm
-from tl_geometry import models
+from tests.fixtures import forbid_loading
 from tl_geometry.capture.hooks import run_with_geometry_hooks
 from tl_geometry.engine import context
 from tl_geometry.errors import GeometryError
@@ -35,11 +35,7 @@ def test_a_missing_device_is_refused_before_anything_loads(monkeypatch):
     if not NO_CUDA:
         pytest.skip("this machine has CUDA")
 
-    def fail(*args, **kwargs):
-        raise AssertionError("load_model read the model before checking the device")
-
-    monkeypatch.setattr(models, "export_bundled_model", fail)
-    monkeypatch.setattr(models, "_load_by_name", fail)
+    forbid_loading(monkeypatch, "load_model read the model before checking the device")
     with pytest.raises(GeometryError, match="device: 'cuda' asked for"):
         load_model(device="cuda")
     with pytest.raises(GeometryError, match=r"dtype: expected one of \('float32', 'bfloat16', 'float16'\), got 'int8'"):

@@ -99,7 +99,7 @@ def test_api_page_documents_every_public_module(site):
     anchors = set(re.findall(r'id="([^"]+)"', html))
     modules = [
         ".".join(path.relative_to(ROOT).with_suffix("").parts)
-        for folder in ("analysis", "capture", "diagnostics", "engine", "report", "results", "theory")
+        for folder in ("analysis", "capture", "diagnostics", "engine", "models", "report", "results", "theory")
         for path in sorted((ROOT / "tl_geometry" / folder).glob("[a-z]*.py"))
     ]
     missing = [module for module in modules if module not in anchors]

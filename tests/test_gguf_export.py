@@ -3,7 +3,8 @@ in the 4.x half only)."""
 
 import pytest
 
-from tl_geometry import models
+from tl_geometry.models.hf_reading import gguf_read_once
+from tl_geometry.models.names import bundled_gguf_path
 
 
 def test_the_exports_gguf_reader_reads_what_gguf_reads(tmp_path):
@@ -12,9 +13,9 @@ def test_the_exports_gguf_reader_reads_what_gguf_reads(tmp_path):
     gguf = pytest.importorskip("gguf")
     import numpy as np
 
-    path = models._bundled_gguf_path("smollm2-135m", tmp_path)
+    path = bundled_gguf_path("smollm2-135m", tmp_path)
     plain = gguf.GGUFReader(path)
-    with models._gguf_read_once():
+    with gguf_read_once():
         ours = gguf.GGUFReader(path)
         assert gguf.GGUFReader(path) is ours  # parsed once
     assert type(ours.data) is np.ndarray and type(plain.data) is np.memmap

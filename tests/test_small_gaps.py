@@ -268,13 +268,13 @@ def nan_as_none(x):
 
 @given(JSON_VALUES)
 def test_json_text_is_strict_json_with_null_for_what_is_not_finite(value):
-    from tl_geometry.results.files import json_text
+    from tl_geometry.atomic_io import json_text
 
     assert strict_loads(json_text(value)) == nan_as_none(value)
 
 
 def test_json_text_writes_tensors_as_lists():
-    from tl_geometry.results.files import json_text
+    from tl_geometry.atomic_io import json_text
 
     data = {"rho": torch.tensor([0.5, math.nan, math.inf]), "n": np.array([1, 2]), "x": np.float64("nan")}
     assert strict_loads(json_text(data)) == {"rho": [0.5, None, None], "n": [1, 2], "x": None}

@@ -360,7 +360,7 @@ def _intervene(args: argparse.Namespace) -> int:
     from tl_geometry.capture.sweep import DEFAULT_SWEEP_GRID, effective_set_size, intervention_sweep
     from tl_geometry.diagnostics.selection import F_SCORE, PRECISION, RECALL
     from tl_geometry.report.html import intervention_figures, render_html
-    from tl_geometry.results.files import atomic_path, json_text
+    from tl_geometry.atomic_io import atomic_path, json_text
 
     if args.n_grid == "all":
         raise GeometryError("--n-grid: intervene needs a list of N like 1,2,4,8 (each N is a forward pass), not 'all'")
@@ -428,7 +428,7 @@ def _ablate_roles(args: argparse.Namespace) -> int:
     from tl_geometry.capture.ablation import ablate_roles
     from tl_geometry.capture.roles import classify_heads
     from tl_geometry.report.html import ablation_page
-    from tl_geometry.results.files import atomic_path
+    from tl_geometry.atomic_io import atomic_path
 
     if args.random_sets < 2:
         raise GeometryError(f"--random-sets: expected at least 2 random head sets per group, got {args.random_sets}")
@@ -793,7 +793,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     at the end; a group the caller has joined already (a script calling
     ``main`` once per command) is used and left in place.
     """
-    from tl_geometry.results.files import folder_lock
+    from tl_geometry.atomic_io import folder_lock
 
     args = build_parser().parse_args(argv)
     callers_group = _in_process_group()

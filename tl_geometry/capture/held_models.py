@@ -29,7 +29,7 @@ import torch
 
 from tl_geometry.capture.tokens import HookableModel
 from tl_geometry.errors import GeometryError
-from tl_geometry.models import _bridge_from_hf
+from tl_geometry.models.builders import bridge_from_hf
 
 
 def is_transformers_model(model: Any) -> bool:
@@ -108,7 +108,7 @@ def wrap_held_model(hf_model: Any, tokenizer: Any = None) -> HookableModel:
     shell = shell_copy(hf_model)
     device = next(hf_model.parameters()).device
     try:
-        bridge = _bridge_from_hf(name, shell, tokenizer, device, compatibility_mode=False)
+        bridge = bridge_from_hf(name, shell, tokenizer, device, compatibility_mode=False)
     except Exception as error:  # noqa: BLE001 - any wrapping failure gets one clear message
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
         raise GeometryError(

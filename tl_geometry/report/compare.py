@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from tl_geometry.analysis.claims import SPECS, Claim, claim_list, claims_table
+from tl_geometry.atomic_io import commit_unit
 from tl_geometry.diagnostics.assumptions import DECAY_MAE, SINK_NORM_RATIO, VALUE_NORM_CV
 from tl_geometry.diagnostics.selection import PRECISION, RECALL
 from tl_geometry.errors import GeometryError
 from tl_geometry.report.scorecard import VERDICT_COLOURS
 from tl_geometry.results.display import Summary, plural
-from tl_geometry.results.files import commit_unit
 from tl_geometry.results.result import GeometryResult
 
 # plotly is imported where a figure is drawn: `tl_geometry.compare` is exported and the package imports cheaply.

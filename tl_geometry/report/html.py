@@ -7,7 +7,7 @@ the role ablations inside the roles section, beside the roles they test.
 
 plotly.js is embedded once, so the page opens offline. A figure the result
 cannot draw leaves a short note saying which option would draw it. The page, the result
-files and the PNGs are committed as one unit (`tl_geometry.results.files`), so
+files and the PNGs are committed as one unit (`tl_geometry.atomic_io`), so
 an interrupted run or a full disk never leaves a new result beside an old page
 or damages the earlier report.
 """
@@ -24,6 +24,7 @@ from typing import NamedTuple
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
+from tl_geometry.atomic_io import Unit, commit_unit
 from tl_geometry.report import plots
 from tl_geometry.report.explorer import HEATMAPS, default_n_index, explorer_html, explorer_script
 from tl_geometry.report.roles import ABLATIONS_ID, ABLATIONS_TITLE, roles_html
@@ -32,7 +33,6 @@ from tl_geometry.errors import GeometryError
 from tl_geometry.diagnostics.registry import REGISTRY
 from tl_geometry.diagnostics.selection import ATTENTION_MASS, PRECISION, RECALL
 from tl_geometry.results import fileformat
-from tl_geometry.results.files import Unit, commit_unit
 from tl_geometry.results.display import plural
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.analysis.ablation import RoleAblation

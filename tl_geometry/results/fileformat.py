@@ -9,7 +9,7 @@ declaration, trailing shape and replicates, the names of the per-query rows,
 each picture's scalars and sizes (``pictures``; files without it have none),
 the provenance (model, versions, corpus; see `tl_geometry.results.provenance`),
 and the SHA-256 of the ``.npz``. Both are committed as one unit
-(`tl_geometry.results.files`), and read with every array checked against the
+(`tl_geometry.atomic_io`), and read with every array checked against the
 size its JSON announces before it is read.
 """
 
@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from tl_geometry.atomic_io import Unit, commit_unit, committed_path, json_text
 from tl_geometry.config import GeometryConfig
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.errors import GeometryError
 from tl_geometry.results import legacy
-from tl_geometry.results.files import Unit, commit_unit, committed_path, json_text
 from tl_geometry.results.pictures import ARRAYS as PICTURE_ARRAYS
 from tl_geometry.results.pictures import SelectionPicture
 from tl_geometry.results.storage import (
@@ -50,7 +50,7 @@ def paths(path: str | os.PathLike) -> tuple[Path, Path]:
 
 
 def write(result: Any, path: str | os.PathLike) -> tuple[Path, Path]:
-    """Write a GeometryResult's two files as one unit (see `tl_geometry.results.files`); returns their paths."""
+    """Write a GeometryResult's two files as one unit (see `tl_geometry.atomic_io`); returns their paths."""
     npz_path, _ = paths(path)
     with commit_unit(npz_path.parent) as unit:
         return stage(unit, result, path)

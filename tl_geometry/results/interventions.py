@@ -48,9 +48,9 @@ from tl_geometry.results.fileformat import (
     read_stats,
     read_versions,
 )
+from tl_geometry.atomic_io import commit_unit, json_text
 from tl_geometry.results.stats import FieldStats
 from tl_geometry.results.table import StatisticsTable, check_level, percentile_ci
-from tl_geometry.results.files import commit_unit, json_text
 from tl_geometry.results.storage import read_npz, sha256, stats_arrays
 
 ALL = -1
@@ -330,7 +330,7 @@ class InterventionResult(StatisticsTable):
     # ---- files ----
 
     def save(self, path: str | os.PathLike) -> tuple[Path, Path]:
-        """Write ``<path>.npz`` and ``<path>.json`` as one unit (no pickle; see `tl_geometry.results.files`)."""
+        """Write ``<path>.npz`` and ``<path>.json`` as one unit (no pickle; see `tl_geometry.atomic_io`)."""
         npz_path, json_path = paths(path)
         arrays: dict[str, np.ndarray] = {"n_grid": self.n_grid.numpy()}
         for s in self.stats.values():

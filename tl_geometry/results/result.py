@@ -362,7 +362,7 @@ class GeometryResult(StatisticsTable):
     def to_parquet(self, path: str | os.PathLike, fields: Sequence[str] | str | None = None,
                    level: float = 0.95) -> Path:
         """Write ``to_dataframe(form="long")`` (every statistic) as a Parquet file (atomically); returns its path."""
-        from tl_geometry.results.files import atomic_path
+        from tl_geometry.atomic_io import atomic_path
 
         table = self.to_dataframe(fields, form="long", level=level)
         with atomic_path(path) as tmp:
@@ -464,7 +464,7 @@ class GeometryResult(StatisticsTable):
         Both files are staged beside their targets and renamed into place
         together under the folder's lock, so an interrupt or a full disk
         leaves the previous result loadable and a concurrent writer to the
-        same folder is refused (see `tl_geometry.results.files`).
+        same folder is refused (see `tl_geometry.atomic_io`).
 
         Returns:
             The two paths written.

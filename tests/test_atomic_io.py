@@ -11,11 +11,11 @@ import textwrap
 
 import pytest
 
+from tl_geometry import atomic_io
 from tl_geometry.errors import GeometryError
 from tl_geometry.report import html
-from tl_geometry.results import files
 from tl_geometry.results.result import GeometryResult
-from tests.fixtures import make_result
+from tests.fixtures import inject, make_result
 
 
 class _Fail:
@@ -42,8 +42,7 @@ class _Fail:
 
 def failing_writes(monkeypatch, budget, error):
     state = {"left": budget}
-    real = files._open_for_writing
-    monkeypatch.setattr(files, "_open_for_writing", lambda path: _Fail(real(path), state, error))
+    real = inject(monkeypatch, "open_for_writing", lambda path: _Fail(real(path), state, error))
 
 
 def disk_full():
@@ -105,15 +104,15 @@ def test_a_commit_killed_between_its_renames_is_completed(tmp_path, monkeypatch,
             raise SystemExit("killed")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(files.os, "replace", killed_after_journal)
+    monkeypatch.setattr(os, "replace", killed_after_journal)
     with pytest.raises(SystemExit):
         new.save(tmp_path / "r")
-    monkeypatch.setattr(files.os, "replace", real_replace)
-    assert (tmp_path / files.JOURNAL_NAME).exists()
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert (tmp_path / atomic_io.JOURNAL_NAME).exists()
     # A reader sees the new result whole (it follows the journal), without writing anything.
     assert GeometryResult.load(tmp_path / "r").equals(new)
     # The next writer in the folder completes the commit first.
-    with files.commit_unit(tmp_path):
+    with atomic_io.commit_unit(tmp_path):
         pass
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.npz"]
     assert GeometryResult.load(tmp_path / "r").equals(new)
@@ -121,7 +120,7 @@ def test_a_commit_killed_between_its_renames_is_completed(tmp_path, monkeypatch,
 
 def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_taken_over(tmp_path, results):
     old, _ = results
-    lock = tmp_path / files.LOCK_NAME
+    lock = tmp_path / atomic_io.LOCK_NAME
     fd = os.open(lock, os.O_RDWR | os.O_CREAT)  # another open file: to flock, another process
     os.write(fd, json.dumps({"pid": 4242, "host": "node7", "since": "now"}).encode())
     fcntl.flock(fd, fcntl.LOCK_EX)
@@ -155,10 +154,10 @@ def test_two_processes_saving_to_one_folder(tmp_path):
     """Two real processes: one commits, the other is refused with a message; the result loads."""
     script = textwrap.dedent(f"""
         import sys
-        from tl_geometry.results import files
+        from tl_geometry import atomic_io
         from tests.fixtures import make_result
         r = make_result(seed=int(sys.argv[1]))
-        with files.folder_lock({str(tmp_path)!r}):
+        with atomic_io.folder_lock({str(tmp_path)!r}):
             print("locked", flush=True)
             if sys.argv[2] == "hold":
                 sys.stdin.readline()  # until the test says go
@@ -173,3 +172,14 @@ def test_two_processes_saving_to_one_folder(tmp_path):
     assert first.wait() == 0
     assert second.returncode != 0 and f"pid {first.pid} on" in second.stderr
     assert GeometryResult.load(tmp_path / "r").equals(make_result(seed=0))
+
+
+def test_the_old_import_path_warns_and_gives_the_same_objects():
+    """``tl_geometry.results.files`` (where these lived before) still imports, naming the new home."""
+    from tl_geometry.results import files
+
+    for name in ("commit_unit", "atomic_path", "folder_lock", "json_text", "pid_alive", "LOCK_NAME"):
+        with pytest.warns(DeprecationWarning, match=rf"import {name} from tl_geometry\.atomic_io"):
+            assert getattr(files, name) is getattr(atomic_io, name)
+    with pytest.raises(AttributeError, match="_open_for_writing"):
+        files._open_for_writing  # noqa: B018 - private names were never a path to keep
