@@ -7,6 +7,7 @@ same model loaded whole.
 
 import gc
 import json
+import math
 
 import pytest
 import torch
@@ -14,7 +15,9 @@ import torch
 from tests.fixtures import assert_equal_runs, needs_gemma3
 from tl_geometry import models
 from tl_geometry.capture.provenance import weights_fingerprint
-from tl_geometry.capture.hooks import gathered, kept_groups, run_with_geometry_hooks
+from tl_geometry.capture.hooks import _LayerAnalysis, gathered, grid_for, kept_bytes, kept_groups, run_with_geometry_hooks
+from tl_geometry.capture.plan import plan_run
+from tl_geometry.capture.tokens import prepare_tokens
 from tl_geometry.config import GeometryConfig
 from tl_geometry.errors import GeometryError
 from tl_geometry.models import check_device_map, load_model, transformer_lens_major_version
@@ -92,6 +95,40 @@ def test_kept_rows_are_analysed_per_device_and_window():
     windows = (None, 4, None, None, None)
     assert sorted(kept_groups(kept, windows, pictured=set())) == [[0, 4], [1], [2, 3]]
     assert sorted(kept_groups(kept, windows, pictured={4})) == [[0], [1], [2, 3], [4]]
+
+
+def test_kept_bytes_count_one_device():
+    kept = {0: (torch.empty(2, 3, dtype=torch.float32), torch.empty(5, dtype=torch.bfloat16)),
+            1: (torch.empty(7, device="meta", dtype=torch.float64), torch.empty(1, device="meta")),
+            2: (torch.empty(4, dtype=torch.float64), torch.empty(3, dtype=torch.float16))}
+    assert kept_bytes(kept, torch.device("cpu")) == 6 * 4 + 5 * 2 + 4 * 8 + 3 * 2
+    assert kept_bytes(kept, torch.device("meta")) == 7 * 8 + 1 * 4
+
+
+def test_the_rows_budget_holds_per_device(monkeypatch):
+    """The rows path keeps a device's rows until that device's rows and values reach memory_budget_mib, then
+    analyses that device's layers alone: with layers alternating between two devices (meta stands for the
+    second), each device folds two layers per batch, not one layer per device as a budget counted over all
+    devices would. The last analysis after the pass takes what is left."""
+    import tests.tiny_models as tm
+
+    model = tm.tiny_bridge("llama", n_layers=5)
+    config = GeometryConfig(n_grid=[1, 2], capture="rows")
+    prepared = prepare_tokens(model, torch.tensor([[tm.BOS_ID, 5, 6, 7, 8, 9]]), config)
+    n_keys, n_queries = prepared.n_keys, prepared.query_index.shape[1]
+    shapes = ((1, tm.N_HEADS, n_queries, n_keys), (1, n_keys, tm.N_KV_HEADS, tm.D_MODEL // tm.N_HEADS))
+    layer_bytes = 4 * sum(math.prod(shape) for shape in shapes)
+    plan = plan_run(model, config.with_overrides(memory_budget_mib=2 * layer_bytes / 2**20))
+    state = _LayerAnalysis(prepared=prepared, plan=plan, grid=grid_for([prepared], plan),
+                           heads=torch.tensor(plan.heads))
+    analysed = []
+    monkeypatch.setattr(state, "analyse_layers", lambda layers, rows, *args: analysed.append((layers, rows.device.type)))
+    devices = ["cpu", "meta", "cpu", "meta", "cpu"]
+    for layer, device in enumerate(devices):
+        state.rows_hook(layer, torch.empty(shapes[0], device=device), torch.empty(shapes[1], device=device))
+    assert analysed == [((0, 2), "cpu"), ((1, 3), "meta")]
+    state.analyse_kept()
+    assert analysed[2:] == [((4,), "cpu")] and not state.kept_rows
 
 
 def test_gathered_stacks_on_the_cpu():
