@@ -7,8 +7,12 @@ pattern) it runs every diagnostic on ``--windows`` windows of ``--context`` toke
 prints per field the largest absolute and relative difference of the per-head means and whether the defined
 counts are equal, and the median wall time of each model's run (the two take turns) with their ratio.
 
+With ``interventions`` among ``--parts`` it also runs a top-N sweep (layer by layer on ``--layers``, from the
+clean residual, N = 1, 4, 16, both modes, one random control) on both models and prints the largest difference
+of any of its statistics and the two wall times.
+
     python benchmarks/bench_device_map.py [--model smollm2-135m] [--context 64] [--windows 2] [--repeats 3]
-        [--layers 0,1]
+        [--layers 0,1] [--parts analysis interventions]
 """
 
 import argparse
@@ -42,6 +46,44 @@ def _differences(a, b) -> list[tuple[str, bool, float, float]]:
     return rows
 
 
+def _sweep_differences(a, b) -> tuple[float, int, int]:
+    """Largest absolute difference over every statistic of two sweeps (NaN matched), the number of statistics
+    and how many are bit-identical."""
+    worst, same, total = 0.0, 0, 0
+    for name, stats in a.stats.items():
+        for statistic, x in stats.stored().arrays().items():
+            y = b.stats[name].stored().arrays()[statistic]
+            x, y = x.double(), y.double()
+            total += 1
+            if torch.equal(torch.isnan(x), torch.isnan(y)) and torch.equal(x.nan_to_num(), y.nan_to_num()):
+                same += 1
+                continue
+            both = ~(torch.isnan(x) | torch.isnan(y))
+            worst = max(worst, float((x - y).abs()[both].max()) if both.any() else float("inf"))
+    return worst, total, same
+
+
+def _interventions(whole, split, tokens, layers: list[int], repeats: int) -> None:
+    from tl_geometry.interventions import intervention_sweep
+
+    sweep = {"scope": "layer", "layers": layers, "controls": 1, "n_bootstrap": 4, "progress": False}
+    run = {name: (lambda m=m: intervention_sweep(m, tokens, [1, 4, 16], **sweep)) for name, m in
+           (("whole", whole), ("offloaded", split))}
+    times: dict[str, list[float]] = {name: [] for name in run}
+    results = {}
+    for _ in range(repeats):
+        for name, fn in run.items():
+            start = time.perf_counter()
+            results[name] = fn()
+            times[name].append(time.perf_counter() - start)
+    worst, total, same = _sweep_differences(results["offloaded"], results["whole"])
+    median = {name: statistics.median(t) for name, t in times.items()}
+    print(f"\ninterventions (layer scope, layers {layers}, N = 1, 4, 16, both modes, 1 control): {total} statistics, "
+          f"bit-identical {same}, largest |difference| {worst:.3g}")
+    print(f"  wall time (median of {repeats}): whole {median['whole']:.2f} s, offloaded {median['offloaded']:.2f} s, "
+          f"ratio {median['offloaded'] / median['whole']:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -50,6 +92,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layers", default="0,1", help="layers analysed (default 0,1: one offloaded to the CPU, "
                         "one to disk); every layer runs either way")
+    parser.add_argument("--parts", nargs="+", choices=("analysis", "interventions"), default=["analysis"])
     args = parser.parse_args()
 
     from tl_geometry import GeometryConfig, run_with_geometry_hooks
@@ -63,9 +106,12 @@ def main() -> None:
     tokens = text_windows(whole, default_text(), context=args.context, n_windows=args.windows)
     print(f"{args.model}: {args.windows} x {args.context} tokens, every diagnostic on layers {args.layers}; offloaded: "
           f"{sorted(set(split.original_model.hf_device_map.values()))} ({split.cfg.n_devices} places)")
-    for capture in ("rows", "pattern"):
+    layers = [int(layer) for layer in args.layers.split(",")]
+    if "interventions" in args.parts:
+        _interventions(whole, split, tokens, layers, args.repeats)
+    for capture in ("rows", "pattern") if "analysis" in args.parts else ():
         config = GeometryConfig(diagnostics="all", n_bootstrap=4, capture=capture,
-                                layers=[int(layer) for layer in args.layers.split(",")])
+                                layers=layers)
         run = {name: (lambda m=m: run_with_geometry_hooks(m, tokens, config=config)) for name, m in
                (("whole", whole), ("offloaded", split))}
         results = {name: fn() for name, fn in run.items()}

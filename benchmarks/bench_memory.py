@@ -19,8 +19,14 @@ A fresh process per measurement: peaks do not hide each other, and the order of
 the runs does not matter. The table prints rows / pattern per diagnostic;
 the target is at most 1.2x.
 
+With ``--windows 1 4 16`` each figure is instead ``analyze_corpus`` over that
+many windows of ``--context`` tokens, ``--batch`` windows per forward pass
+(fewer when there are fewer windows): the peak must stay flat as the corpus
+grows (the statistics are sums; only one batch of activations is held). The
+table adds, per path, the peak at the most windows over the peak at the fewest.
+
     PYTHONPATH=. python benchmarks/bench_memory.py [--batch 4] [--context 256] [--budget 128]
-        [--diagnostics metrics assumptions bounds taxonomy chance all]
+        [--diagnostics metrics assumptions bounds taxonomy chance all] [--windows 1 4 16]
 """
 
 import argparse
@@ -49,16 +55,17 @@ def _diagnostics(name: str) -> list[str] | str:
     return [] if name == "metrics" else "all" if name == "all" else [name]
 
 
-def one(path: str, diagnostic: str, batch: int, context: int, budget: float) -> dict:
-    """Child process: load, run once; the peak resident memory above the loaded model."""
+def one(path: str, diagnostic: str, batch: int, context: int, budget: float, windows: int | None = None) -> dict:
+    """Child process: load, run once (one batch, or ``windows`` windows through ``analyze_corpus``); the peak
+    resident memory above the loaded model."""
     import torch
 
-    from tl_geometry import run_with_geometry_hooks
+    from tl_geometry import analyze_corpus, run_with_geometry_hooks
     from tl_geometry.models import load_model
 
     model = load_model(progress=False)
     gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(100, 40000, (batch, context), generator=gen)
+    tokens = torch.randint(100, 40000, (batch if windows is None else windows, context), generator=gen)
     tokens[:, 0] = model.tokenizer.bos_token_id or 1
     settings = {"capture": path, "diagnostics": _diagnostics(diagnostic), "memory_budget_mib": budget}
     gc.collect()
@@ -66,8 +73,39 @@ def one(path: str, diagnostic: str, batch: int, context: int, budget: float) -> 
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")
     before = _status_mib("VmRSS")
-    run_with_geometry_hooks(model, tokens, **settings)
+    if windows is None:
+        run_with_geometry_hooks(model, tokens, **settings)
+    else:
+        analyze_corpus(model, tokens, batch_size=batch, progress=False, **settings)
     return {"path": path, "diagnostic": diagnostic, "loaded_mib": before, "above_mib": _status_mib("VmHWM") - before}
+
+
+def _child(path: str, diagnostic: str, args: argparse.Namespace, windows: int | None = None) -> float:
+    """The peak above the loaded model of one figure, measured in a fresh process."""
+    command = [sys.executable, __file__, "--child", path, diagnostic, "--batch", str(args.batch),
+               "--context", str(args.context), "--budget", str(args.budget)]
+    if windows is not None:
+        command += ["--windows", str(windows)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["above_mib"]
+
+
+def corpus_sizes(args: argparse.Namespace) -> None:
+    """The peak per diagnostic, path and number of windows: flat in the corpus size, rows within 1.2x pattern."""
+    print(f"SmolLM2, analyze_corpus over {args.windows} windows of {args.context} tokens, batches of {args.batch}, "
+          f"memory_budget_mib={args.budget:g}: peak resident memory above the loaded model (MiB), one fresh process "
+          "per figure")
+    print(f"{'diagnostics':<14}{'windows':>8}{'rows':>9}{'pattern':>9}{'rows/pattern':>14}")
+    for diagnostic in args.diagnostics:
+        above = {path: [] for path in PATHS}
+        for windows in args.windows:
+            for path in PATHS:
+                above[path].append(_child(path, diagnostic, args, windows))
+            ratio = above["rows"][-1] / max(above["pattern"][-1], 1e-9)
+            print(f"{diagnostic:<14}{windows:>8}{above['rows'][-1]:>9.0f}{above['pattern'][-1]:>9.0f}{ratio:>13.2f}x",
+                  flush=True)
+        growth = ", ".join(f"{path} {above[path][-1] / max(above[path][0], 1e-9):.2f}x" for path in PATHS)
+        print(f"{'':<14}peak at {args.windows[-1]} windows / at {args.windows[0]}: {growth}", flush=True)
 
 
 def main() -> None:
@@ -76,24 +114,23 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--budget", type=float, default=128.0, help="memory_budget_mib")
     parser.add_argument("--diagnostics", nargs="*", choices=DIAGNOSTICS, default=list(DIAGNOSTICS))
+    parser.add_argument("--windows", nargs="*", type=int, default=None,
+                        help="numbers of windows, each run through analyze_corpus (the corpus-size check)")
     parser.add_argument("--child", nargs=2, metavar=("PATH", "DIAGNOSTIC"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(one(*args.child, args.batch, args.context, args.budget)))
+        windows = args.windows[0] if args.windows else None
+        print(json.dumps(one(*args.child, args.batch, args.context, args.budget, windows)))
+        return
+    if args.windows:
+        corpus_sizes(args)
         return
     print(f"SmolLM2, {args.batch} x {args.context} tokens, memory_budget_mib={args.budget:g}: peak resident memory "
           "above the loaded model (MiB), one fresh process per figure")
     print(f"{'diagnostics':<14}{'rows':>9}{'pattern':>9}{'rows/pattern':>14}")
     missed = []
     for diagnostic in args.diagnostics:
-        above = {}
-        for path in PATHS:
-            out = subprocess.run(
-                [sys.executable, __file__, "--child", path, diagnostic, "--batch", str(args.batch),
-                 "--context", str(args.context), "--budget", str(args.budget)],
-                capture_output=True, text=True, check=True,
-            ).stdout
-            above[path] = json.loads(out.strip().splitlines()[-1])["above_mib"]
+        above = {path: _child(path, diagnostic, args) for path in PATHS}
         ratio = above["rows"] / max(above["pattern"], 1e-9)
         if ratio > TARGET:
             missed.append(diagnostic)

@@ -104,7 +104,11 @@ print(tiny_result.model_name, tuple(tiny_result.recall.shape))
 # a processed bridge's (`load_model`'s) to float rounding. The result is the
 # same as that of `boot_transformers` on the same model, field for field; to
 # analyse one model many times, wrap it once yourself as above (a model already
-# wrapped by a bridge is refused: pass the bridge).
+# wrapped by a bridge is refused: pass the bridge). `classify_heads`, the
+# interventions (`intervention_sweep`, `effective_set_size`), `ablate_roles`
+# and `published_measures` take such a model the same way; those that edit the
+# forward pass wrap it in the bridge's compatibility mode (still without weight
+# processing), so that an edited pattern reaches the logits.
 
 # %%
 torch.manual_seed(0)

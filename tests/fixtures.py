@@ -143,6 +143,25 @@ def assert_equal_runs(a: GeometryResult, b: GeometryResult, padding: dict[str, f
         torch.testing.assert_close(t, b.queries[name], msg=name, **close)
 
 
+def assert_same_stats(a, b) -> None:
+    """Two InterventionResults with the same statistics, entry for entry (NaN where the other has NaN)."""
+    assert set(a.stats) == set(b.stats) and a.n_documents == b.n_documents
+    for name, stats in a.stats.items():
+        for statistic, x in stats.stored().arrays().items():
+            torch.testing.assert_close(x, b.stats[name].stored().arrays()[statistic], rtol=0, atol=0, equal_nan=True,
+                                       msg=f"{name}.{statistic}")
+
+
+def assert_same_rows(a: list[dict], b: list[dict]) -> None:
+    """Two tables of dicts equal entry for entry, NaN equal to NaN."""
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.keys() == y.keys()
+        for key, value in x.items():
+            same = value == y[key] or (isinstance(value, float) and math.isnan(value) and math.isnan(y[key]))
+            assert same, (x["group"], key, value, y[key])
+
+
 def spy(monkeypatch, owner: object, name: str) -> list[tuple[tuple, dict]]:
     """Record every call of ``owner.name`` (its positional and keyword arguments) and let it run; the list fills
     as the calls come."""

@@ -7,15 +7,19 @@ same model loaded whole.
 
 import gc
 import json
+import math
 
 import pytest
 import torch
 
-from tests.fixtures import assert_equal_runs, forbid_loading, inject, needs_gemma3
+from tests import tiny_models as tm
+from tests.fixtures import assert_equal_runs, assert_same_rows, assert_same_stats, forbid_loading, inject, needs_gemma3
 from tl_geometry import models
 from tl_geometry.capture.provenance import weights_fingerprint
 from tl_geometry.capture.hooks import gathered, run_with_geometry_hooks
-from tl_geometry.capture.layer_analysis import kept_groups
+from tl_geometry.capture.layer_analysis import LayerAnalysis, kept_bytes, kept_groups
+from tl_geometry.capture.plan import plan_run
+from tl_geometry.capture.tokens import prepare_tokens
 from tl_geometry.config import GeometryConfig
 from tl_geometry.errors import GeometryError
 from tl_geometry.models import check_device_map, load_model, transformer_lens_major_version
@@ -91,6 +95,37 @@ def test_kept_rows_are_analysed_per_device_and_window():
     assert sorted(kept_groups(kept, windows, pictured={4})) == [[0], [1], [2, 3], [4]]
 
 
+def test_kept_bytes_count_one_device():
+    kept = {0: (torch.empty(2, 3, dtype=torch.float32), torch.empty(5, dtype=torch.bfloat16)),
+            1: (torch.empty(7, device="meta", dtype=torch.float64), torch.empty(1, device="meta")),
+            2: (torch.empty(4, dtype=torch.float64), torch.empty(3, dtype=torch.float16))}
+    assert kept_bytes(kept, torch.device("cpu")) == 6 * 4 + 5 * 2 + 4 * 8 + 3 * 2
+    assert kept_bytes(kept, torch.device("meta")) == 7 * 8 + 1 * 4
+
+
+def test_the_rows_budget_holds_per_device(monkeypatch):
+    """The rows path keeps a device's rows until that device's rows and values reach memory_budget_mib, then
+    analyses that device's layers alone: with layers alternating between two devices (meta stands for the
+    second), each device folds two layers per batch, not one layer per device as a budget counted over all
+    devices would. The last analysis after the pass takes what is left."""
+    model = tm.tiny_bridge("llama", n_layers=5)
+    config = GeometryConfig(n_grid=[1, 2], capture="rows")
+    prepared = prepare_tokens(model, torch.tensor([[tm.BOS_ID, 5, 6, 7, 8, 9]]), config)
+    n_keys, n_queries = prepared.n_keys, prepared.query_index.shape[1]
+    shapes = ((1, tm.N_HEADS, n_queries, n_keys), (1, n_keys, tm.N_KV_HEADS, tm.D_MODEL // tm.N_HEADS))
+    layer_bytes = 4 * sum(math.prod(shape) for shape in shapes)
+    plan = plan_run(model, config.with_overrides(memory_budget_mib=2 * layer_bytes / 2**20), [prepared])
+    state = LayerAnalysis(prepared=prepared, plan=plan, heads=torch.tensor(plan.heads))
+    analysed = []
+    monkeypatch.setattr(state, "analyse_layers", lambda layers, rows, *args: analysed.append((layers, rows.device.type)))
+    devices = ["cpu", "meta", "cpu", "meta", "cpu"]
+    for layer, device in enumerate(devices):
+        state.rows_hook(layer, torch.empty(shapes[0], device=device), torch.empty(shapes[1], device=device))
+    assert analysed == [((0, 2), "cpu"), ((1, 3), "meta")]
+    state.analyse_kept()
+    assert analysed[2:] == [((4,), "cpu")] and not state.kept_rows
+
+
 def test_gathered_stacks_on_the_cpu():
     per_layer = [torch.full((2, 3), float(layer)) for layer in range(4)]
     for dim in (0, 1):
@@ -153,6 +188,78 @@ def test_offloaded_layers_give_the_whole_models_result(name, request):
     assert weights_fingerprint(split) == weights_fingerprint(whole)
     del split
     gc.collect()
+
+
+# ---- interventions, sweeps, ablations and the published measures with offloaded layers ----
+
+
+def _tiny_split_and_whole(tmp_path, arch: str):
+    """A tiny model saved and read back twice: whole, and with its layers offloaded by accelerate through the same
+    map as the bundled models'; both bridges in compatibility mode without weight processing (what load_model
+    gives an offloaded model), float64."""
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import AutoModelForCausalLM
+
+    tm.tiny_arch_model(arch).save_pretrained(tmp_path / "model")
+
+    def boot(**placement):
+        hf_model = AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float64, **placement)
+        bridge = TransformerBridge.boot_transformers(f"tiny-{arch}", hf_model=hf_model, tokenizer=tm.tiny_tokenizer(),
+                                                     dtype=torch.float64)
+        bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
+        return bridge.eval()
+
+    whole = boot()
+    split = boot(device_map=_offloading_map(whole), offload_folder=tmp_path / "offload")
+    assert _weights_on_meta(split) and not _weights_on_meta(whole)
+    assert set(split.original_model.hf_device_map.values()) == {"cpu", "disk"}
+    return split, whole
+
+
+@pytest.mark.model
+@NEEDS_TL4
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_interventions_with_offloaded_layers_equal_the_whole_model(tmp_path, arch):
+    """intervention_sweep (every scope's code: the model at once, and layer by layer from the clean residual, which
+    skips the offloaded blocks below; a random control; the contribution ranking) and effective_set_size: every
+    statistic equal, bit for bit, to the whole model's (the same float64 arithmetic on the same weights)."""
+    from tl_geometry.interventions import effective_set_size, intervention_sweep
+
+    split, whole = _tiny_split_and_whole(tmp_path, arch)
+    texts = ["the cat sat on the mat and ran", "a dog", "one two three four five six seven eight nine ten house"]
+    for scope, ranking in (("model", "contribution"), ("layer", "attention")):
+        sweep = {"scope": scope, "ranking": ranking, "controls": 1, "n_bootstrap": 4, "progress": False}
+        assert_same_stats(intervention_sweep(split, texts, [1, 2, 4], **sweep),
+                          intervention_sweep(whole, texts, [1, 2, 4], **sweep))
+    search = {"scope": "layer", "layers": [0, 1], "n_bootstrap": 4, "progress": False}
+    mine, theirs = effective_set_size(split, texts, **search), effective_set_size(whole, texts, **search)
+    for name in ("n_star", "low", "high", "replicates"):
+        torch.testing.assert_close(getattr(mine, name), getattr(theirs, name), rtol=0, atol=0, equal_nan=True)
+    assert not [name for name, point in split.hook_dict.items() if point._forward_hooks]
+
+
+@pytest.mark.model
+@NEEDS_TL4
+def test_roles_ablations_and_published_measures_with_offloaded_layers_equal_the_whole_model(tmp_path):
+    """classify_heads, ablate_roles (zero and mean, the repeated-token task, the detectors) and published_measures
+    on an offloaded tiny Llama: equal to the whole model's."""
+    from tl_geometry import classify_heads
+    from tl_geometry.interventions import ablate_roles, published_measures
+
+    split, whole = _tiny_split_and_whole(tmp_path, "llama")
+    tokens = tm.with_bos(tm.random_tokens(6, 12, seed=3))
+    config = GeometryConfig(n_grid=[1, 2, 4], n_bootstrap=8)
+    mine, theirs = classify_heads(split, tokens[:4], config), classify_heads(whole, tokens[:4], config)
+    assert torch.equal(mine.labels, theirs.labels)
+    torch.testing.assert_close(mine.probabilities, theirs.probabilities, rtol=0, atol=0, equal_nan=True)
+    ablation = {"tokens": tokens[:4], "mean_tokens": tokens[4:], "n_random": 2, "repeated_prompts": 2, "period": 4,
+                "detector_threshold": 0.05, "n_bootstrap": 20, "progress": False}
+    assert_same_rows(ablate_roles(split, mine, **ablation).table(), ablate_roles(whole, theirs, **ablation).table())
+    for space in ("z", "result"):
+        found = published_measures(split, tokens, space=space, progress=False)
+        expected = published_measures(whole, tokens, space=space, progress=False)
+        for name in ("first_token_score", "sink_indicator_rate", "output_norm", "norm_ratio"):
+            torch.testing.assert_close(getattr(found, name), getattr(expected, name), rtol=0, atol=0, msg=name)
 
 
 @pytest.mark.slow

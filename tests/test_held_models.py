@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests import tiny_models as tm
-from tests.fixtures import assert_equal_runs, needs_gemma3
+from tests.fixtures import assert_equal_runs, assert_same_rows, assert_same_stats, needs_gemma3
 from tests.test_capture_rows import BUNDLED_LAYERS, GRID, SUPPORTED, TEXTS, assert_close_results, tiny_arch_bridge
 from tl_geometry import GeometryConfig, GeometryError, analyze_corpus, run_with_geometry_hooks
 from tl_geometry.capture.held_models import as_hookable, shell_copy, wrap_held_model
@@ -278,3 +278,84 @@ def test_bundled_models_held_equal_the_bridge_path(bundled_hf, request):
     for name, module in hf_model.named_modules():
         module.__dict__.pop("forward", None)  # nnsight's own, inert outside a trace
     before.assert_same(hf_model)
+
+
+# ---- the other entry points: head roles, interventions, ablations, published measures ----
+
+
+def compat_bridge(hf_model):
+    """The bridge path the editing entry points take on a copy of the model: compatibility mode without
+    weight processing, so that pattern and z edits reach the logits."""
+    bridge = raw_bridge(hf_model)
+    bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
+    return bridge
+
+
+def held_as(kind: str, hf_model):
+    """The model as the user holds it, and the tokenizer argument that goes with it."""
+    if kind == "transformers":
+        return hf_model, {"tokenizer": tm.tiny_tokenizer()}
+    return language_model(hf_model, tm.tiny_tokenizer()), {}
+
+
+@pytest.mark.parametrize("kind", ["transformers", pytest.param("nnsight", marks=needs_nnsight)])
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_interventions_of_a_held_model_equal_the_bridge_path(arch, kind):
+    """intervention_sweep (layer scope: passes started from the clean residual; a random control) and
+    effective_set_size on a held model: every statistic equal to the bridge's; the model as it was."""
+    from tl_geometry.interventions import effective_set_size, intervention_sweep
+
+    hf_model = tm.tiny_arch_model(arch)
+    model, tokenizer = held_as(kind, hf_model)
+    before = Snapshot(hf_model)
+    reference = compat_bridge(hf_model)
+    sweep = {"scope": "layer", "controls": 1, "n_bootstrap": 4, "progress": False}
+    assert_same_stats(intervention_sweep(model, TEXTS, [1, 2, 4], **sweep, **tokenizer),
+                      intervention_sweep(reference, TEXTS, [1, 2, 4], **sweep))
+    search = {"scope": "model", "n_bootstrap": 4, "progress": False}
+    mine = effective_set_size(model, TEXTS, **search, **tokenizer)
+    theirs = effective_set_size(reference, TEXTS, **search)
+    for name in ("n_star", "low", "high", "replicates"):
+        torch.testing.assert_close(getattr(mine, name), getattr(theirs, name), rtol=0, atol=0, equal_nan=True)
+    for module in hf_model.modules():
+        module.__dict__.pop("forward", None)  # nnsight's own, inert outside a trace
+    before.assert_same(hf_model)
+
+
+@pytest.mark.parametrize("kind", ["transformers", pytest.param("nnsight", marks=needs_nnsight)])
+def test_roles_ablations_and_published_measures_of_a_held_model_equal_the_bridge_path(kind):
+    """classify_heads, ablate_roles and published_measures on a held model: equal to the bridge's; the model
+    as it was."""
+    from tl_geometry import classify_heads
+    from tl_geometry.interventions import ablate_roles, published_measures
+
+    hf_model = tm.tiny_arch_model("llama")
+    model, tokenizer = held_as(kind, hf_model)
+    before = Snapshot(hf_model)
+    reference = compat_bridge(hf_model)
+    tokens = tm.with_bos(tm.random_tokens(6, 12, seed=3))
+    mine = classify_heads(model, tokens[:4], config(), **tokenizer)
+    theirs = classify_heads(raw_bridge(hf_model), tokens[:4], config())
+    assert torch.equal(mine.labels, theirs.labels)
+    torch.testing.assert_close(mine.probabilities, theirs.probabilities, rtol=0, atol=0, equal_nan=True)
+    ablation = {"tokens": tokens[:4], "mean_tokens": tokens[4:], "n_random": 2, "repeated_prompts": 2, "period": 4,
+                "detector_threshold": 0.05, "n_bootstrap": 20, "progress": False}
+    assert_same_rows(ablate_roles(model, mine, **ablation, **tokenizer).table(),
+                     ablate_roles(reference, theirs, **ablation).table())
+    for space in ("z", "result"):
+        found = published_measures(model, tokens, space=space, progress=False, **tokenizer)
+        expected = published_measures(reference, tokens, space=space, progress=False)
+        for name in ("first_token_score", "sink_indicator_rate", "output_norm", "norm_ratio"):
+            torch.testing.assert_close(getattr(found, name), getattr(expected, name), rtol=0, atol=0, msg=name)
+    for module in hf_model.modules():
+        module.__dict__.pop("forward", None)
+    before.assert_same(hf_model)
+
+
+def test_a_tokenizer_with_a_result_is_refused():
+    hf_model = tm.tiny_arch_model("llama")
+    result = run_with_geometry_hooks(hf_model, TEXTS, config=config(), tokenizer=tm.tiny_tokenizer())
+    with pytest.raises(GeometryError, match="tokens/config/tokenizer: only used with a model"):
+        from tl_geometry import classify_heads
+
+        classify_heads(result, tokenizer=tm.tiny_tokenizer())

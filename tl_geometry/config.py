@@ -93,7 +93,9 @@ class GeometryConfig:
         distance: ``"euclidean"`` or ``"cosine"``.
         prepend_bos: prepend BOS when tokenising strings, so that position 0 is
             the sink (the paper's protocol). Token tensors are used as given.
-        memory_budget_mib: working memory of one chunk of metric rows.
+        memory_budget_mib: working memory of one chunk of metric rows, and of
+            the rows path's kept layers; per device where a device map splits
+            the model (each layer is analysed on its own device).
         diagnostics: extra statistics computed in the same pass, any of the
             registered diagnostics (``tl_geometry.diagnostics.registry.REGISTRY``):
             ``"assumptions"`` (the paper's Assumptions 1-3: value norms,

@@ -47,6 +47,7 @@ from tl_geometry.analysis.ablation import (
     random_head_sets,
     role_groups,
 )
+from tl_geometry.capture.held_models import as_hookable
 from tl_geometry.capture.hook_names import z_hook
 from tl_geometry.capture.hooks import model_name
 from tl_geometry.capture.roles import detector_scores, repeated_random_tokens
@@ -242,11 +243,13 @@ def ablate_roles(
     seed: int = 0,
     batch_size: int = 4,
     progress: bool = True,
+    tokenizer: Any = None,
 ) -> RoleAblation:
     """Mean- and zero-ablate each role class and sub-type, against random head sets of the same shape.
 
     Args:
-        model: a TransformerLens model (HookedTransformer or TransformerBridge); left as it was.
+        model: a TransformerLens model (HookedTransformer or TransformerBridge), a ``transformers`` causal LM
+            or an nnsight ``LanguageModel`` (wrapped once, `tl_geometry.capture.held_models`); left as it was.
         taxonomy: its HeadTaxonomy (``tg.classify_heads(result)``); groups come from its labels and sub-types.
         n_windows: the evaluated natural-text windows: the first ``n_windows`` windows of ``context`` tokens
             (BOS first) of the default text (``tg.default_text()``).
@@ -268,6 +271,7 @@ def ablate_roles(
         seed: the seed of the random sets, the repeated prompts and the bootstrap.
         batch_size: documents per forward pass.
         progress: a progress bar over the forward passes.
+        tokenizer: for a ``transformers`` or nnsight model, its tokenizer (as in `tl_geometry.run_with_geometry_hooks`).
 
     Returns:
         RoleAblation: ``.rows`` / ``.table()`` / ``.to_dataframe()`` / ``.to_markdown()``; draw it with
@@ -277,6 +281,7 @@ def ablate_roles(
         GeometryError: bad arguments, a taxonomy of another model, overlapping evaluated and mean windows, a
             model without ``hook_z``.
     """
+    model = as_hookable(model, tokenizer, compatibility_mode=True)
     check_model(model)
     from tl_geometry.analysis.ablation import _check_taxonomy
 

@@ -1,7 +1,9 @@
 """Models users already hold: a plain ``transformers`` causal LM or an nnsight model, wrapped once for the hooks.
 
-`run_with_geometry_hooks` and `analyze_corpus` take these as they are and
-wrap them here into a TransformerLens ``TransformerBridge`` (as
+`run_with_geometry_hooks`, `analyze_corpus`, `classify_heads`, the
+interventions (`intervention_sweep`, `effective_set_size`), the head
+ablations (`ablate_roles`) and `published_measures` take these as they are
+and wrap them here into a TransformerLens ``TransformerBridge`` (as
 `tl_geometry.load_model` wraps the bundled models), once per call. The
 user's model is left exactly as it was: the bridge puts its components into
 the module tree it wraps, switches it to eager attention and keeps hooks on
@@ -11,6 +13,11 @@ so wrapping costs no memory for the weights). For the same reason the bridge
 runs without TransformerLens's weight processing (``enable_compatibility_mode``
 folds norms into the weights in place): value vectors and attention patterns
 are the model's own, equal to a processed bridge's to float rounding.
+The entry points that edit the forward pass (the interventions, the head
+ablations) and `published_measures` ask for the bridge's compatibility mode,
+still without weight processing: without it the bridge computes attention
+inside the wrapped module and fires ``hook_pattern`` after the fact, so an
+edited pattern would never reach the logits.
 
 The tokenizer is the one given, else the one an nnsight model carries, else
 read from the folder the model was loaded from (``config._name_or_path``);
@@ -43,7 +50,12 @@ def is_nnsight_model(model: Any) -> bool:
     return any(cls.__name__ == "Envoy" and cls.__module__.startswith("nnsight.") for cls in type(model).__mro__)
 
 
-def as_hookable(model: Any, tokenizer: Any = None) -> HookableModel:
+def is_held_model(model: Any) -> bool:
+    """Whether ``model`` is one `as_hookable` wraps: a plain ``transformers`` model or an nnsight model."""
+    return is_nnsight_model(model) or is_transformers_model(model)
+
+
+def as_hookable(model: Any, tokenizer: Any = None, *, compatibility_mode: bool = False) -> HookableModel:
     """The model the hooks run on: a TransformerLens model as it is, a held model wrapped (see the module).
 
     Args:
@@ -53,6 +65,8 @@ def as_hookable(model: Any, tokenizer: Any = None) -> HookableModel:
         tokenizer: for a ``transformers`` or nnsight model, the tokenizer to
             use (default: the nnsight model's, else the one saved beside the
             model); refused for a TransformerLens model, which carries its own.
+        compatibility_mode: wrap a held model in the bridge's compatibility mode, without weight processing,
+            so that edits of ``hook_pattern`` and ``hook_z`` reach the logits (see the module).
 
     Returns:
         The model itself, or a ``TransformerBridge`` over a shell of it.
@@ -63,9 +77,10 @@ def as_hookable(model: Any, tokenizer: Any = None) -> HookableModel:
             architecture TransformerLens cannot wrap.
     """
     if is_nnsight_model(model):
-        return wrap_held_model(_nnsight_module(model), tokenizer if tokenizer is not None else model.tokenizer)
+        return wrap_held_model(_nnsight_module(model), tokenizer if tokenizer is not None else model.tokenizer,
+                               compatibility_mode=compatibility_mode)
     if is_transformers_model(model):
-        return wrap_held_model(model, tokenizer)
+        return wrap_held_model(model, tokenizer, compatibility_mode=compatibility_mode)
     if tokenizer is not None:
         raise GeometryError(
             f"tokenizer: only for a transformers or nnsight model; this {type(model).__name__} carries its own "
@@ -74,12 +89,14 @@ def as_hookable(model: Any, tokenizer: Any = None) -> HookableModel:
     return model
 
 
-def wrap_held_model(hf_model: Any, tokenizer: Any = None) -> HookableModel:
+def wrap_held_model(hf_model: Any, tokenizer: Any = None, *, compatibility_mode: bool = False) -> HookableModel:
     """A ``TransformerBridge`` over a shell of a ``transformers`` causal LM; the model itself is left as it was.
 
     Args:
         hf_model: a ``transformers`` ``PreTrainedModel`` with a language-modelling head.
         tokenizer: its tokenizer (default: read from ``hf_model.config._name_or_path``).
+        compatibility_mode: enable the bridge's compatibility mode without weight processing, so that edits of
+            ``hook_pattern`` and ``hook_z`` reach the logits (what the interventions and ablations need).
 
     Returns:
         A bridge in eval mode, on the model's device, sharing its weights (the model keeps its own mode).
@@ -109,6 +126,8 @@ def wrap_held_model(hf_model: Any, tokenizer: Any = None) -> HookableModel:
     device = next(hf_model.parameters()).device
     try:
         bridge = bridge_from_hf(name, shell, tokenizer, device, compatibility_mode=False)
+        if compatibility_mode:  # no processing: it would fold the norms into the user's own weights, in place
+            bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
     except Exception as error:  # noqa: BLE001 - any wrapping failure gets one clear message
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
         raise GeometryError(

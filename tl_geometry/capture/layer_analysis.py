@@ -84,25 +84,25 @@ class LayerAnalysis:
         """The rows path's callback (`tl_geometry.capture.rows`): the analysed query rows only, and the values.
 
         The rows are those of `capture_positions`: the analysed queries, then the query sample's (if any).
-        They are kept, and analysed together with other layers' (`analyse_kept`) once the kept layers'
-        values reach the memory budget, and after the pass: a few large chunks cost less than many
-        small ones.
+        They are kept, and analysed together with other layers' of their device (`analyse_kept`) once the
+        rows and values kept on that device reach the memory budget, and after the pass: a few large chunks
+        cost less than many small ones. The budget holds per device: a model split by a device map keeps
+        each block's rows where the block ran.
         """
         self._check_values(v, layer)
         self.kept_rows[layer] = (rows, v[:, : self.prepared.n_keys])
-        kept = sum(r.numel() + v.numel() for r, v in self.kept_rows.values())
-        if kept * v.element_size() >= self.plan.config.memory_budget_mib * 2**20:
-            self.analyse_kept()
+        if kept_bytes(self.kept_rows, rows.device) >= self.plan.config.memory_budget_mib * 2**20:
+            self.analyse_kept(rows.device)
 
-    def analyse_kept(self) -> None:
-        """Analyse the kept layers of the rows path, those of one sliding window and device folded into one batch
-        axis (`kept_groups`), each where its rows live.
+    def analyse_kept(self, device: torch.device | None = None) -> None:
+        """Analyse the kept layers of the rows path (those on ``device``; None: all), those of one sliding window
+        and device folded into one batch axis (`kept_groups`), each where its rows live.
 
         A layer with a pictured head is analysed on its own (its pictures observe its own context).
         """
         pictured = {layer for layer, _ in self.plan.config.picture_heads} if self.pictures is not None else set()
         n_queries = self.prepared.query_index.shape[1]
-        for layers in kept_groups(self.kept_rows, self.plan.windows, pictured):
+        for layers in kept_groups(self.kept_rows, self.plan.windows, pictured, device):
             kept = [self.kept_rows.pop(layer) for layer in layers]
             rows = torch.cat([r for r, _ in kept])
             values = torch.cat([v for _, v in kept])
@@ -200,13 +200,21 @@ class LayerAnalysis:
         return reduction
 
 
+def kept_bytes(kept: dict[int, tuple[Tensor, Tensor]], device: torch.device) -> int:
+    """The bytes of the rows and values the rows path keeps on ``device`` (what its memory budget bounds)."""
+    return sum(r.numel() * r.element_size() + v.numel() * v.element_size()
+               for r, v in kept.values() if r.device == device)
+
+
 def kept_groups(kept: dict[int, tuple[Tensor, Tensor]], windows: Sequence[int | None],
-                pictured: set[int]) -> list[list[int]]:
-    """The kept layers of the rows path in groups analysed as one batch: the same sliding window and the same
-    device (a model split by a device map keeps each block's rows where the block runs, and they are reduced
-    there), a pictured layer alone."""
+                pictured: set[int], device: torch.device | None = None) -> list[list[int]]:
+    """The kept layers of the rows path (those on ``device``; None: all) in groups analysed as one batch: the
+    same sliding window and the same device (a model split by a device map keeps each block's rows where the
+    block runs, and they are reduced there), a pictured layer alone."""
     groups: dict[tuple[Any, ...], list[int]] = {}
     for layer, (rows, _) in kept.items():
+        if device is not None and rows.device != device:
+            continue
         key = (windows[layer], str(rows.device), layer if layer in pictured else None)
         groups.setdefault(key, []).append(layer)
     return list(groups.values())

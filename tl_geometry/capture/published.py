@@ -31,6 +31,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from tl_geometry.analysis.ablation import PublishedMeasures
+from tl_geometry.capture.held_models import as_hookable
 from tl_geometry.capture.hook_names import pattern_hook, z_hook
 from tl_geometry.capture.sources import text_windows
 from tl_geometry.capture.tokens import check_model, input_device
@@ -60,11 +61,13 @@ def published_measures(
     heads: Sequence[int] | None = None,
     batch_size: int = 8,
     progress: bool = True,
+    tokenizer: Any = None,
 ) -> PublishedMeasures:
     """Gu et al.'s first-token sink scores and rate, and each head's output norm against its layer's.
 
     Args:
-        model: a TransformerLens model (left as it was).
+        model: a TransformerLens model, a ``transformers`` causal LM or an nnsight ``LanguageModel`` (wrapped
+            once, `tl_geometry.capture.held_models`); left as it was.
         tokens: sequences ``[sequence, pos]``, BOS first; default: ``n_sequences`` windows of ``length``
             tokens of the default text.
         epsilon: the sink threshold (Gu et al.: 0.3).
@@ -75,7 +78,9 @@ def published_measures(
         heads: the heads reported (default all); a layer's average is over all its heads.
         batch_size: sequences per forward pass.
         progress: a progress bar over the batches.
+        tokenizer: for a ``transformers`` or nnsight model, its tokenizer (as in `tl_geometry.run_with_geometry_hooks`).
     """
+    model = as_hookable(model, tokenizer, compatibility_mode=True)
     check_model(model)
     if not 0 < float(epsilon) < 1:
         raise GeometryError(f"epsilon: expected a threshold in (0, 1) on the mean first-token weight, got {epsilon!r}")

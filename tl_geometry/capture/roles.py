@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from tl_geometry.analysis.mechanisms import DETECTORS, PromptSetCheck
 from tl_geometry.analysis.taxonomy import NAMED, HeadTaxonomy, TaxonomyConfig, taxonomy_from_result
 from tl_geometry.capture.hook_names import pattern_hook
+from tl_geometry.capture.held_models import is_held_model
 from tl_geometry.capture.hooks import run_with_geometry_hooks
 from tl_geometry.capture.sources import text_windows
 from tl_geometry.capture.tokens import HookableModel, check_model, input_device
@@ -47,17 +48,21 @@ def _with_taxonomy(config: GeometryConfig | None) -> GeometryConfig:
 
 
 def classify_heads(
-    result_or_model: Any, tokens: Any = None, config: GeometryConfig | None = None, *, taxonomy: Any = None
+    result_or_model: Any, tokens: Any = None, config: GeometryConfig | None = None, *, taxonomy: Any = None,
+    tokenizer: Any = None,
 ) -> HeadTaxonomy:
     """The role of every analysed head (Retriever, Mixer, Reset, Content or uncertain), with its probabilities.
 
     Args:
         result_or_model: a GeometryResult computed with ``"taxonomy"`` in its
-            diagnostics, or a TransformerLens model (then ``tokens`` is required).
+            diagnostics, or a model (then ``tokens`` is required): a
+            TransformerLens model, a ``transformers`` causal LM or an nnsight
+            ``LanguageModel`` (wrapped as `run_with_geometry_hooks` wraps it).
         tokens: for a model: token ids ``[batch, pos]``, a string or a list of
             strings; each sequence is one document of the bootstrap.
         config: for a model: the GeometryConfig of the run (``"taxonomy"`` is added).
         taxonomy: the TaxonomyConfig (thresholds); default ``TaxonomyConfig()``.
+        tokenizer: for a ``transformers`` or nnsight model, its tokenizer (as in `run_with_geometry_hooks`).
 
     Returns:
         HeadTaxonomy: ``labels`` ``[layer, head_index]`` indexing ``REGIMES``,
@@ -66,22 +71,23 @@ def classify_heads(
     if taxonomy is not None and not isinstance(taxonomy, TaxonomyConfig):
         raise GeometryError(f"taxonomy: expected a TaxonomyConfig or None, got {type(taxonomy).__name__}")
     if isinstance(result_or_model, GeometryResult):
-        if tokens is not None or config is not None:
+        if tokens is not None or config is not None or tokenizer is not None:
             raise GeometryError(
-                "tokens/config: only used with a model; the GeometryResult is already computed, call "
+                "tokens/config/tokenizer: only used with a model; the GeometryResult is already computed, call "
                 "classify_heads(result) alone"
             )
         return taxonomy_from_result(result_or_model, taxonomy)
-    if isinstance(result_or_model, HookableModel):
+    if isinstance(result_or_model, HookableModel) or is_held_model(result_or_model):
         if tokens is None:
             raise GeometryError(
                 "tokens: required when classify_heads gets a model; pass text or token ids, "
                 "e.g. classify_heads(model, 'some text')"
             )
-        result = run_with_geometry_hooks(result_or_model, tokens, config=_with_taxonomy(config))
+        result = run_with_geometry_hooks(result_or_model, tokens, config=_with_taxonomy(config), tokenizer=tokenizer)
         return taxonomy_from_result(result, taxonomy)
     raise GeometryError(
-        f"result_or_model: expected a GeometryResult or a TransformerLens model, got {type(result_or_model).__name__}"
+        f"result_or_model: expected a GeometryResult, a TransformerLens model, a transformers causal LM or an "
+        f"nnsight LanguageModel, got {type(result_or_model).__name__}"
     )
 
 

@@ -39,6 +39,7 @@ from tl_geometry.analysis.interventions import (
 )
 from tl_geometry.capture import distributed
 from tl_geometry.capture.corpus import prepared_batches
+from tl_geometry.capture.held_models import as_hookable
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.capture.hooks import model_name
 from tl_geometry.capture.interventions import (
@@ -402,7 +403,7 @@ def result_of(model: HookableModel, plan: SweepPlan, accumulator: Accumulator) -
 
 
 def intervention_sweep(
-    model: HookableModel,
+    model: HookableModel | Any,
     corpus: Any,
     n_grid: Sequence[int],
     *,
@@ -420,6 +421,7 @@ def intervention_sweep(
     settings_per_pass: int = 1,
     control_cache_mib: int | float = 1024,
     progress: bool = True,
+    tokenizer: Any = None,
 ) -> InterventionResult:
     """dNLL of top-N interventions, per scope unit, mode, N and random control, over a corpus.
 
@@ -431,7 +433,9 @@ def intervention_sweep(
 
     Args:
         model: a TransformerLens model whose ``hook_pattern`` edits reach the
-            logits (checked once per layer, `tl_geometry.capture.interventions.check_pattern_edits`).
+            logits (checked once per layer, `tl_geometry.capture.interventions.check_pattern_edits`), or a
+            ``transformers`` causal LM or nnsight ``LanguageModel``, wrapped once into a bridge whose edits
+            do (`tl_geometry.capture.held_models`; the model is left as it was).
         corpus: texts, a ``[sequence, pos]`` token tensor, or an iterable of
             ``[batch, pos]`` token tensors (as `tl_geometry.analyze_corpus`); each sequence is one document.
         n_grid: the N values (increasing), e.g. powers of two ``[1, 2, 4, ..., 256]`` (`DEFAULT_SWEEP_GRID`).
@@ -459,6 +463,7 @@ def intervention_sweep(
             ranks in every pass instead. 0 turns the cache off; the results are
             the same either way.
         progress: show a progress bar over the settings.
+        tokenizer: for a ``transformers`` or nnsight model, its tokenizer (as in `tl_geometry.run_with_geometry_hooks`).
 
     Returns:
         InterventionResult (``result.dnll("renormalise")`` is ``[layer, head_index, n]``).
@@ -467,6 +472,7 @@ def intervention_sweep(
         >>> sweep = intervention_sweep(model, texts, [1, 4, 16], scope="layer")  # doctest: +SKIP
         >>> sweep.relative("renormalise")[:, 0]  # [layer, n]  # doctest: +SKIP
     """
+    model = as_hookable(model, tokenizer, compatibility_mode=True)
     plan = make_plan(model, n_grid, modes=modes, scope=scope, layers=layers, heads=heads, ranking=ranking,
                      controls=controls, seed=seed, n_bootstrap=n_bootstrap, reuse_residual=reuse_residual,
                      settings_per_pass=settings_per_pass, control_cache_mib=control_cache_mib)
@@ -504,7 +510,7 @@ def _my_batches(
 
 
 def effective_set_size(
-    model: HookableModel,
+    model: HookableModel | Any,
     corpus: Any,
     *,
     taus: Sequence[float] = DEFAULT_TAUS,
@@ -521,6 +527,7 @@ def effective_set_size(
     reuse_residual: bool | None = None,
     settings_per_pass: int = 1,
     progress: bool = True,
+    tokenizer: Any = None,
 ) -> EffectiveSetSize:
     """N*_tau, the smallest N whose relative dNLL is at most tau, per model, layer or head, with bootstrap intervals.
 
@@ -534,12 +541,13 @@ def effective_set_size(
         scope: ``"model"``, ``"layer"`` or ``"head"`` (one search per unit).
         max_n: the largest N searched (default: the longest window's tokens).
         model: as `intervention_sweep`; likewise corpus, layers, heads, ranking, seed,
-            n_bootstrap, batch_size, prepend_bos, reuse_residual, settings_per_pass and progress
-            (no random controls).
+            n_bootstrap, batch_size, prepend_bos, reuse_residual, settings_per_pass, progress and
+            tokenizer (no random controls).
 
     Returns:
         EffectiveSetSize (``n_star[tau, layer, head_index]``, ``low``, ``high``, the sweeps).
     """
+    model = as_hookable(model, tokenizer, compatibility_mode=True)
     plan = make_plan(model, [1], modes=(mode,), scope=scope, layers=layers, heads=heads, ranking=ranking, controls=0,
                      seed=seed, n_bootstrap=n_bootstrap, reuse_residual=reuse_residual,
                      settings_per_pass=settings_per_pass)
