@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from tl_geometry.capture.tokens import HookableModel
-from tl_geometry.errors import GeometryError
+from tl_geometry.errors import GeometryError, first_line
 from tl_geometry.models.builders import bridge_from_hf
 
 
@@ -129,7 +129,7 @@ def wrap_held_model(hf_model: Any, tokenizer: Any = None, *, compatibility_mode:
         if compatibility_mode:  # no processing: it would fold the norms into the user's own weights, in place
             bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
     except Exception as error:  # noqa: BLE001 - any wrapping failure gets one clear message
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+        reason = first_line(error)
         raise GeometryError(
             f"model: TransformerLens cannot wrap this {type(hf_model).__name__} ({type(error).__name__}: {reason}); "
             "load a model of an architecture TransformerLens supports, or load it with tl_geometry.load_model"
@@ -172,7 +172,7 @@ def _saved_tokenizer(hf_model: Any, name: str) -> Any:
     try:
         return AutoTokenizer.from_pretrained(name, add_bos_token=True, local_files_only=True)
     except Exception as error:  # noqa: BLE001 - hub, file and format errors all mean "pass it"
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        reason = first_line(error, 200)
         raise GeometryError(
             f"tokenizer: none given and none found for {name!r} ({type(error).__name__}: {reason}); pass it: "
             "run_with_geometry_hooks(model, tokens, tokenizer=AutoTokenizer.from_pretrained(...))"

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from tl_geometry.errors import GeometryError
+from tl_geometry.errors import GeometryError, first_line
 from tl_geometry.models.names import bundled_model_names
 
 # HookedTransformer (3.x) allocates an n_ctx x n_ctx causal mask per layer: at the
@@ -141,7 +141,7 @@ def load_by_name(
 
         bridge = TransformerBridge.boot_transformers(name, device=device, dtype=dtype)
     except Exception as error:  # noqa: BLE001 - any loader failure gets one clear message
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+        reason = first_line(error)
         raise GeometryError(
             f"load_model({name!r}): TransformerLens could not load it ({type(error).__name__}: "
             f"{reason}). Offline models: {', '.join(bundled_model_names())}; other names "

@@ -12,7 +12,7 @@ from typing import Any, Literal, get_args
 
 import torch
 
-from tl_geometry.errors import GeometryError
+from tl_geometry.errors import GeometryError, first_line
 from tl_geometry.models.builders import (
     bridge_from_hf,
     cast_weights,
@@ -192,7 +192,7 @@ def _placement_errors(name: str) -> Iterator[None]:
     except GeometryError:
         raise
     except Exception as error:  # noqa: BLE001 - transformers, accelerate and the bridge each raise their own
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+        reason = first_line(error)
         raise GeometryError(
             f"load_model({name!r}, device_map=...): the model could not be placed or loaded "
             f"({type(error).__name__}: {reason}); check that every key of the map names a module of the model "
