@@ -204,7 +204,7 @@ def test_the_curve_cv_takes_the_documents_noise_out():
     for _ in range(300):
         x = curve * rng.gamma(25.0, 1 / 25.0, (documents, positions))  # noise CV 0.2
         rows = torch.tensor(np.concatenate([np.ones((documents, 1)), x], 1)[:, None, None])  # [doc, 1, 1, 1 + pos]
-        cv = float(claims_module._pairwise_curve_cv(rows, torch.ones(1, documents, dtype=torch.float64))[0, 0, 0])
+        cv = float(claims_module._pairwise_curve_cv(rows, torch.ones_like(rows, dtype=torch.long), torch.ones(1, documents, dtype=torch.float64))[0, 0, 0])
         found.append((cv * x.mean()) ** 2)
         plain.append(np.var(x.mean(0)))
     assert abs(np.mean(found) - true_variance) < 3 * np.std(found) / np.sqrt(len(found)), (np.mean(found), true_variance)

@@ -78,9 +78,11 @@ positions on real runs, so the CV is that of the expected curve: the
 variance over positions is the mean over pairs of different documents of
 their norms' products (each centred on its own mean), which the noise does
 not bias (`_pairwise_curve_cv`; on each replicate the same, a document drawn
-twice not paired with itself); without the documents' curves (more than
-``GROWING_ROWS`` documents) the plain CV of the averaged curve, said to
-overstate it, without an interval. Without the averaged curve: the expected
+twice not paired with itself); past ``GROWING_ROWS`` documents, over pairs
+of documents in different groups of the 32 the result keeps, the bootstrap
+resampling groups; without the documents' curves or groups (results saved
+before groups) the plain CV of the averaged curve, said to overstate it,
+without an interval. Without the averaged curve: the expected
 share within sequences, each head counted by the normal probability that its
 CV is <= 0.05 given its mean and standard error over documents. Sink: the interquartile mean is the mean of the middle half of
 the heads' lambda (``n // 4`` left out at each end).
@@ -123,7 +125,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.analysis.correlation import (
@@ -434,6 +436,7 @@ def _interval(
     value: float,
     limits: tuple[float, float] = (-math.inf, math.inf),
     pivot: float | None = None,
+    units: int | None = None,
 ) -> tuple[float, float, str]:
     """The claim's interval (``INTERVAL_METHOD``) of ``statistic`` (``value`` on the result) over the bootstrap
     replicates of ``names`` (NaN without them), within the statistic's ``limits`` (a basic interval, reflected
@@ -442,7 +445,8 @@ def _interval(
 
     ``pivot``, for a correlation: the value the replicates scatter around (the bootstrap world's truth). The
     interval is then taken on Fisher's z (`replicate_z`), of the replicates' deviations from the pivot moved to
-    the value."""
+    the value. ``units``: how many units the replicates resample where they are not the documents (groups of
+    documents), for the expanded level."""
     lacking = [field_name(name) for name in names if not result.has_replicates(name)]
     if lacking:
         return math.nan, math.nan, (
@@ -459,7 +463,7 @@ def _interval(
     method = INTERVAL_METHOD[key]
     expand = key not in NOT_EXPANDED
     nominal = CALIBRATED_LEVEL.get(key, LEVEL)
-    level = expanded_level(nominal, result.n_documents) if expand else nominal  # few documents: too narrow
+    level = expanded_level(nominal, units or result.n_documents) if expand else nominal  # few units: too narrow
     scale = ""
     if pivot is None:
         bounds = METHODS[method](value, values, level)
@@ -562,45 +566,57 @@ def _curve_cv(curve: Tensor) -> Tensor:
 
 
 def _pairwise_curve_cv(
-    documents: Float[Tensor, "document layer head_index position"], weights: Float[Tensor, "draw document"]
+    totals: Float[Tensor, "group layer head_index position"], counts: Int[Tensor, "group layer head_index position"],
+    weights: Float[Tensor, "draw group"],
 ) -> Float[Tensor, "draw layer head_index"]:
     """Per head, the CV over the non-sink positions of the expected norm-by-position curve, with the documents'
-    noise taken out: for each draw of document ``weights`` (all ones: the result itself; a bootstrap replicate's
-    Poisson weights), ``sqrt(V) / m``.
+    noise taken out, from groups of documents: each group's sum of its documents' norms ``totals`` and how many
+    defined each position ``counts`` (a document alone is a group of one; past 32 documents a result keeps 32
+    groups, `tl_geometry.results.stats.GROWING_ROWS`); for each draw of group ``weights`` (all ones: the result
+    itself; a bootstrap replicate's Poisson weights, which resample groups), ``sqrt(V) / m``.
 
-    Each document's non-sink norms are centred on their own mean over positions (``y_d``); the averaged curve's
-    variance over positions is the mean over positions of ``mean_d(y_d)^2``, which adds to the expected curve's
-    the noise of a mean over the documents. The product of two *different* documents' ``y`` has the expected
-    curve's squared deviation as its mean (independent documents), so ``V`` is the weighted mean over pairs of
-    different documents of ``mean_i y_{d,i} y_{e,i}`` (a U-statistic: unbiased; a document drawn twice by a
-    replicate is not paired with itself, which would add its noise back). ``m`` is the weighted mean of the
-    documents' mean norms. ``V`` below 0 (the noise's estimate above the whole variance) counts as 0; NaN with
-    fewer than two documents of weight for a head. Exact when the documents cover the same positions (windows of
-    one length); otherwise each pair reads the positions both cover."""
-    x = documents[..., 1:].double()  # position 0 is the sink
-    defined = ~x.isnan()
-    counted = defined.sum(-1)
-    level = torch.where(defined, x, 0.0).sum(-1) / counted  # [document, layer, head]: each document's mean norm
-    y = torch.where(defined, x - level.unsqueeze(-1), 0.0)
-    both = torch.einsum("dlhp,elhp->delh", defined.double(), defined.double())
-    products = torch.einsum("dlhp,elhp->delh", y, y) / both.clamp_min(1)  # [document, document, layer, head]
-    others = (both > 0) & ~torch.eye(len(x), dtype=torch.bool).unsqueeze(-1).unsqueeze(-1)  # pairs d != e
-    has = (counted > 0).double()  # a document with no position of a head does not count for it
-    w = weights.double().unsqueeze(-1).unsqueeze(-1) * has  # [draw, document, layer, head]
-    pairs = torch.einsum("bdlh,delh,belh->blh", w, products * others, w)
-    pair_weight = torch.einsum("bdlh,delh,belh->blh", w, others.double(), w)
-    variance = (pairs / pair_weight).clamp_min(0.0)
-    mean = (w * level.nan_to_num()).sum(1) / w.sum(1)
+    The averaged curve's variance over positions adds to the expected curve's ``mu`` the noise of a mean over
+    the documents; the product of two *different* documents' norms ``x_{d,i} x_{e,j}`` has ``mu_i mu_j`` as its
+    mean (independent documents), so means over pairs of different documents estimate ``mean_i mu_i^2`` and
+    ``(mean_i mu_i)^2`` without that noise:
+
+        V = sum_{g != h} W_g W_h sum_i X_{g,i} X_{h,i} / sum_{g != h} W_g W_h sum_i C_{g,i} C_{h,i}
+            - sum_{g != h} W_g W_h X_g X_h / sum_{g != h} W_g W_h C_g C_h
+
+    with ``X_{g,i}`` a group's sum at position i, ``C_{g,i}`` its count, ``X_g`` and ``C_g`` their sums over
+    positions and ``W_g`` its weight. ``X_{g,i} X_{h,i}`` is the sum of ``x_{d,i} x_{e,i}`` over the pairs of
+    documents d in g and e in h, so each term is a mean over pairs of documents in different groups (a
+    U-statistic: unbiased, whatever the groups' sizes); for groups of one, with the documents covering the same
+    P positions, ``V`` is the mean over pairs of different documents of ``sum_i y_{d,i} y_{e,i} / P``, each
+    document's norms ``y`` centred on its own mean. Dropping the pairs inside a group loses few pairs (with 64
+    documents in 32 groups, about 1/32 of them). A group (a document) drawn twice by a replicate is not paired
+    with itself, which would add its noise back. ``m`` is the weighted mean norm, ``sum_g W_g X_g / sum_g W_g
+    C_g``. ``V`` below 0 (the noise's estimate above the whole variance) counts as 0; NaN with fewer than two
+    groups of weight for a head. With documents of different lengths each pair reads the positions both cover,
+    weighted by how many."""
+    x = totals[..., 1:].double()  # position 0 is the sink
+    c = counts[..., 1:].double()
+    w = weights.double()
+    others = 1.0 - torch.eye(len(x), dtype=torch.float64)  # pairs g != h
+
+    def over_pairs(gram: Tensor) -> Tensor:  # [group, group, layer, head] -> [draw, layer, head]
+        return torch.einsum("bg,ghlk,bh->blk", w, gram * others[:, :, None, None], w)
+
+    square = over_pairs(torch.einsum("glhp,klhp->gklh", x, x)) / over_pairs(torch.einsum("glhp,klhp->gklh", c, c))
+    level_x, level_c = x.sum(-1), c.sum(-1)
+    pair_weight = over_pairs(torch.einsum("glh,klh->gklh", level_c, level_c))
+    level = over_pairs(torch.einsum("glh,klh->gklh", level_x, level_x)) / pair_weight
+    variance = (square - level).clamp_min(0.0)
+    mean = torch.einsum("bg,glh->blh", w, level_x) / torch.einsum("bg,glh->blh", w, level_c)
     return (variance.sqrt() / mean).masked_fill(pair_weight <= 0, math.nan)
 
 
 def _curve_shares(result: GeometryResult) -> tuple[float, Tensor]:
     """The share of heads whose expected curve's CV (`_pairwise_curve_cv`) is <= 0.05 on the result and on each
-    bootstrap replicate ``[replicate]``, from the documents' curves (kept as rows for a few documents)."""
-    stats = result.stats[VALUE_NORM_BY_POSITION.name]
-    documents, weights = stats.documents.double(), stats.document_weights.double()
-    value = float(_shares_stable(_pairwise_curve_cv(documents, torch.ones(1, len(documents), dtype=torch.float64)))[0])
-    return value, _shares_stable(_pairwise_curve_cv(documents, weights.T))
+    bootstrap replicate ``[replicate]``, from the documents' curves or their groups."""
+    totals, counts, weights = result.stats[VALUE_NORM_BY_POSITION.name].document_groups()
+    value = float(_shares_stable(_pairwise_curve_cv(totals, counts, torch.ones(1, len(totals), dtype=torch.float64)))[0])
+    return value, _shares_stable(_pairwise_curve_cv(totals, counts, weights.T))
 
 
 def _stable_norms(result: GeometryResult) -> Claim:
@@ -630,20 +646,25 @@ def _stable_norms(result: GeometryResult) -> Claim:
                       {VALUE_NORM_CV.name: _per_head_values(within)})
     plain = _curve_cv(result.per_head(VALUE_NORM_BY_POSITION))
     stats = result.stats[VALUE_NORM_BY_POSITION.name]
-    if stats.is_rows and result.n_documents >= 2:
+    groups = stats.document_groups()
+    if groups is not None and result.n_documents >= 2:
         value, replicates = _curve_shares(result)
-        across = _pairwise_curve_cv(stats.documents.double(), torch.ones(1, result.n_documents, dtype=torch.float64))[0]
-        interval = _interval("stable_norms", result, [VALUE_NORM_BY_POSITION], replicates, value, (0.0, 1.0))
+        across = _pairwise_curve_cv(*groups[:2], torch.ones(1, len(groups[0]), dtype=torch.float64))[0]
+        # the bootstrap resamples groups past GROWING_ROWS documents: the interval's level is for their number
+        interval = _interval("stable_norms", result, [VALUE_NORM_BY_POSITION], replicates, value, (0.0, 1.0),
+                             units=stats.n_units)
+        pairs = (f"pairs of documents in different groups, of {stats.n_units} groups" if stats.is_grouped
+                 else "pairs of different documents")
         reading = (f"{value:.0%} of heads have CV <= {CV_STABLE} (median CV {_fmt(float(across.nanmedian()))}), the "
-                   f"documents' noise taken out (pairs of different documents); the plain CV of the averaged curve, "
+                   f"documents' noise taken out ({pairs}); the plain CV of the averaged curve, "
                    f"noise included: {_share_stable(plain):.0%} of heads (median {_fmt(float(plain.nanmedian()))})")
     else:
         value, across = _share_stable(plain), plain
         if result.n_documents < 2:
             why = "one document: no pair to take its noise out"
         elif result.n_documents > GROWING_ROWS:
-            why = (f"the documents' curves are kept for at most {GROWING_ROWS} documents; this result has "
-                   f"{result.n_documents}")
+            why = (f"the result keeps neither the documents' curves nor their groups (a result of more than "
+                   f"{GROWING_ROWS} documents saved before groups); this result has {result.n_documents}")
         else:
             why = (f"the result keeps no curve per document (analyse with GeometryConfig(bootstrap_fields=[..., "
                    f"{VALUE_NORM_BY_POSITION.name!r}]), as the default does)")

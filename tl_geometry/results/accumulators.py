@@ -333,12 +333,12 @@ class Accumulator:
         """
         names = list(self.specs)
         # Rows cannot be added across processes: every process turns its rows into sums first, and where every
-        # process keeps a field as rows they are also gathered and joined (`merge_stats`), as one process would
-        # have kept them (a profile's replicates live only in its rows).
-        held = torch.tensor([self.stats[name].is_rows for name in names] or [False], dtype=torch.int64)
+        # process keeps a field as rows or groups of documents they are also gathered and joined (`merge_stats`),
+        # as one process would have kept them (a profile's replicates live only in its rows or groups).
+        held = torch.tensor([s.is_rows or s.is_grouped for s in self.stats.values()] or [False], dtype=torch.int64)
         everywhere = all_reduce(held, "min").tolist() if gather_queries is not None else [0] * len(held)
         as_rows = [name for name, flag in zip(names, everywhere) if flag]
-        summed = {name: s.summed() for name, s in self.stats.items()}
+        summed = {name: s.summed().ungrouped() for name, s in self.stats.items()}
         widths = torch.tensor([n for name in names for n in summed[name].trailing] or [0], dtype=torch.int64)
         widths = all_reduce(widths, "max").tolist()
         stats, at = {}, 0

@@ -81,7 +81,8 @@ def stage(unit: Unit, result: Any, path: str | os.PathLike) -> tuple[Path, Path]
             {"name": s.spec.name, "doc": s.spec.doc, "axes": list(s.spec.axes), "queries": s.spec.queries,
              "documents": s.spec.documents, "bootstrap": s.spec.bootstrap,
              "resample_queries": s.spec.resample_queries, "trailing": list(s.trailing), "replicates": s.n_replicates,
-             **({"rows": int(s.documents.shape[0])} if s.is_rows else {})}
+             **({"rows": int(s.documents.shape[0])} if s.is_rows else {}),
+             **({"groups": int(s.group_total.shape[0])} if s.is_grouped else {})}
             for s in result.stats.values()
         ],
         "queries": None if result.queries is None else list(result.queries),
@@ -201,6 +202,11 @@ def array_limits(meta: Mapping[str, Any]) -> dict[str, int]:
             rows = non_negative_int(entry["rows"], f"fields[{name!r}].rows")
             limits.update({f"{name}/documents": rows * cells, f"{name}/document_weights": rows * replicates * 8})
             total += rows * (cells + replicates * 8)
+        if "groups" in entry:  # a profile's groups of documents beside its sums (files before them have none)
+            groups = non_negative_int(entry["groups"], f"fields[{name!r}].groups")
+            limits.update({f"{name}/group_total": groups * cells, f"{name}/group_count": groups * cells,
+                           f"{name}/group_weights": groups * replicates * 8})
+            total += groups * (2 * cells + replicates * 8)
     limits["n_grid"] = announced_bytes((grid if grid is not None else MAX_GRID,))
     if meta.get("queries") is not None:
         documents = non_negative_int(meta["n_documents"], "n_documents")
@@ -300,7 +306,9 @@ def read_stats(
         shape = (len(layers), len(heads), *(int(i) for i in entry["trailing"]))
         rows = entry.get("rows")  # files before rows of documents keep sums only
         rows = None if rows is None else non_negative_int(rows, f"fields[{spec.name!r}].rows")
-        stats[spec.name] = stats_from_arrays(spec, arrays, shape, int(entry["replicates"]), npz_path, rows)
+        groups = entry.get("groups")  # files before groups of documents keep none
+        groups = None if groups is None else non_negative_int(groups, f"fields[{spec.name!r}].groups")
+        stats[spec.name] = stats_from_arrays(spec, arrays, shape, int(entry["replicates"]), npz_path, rows, groups)
     return stats
 
 

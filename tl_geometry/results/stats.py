@@ -27,10 +27,31 @@ keeps its rows up to `rows_limit` documents (about as many as it keeps
 replicates), then turns them into sums once (`FieldStats.summed`). Only
 accumulators made with ``document_rows=True`` keep rows.
 
+Groups of documents. A position or lag profile with replicates keeps its
+rows for at most `GROWING_ROWS` documents; past that (a replicate sum per
+position would be as large as the profile times the replicates) it keeps,
+besides its sums, `GROWING_ROWS` groups of documents (`GROUPS`): per group
+the sum of its documents' values ``group_total`` and how many defined each
+cell ``group_count`` ``[group, layer, head_index, *trailing]``, and the
+group's bootstrap weights ``group_weights`` ``[group, replicate]``. A
+document's group is read from its own weights (`document_group`: a hash of
+them, which a document's tokens and the run's seed fix), not from where it
+came in a batch or a process: the statistics never see a corpus index, and
+an index counted per process or per chunk would put one document in
+different groups in a one-pass run and in a merge of its parts. So groups
+merge by adding their sums, as one pass would have filled them, up to
+float64 rounding. A group's weights are those of its document whose weights
+hash lowest (NaN: no document yet); they are Poisson(1) and independent
+across groups, so a replicate resamples groups (`FieldStats.replicate_means`:
+the weighted mean of the group sums). Groups are filled at random sizes (a
+hash, not a round robin), some empty at first: the effective sample of a
+bootstrap over groups is the groups that hold a document (`FieldStats.n_units`).
+
 Accumulators hold float64 everywhere; a result holds the storage dtypes of
 `STORAGE_DTYPES` (what its files hold, so a save / load round trip is exact).
 """
 
+import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -58,19 +79,34 @@ STORAGE_DTYPES: dict[str, torch.dtype] = {
 }
 # What each statistic holds where nothing was counted: padding of growing axes.
 _EMPTY = {"count": 0, "total": 0.0, "total_sq": 0.0, "minimum": math.nan, "maximum": math.nan,
-          "replicate_total": 0.0, "replicate_count": 0.0}
+          "replicate_total": 0.0, "replicate_count": 0.0, "group_total": 0.0, "group_count": 0}
 _MOMENTS = ("total_sq", "minimum", "maximum")
 _REPLICATES = ("replicate_total", "replicate_count")
 ROWS = ("documents", "document_weights")
 """The two arrays of a field kept as rows of documents."""
+GROUPS = ("group_total", "group_count", "group_weights")
+"""The three arrays of a profile's groups of documents, kept beside its sums past `GROWING_ROWS` documents."""
 # Bytes per (layer, head, trailing) cell of the sums besides the replicates, in float32 rows: total and
 # total_sq (float64) and the range (float32) of a "moments" field; the float32 total of a "mean" one.
 _SUM_ROWS = {"moments": 6, "mean": 1}
 
 
 # A position or lag profile's replicates would be n_replicates times the profile: past this many documents
-# it keeps no replicates rather than their sums (the claims that read them then say there is no interval).
+# it keeps as many groups of documents instead of their rows (see the module docstring), not replicate sums.
 GROWING_ROWS = 32
+
+
+def document_group(weights: Float[Tensor, " replicate"]) -> tuple[int, bytes]:
+    """The group (of `GROWING_ROWS`) a document with bootstrap weights ``weights`` falls in, and the hash it is
+    read from (SHA-256 of the float64 weights, little-endian): the group's weights are those of its document of
+    the lowest hash.
+
+    >>> w = torch.tensor([1.0, 0.0, 2.0])
+    >>> document_group(w) == document_group(w.clone()) and 0 <= document_group(w)[0] < GROWING_ROWS
+    True
+    """
+    digest = hashlib.sha256(weights.detach().to("cpu", torch.float64).numpy().astype("<f8").tobytes()).digest()
+    return int.from_bytes(digest[:8], "little") % GROWING_ROWS, digest
 
 
 HALF_REPLICATES = 65504.0
@@ -118,6 +154,11 @@ class FieldStats:
             docstring), each document's value ``[document, layer, head_index,
             *trailing]`` and bootstrap weights ``[document, replicate]``
             (float64); the statistics above are computed from them. None for sums.
+        group_total, group_count, group_weights: for a profile past its rows,
+            its groups of documents (see the module docstring): per group the
+            sum of its documents' values (float64) and how many defined each
+            cell ``[group, layer, head_index, *trailing]``, and its weights
+            ``[group, replicate]`` (NaN for a group without documents). None otherwise.
     """
 
     spec: FieldSpec
@@ -130,9 +171,29 @@ class FieldStats:
     replicate_count: Float[Tensor, "replicate layer head_index *trailing"] | None = None
     documents: Float[Tensor, "document layer head_index *trailing"] | None = None
     document_weights: Float[Tensor, "document replicate"] | None = None
+    group_total: Float[Tensor, "group layer head_index *trailing"] | None = None
+    group_count: Int[Tensor, "group layer head_index *trailing"] | None = None
+    group_weights: Float[Tensor, "group replicate"] | None = None
 
     def __post_init__(self) -> None:
         name = self.spec.name
+        grouped = [g for g in GROUPS if getattr(self, g) is not None]
+        if grouped and (grouped != list(GROUPS) or self.documents is not None or self.replicate_total is not None
+                        or not self.spec.growing):
+            raise GeometryError(
+                f"field {name!r}: groups of documents ({', '.join(GROUPS)}) come all together, for a position or "
+                f"lag profile kept as sums without replicate sums; got {grouped} (rows: {self.documents is not None}, "
+                f"replicate sums: {self.replicate_total is not None}, axes {self.spec.axes})"
+            )
+        if grouped:
+            t, c, w = self.group_total, self.group_count, self.group_weights
+            if t.shape[1:] != self.count.shape or c.shape != t.shape or w.ndim != 2 or w.shape[0] != t.shape[0] \
+                    or not (t.is_floating_point() and w.is_floating_point()) or c.is_floating_point():
+                raise GeometryError(
+                    f"field {name!r}: groups {t.dtype} {list(t.shape)}, counts {c.dtype} {list(c.shape)} and weights "
+                    f"{w.dtype} {list(w.shape)} do not fit statistics {list(self.count.shape)}; expected float and "
+                    f"integer [group, *{list(self.count.shape)}] and float [group, replicate]"
+                )
         if (self.documents is None) != (self.document_weights is None):
             raise GeometryError(f"field {name!r}: documents and document_weights come together, got only one")
         if self.documents is not None:
@@ -201,7 +262,7 @@ class FieldStats:
         """The statistics `arrays` returned (rows or sums)."""
         if ROWS[0] in arrays:
             return cls.of_documents(spec, arrays[ROWS[0]], arrays[ROWS[1]])
-        return cls(spec=spec, **arrays)
+        return cls(spec=spec, **arrays)  # sums, and groups where it keeps them
 
     @property
     def is_rows(self) -> bool:
@@ -212,20 +273,70 @@ class FieldStats:
         """The sums it holds or computed from its rows, by name (those that are None left out; no replicates
         for rows)."""
         return {f.name: t for f in fields(self)
-                if f.name not in ("spec", *ROWS) and (t := getattr(self, f.name)) is not None}
+                if f.name not in ("spec", *ROWS, *GROUPS) and (t := getattr(self, f.name)) is not None}
 
     def arrays(self) -> dict[str, Tensor]:
-        """What it keeps, by name: its rows, or else its sums (those that are None left out)."""
+        """What it keeps, by name: its rows, or else its sums (those that are None left out) and its groups."""
         if self.is_rows:
             return {"documents": self.documents, "document_weights": self.document_weights}
+        if self.is_grouped:
+            return {**self.sums(), **{g: getattr(self, g) for g in GROUPS}}
         return self.sums()
+
+    @property
+    def is_grouped(self) -> bool:
+        """Whether the field keeps groups of documents beside its sums (see the module docstring)."""
+        return self.group_total is not None
+
+    @property
+    def n_units(self) -> int:
+        """What a bootstrap replicate resamples: documents (rows, or sums), or the groups that hold one."""
+        if self.is_grouped:
+            return int((~self.group_weights.isnan().any(1)).sum())
+        return int(self.documents.shape[0]) if self.is_rows else int(self.count.max()) if self.count.numel() else 0
+
+    def document_groups(self) -> tuple[Tensor, Tensor, Tensor] | None:
+        """Groups of documents a replicate can resample: ``(total, count, weights)`` as the ``group_*``
+        arrays (float64, int64, float64; weights 0 for a group without documents): the field's groups, or for
+        rows each document a group of its own (its value, 0 where undefined, and 1 where defined); None for
+        sums."""
+        if self.is_grouped:
+            return self.group_total.double(), self.group_count, self.group_weights.double().nan_to_num(0.0)
+        if self.is_rows:
+            defined = ~self.documents.isnan()
+            return torch.where(defined, self.documents, 0.0), defined.long(), self.document_weights.double()
+        return None
+
+    def ungrouped(self) -> "FieldStats":
+        """The same sums without their groups of documents (what a profile past its rows kept before groups)."""
+        return replace(self, **dict.fromkeys(GROUPS)) if self.is_grouped else self
+
+    def grouped(self) -> "FieldStats":
+        """Rows as sums with the documents folded into `GROWING_ROWS` groups (see the module docstring)."""
+        x, w = self.documents, self.document_weights
+        keys = [document_group(w[d]) for d in range(x.shape[0])]
+        index = torch.tensor([group for group, _ in keys], dtype=torch.long)
+        defined = ~x.isnan()
+        shape = (GROWING_ROWS, *x.shape[1:])
+        total = torch.zeros(shape, dtype=torch.float64).index_add_(0, index, torch.where(defined, x, 0.0))
+        count = torch.zeros(shape, dtype=torch.int64).index_add_(0, index, defined.long())
+        weights = torch.full((GROWING_ROWS, w.shape[1]), math.nan, dtype=torch.float64)
+        lowest: dict[int, bytes] = {}
+        for d, (group, digest) in enumerate(keys):
+            if group not in lowest or digest < lowest[group]:
+                lowest[group] = digest
+                weights[group] = w[d]
+        out = replace(self, documents=None, document_weights=None)
+        return replace(out, group_total=total, group_count=count, group_weights=weights)
 
     def summed(self) -> "FieldStats":
         """The same statistics as sums (replicate sums computed from the rows, float64 as the others are
-        in an accumulator, the kept dtypes on a result); a position or lag profile's replicates dropped
-        (see `GROWING_ROWS`)."""
+        in an accumulator, the kept dtypes on a result); a position or lag profile with replicates keeps its
+        documents in groups instead (`grouped`, see `GROWING_ROWS`)."""
         if not self.is_rows:
             return self
+        if self.n_replicates and self.spec.growing:
+            return self.grouped()
         stored = self._is_stored()
         out = replace(self, documents=None, document_weights=None)
         if self.n_replicates and not self.spec.growing:
@@ -258,6 +369,8 @@ class FieldStats:
         """Bootstrap replicates kept (0 without)."""
         if self.is_rows:
             return self.document_weights.shape[1]
+        if self.is_grouped:
+            return self.group_weights.shape[1]
         return 0 if self.replicate_total is None else self.replicate_total.shape[0]
 
     def widened(self, trailing: tuple[int, ...]) -> "FieldStats":
@@ -277,6 +390,8 @@ class FieldStats:
             return FieldStats.of_documents(self.spec, pad, self.document_weights).cast_like(self)
         out = {}
         for statistic, t in self.arrays().items():
+            if statistic == GROUPS[2]:
+                continue  # weights have no trailing axes
             shape = list(t.shape)
             shape[t.ndim - len(trailing):] = trailing
             padded = torch.full(shape, _EMPTY[statistic], dtype=t.dtype)
@@ -322,6 +437,11 @@ class FieldStats:
         if self.is_rows:
             total, count = weighted_sums(self.documents, self.document_weights[:, replicates])
             return total / count
+        if self.is_grouped:  # the groups resampled: the weighted sum of their sums over that of their counts
+            total, count, weights = self.document_groups()
+            w = weights[:, replicates].T
+            return (w @ total.flatten(1)).reshape(w.shape[0], *total.shape[1:]) / \
+                (w @ count.flatten(1).double()).reshape(w.shape[0], *total.shape[1:])
         return self.replicate_total[replicates].double() / self.replicate_count[replicates].double()
 
 
@@ -361,13 +481,16 @@ def batch_stats(
     ``rows``: keep the documents as rows (`FieldStats.of_documents`) where
     they can be: up to `rows_limit` of them, and with ``within`` only where
     each document's replicate value is its own value or undefined (one query
-    row per document), its weight then counted only where it is defined.
+    row per document), its weight then counted only where it is defined;
+    past `rows_limit`, a profile with replicates in groups (`FieldStats.grouped`).
     """
     if rows:
         n_replicates = 0 if weights is None else weights.shape[1]
         kept = _row_weights(values, weights, within)
         if kept is not None and values.shape[0] <= rows_limit(spec, n_replicates):
             return FieldStats.of_documents(spec, values, kept)
+        if kept is not None and n_replicates and spec.growing:
+            return FieldStats.of_documents(spec, values, kept).grouped()
     x = values.detach().to("cpu", torch.float64)
     if x.shape[0] == 0:  # amin / amax refuse empty axes
         return FieldStats.empty(spec, tuple(x.shape[1:]), None if weights is None else weights.shape[1])
@@ -419,7 +542,8 @@ def merge_stats(a: FieldStats, b: FieldStats, _rounded: bool = True) -> FieldSta
     if a.spec != b.spec:
         raise GeometryError(f"merge: field {a.spec.name!r} is declared differently: {a.spec} vs {b.spec}")
     if a.n_replicates != b.n_replicates and a.spec.growing and 0 in (a.n_replicates, b.n_replicates):
-        return merge_stats(a.summed(), b.summed())  # a profile past GROWING_ROWS documents: no replicates
+        # a profile past GROWING_ROWS documents saved before groups: no replicates
+        return merge_stats(a.summed().ungrouped(), b.summed().ungrouped())
     if a.n_replicates != b.n_replicates:
         raise GeometryError(
             f"merge: field {a.spec.name!r} has {a.n_replicates} vs {b.n_replicates} bootstrap replicates; "
@@ -442,6 +566,10 @@ def merge_stats(a: FieldStats, b: FieldStats, _rounded: bool = True) -> FieldSta
         return joined.summed()
     if a.is_rows or b.is_rows:  # one side already sums: so is the union
         return merge_stats(a.summed(), b.summed().cast_like(a.summed()) if a.is_rows else b.summed())
+    if a.is_grouped != b.is_grouped and not (a.counted_nothing() or b.counted_nothing()):
+        # groups beside replicate sums (an accumulator without rows): neither resamples the union
+        bare = {s: None for s in (*_REPLICATES, *GROUPS)}
+        return merge_stats(replace(a, **bare), replace(b, **bare))
     # The union with nothing is the other side: spares a pass over the replicate sums on a run's first batch.
     if b.counted_nothing():
         return a.widened(trailing)
@@ -459,11 +587,22 @@ def merge_stats(a: FieldStats, b: FieldStats, _rounded: bool = True) -> FieldSta
             out[statistic] = torch.fmin(t, u.to(t.dtype))  # fmin: NaN (nothing counted) loses
         elif statistic == "maximum":
             out[statistic] = torch.fmax(t, u.to(t.dtype))
-        elif statistic == "count":
+        elif statistic in ("count", "group_count"):
             out[statistic] = t + u
+        elif statistic == "group_weights":
+            out[statistic] = _lowest_weights(t, u)
         else:
             out[statistic] = (t.double() + u.double()).to(t.dtype)
     return FieldStats(spec=a.spec, **out)
+
+
+def _lowest_weights(a: Float[Tensor, "group replicate"], b: Float[Tensor, "group replicate"]) -> Tensor:
+    """Per group, the weights of ``a`` or ``b`` whose hash (`document_group`) is lower (NaN: no document)."""
+    out = a.clone()
+    for g in range(a.shape[0]):
+        if not b[g].isnan().any() and (a[g].isnan().any() or document_group(b[g])[1] < document_group(a[g])[1]):
+            out[g] = b[g]
+    return out
 
 
 def same_values(a: Tensor, b: Tensor) -> bool:

@@ -6,7 +6,9 @@ whether a field is defined depends on the document, not the head) is stored
 with size 1 there and broadcast back on load; the comparison is bitwise, so
 the round trip is exact. A field kept as rows of documents is stored as
 ``<field>/documents`` and ``<field>/document_weights`` (`ROWS`), float32
-where that loses nothing (model values are float32), float64 otherwise;
+where that loses nothing (model values are float32), float64 otherwise; a
+profile's groups of documents beside its sums as ``<field>/group_total``,
+``group_count`` and ``group_weights`` (`GROUPS`), narrowed the same way;
 replicate sums as float16 where that loses nothing (those of two-stage
 fields are rounded to it, `tl_geometry.results.stats.half_rounded`).
 Entries are deflated (``np.savez_compressed``): counts, NaN past a short
@@ -27,7 +29,7 @@ from torch import Tensor
 
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.errors import GeometryError
-from tl_geometry.results.stats import ROWS, FieldStats, storage_dtype
+from tl_geometry.results.stats import GROUPS, ROWS, FieldStats, storage_dtype
 
 _REPLICATE_STATS = ("replicate_total", "replicate_count")
 # An archive may unpack to at most this many times its packed bytes, plus this allowance: deflate packs an
@@ -41,9 +43,9 @@ _NPY_HEADER = 4096  # an .npy header is at most this long
 
 
 def _layer_head_axes(statistic: str) -> tuple[int, ...]:
-    if statistic == ROWS[1]:
-        return ()  # document weights have no layer or head axis
-    return (1, 2) if statistic in (*_REPLICATE_STATS, ROWS[0]) else (0, 1)
+    if statistic in (ROWS[1], GROUPS[2]):
+        return ()  # document and group weights have no layer or head axis
+    return (1, 2) if statistic in (*_REPLICATE_STATS, ROWS[0], *GROUPS[:2]) else (0, 1)
 
 
 def narrowed(t: Tensor, to: torch.dtype = torch.float32) -> Tensor:
@@ -81,32 +83,37 @@ def stats_arrays(stats: FieldStats) -> dict[str, np.ndarray]:
 
 
 def _narrowed(statistic: str, t: Tensor) -> Tensor:
-    """Rows as float32, replicate sums as float16, where that loses nothing (see `half_rounded`)."""
-    if statistic in ROWS:
+    """Rows and groups as float32, replicate sums as float16, where that loses nothing (see `half_rounded`)."""
+    if statistic in (*ROWS, *GROUPS):
         return narrowed(t)
     return narrowed(t, torch.float16) if statistic == "replicate_total" else t
 
 
 def stats_from_arrays(
     spec: FieldSpec, arrays: Mapping[str, np.ndarray], shape: tuple[int, ...], n_replicates: int, file: Path,
-    n_rows: int | None = None,
+    n_rows: int | None = None, n_groups: int | None = None,
 ) -> FieldStats:
     """Rebuild one field's statistics (``shape`` = ``[layer, head_index, *trailing]``), checking every array;
-    ``n_rows``: the field was kept as that many rows of documents (None: as sums)."""
+    ``n_rows``: the field was kept as that many rows of documents (None: as sums); ``n_groups``: its sums keep
+    that many groups of documents beside them (None: none)."""
     if n_rows is not None:
         wanted = list(ROWS)
     else:
         wanted = ["count", "total"] + (["total_sq", "minimum", "maximum"] if spec.documents == "moments" else [])
-        wanted += list(_REPLICATE_STATS) if n_replicates else []
+        wanted += list(GROUPS) if n_groups is not None else list(_REPLICATE_STATS) if n_replicates else []
     out = {}
     for statistic in wanted:
         key = f"{spec.name}/{statistic}"
         if key not in arrays:
             raise GeometryError(f"load: {file} has no array {key!r} (field {spec.name!r} keeps {wanted}); save again")
         a = arrays[key]
-        full = {"documents": (n_rows, *shape), "document_weights": (n_rows, n_replicates)}.get(
+        full = {"documents": (n_rows, *shape), "document_weights": (n_rows, n_replicates),
+                "group_total": (n_groups, *shape), "group_count": (n_groups, *shape),
+                "group_weights": (n_groups, n_replicates)}.get(
             statistic, (n_replicates, *shape) if statistic in _REPLICATE_STATS else shape)
-        if statistic in ROWS:
+        if statistic == GROUPS[1]:
+            kept = [torch.int64]
+        elif statistic in (*ROWS, *GROUPS):
             kept = [torch.float32, torch.float64]
         else:
             kept = [torch.float16] * (statistic == "replicate_total") + [storage_dtype(spec, statistic)]
@@ -121,7 +128,7 @@ def stats_from_arrays(
                 f"{list(full)} (layer and head axes may be 1); the file is damaged or was not written by tl_geometry"
             )
         out[statistic] = torch.from_numpy(a.copy()).expand(full).contiguous()
-        if statistic in ROWS:
+        if statistic in (*ROWS, GROUPS[0], GROUPS[2]):
             out[statistic] = out[statistic].double()
         elif statistic == "replicate_total":
             out[statistic] = out[statistic].to(storage_dtype(spec, statistic))
