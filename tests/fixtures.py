@@ -23,7 +23,7 @@ from tl_geometry.diagnostics.taxonomy import ROLE_CURVES, ROLE_FEATURES
 from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.results.bootstrap import document_weights
 from tl_geometry.results.result import REQUIRED_FIELDS, GeometryResult
-from tl_geometry.results.stats import FieldStats
+from tl_geometry.results.stats import batch_stats
 
 # ---------------------------------------------------------------- hand-built results (no model)
 
@@ -383,9 +383,9 @@ def simulate_study(means: dict[str, np.ndarray], rng: np.random.Generator,
     result = GeometryResult.from_accumulator(acc, config=GeometryConfig(), model_name="simulated study")
     if NORM_CURVE not in means:
         return result
-    # The curves as a real run of few documents keeps them: each document's row, with the same weights.
+    # The curves as a real run keeps them: each document's row, with the same weights (past 32 documents, groups).
     spec = FieldSpec(NORM_CURVE, NORM_CURVE, axes=("position",), queries="sequence", documents="mean", bootstrap=True)
-    rows = FieldStats.of_documents(spec, torch.tensor(curves), weights).stored()
+    rows = batch_stats(spec, torch.tensor(curves), weights, rows=True).stored()
     return replace(result, stats={**result.stats, NORM_CURVE: rows})
 
 

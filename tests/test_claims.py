@@ -211,6 +211,28 @@ def test_the_curve_cv_takes_the_documents_noise_out():
     assert np.mean(plain) > 1.7 * true_variance
 
 
+def test_stable_norms_past_32_documents_reads_groups_and_has_an_interval():
+    """64 documents: the curves are kept in 32 groups; the value is the share of the pairwise CV over pairs of
+    different groups (the definition's brute force: tests/properties/test_claim_properties.py), the interval
+    that of the same statistic on each replicate's group weights, at the expanded level for the groups that
+    hold a document, not for the documents."""
+    result = simulate_study(true_means(), np.random.default_rng(11), documents=64)
+    stats = result.stats["value_norm_by_position"]
+    assert stats.is_grouped and not stats.is_rows and result.n_documents == 64
+    units = int((~stats.group_weights.isnan().any(1)).sum())
+    assert 16 < units < 32  # 64 documents hashed into 32 groups: a few stay empty
+    row = claims(result).loc["stable_norms"]
+    assert f"pairs of documents in different groups, of {units} groups" in row.measured
+    totals, counts = stats.group_total, stats.group_count
+    weights = stats.group_weights.nan_to_num(0.0)
+    value = float(claims_module._shares_stable(claims_module._pairwise_curve_cv(totals, counts, torch.ones(1, 32)))[0])
+    replicates = claims_module._shares_stable(claims_module._pairwise_curve_cv(totals, counts, weights.T))
+    assert row.value == pytest.approx(value)
+    low, high = _claim_interval("stable_norms", value, replicates, units)
+    assert (row.low, row.high) == pytest.approx((max(low, 0.0), min(high, 1.0)), abs=1e-9)
+    assert not math.isnan(row.low)
+
+
 def test_sink_and_decay_statistics(result, table):
     ratio = _np(result.per_head("sink_norm_ratio")).ravel()
     assert table.loc["compressed_sink", "value"] == pytest.approx(_interquartile_mean(ratio))

@@ -82,3 +82,49 @@ def test_drawn_results_get_the_share_and_mean_the_rule_reads(cv, mae):
     assert table.loc["stable_norms", "value"] == share
     assert table.loc["stable_norms", "verdict"] == ("holds" if share >= 0.8 else "partly" if share >= 0.5 else "does not hold")
     assert table.loc["exponential_decay", "value"] == np.float32(mae)
+
+
+def _grouped_pairwise_cv(x, groups, weights):
+    """One head's expected-curve CV from its documents' curves ``x`` [document, position] (the sink left out, one
+    length) in ``groups`` (lists of document indices) weighted ``weights`` [group], from the definition in
+    docs/claims.md: each document centred on its own mean over positions; the variance the mean, over pairs of
+    documents in different groups each weighted by its groups' weights, of the mean over positions of their
+    product (0 if below); over the mean of the documents' mean norms, each weighted by its group's weight."""
+    y = x - x.mean(1, keepdims=True)
+    products, pairs = 0.0, 0.0
+    for g, members in enumerate(groups):
+        for h, others in enumerate(groups):
+            if g != h:
+                for d in members:
+                    for e in others:
+                        products += weights[g] * weights[h] * np.mean(y[d] * y[e])
+                        pairs += weights[g] * weights[h]
+    if pairs == 0:
+        return math.nan
+    level = sum(weights[g] * x[d].mean() for g, members in enumerate(groups) for d in members)
+    return math.sqrt(max(products / pairs, 0.0)) / (level / sum(weights[g] * len(m) for g, m in enumerate(groups)))
+
+
+@settings(max_examples=80, deadline=None)
+@given(documents=st.integers(2, 12), n_groups=st.integers(2, 5), positions=st.integers(2, 6),
+       seed=st.integers(0, 2**31), singletons=st.booleans())
+def test_the_grouped_curve_cv_is_the_mean_over_pairs_of_groups(documents, n_groups, positions, seed, singletons):
+    """`_pairwise_curve_cv` on groups' sums and counts equals the brute-force loop over pairs of documents in
+    different groups, for random groupings and Poisson weights (0 included); with every document a group of its
+    own, the plain pairs of different documents. A mutant pairing documents of one group fails it."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0.5, 2.0, (documents, 2, positions + 1))  # [document, head, position], the sink first
+    if singletons:
+        n_groups = documents
+    member = np.arange(documents) if singletons else rng.integers(0, n_groups, documents)
+    groups = [list(np.flatnonzero(member == g)) for g in range(n_groups)]
+    weights = rng.poisson(1.0, n_groups).astype(float)
+    totals = np.stack([x[m].sum(0) for m in groups])[:, None]  # [group, layer, head, position]
+    counts = np.stack([np.full(x.shape[1:], len(m)) for m in groups])[:, None]
+    got = claims_module._pairwise_curve_cv(torch.tensor(totals), torch.tensor(counts), torch.tensor(weights)[None])
+    for head in range(2):
+        want = _grouped_pairwise_cv(x[:, head, 1:], groups, weights)
+        if math.isnan(want):
+            assert math.isnan(float(got[0, 0, head]))
+        else:
+            assert float(got[0, 0, head]) == pytest.approx(want, rel=1e-9, abs=1e-12)

@@ -9,9 +9,11 @@ two add the same float64 numbers in other orders). Saved and loaded, and
 merged in either order, rows are bit for bit the same.
 """
 
+import hashlib
 import math
 import tempfile
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -136,7 +138,7 @@ def test_saved_rows_are_no_larger_than_the_sums_they_replace(corpus):
             assert mine <= theirs + 8 * header
 
 
-def test_a_profile_past_its_rows_keeps_no_replicates_and_still_merges(monkeypatch):
+def test_a_profile_past_its_rows_keeps_groups_of_documents_and_still_merges(monkeypatch):
     monkeypatch.setattr(stats_module, "GROWING_ROWS", 2)
     gen = torch.Generator().manual_seed(0)
     tokens = [torch.tensor([i, i + 1]) for i in range(3)]
@@ -146,14 +148,115 @@ def test_a_profile_past_its_rows_keeps_no_replicates_and_still_merges(monkeypatc
     two = accumulate(tokens[:2], values[:2], (1, 2), 2, 5)
     assert two.stats["profile"].is_rows and two.stats["profile"].n_replicates == 5
     three = two.merge(accumulate(tokens[2:], values[2:], (1, 2), 2, 5))
-    assert three.stats["profile"].n_replicates == 0 and not three.stats["profile"].is_rows
+    profile = three.stats["profile"]
+    assert profile.is_grouped and not profile.is_rows and profile.n_replicates == 5 and profile.replicate_total is None
     assert three.stats["metric"].is_rows and three.stats["metric"].n_replicates == 5
     want = torch.stack([v["profile"] for v in values]).mean(0)
-    torch.testing.assert_close(three.stats["profile"].mean(), want.double(), rtol=1e-6, atol=0)
-    # ... and merges with a part that still keeps them, either way round
+    torch.testing.assert_close(profile.mean(), want.double(), rtol=1e-6, atol=0)
+    # ... and merges with a part that still keeps rows, either way round, as one pass would
     again = accumulate(tokens[:1], values[:1], (1, 2), 2, 5)
+    want = groups_by_definition(tokens + tokens[:1], values + values[:1], 5)
     for a, b in ((three, again), (again, three)):
-        assert a.merge(b).stats["profile"].n_replicates == 0
+        assert_groups(a.merge(b).stats["profile"], want)
+
+
+def groups_by_definition(tokens, values, n_bootstrap):
+    """The profile's groups from their definition (tl_geometry.results.stats): each document in the group the
+    first 8 bytes (little-endian) of the SHA-256 of its float64 weights name, modulo GROWING_ROWS; per group
+    the sum of its documents' values (NaN: not counted) and their count, and the weights of its document whose
+    hash is lowest (NaN: no document)."""
+    w = document_weights(tokens, n_bootstrap, seed=7)
+    x = pad_stack([v["profile"] for v in values]).double()
+    groups = stats_module.GROWING_ROWS
+    total = torch.zeros(groups, *x.shape[1:], dtype=torch.float64)
+    count = torch.zeros(groups, *x.shape[1:], dtype=torch.int64)
+    weights = torch.full((groups, n_bootstrap), math.nan, dtype=torch.float64)
+    lowest = {}
+    for d in range(len(tokens)):
+        digest = hashlib.sha256(w[d].numpy().astype("<f8").tobytes()).digest()
+        g = int.from_bytes(digest[:8], "little") % groups
+        defined = ~x[d].isnan()
+        for index in zip(*torch.nonzero(defined, as_tuple=True)):
+            total[(g, *index)] += x[d][index]
+            count[(g, *index)] += 1
+        if g not in lowest or digest < lowest[g]:
+            lowest[g], weights[g] = digest, w[d]
+    return total, count, weights
+
+
+def assert_groups(stats, want):
+    """A profile's groups against `groups_by_definition` (its growing axis as wide as the widest document)."""
+    total, count, weights = want
+    width = stats.group_total.shape[-1]
+    assert stats.is_grouped and width >= total.shape[-1]
+    assert torch.equal(stats.group_count[..., : total.shape[-1]], count)
+    assert not stats.group_count[..., total.shape[-1]:].any()
+    torch.testing.assert_close(stats.group_total[..., : total.shape[-1]], total, rtol=1e-9, atol=1e-9, equal_nan=True)
+    assert torch.equal(stats.group_weights.isnan(), weights.isnan())
+    assert torch.equal(stats.group_weights.nan_to_num(-1.0), weights.nan_to_num(-1.0))
+
+
+@settings(max_examples=60, deadline=None)
+@given(corpora(), st.data())
+def test_groups_hold_their_definition_and_merge_as_one_pass(corpus, data):
+    """Past GROWING_ROWS documents (3 here) the profile keeps groups: in one pass, in batches, and merged from two
+    parts in either order, each equal to the groups of the definition (sums to float64 rounding, counts and
+    weights exactly); at most GROWING_ROWS documents keep their rows unchanged (folding is for more)."""
+    tokens, values, shape, n, cuts, n_bootstrap = corpus
+    n_bootstrap = max(n_bootstrap, 1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(stats_module, "GROWING_ROWS", 3)
+        one = accumulate(tokens, values, shape, n, n_bootstrap)
+        profile = one.stats["profile"]
+        if len(tokens) <= 3:
+            assert profile.is_rows and not profile.is_grouped
+            x = pad_stack([v["profile"] for v in values]).double().nan_to_num(7.0)
+            kept = profile.documents.nan_to_num(7.0)[..., : x.shape[-1]]
+            assert sorted(d.numpy().tobytes() for d in kept) == sorted(d.numpy().tobytes() for d in x)
+            return
+        want = groups_by_definition(tokens, values, n_bootstrap)
+        assert_groups(profile, want)
+        assert_groups(accumulate(tokens, values, shape, n, n_bootstrap, cuts).stats["profile"], want)
+        cut = data.draw(st.integers(1, len(tokens) - 1))
+        parts = [accumulate(tokens[lo:hi], values[lo:hi], shape, n, n_bootstrap) for lo, hi in ((0, cut), (cut, len(tokens)))]
+        for a, b in (parts, parts[::-1]):
+            assert_groups(a.merge(b).stats["profile"], want)
+        # a replicate resamples groups: the weighted sum of the group sums over that of their counts
+        total, count, weights = want
+        w = weights.nan_to_num(0.0)
+        replicates = torch.stack([(w[:, b].reshape(-1, *[1] * (total.ndim - 1)) * total).sum(0)
+                                  / (w[:, b].reshape(-1, *[1] * (total.ndim - 1)) * count).sum(0)
+                                  for b in range(n_bootstrap)])
+        got = profile.replicate_means()[..., : total.shape[-1]]
+        torch.testing.assert_close(got, replicates, rtol=1e-9, atol=1e-9, equal_nan=True)
+
+
+def test_groups_round_trip_and_a_result_saved_before_groups_still_loads_and_merges(monkeypatch):
+    monkeypatch.setattr(stats_module, "GROWING_ROWS", 2)
+    gen = torch.Generator().manual_seed(1)
+    tokens = [torch.tensor([i, 2 * i + 1, 5]) for i in range(5)]
+    values = [{"metric": torch.rand(1, 2, 2, generator=gen), "scalar": torch.rand(1, 2, generator=gen),
+               "profile": torch.rand(1, 2, 3, generator=gen), "lags": torch.rand(1, 2, 2, generator=gen)}
+              for _ in tokens]
+    config = GeometryConfig()
+    grouped = GeometryResult.from_accumulator(accumulate(tokens[:3], values[:3], (1, 2), 2, 4), config=config,
+                                              model_name="m")
+    assert grouped.stats["profile"].is_grouped
+    # before groups, a profile past its rows kept its sums only (no replicates)
+    old = replace(grouped, stats={**grouped.stats, "profile": grouped.stats["profile"].ungrouped()})
+    with tempfile.TemporaryDirectory() as folder:
+        for name, result in (("grouped", grouped), ("old", old)):
+            result.save(Path(folder) / name)
+            loaded = GeometryResult.load(Path(folder) / name)
+            assert loaded.equals(result)
+        old = GeometryResult.load(Path(folder) / "old")
+    assert not old.stats["profile"].is_grouped and not old.has_replicates("profile")
+    rest = GeometryResult.from_accumulator(accumulate(tokens[3:], values[3:], (1, 2), 2, 4), config=config,
+                                           model_name="m")
+    for parts in ((old, rest), (rest, old)):
+        merged = GeometryResult.merge(parts)
+        assert not merged.stats["profile"].is_grouped and not merged.has_replicates("profile")
+    assert GeometryResult.merge([grouped, rest]).stats["profile"].is_grouped
 
 
 @pytest.mark.parametrize("inf", [math.inf, -math.inf])
