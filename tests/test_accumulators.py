@@ -135,3 +135,69 @@ def test_per_query_rows_are_joined_and_padded():
     assert rows["recall"][0, :, :, 2].isnan().all() and not rows["recall"][1].isnan().any()
     with pytest.raises(GeometryError, match="keep_queries=True needs queries and query_positions"):
         acc.add(values, torch.ones(1, 4), n_tokens=1)
+
+
+def _processes(parts, fn):
+    """Run ``fn(rank, all_reduce, gather)`` for each rank in its own thread, with collectives that combine the
+    ranks' tensors (sum, min, max) and gather their objects in rank order, as torch.distributed would."""
+    import threading
+
+    barrier = threading.Barrier(len(parts))
+    slots: list = [None] * len(parts)
+    out: list = [None] * len(parts)
+
+    def exchange(rank, value):
+        slots[rank] = value
+        barrier.wait()
+        everything = list(slots)
+        barrier.wait()
+        return everything
+
+    def all_reduce(rank):
+        def reduce(t, op):
+            ts = exchange(rank, t)
+            combined = ts[0].clone()
+            for u in ts[1:]:
+                combined = combined + u if op == "sum" else torch.minimum(combined, u) if op == "min" \
+                    else torch.maximum(combined, u)
+            return combined
+        return reduce
+
+    threads = [threading.Thread(target=lambda r=r: out.__setitem__(r, fn(r, all_reduce(r), lambda obj, r=r: exchange(r, obj))))
+               for r in range(len(parts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+@pytest.mark.parametrize("split", [(3, 3), (1, 4)])
+def test_processes_past_the_rows_reduce_to_the_groups_of_one_process(monkeypatch, split):
+    """A profile past GROWING_ROWS (2 here) keeps groups of documents; processes that hold rows or groups
+    gather them, so the reduced groups are those of one process over every document (sums to rounding)."""
+    from tl_geometry.results import stats as stats_module
+
+    monkeypatch.setattr(stats_module, "GROWING_ROWS", 2)
+    spec = FieldSpec("profile", "by position", axes=("position",), documents="mean", bootstrap=True)
+    gen = torch.Generator().manual_seed(3)
+    values = torch.rand(sum(split), 1, 2, 4, generator=gen, dtype=torch.float64)
+    weights = torch.randint(0, 3, (sum(split), 5), generator=gen).double()
+
+    def accumulate(lo, hi):
+        acc = Accumulator([spec], layers=(0,), heads=(0, 1), n_grid=torch.tensor([1]), n_bootstrap=5,
+                          replicate_fields=["profile"], document_rows=True)
+        for d in range(lo, hi):
+            acc.add({"profile": values[d : d + 1]}, weights[d : d + 1], n_tokens=4)
+        return acc
+
+    one = accumulate(0, sum(split)).stats["profile"]
+    bounds = [(0, split[0]), (split[0], sum(split))]
+    reduced = _processes(bounds, lambda rank, reduce, gather: accumulate(*bounds[rank]).reduced(reduce, gather))
+    for acc in reduced:
+        got = acc.stats["profile"]
+        assert got.is_grouped and one.is_grouped and acc.n_documents == sum(split)
+        assert torch.equal(got.group_count, one.group_count) and torch.equal(got.count, one.count)
+        assert torch.equal(got.group_weights.nan_to_num(-1.0), one.group_weights.nan_to_num(-1.0))
+        torch.testing.assert_close(got.group_total, one.group_total, rtol=1e-12, atol=0)
+        torch.testing.assert_close(got.replicate_means(), one.replicate_means(), rtol=1e-12, atol=0, equal_nan=True)
