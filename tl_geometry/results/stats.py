@@ -156,9 +156,10 @@ class FieldStats:
             (float64); the statistics above are computed from them. None for sums.
         group_total, group_count, group_weights: for a profile past its rows,
             its groups of documents (see the module docstring): per group the
-            sum of its documents' values (float64) and how many defined each
-            cell ``[group, layer, head_index, *trailing]``, and its weights
-            ``[group, replicate]`` (NaN for a group without documents). None otherwise.
+            sum of its documents' values (float64; on a result in the total's
+            dtype) and how many defined each cell ``[group, layer, head_index,
+            *trailing]``, and its weights ``[group, replicate]`` (NaN for a
+            group without documents). None otherwise.
     """
 
     spec: FieldSpec
@@ -401,10 +402,13 @@ class FieldStats:
 
     def stored(self) -> "FieldStats":
         """These statistics in the dtypes a result keeps (`storage_dtype`; rows stay float64); the replicate
-        sums of a two-stage field rounded to float16's precision where they fit (`HALF_REPLICATES`)."""
+        sums of a two-stage field rounded to float16's precision where they fit (`HALF_REPLICATES`); the sums of
+        groups of documents in the total's dtype."""
         out = {s: t.to(storage_dtype(self.spec, s)) for s, t in self.sums().items()}
         if self.spec.resample_queries and "replicate_total" in out:
             out["replicate_total"] = half_rounded(out["replicate_total"])
+        if self.is_grouped:  # the groups' sums as the field's total is kept (float32 for a profile of means)
+            out["group_total"] = self.group_total.to(storage_dtype(self.spec, "total"))
         return replace(self, **out)
 
     def cast_like(self, other: "FieldStats") -> "FieldStats":

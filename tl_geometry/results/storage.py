@@ -128,8 +128,10 @@ def stats_from_arrays(
                 f"{list(full)} (layer and head axes may be 1); the file is damaged or was not written by tl_geometry"
             )
         out[statistic] = torch.from_numpy(a.copy()).expand(full).contiguous()
-        if statistic in (*ROWS, GROUPS[0], GROUPS[2]):
+        if statistic in (*ROWS, GROUPS[2]):
             out[statistic] = out[statistic].double()
+        elif statistic == GROUPS[0]:
+            out[statistic] = out[statistic].to(storage_dtype(spec, "total"))
         elif statistic == "replicate_total":
             out[statistic] = out[statistic].to(storage_dtype(spec, statistic))
     if n_rows is not None:
