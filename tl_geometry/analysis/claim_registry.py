@@ -96,8 +96,8 @@ class PaperClaim:
         interval: how its bootstrap interval is read.
         option: the run option that measures it (for "not measured").
         min_documents: below this many documents the verdict is "too few documents".
-        docs_name: its name in the documentation's table of claims.
-        docs_statistic: its statistic as the documentation's table states it.
+        docs_name, docs_paper, docs_statistic: its row of the documentation's table of claims: its name, where
+            the paper makes it and what it reports, and its statistic with what is reported beside it.
         literal_interval: where the paper's reading beside ours has an interval read otherwise, how (else
             the claim's own ``interval``).
         literal_min_documents: the paper's reading's own count, where it differs from ``min_documents``.
@@ -120,6 +120,7 @@ class PaperClaim:
     option: str
     min_documents: int
     docs_name: str
+    docs_paper: str
     docs_statistic: str
     literal_interval: IntervalChoice | None = None
     literal_min_documents: int | None = None

@@ -1136,10 +1136,13 @@ CLAIMS = ClaimRegistry((
         "share of heads with CV <= 0.05 (of the by-position curve; else the expected share within sequences)",
         Thresholds(">=", 0.8, 0.5), _stable_norms,
         IntervalChoice("bias-corrected", uncertain=(0.40, 0.97)), ASSUMPTIONS_OPTION, min_documents=4,
-        docs_name="Assumption 1, stable norms",
-        docs_statistic="share of heads whose non-sink CV is <= 0.05 (of the expected norm by position over "
-        "sequences, as Figure 2 plots it, the documents' noise taken out; within each sequence beside it; without "
-        "that curve, the expected share within sequences)",
+        docs_name="Assumption 1: stable non-sink value norms",
+        docs_paper="Figure 2, section 3.1: CV mostly 0.02-0.03, few above 0.05",
+        docs_statistic="expected share of heads with CV <= 0.05, of the expected norm by position over the sequences "
+            "(Figure 2's reading), the documents' noise taken out (below); the hard share, the plain averaged "
+            "curve's and the CV within each sequence beside it. Without the averaged curve: the expected "
+            "share within sequences (each head counted by the probability that its CV is <= 0.05, from its "
+            "mean and standard error over documents)",
         # the reading within sequences: its own interval and count
         literal_interval=IntervalChoice("basic", level=0.99), literal_min_documents=16,
         figure="per_head", figure_axis="CV of the non-sink value norms, per head",
@@ -1148,8 +1151,9 @@ CLAIMS = ClaimRegistry((
         "compressed_sink", "Assumption 1: the sink's value is compressed", "Figure 2 (left), Assumption 1",
         "lambda = ||v_0|| / C << 1", "interquartile mean of lambda over heads",
         Thresholds("<=", 0.5, 0.9), _compressed_sink, IntervalChoice("normal"), ASSUMPTIONS_OPTION, min_documents=4,
-        docs_name="Assumption 1, sink",
-        docs_statistic="interquartile mean over heads of lambda (sink value norm over the median non-sink norm)",
+        docs_name="Assumption 1: compressed sink",
+        docs_paper="Assumption 1: lambda = ||v_0|| / C << 1",
+        docs_statistic="interquartile mean of lambda over heads (the mean of the middle half; the median beside)",
         figure="per_head", figure_axis="lambda = ||v_0|| / median ||v_i>0||, per head",
     ),
     PaperClaim(
@@ -1157,7 +1161,9 @@ CLAIMS = ClaimRegistry((
         "MAE of the fit about 0.09 on average (most heads 0.05-0.10)", "mean MAE over heads",
         Thresholds("<=", 0.10, 0.20), _exponential_decay, IntervalChoice("basic", expanded=False), ASSUMPTIONS_OPTION,
         min_documents=16,  # 0.87 at 4, 0.83 at 8
-        docs_name="Assumption 2", docs_statistic="mean over heads of the MAE of the exponential cosine fit",
+        docs_name="Assumption 2: exponential cosine decay",
+        docs_paper="Figure 3: MAE about 0.09 on average",
+        docs_statistic="mean MAE of the fit over heads",
         figure="per_head", figure_axis="MAE of the exponential cosine fit, per head",
     ),
     PaperClaim(
@@ -1166,7 +1172,10 @@ CLAIMS = ClaimRegistry((
         "expected share of heads with the sink, plateau and recency phases (oscillation optional)",
         Thresholds(">=", 0.5, 0.2), _four_phase_profile,
         IntervalChoice("percentile", expanded=False, uncertain=(0.0, 0.88)), ASSUMPTIONS_OPTION, min_documents=4,
-        docs_name="Assumption 3", docs_statistic="expected share of heads with the phase profile (below)",
+        docs_name="Assumption 3: four-phase profile",
+        docs_paper="Figure 4, section 3.3",
+        docs_statistic="expected share of heads with the sink, plateau and recency phases (the oscillation may be "
+            "absent: T1 = T2; the hard share beside)",
         figure="share",
     ),
     PaperClaim(
@@ -1175,8 +1184,10 @@ CLAIMS = ClaimRegistry((
         "min over P, R of (mean excess over chance at 2 <= N <= 4) - (at mid N)",
         Thresholds(">=", 0.05, 0.01), _small_n_separability, IntervalChoice("bias-corrected"), CHANCE_OPTION,
         min_documents=2 * LADDER_END,  # 0.93 at 16, 0.87 at 32
-        docs_name="Figure 5, small N",
-        docs_statistic="smaller of the drops of the mean excess of P and of R over chance, small to mid N",
+        docs_name="Separability strongest at small N",
+        docs_paper="Figure 5",
+        docs_statistic="the smaller of the drops of the mean excess of P and of R over random top-N sets from 2 <= N <= "
+            "4 to mid N (the raw drops beside)",
         reads=EXCESS, literal_reads=METRICS,
     ),
     PaperClaim(
@@ -1186,7 +1197,10 @@ CLAIMS = ClaimRegistry((
         Thresholds(">=", 0.05, 0.01), _large_n_return,
         IntervalChoice("percentile", expanded=False, uncertain=(0.89, 0.95)), MID_N_OPTION,
         min_documents=32,  # 0.90 at 4 and 8, 0.83 at 16
-        docs_name="Figure 5, large N", docs_statistic="smaller of the rises of the mean P and R curves, mid to large N",
+        docs_name="Both metrics return at large N (the U-shape)",
+        docs_paper="Figure 5, section 4: \"for very large N both metrics return to 1\"",
+        docs_statistic="the smaller of the rises of the mean P and R curves from mid N to large N (the excess over "
+            "chance beside)",
         reads=METRICS,
     ),
     PaperClaim(
@@ -1196,9 +1210,12 @@ CLAIMS = ClaimRegistry((
         "and the envelope's floor",
         Thresholds("<=", 0.05, 0.15), _envelope_tightness, IntervalChoice("shifted", level=0.99), BOUNDS_OPTION,
         min_documents=8,
-        docs_name="Figure 5, envelopes",
-        docs_statistic="largest gap of the mean upper envelope over the larger of the mean curve and the envelope's "
-        "floor, where the paper calls it tight",
+        docs_name="The upper envelopes are tight",
+        docs_paper="Figure 5: tight at small and large N, close to Recall at moderate N",
+        docs_statistic="the largest gap between the mean upper envelope and the larger of the mean measured curve and "
+            "the envelope's floor (1 - 0.5/(N+1) for P, 0.5 for R): P at small and large N, R at small, mid "
+            "and large N (the gap to the curve itself, the share of measured rows above the envelope, kappa, "
+            "sigma's form, the lower envelopes' informative share and the containment beside)",
         figure="envelopes",
     ),
     PaperClaim(
@@ -1207,7 +1224,11 @@ CLAIMS = ClaimRegistry((
         "Pearson correlation over heads at N = 3, disattenuated for the documents' noise",
         Thresholds(">=", 0.3, 0.1), _sink_metric_correlation,
         IntervalChoice("basic", expanded=False, uncertain=(0.87, 0.97)), ASSUMPTIONS_OPTION, min_documents=16,
-        docs_name="Figure 6, Recall", docs_statistic="Pearson corr(R(r_min, N), rho_0) over heads at N = 3, disattenuated",
+        docs_name="corr(R(r_min, N), rho_0) positive, peaking at small N",
+        docs_paper="Figure 6, section 4.1: about 0.6 near N = 3",
+        docs_statistic="the Pearson correlation over heads at N = 3, fixed before looking, of the heads' means "
+            "disattenuated for the documents' noise (the uncorrected value, N = 6, layer depth partialled out "
+            "and the maximum over N = 2-8 beside)",
         reads=(RECALL,),
     ),
     PaperClaim(
@@ -1216,8 +1237,9 @@ CLAIMS = ClaimRegistry((
         "number given)", "Pearson corr(P(r_max, N), rho_0) over heads at N = 3, disattenuated",
         Thresholds(">=", 0.3, 0.1), _sink_metric_correlation, IntervalChoice("percentile"), ASSUMPTIONS_OPTION,
         min_documents=8,
-        docs_name="Section 4.1, Precision",
-        docs_statistic="Pearson corr(P(r_max, N), rho_0) over heads at N = 3, disattenuated",
+        docs_name="The sink improves Precision when aligned",
+        docs_paper="Figure 6 text, section 4.1 (no number)",
+        docs_statistic="the same correlation of P(r_max, N) with rho_0 (the same beside)",
         reads=(PRECISION,),
     ),
     PaperClaim(
@@ -1227,9 +1249,10 @@ CLAIMS = ClaimRegistry((
         Thresholds(">=", 0.1, 0.0), _regimes_by_depth,
         IntervalChoice("basic", expanded=False, uncertain=(0.29, 0.98)), TAXONOMY_OPTION,
         min_documents=2 * LADDER_END,  # 0.77 at 16, 0.83 at 32
-        docs_name="Section 4.2",
-        docs_statistic="smaller of the steps Reset - Retriever and Mixer - Reset of the roles' mean depths (heads "
-        "weighted by their role probability)",
+        docs_name="Retriever -> Reset -> Mixer across depth",
+        docs_paper="Figure 8, section 4.2",
+        docs_statistic="the smaller of the steps Reset - Retriever and Mixer - Reset of the roles' mean depths (0 first "
+            "layer, 1 last), each head weighted by its probability of the role",
         reads_roles=True, figure="roles_by_depth",
     ),
     PaperClaim(
@@ -1237,22 +1260,15 @@ CLAIMS = ClaimRegistry((
         "Retriever higher Recall at large N but lower Precision; Reset U-shaped (both improve at large N)",
         "smallest margin of Figure 11's three statements on the probability-weighted role curves",
         Thresholds(">=", 0.02, 0.0), _regime_tradeoffs, IntervalChoice("shifted"), TAXONOMY_OPTION, min_documents=2,
-        docs_name="Figure 11",
-        docs_statistic="smallest margin by which the probability-weighted role curves meet the statements of "
-        "``TRADEOFFS``",
+        docs_name="Regimes trade precision against recall",
+        docs_paper="Figure 11, appendix A.4",
+        docs_statistic="the smallest margin of three statements on the probability-weighted role curves: Retriever's "
+            "Recall minus the other roles' at large N; the other roles' Precision minus Retriever's at large "
+            "N; the smaller of Reset's rises of P and R from mid to large N",
         reads_roles=True, figure="role_curves",
     ),
 ))  # fmt: skip
 """The paper's claims, in its order: the scorecard, `compare`, the report and the docs read them here."""
-
-
-def declared_table() -> str:
-    """The claims' statistics and thresholds as a Markdown table (the documentation's, from ``CLAIMS``)."""
-    rows = ["| claim | statistic | direction | holds | partly |", "|---|---|---|---|---|"]
-    for c in CLAIMS.values():
-        t = c.thresholds
-        rows.append(f"| {c.docs_name} | {c.docs_statistic} | {t.direction} | {t.holds:g} | {t.partly:g} |")
-    return "\n".join(rows) + "\n"
 
 COLUMNS = ("claim", "paper_ref", "paper_value", "statistic", "value", "low", "high", "interval", "measured",
            "verdict", "rule", "flip", "option", "literal", "literal_value", "literal_low", "literal_high",
