@@ -115,7 +115,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 
 from tl_geometry.analysis.claim_registry import LEVEL, ClaimRegistry, IntervalChoice, PaperClaim, Thresholds
@@ -841,8 +841,9 @@ class RoleWeights:
     torch.Size([2, 2])
     """
 
-    probabilities: Float[Tensor, "layer head_index role"]
-    replicates: Int[Tensor, "replicate layer head_index"] | None = None
+    # Shapes checked in __post_init__ (a GeometryError naming the field), not by the annotation's runtime check.
+    probabilities: Tensor
+    replicates: Tensor | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.probabilities, Tensor) or self.probabilities.ndim != 3 or \
@@ -1275,7 +1276,7 @@ COLUMNS = ("claim", "paper_ref", "paper_value", "statistic", "value", "low", "hi
            "literal_verdict")  # fmt: skip
 
 
-def claim_list(result: object, roles: "HeadTaxonomy | RoleWeights | None" = None) -> list[Claim]:
+def claim_list(result: object, roles: object = None) -> list[Claim]:
     """Every claim of ``CLAIMS`` checked on ``result``, in its order (the paper's; see `claims`)."""
     if not isinstance(result, GeometryResult):
         raise GeometryError(
@@ -1295,7 +1296,7 @@ def claim_list(result: object, roles: "HeadTaxonomy | RoleWeights | None" = None
     return [judge_sample(claim, result.n_documents, declared) for declared, claim in found]
 
 
-def claims(result: object, roles: "HeadTaxonomy | RoleWeights | None" = None) -> Any:
+def claims(result: object, roles: object = None) -> Any:
     """The paper's empirical claims on this result, one row each, as a pandas DataFrame.
 
     Columns: ``claim``, ``paper_ref`` (figure or section), ``paper_value``,
