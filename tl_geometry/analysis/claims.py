@@ -1346,6 +1346,9 @@ _DEPRECATED: dict[str, tuple[Callable[[], Any], str]] = {
     "UNCERTAIN_INTERVAL": (lambda: {k: c.interval.uncertain for k, c in CLAIMS.items()
                                     if c.interval.uncertain is not None}, "CLAIMS[key].interval.uncertain"),
     "CHECKS": (lambda: tuple(c.check for c in CLAIMS.values()), "CLAIMS[key].check"),
+    "OPTIONS": (lambda: {"assumptions": ASSUMPTIONS_OPTION, "taxonomy": TAXONOMY_OPTION, "bounds": BOUNDS_OPTION,
+                         "mid_n": MID_N_OPTION, "corr_n": CORR_N_OPTION, "chance": CHANCE_OPTION},
+                "CLAIMS[key].option, or the *_OPTION constants"),
 }
 
 
