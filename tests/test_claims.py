@@ -808,6 +808,49 @@ def test_what_would_change_names_a_value_that_changes_the_verdict(key, where):
     assert f"{target:g}" in line and claims_module.verdict(moved, t) != found, (line, moved)
 
 
+# ---- the registry: a claim is one declaration ----
+
+
+def test_a_claim_registered_is_checked_after_the_papers():
+    """A declaration of one's own (the decay claim with stricter thresholds) is checked from the registry, in
+    its place after the paper's, by its own thresholds; the paper's stays as declared."""
+    strict = CLAIMS["exponential_decay"].replace(key="strict_decay", thresholds=Thresholds("<=", 0.05, 0.1))
+    CLAIMS.register(strict)
+    try:
+        table = claims(_hand_built(_with_required({"decay_mae": np.full((2, 3), 0.09)})))
+        assert list(table.index) == [*KEYS, "strict_decay"]
+        assert table.loc["strict_decay", "verdict"] == "partly" and table.loc["exponential_decay", "verdict"] == "holds"
+        assert table.loc["strict_decay", "rule"] == "holds if <= 0.05, partly if <= 0.1"
+    finally:
+        CLAIMS.unregister("strict_decay")
+    assert list(CLAIMS) == KEYS
+
+
+def test_the_registry_refuses_what_would_spread_or_lose_a_claim():
+    from tl_geometry.analysis.claim_registry import IntervalChoice
+
+    with pytest.raises(GeometryError, match="claim 'stable_norms' is already registered"):
+        CLAIMS.register(CLAIMS["stable_norms"])
+    with pytest.raises(GeometryError, match="claim 'stable_norms' is one of the paper's"):
+        CLAIMS.unregister("stable_norms")
+    with pytest.raises(GeometryError, match="unknown claim 'stable_norm'; the claims are"):
+        CLAIMS["stable_norm"]  # noqa: B018
+    with pytest.raises(GeometryError, match="expected a PaperClaim with key 'stable_norms'"):
+        CLAIMS["stable_norms"] = CLAIMS["compressed_sink"]
+    with pytest.raises(GeometryError, match="'holds' \\(0.1\\) must be at least as strict as 'partly'"):
+        Thresholds(">=", 0.1, 0.5)
+    with pytest.raises(GeometryError, match="IntervalChoice.method: expected one of"):
+        IntervalChoice("studentised")
+
+
+@pytest.mark.parametrize("name", ["THRESHOLDS", "SPECS", "MIN_DOCUMENTS", "LITERAL_MIN_DOCUMENTS", "INTERVAL_METHOD",
+                                  "NOT_EXPANDED", "CALIBRATED_LEVEL", "UNCERTAIN_INTERVAL", "CHECKS", "OPTIONS"])
+def test_the_old_tables_still_read_with_a_deprecation_warning(name):
+    with pytest.warns(DeprecationWarning, match=f"claims.{name} is deprecated: each claim is declared once in CLAIMS"):
+        table = getattr(claims_module, name)
+    assert len(table) > 0
+
+
 # ---- simulated studies: each claim holds on one and fails on another ----
 
 
