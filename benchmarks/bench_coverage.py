@@ -7,12 +7,12 @@ computes every interval) on:
 
 - the tuning set: population ``TUNING`` at ``TUNING_DOCUMENTS`` documents,
   every interval method at the plain and the expanded level. Each claim's
-  method and level (``claims.INTERVAL_METHOD``, ``claims.NOT_EXPANDED``) are
+  method and level (its declared ``interval`` in ``claims.CLAIMS``) are
   chosen from this table only, by a rule fixed before it was run (`pick`:
   the coverage closest to 0.95, a tie to the wider). Where every method
   covers less than 0.93 there, the same studies are read at higher nominal
   levels (``CALIBRATION_LEVELS``) and the rule picks among those too: the
-  claim's level is calibrated on the tuning set (``claims.CALIBRATED_LEVEL``);
+  claim's level is calibrated on the tuning set (its ``interval.level``);
 - the held-out populations (``HELD_OUT``: other seeds and other generating
   parameters) at 8, 16 and 32 documents, with the claims' own intervals.
   The acceptance is this table: every claim within 90-98 % at 16 and 32

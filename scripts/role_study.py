@@ -121,10 +121,10 @@ def study(name: str, n_windows: int, context: int, reseed: bool = True) -> None:
         print(f"\n{detector} score on the {set_name} prompts: the top ten heads{expected}\n")
         print("| head | score | role on these prompts | sub-type | p(content) | role on the default input |\n|---|---|---|---|---|---|")
         for row in check.cross_tab(detector):
-            layer, head = (int(x) for x in row["head"].split("."))
+            layer, head = row["layer"], row["head"]
             default = roles.label_names()[roles.layers.index(layer)][roles.heads.index(head)]
             sub = roles.subtype(layer, head)
-            print(f"| {row['head']} | {row['score']:.2f} | {row['label']} | {row['subtype'] or '-'} | "
+            print(f"| {layer}.{head} | {row['score']:.2f} | {row['label']} | {row['subtype'] or '-'} | "
                   f"{row['p_content']:.2f} | {default}{f' ({sub})' if sub else ''} |")
         if detector in ("previous_token", "induction"):
             top = check.top_heads(detector)

@@ -404,6 +404,15 @@ FAULT_SEAMS: dict[str, tuple[str, str]] = {
     "load_by_name": ("tl_geometry.models.loading", "load_by_name"),
     # The transformer-lens major version load_model decides by: the other version's refusals, checked on this one.
     "transformer_lens_major": ("tl_geometry.models.loading", "transformer_lens_major_version"),
+    # Every claim's interval, (its declared IntervalChoice, result, fields, replicate statistic, value, ...) ->
+    # (low, high, words): the coverage study spies on it to read each replicate statistic with every method at once.
+    "claim_interval": ("tl_geometry.analysis.claims", "_interval"),
+    # The command line's analysis, (parsed args) -> (result, summary details, model), and its printed summary,
+    # (result, seconds) -> text: a stand-in result (no model) for checks of what the command does around them.
+    "cli_analyse": ("tl_geometry.cli", "_analyse"),
+    "cli_summary": ("tl_geometry.cli", "_summary"),
+    # The browser the report's PNG export drives: a stand-in, so that a renderer failure can be staged.
+    "browser_for_png": ("tl_geometry.report.html", "_browser_for_png"),
 }
 """Where tests inject faults: a seam's name -> (module, attribute), an attribute the package looks up when it is
 called. The only private names of the package the tests reach; a refactor that moves one updates it here."""

@@ -1,14 +1,13 @@
 """Margins and envelopes (tl_geometry.theory.bounds) against a slow float64 reference written from the paper and the docs.
 
 The checks that can fail are written as ``check_*`` functions of the bounds
-module, so that the mutation tests at the end can run them on mutated copies
-of the module and require each mutant to be caught.
+module, so that the mutation tests at the end can run them with a mutant
+applied (tests/mutants.py: the module's public functions wrapped to drop a
+term or zero a bound) and require each mutant to be caught.
 """
 
-import inspect
+import dataclasses
 import math
-import sys
-import types
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests import tiny_models as tm
+from tests.mutants import Mutant, assert_caught, wrap_function
 from tests.reference import reference_margins
 from tl_geometry import selection_metrics
 from tl_geometry.theory import bounds as BOUNDS
@@ -464,54 +464,85 @@ def test_real_model_sink_aware_envelopes_hold_on_every_row(smollm2):
 # --- Mutation tests: each mutant of the bounds module must be caught by the checks named for it -------------------
 
 
-def mutant_module(old: str, new: str) -> types.ModuleType:
-    """A copy of tl_geometry.theory.bounds with ``old`` (which must occur exactly once) replaced by ``new``."""
-    source = inspect.getsource(BOUNDS)
-    assert source.count(old) == 1, f"the mutation site {old!r} is gone from the bounds module; update the mutant"
-    name = "tl_geometry.theory._bounds_mutant"
-    module = types.ModuleType(name)
-    module.__file__ = BOUNDS.__file__
-    sys.modules[name] = module
-    try:
-        exec(compile(source.replace(old, new), f"<mutant of {BOUNDS.__file__}>", "exec"), module.__dict__)
-    finally:
-        del sys.modules[name]
-    return module
+def _neg(x):
+    return x.nan_to_num(0.0).clamp(max=0)
 
 
-MUTANTS = {
-    "zero lower envelopes for N >= 2": (
-        "precision_lower = (1 / (1 + union)).masked_fill(missing, math.nan)",
-        "precision_lower = torch.where(n >= 2, 0.0, 1 / (1 + union)).masked_fill(missing, math.nan)",
-        ("check_lower_envelopes_informative", "check_matches_reference"),
-    ),
-    "drop the sink cross term": (
-        " + 2 * a0_in * a_in_max * neg(rho0_in)",
-        "",
-        ("check_sink_aware_margins_bound_every_gap", "check_a_sink_pointing_away", "check_matches_reference"),
-    ),
-    "rho_in for rho_out": (
-        "pull_out = 2 * a_out * (s_in * pos(rho_out) + a0_in * pos(rho0_out))",
-        "pull_out = 2 * a_out * (s_in * pos(rho_in) + a0_in * pos(rho0_out))",
-        ("check_sink_aware_margins_bound_every_gap", "check_lower_envelopes_hold_on_every_row", "check_matches_reference"),
-    ),
-    "eq. 13 read literally at N = 1": (
-        "precision_upper.masked_fill(no_swap, 1.0)",
-        "precision_upper",
-        ("check_upper_envelope_values", "check_matches_reference"),
-    ),
-    "drop the 1/(N+1) factor": (
-        "precision_upper = 1 - _p_minus(xi_pair) / (n + 1)",
-        "precision_upper = 1 - _p_minus(xi_pair)",
-        ("check_upper_envelope_values", "check_matches_reference"),
-    ),
-}
+def _pos(x):
+    return x.nan_to_num(0.0).clamp(min=0)
 
 
-@pytest.mark.parametrize("mutant", list(MUTANTS), ids=lambda name: name.replace(" ", "-"))
+def _zero_lower_from_n_2(real):
+    """P_low set to 0 for N >= 2 (NaN kept where N exceeds the visible keys)."""
+    def lower_envelopes(margins, *args, **kwargs):
+        precision, recall = real(margins, *args, **kwargs)
+        zeroed = precision.masked_fill(margins.n_grid.to(precision.device) >= 2, 0.0)
+        return torch.where(precision.isnan(), precision, zeroed), recall
+    return lower_envelopes
+
+
+def _without_sink_cross_term(real):
+    """Delta' without its sink term 2 a_0 a_max^in min(rho0_in, 0) (the docs' derivation keeps it)."""
+    def selection_margins(*args, **kwargs):
+        m = real(*args, **kwargs)
+        a0_in = m.sink_selected * m.a0.nan_to_num(0.0)
+        return dataclasses.replace(m, delta_sink=m.delta_sink - 2 * a0_in * m.a_max_in.nan_to_num(0.0) * _neg(m.rho0_in))
+    return selection_margins
+
+
+def _rho_in_for_rho_out(real):
+    """The outside pull 2 a_out s_in max(rho, 0) read with rho_in in place of rho_out, in Delta' and Delta_0'."""
+    def selection_margins(*args, **kwargs):
+        m = real(*args, **kwargs)
+        moved = 2 * m.a_max_out.nan_to_num(0.0) * m.s_in * (_pos(m.rho_in) - _pos(m.rho_out))
+        return dataclasses.replace(m, delta_sink=m.delta_sink - moved, delta0_sink=m.delta0_sink - moved)
+    return selection_margins
+
+
+def _with_precision_upper(env, precision_upper):
+    return dataclasses.replace(env, precision_upper=precision_upper,
+                               f_rmax_upper=2 * precision_upper / (1 + precision_upper))
+
+
+def _eq_13_literally_at_n_1(real):
+    """At N = 1 the Precision upper envelope 1 - p_-(xi)/2 of eq. 13 as printed, not 1 (s(1) is the key itself)."""
+    def envelopes(margins, d_head, n_keys=None, *, kappa=DEFAULT_KAPPA, variant="sink_aware"):
+        env = real(margins, d_head, n_keys, kappa=kappa, variant=variant)
+        scale = margins.scale_sink**2 if variant == "sink_aware" else margins.scale
+        sigma = scale / math.sqrt(2 * kappa * d_head)
+        xi = torch.where(sigma > 0, margins.pair_gap / torch.where(sigma > 0, sigma, 1.0),
+                         margins.pair_gap.sign() * math.inf)
+        literal = 1 - torch.tensor([_p_minus(float(x)) for x in xi.flatten()], dtype=xi.dtype).reshape(xi.shape) / 2
+        at_1 = (margins.n_grid == 1).to(xi.device) & ~env.precision_upper.isnan()
+        return _with_precision_upper(env, torch.where(at_1, literal, env.precision_upper))
+    return envelopes
+
+
+def _without_n_plus_1(real):
+    """The Precision upper envelope 1 - p_-(xi) without eq. 13's 1/(N + 1)."""
+    def envelopes(margins, *args, **kwargs):
+        env = real(margins, *args, **kwargs)
+        n = margins.n_grid.to(env.precision_upper)
+        return _with_precision_upper(env, 1 - (1 - env.precision_upper) * (n + 1))
+    return envelopes
+
+
+MUTANTS = [
+    Mutant("zero lower envelopes for N >= 2", wrap_function(BOUNDS, "lower_envelopes", _zero_lower_from_n_2),
+           (lambda: check_lower_envelopes_informative(BOUNDS), lambda: check_matches_reference(BOUNDS))),
+    Mutant("drop the sink cross term", wrap_function(BOUNDS, "selection_margins", _without_sink_cross_term),
+           (lambda: check_sink_aware_margins_bound_every_gap(BOUNDS), lambda: check_a_sink_pointing_away(BOUNDS),
+            lambda: check_matches_reference(BOUNDS))),
+    Mutant("rho_in for rho_out", wrap_function(BOUNDS, "selection_margins", _rho_in_for_rho_out),
+           (lambda: check_sink_aware_margins_bound_every_gap(BOUNDS),
+            lambda: check_lower_envelopes_hold_on_every_row(BOUNDS), lambda: check_matches_reference(BOUNDS))),
+    Mutant("eq. 13 read literally at N = 1", wrap_function(BOUNDS, "envelopes", _eq_13_literally_at_n_1),
+           (lambda: check_upper_envelope_values(BOUNDS), lambda: check_matches_reference(BOUNDS))),
+    Mutant("drop the 1/(N+1) factor", wrap_function(BOUNDS, "envelopes", _without_n_plus_1),
+           (lambda: check_upper_envelope_values(BOUNDS), lambda: check_matches_reference(BOUNDS))),
+]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda mutant: mutant.name.replace(" ", "-"))
 def test_mutants_are_caught(mutant):
-    old, new, catchers = MUTANTS[mutant]
-    module = mutant_module(old, new)
-    for name in catchers:
-        with pytest.raises(AssertionError):
-            globals()[name](module)
+    assert_caught(mutant)

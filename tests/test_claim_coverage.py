@@ -11,13 +11,13 @@ weights, as a real run does, and `claims` computes every interval. The true
 value of a claim's statistic is that statistic, written here from the
 claims' rules, on the true head means.
 
-Each claim's interval method and level (``claims.INTERVAL_METHOD``,
-``claims.NOT_EXPANDED``, ``claims.CALIBRATED_LEVEL``) were chosen on one
+Each claim's interval method and level (its declared ``interval``, an
+`IntervalChoice`, in ``claims.CLAIMS``) were chosen on one
 population and document count, the tuning set (``TUNING``,
 ``TUNING_DOCUMENTS``); `HELD_OUT` are populations drawn with other seeds and
 other generating parameters, which nothing was chosen on (a claim whose
-interval covered under 90 % on one of them says so:
-``claims.UNCERTAIN_INTERVAL``). The test here checks the held-out coverage
+interval covered under 90 % on one of them says so: its interval's
+``uncertain``). The test here checks the held-out coverage
 on a few seeded studies; ``benchmarks/bench_coverage.py`` prints the tuning table (every
 method) and the held-out table at 8, 16 and 32 documents.
 """
@@ -29,10 +29,11 @@ import numpy as np
 import pytest
 import torch
 
-from tests.fixtures import STUDY_DOCUMENTS, Population, simulate_study, study_roles, true_means
+from tests.fixtures import STUDY_DOCUMENTS, Population, seam, simulate_study, study_roles, true_means
 from tests.fixtures import STUDY_GRID as GRID
 from tl_geometry import claims
-from tl_geometry.analysis import claims as claims_module
+from tl_geometry.analysis.claim_registry import LEVEL, IntervalChoice
+from tl_geometry.analysis.claims import CLAIMS
 from tl_geometry.analysis.intervals import METHODS
 
 TUNING = Population(seed=0)  # the methods and levels were chosen on this population ...
@@ -131,16 +132,23 @@ Choice = dict[str, tuple[str, bool, float]]
 nominal level its quantiles are read at (0.95 unless calibrated)."""
 
 
+def _declared_intervals() -> dict[str, IntervalChoice]:
+    """Every interval of `COVERED` as the claims declare it: a claim's own, and its literal reading's where that
+    has its own (``<key>_within``)."""
+    found = {key: c.interval for key, c in CLAIMS.items()}
+    found.update({f"{key}_within": c.literal_interval for key, c in CLAIMS.items() if c.literal_interval is not None})
+    return {key: found[key] for key in COVERED}
+
+
 def chosen() -> Choice:
     """Every claim's interval as `tl_geometry.analysis.claims` chose it."""
-    return {key: (claims_module.INTERVAL_METHOD[key], key not in claims_module.NOT_EXPANDED,
-                  claims_module.CALIBRATED_LEVEL.get(key, claims_module.LEVEL)) for key in COVERED}
+    return {key: (c.method, c.expanded, c.level) for key, c in _declared_intervals().items()}
 
 
-def every_choice(keys: tuple[str, ...] = COVERED, levels: tuple[float, ...] = (claims_module.LEVEL,)) -> dict[str, Choice]:
+def every_choice(keys: tuple[str, ...] = COVERED, levels: tuple[float, ...] = (LEVEL,)) -> dict[str, Choice]:
     """Every method at either level (expanded or not) for the claims ``keys``, by name ("basic, expanded"; with
     the nominal level where it is not 0.95: "basic, expanded, 0.99")."""
-    return {f"{method}, {'expanded' if expand else 'plain'}" + ("" if level == claims_module.LEVEL else f", {level:g}"):
+    return {f"{method}, {'expanded' if expand else 'plain'}" + ("" if level == LEVEL else f", {level:g}"):
             dict.fromkeys(keys, (method, expand, level))
             for level in levels for method in METHODS for expand in (True, False)}
 
@@ -156,33 +164,32 @@ def coverage(population: Population = TUNING, documents: int = TUNING_DOCUMENTS,
     ``studies`` seeded studies of ``population`` at ``documents`` documents cover the truth. Every choice reads
     the same studies (the seed is the population's and the count's: fewer studies are the first ones).
 
-    `claims` runs once per study: its ``_interval`` is wrapped to compute each claim's replicate statistic once
-    and read it with every choice's method and level (a claim's first interval is its verdict's; a second one
-    is the literal reading's)."""
+    `claims` runs once per study: its interval reader (the fault seam ``claim_interval``) is wrapped to compute
+    each claim's replicate statistic once and read it with every choice's method and level (a claim's first
+    interval is its verdict's; a second one of the same declared interval is the literal reading's)."""
     choices = {"chosen": chosen(), **(choices or {})}
     means = true_means(population)
     truth = true_values(means, documents, population)
     rng = np.random.default_rng((population.seed, documents))
     found = {name: {key: (0, 0, 0) for key in COVERED} for name in choices}
-    original = claims_module._interval
+    owner, attribute = seam("claim_interval")
+    original = getattr(owner, attribute)
+    key_of = {id(declared): key for key, declared in _declared_intervals().items()}  # the declarations themselves
 
-    def every_interval(key, result, names, statistic, *args, **kwargs):
+    def every_interval(declared, result, names, statistic, *args, **kwargs):
         if (not isinstance(statistic, torch.Tensor) and result.n_documents >= 2
                 and all(result.has_replicates(n) for n in names)):
             statistic = statistic({n: result.replicates(n) for n in names}).double()  # once for every choice
-        own = original(key, result, names, statistic, *args, **kwargs)
+        own = original(declared, result, names, statistic, *args, **kwargs)
+        key = key_of[id(declared)]
         if key in first:
             return own
         first[key] = {}
         for name, choice in choices.items():
             if key in choice:
                 method, expand, level = choice[key]
-                with pytest.MonkeyPatch.context() as inner:
-                    inner.setitem(claims_module.INTERVAL_METHOD, key, method)
-                    inner.setitem(claims_module.CALIBRATED_LEVEL, key, level)
-                    not_expanded = claims_module.NOT_EXPANDED
-                    inner.setattr(claims_module, "NOT_EXPANDED", not_expanded - {key} if expand else not_expanded | {key})
-                    first[key][name] = original(key, result, names, statistic, *args, **kwargs)[:2]
+                other = IntervalChoice(method, expand, level, declared.uncertain)
+                first[key][name] = original(other, result, names, statistic, *args, **kwargs)[:2]
         return own
 
     threads = torch.get_num_threads()
@@ -192,7 +199,7 @@ def coverage(population: Population = TUNING, documents: int = TUNING_DOCUMENTS,
             for study in range(studies):
                 # the runtime shape checks see every call once; the other studies repeat them
                 patch.setattr(jaxtyping.config, "jaxtyping_disable", study > 0)
-                patch.setattr(claims_module, "_interval", every_interval)
+                patch.setattr(owner, attribute, every_interval)
                 result = simulate_study(means, rng, documents, population)
                 first: dict[str, dict[str, tuple[float, float]]] = {}
                 table = claims(result)
@@ -247,7 +254,7 @@ CHECKED_STUDIES = 100  # per (population, count): 400 studies per claim pooled, 
 def test_the_claims_intervals_cover_their_true_values_out_of_sample():
     """Pooled over two held-out populations at 16 and 32 documents, each claim's own interval covers its true
     value in 90-98 % of the studies (a nominal 95 % interval; the methods were chosen on another population),
-    except the claims whose interval says it is uncertain (``claims.UNCERTAIN_INTERVAL``: under 90 % in some
+    except the claims whose interval says it is uncertain (its declared ``uncertain``: under 90 % in some
     held-out cell of the benchmark)."""
     pooled = {key: [0, 0] for key in COVERED}
     for name in CHECKED:
@@ -257,7 +264,7 @@ def test_the_claims_intervals_cover_their_true_values_out_of_sample():
                 pooled[key][1] += cell[1]
     for key, (covered, n) in pooled.items():
         assert n == 4 * CHECKED_STUDIES, (key, n)
-        if key not in claims_module.UNCERTAIN_INTERVAL:
+        if _declared_intervals()[key].uncertain is None:
             assert HELD_OUT_TARGET[0] <= covered / n <= HELD_OUT_TARGET[1], (key, covered / n)
 
 
@@ -265,6 +272,6 @@ def test_an_uncertain_interval_says_so():
     table = claims(simulate_study(true_means(), np.random.default_rng(5)))
     for key in table.index:
         said = "uncertain: on simulated populations it was not chosen on" in table.loc[key, "interval"]
-        assert said == (key in claims_module.UNCERTAIN_INTERVAL), (key, table.loc[key, "interval"])
-    low, high = claims_module.UNCERTAIN_INTERVAL["four_phase_profile"]
+        assert said == (CLAIMS[key].interval.uncertain is not None), (key, table.loc[key, "interval"])
+    low, high = CLAIMS["four_phase_profile"].interval.uncertain
     assert f"{low:.0%} to {high:.0%} of studies" in table.loc["four_phase_profile", "interval"]

@@ -1,6 +1,6 @@
 """Too few documents is a verdict, and no verdict comes from a point estimate outside its own interval.
 
-The rule (docs/claims.md, "Too few documents"): below ``MIN_DOCUMENTS[claim]``
+The rule (docs/claims.md, "Too few documents"): below the claim's ``min_documents``
 documents, or when the statistic lies outside its interval, the verdict is
 "too few documents" and ``flip`` names how many documents would do.
 """
@@ -14,12 +14,14 @@ import torch
 
 from tests import tiny_models as tm
 from tests.fixtures import simulate_study, true_means
+from tests.mutants import Mutant, assert_caught, replace_attribute
 from tl_geometry import claims, run_with_geometry_hooks
 from tl_geometry.analysis import claims as claims_module
-from tl_geometry.analysis.claims import MIN_DOCUMENTS, Claim, sample_warning
+from tl_geometry.analysis.claims import CLAIMS, Claim, judge_sample, sample_warning
 from tl_geometry.report.scorecard import scorecard_html
 
 RESOLVED = ("holds", "partly", "does not hold")
+MIN_DOCUMENTS = {key: declared.min_documents for key, declared in CLAIMS.items()}
 
 
 def _check_table(table, n_documents: int) -> None:
@@ -60,13 +62,13 @@ def _claim(value: float, low: float, high: float, verdict: str = "holds") -> Cla
 def test_the_reviewers_case_is_refused_and_an_estimate_inside_is_kept():
     """``0.768 [0.519, 0.656] holds`` on 2 windows: refused (too few, and outside); inside with enough: kept."""
     need = MIN_DOCUMENTS["sink_recall_correlation"]
-    refused = claims_module._resolved(_claim(0.768, 0.519, 0.656), 2)
+    refused = judge_sample(_claim(0.768, 0.519, 0.656), 2)
     assert refused.verdict == "too few documents" and str(need) in refused.flip
-    outside = claims_module._resolved(_claim(0.768, 0.519, 0.656), need)
+    outside = judge_sample(_claim(0.768, 0.519, 0.656), need)
     assert outside.verdict == "too few documents" and f"more than {need}" in outside.flip
-    kept = claims_module._resolved(_claim(0.6, 0.519, 0.656), need)
+    kept = judge_sample(_claim(0.6, 0.519, 0.656), need)
     assert kept.verdict == "holds" and kept.flip == "flip"
-    not_measured = claims_module._resolved(_claim(math.nan, math.nan, math.nan, "not measured"), 2)
+    not_measured = judge_sample(_claim(math.nan, math.nan, math.nan, "not measured"), 2)
     assert not_measured.verdict == "not measured"
 
 
@@ -84,10 +86,10 @@ def test_the_first_screen_says_when_the_sample_is_too_small():
     assert small >= 2
 
 
-def test_a_mutant_that_keeps_every_verdict_is_caught(monkeypatch):
-    monkeypatch.setattr(claims_module, "_resolved", lambda claim, n: claim)
-    with pytest.raises(AssertionError):
-        test_no_verdict_from_an_estimate_outside_its_interval_on_simulated_studies(2)
+def test_a_mutant_that_keeps_every_verdict_is_caught():
+    assert_caught(Mutant("every verdict kept, whatever the sample",
+                         replace_attribute(claims_module, "judge_sample", lambda claim, *args, **kwargs: claim),
+                         (lambda: test_no_verdict_from_an_estimate_outside_its_interval_on_simulated_studies(2),)))
 
 
 def test_the_scorecard_shows_the_literal_reading_beside_ours_with_its_verdict():

@@ -6,10 +6,7 @@ they never call the module's own helpers.
 """
 
 import dataclasses
-import inspect
 import math
-import sys
-import types
 from statistics import NormalDist
 
 import numpy as np
@@ -18,9 +15,12 @@ import torch
 
 from tests import tiny_models as tm
 from tests.fixtures import simulate_study, true_means
+from tests.mutants import Mutant, assert_caught, replace_attribute, replace_claim
 from tests.reference import reference_disattenuated, reference_error_covariance, reference_shrunk
 from tl_geometry import GeometryConfig, GeometryError, GeometryResult, claims, run_with_geometry_hooks
 from tl_geometry.analysis import claims as claims_module
+from tl_geometry.analysis.claim_registry import Thresholds
+from tl_geometry.analysis.claims import CLAIMS, RoleWeights
 from tl_geometry.diagnostics.assumptions import (
     PROFILE_HAS_OSCILLATION,
     PROFILE_HAS_PLATEAU,
@@ -40,10 +40,11 @@ KEYS = ["stable_norms", "compressed_sink", "exponential_decay", "four_phase_prof
 
 @pytest.fixture(scope="module", autouse=True)
 def _any_sample_resolves():
-    """The rules' logic on results of few documents: the sample-size rule (MIN_DOCUMENTS) set aside here, as
-    tests/test_claim_sample.py checks it; the refusal of an estimate outside its own interval stays."""
+    """The rules' logic on results of few documents: the sample-size rule (each claim's min_documents) set aside
+    here, as tests/test_claim_sample.py checks it; the refusal of an estimate outside its own interval stays."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(claims_module, "MIN_DOCUMENTS", dict.fromkeys(claims_module.MIN_DOCUMENTS, 1))
+        for key, declared in CLAIMS.items():
+            patch.setitem(CLAIMS, key, declared.replace(min_documents=1))
         yield
 
 
@@ -92,17 +93,17 @@ def _expanded(level, n):
 
 
 def _claim_interval(key, value, replicates, n_documents):
-    """The interval the claim declares (``INTERVAL_METHOD`` at its level: ``CALIBRATED_LEVEL`` or 0.95, expanded
-    unless ``NOT_EXPANDED``), each from its definition."""
-    level = claims_module.CALIBRATED_LEVEL.get(key, 0.95)
-    level = level if key in claims_module.NOT_EXPANDED else _expanded(level, n_documents)
+    """The interval the claim declares (its ``interval``: the method at its level, 0.95 unless calibrated,
+    expanded unless declared plain), each from its definition."""
+    declared = CLAIMS[key].interval
+    level = declared.level if not declared.expanded else _expanded(declared.level, n_documents)
     reps = np.asarray(replicates, dtype=float)
     reps = reps[~np.isnan(reps)]
-    if claims_module.INTERVAL_METHOD[key] == "normal":  # the bias-corrected estimate +- z times the replicates' sd
+    if declared.method == "normal":  # the bias-corrected estimate +- z times the replicates' sd
         half = NormalDist().inv_cdf((1 + level) / 2) * np.std(reps, ddof=1)
         return 2 * value - np.mean(reps) - half, 2 * value - np.mean(reps) + half
     low, high = np.quantile(reps, [(1 - level) / 2, (1 + level) / 2])
-    method = claims_module.INTERVAL_METHOD[key]
+    method = declared.method
     if method == "percentile":
         return low, high
     if method == "basic":  # the percentile interval reflected about the value
@@ -242,7 +243,7 @@ def test_sink_and_decay_statistics(result, table):
     low, high = _claim_interval("exponential_decay", np.nanmean(mae), reps, result.n_documents)
     assert (table.loc["exponential_decay", "low"], table.loc["exponential_decay", "high"]) == pytest.approx(
         (low, high), abs=1e-5)
-    assert claims_module.INTERVAL_METHOD["exponential_decay"] in table.loc["exponential_decay", "interval"]
+    assert CLAIMS["exponential_decay"].interval.method in table.loc["exponential_decay", "interval"]
     assert math.isnan(table.loc["compressed_sink", "low"])  # sink_norm_ratio kept no replicates
     assert "no bootstrap replicates of sink_norm_ratio" in table.loc["compressed_sink", "interval"]
 
@@ -285,13 +286,18 @@ def test_four_phase_interval_is_the_plain_percentile_of_the_replicates_expected_
 
 
 def test_a_profile_without_oscillation_counts():
-    """Section 3.3 allows T1 = T2 (no oscillation): such heads show the profile; a head without recency does not."""
-    one = lambda *v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
-    f = {PROFILE_P_SINK: one(0.5, 0.5, 0.5), PROFILE_P_BASE: one(1e-3, 1e-3, 1e-2),
-         PROFILE_HAS_PLATEAU: one(1.0, 1.0, 1.0), PROFILE_HAS_OSCILLATION: one(0.0, 1.0, 1.0),
-         PROFILE_HAS_RECENCY: one(1.0, 0.0, 1.0)}  # fmt: skip
-    assert claims_module._four_phase(f).tolist() == [1.0, 0.0, 0.0]  # the third: sink only 50 x the plateau
-    # Mutant (requiring the oscillation, as before): the first head would not count.
+    """Section 3.3 allows T1 = T2 (no oscillation): such heads show the profile; a head without recency does not,
+    nor one whose sink is only 50 x the plateau. Of the three heads only the first counts: a mutant requiring the
+    oscillation counts none, one dropping the recency or the 100 x counts two."""
+    one = lambda *v: np.array([v], dtype=float)  # noqa: E731  [layer, head]: one layer of three heads
+    fields = {PROFILE_P_SINK.name: one(0.5, 0.5, 0.5), PROFILE_P_BASE.name: one(1e-3, 1e-3, 1e-2),
+              PROFILE_HAS_PLATEAU.name: one(1.0, 1.0, 1.0), PROFILE_HAS_OSCILLATION.name: one(0.0, 1.0, 1.0),
+              PROFILE_HAS_RECENCY.name: one(1.0, 0.0, 1.0)}  # fmt: skip
+    from tl_geometry.diagnostics.profile_fit import ProfileFit
+
+    rest = {f"profile_{f.name}": np.full((1, 3), 0.5) for f in dataclasses.fields(ProfileFit)}
+    row = claims(_hand_built(_with_required({**rest, **fields}))).loc["four_phase_profile"]
+    assert row.value == pytest.approx(1 / 3) and "33% show the sink, the plateau and the recency" in row.measured
 
 
 def _drop(precision, recall, grid):
@@ -651,34 +657,43 @@ DEPTH_CASES = [  # roles by layer (three heads each): Figure 8's order, close to
 
 
 @pytest.mark.parametrize("roles, expected", DEPTH_CASES)
-def test_regimes_by_depth_is_the_smaller_step_of_the_roles_mean_depths(monkeypatch, roles, expected):
+def test_regimes_by_depth_is_the_smaller_step_of_the_roles_mean_depths(roles, expected):
     """The verdict follows the steps; a mutant with Reset and Mixer swapped in the order, or reading another
     role's probability, gives another verdict on the first three cases."""
-    monkeypatch.setattr(claims_module, "_role_probabilities", _fixed_roles(roles))
     result = _role_result({r: (np.ones(2), np.ones(2)) for r in ("retriever", "reset", "mixer")}, roles, (1, 2))
-    row = claims(result).loc["regimes_by_depth"]
-    probabilities, _ = _fixed_roles(roles)(result)
-    assert row.value == pytest.approx(_depth_steps(probabilities), abs=1e-12) and row.verdict == expected
+    row = claims(result, roles=_fixed_roles(roles)).loc["regimes_by_depth"]
+    assert row.value == pytest.approx(_depth_steps(_fixed_roles(roles).probabilities), abs=1e-12)
+    assert row.verdict == expected
 
 
-def test_regimes_by_depth_with_uncertain_roles_does_not_hold(monkeypatch, result):
+def test_regimes_by_depth_with_uncertain_roles_does_not_hold(result):
     """Roles in the paper's order, but each replicate reassigns most heads at random: the interval says so."""
     verdicts = []
     for seed in range(10):
-        monkeypatch.setattr(claims_module, "_role_probabilities",
-                            lambda r, seed=seed: _roles_in_layers(r, ("retriever", "reset", "mixer"), flip=0.9, seed=seed))
-        row = claims(result).loc["regimes_by_depth"]
-        assert row.low < claims_module.THRESHOLDS["regimes_by_depth"].holds  # replicates out of order
+        roles = RoleWeights(*_roles_in_layers(result, ("retriever", "reset", "mixer"), flip=0.9, seed=seed))
+        row = claims(result, roles=roles).loc["regimes_by_depth"]
+        assert row.low < CLAIMS["regimes_by_depth"].thresholds.holds  # replicates out of order
         verdicts.append(row.verdict)
     assert "holds" not in verdicts
     # Mutant (run by hand, fails this test): the interval ignored, the ordered point estimate reads "holds".
 
 
 def test_regimes_by_depth_reads_the_taxonomy(result):
-    from tl_geometry.analysis.taxonomy import taxonomy_from_result
+    """By default the result's own taxonomy; a taxonomy given as ``roles`` (other thresholds) is the one read."""
+    from tl_geometry.analysis.taxonomy import TaxonomyConfig, taxonomy_from_result
 
     row = claims(result).loc["regimes_by_depth"]
     assert row.value == pytest.approx(_depth_steps(taxonomy_from_result(result).probabilities), abs=1e-12)
+    other = taxonomy_from_result(result, TaxonomyConfig(z_align=0.0, align_min=0.0, z_shift=0.0, shift_min=0.0))
+    row = claims(result, roles=other).loc["regimes_by_depth"]
+    assert row.value == pytest.approx(_depth_steps(other.probabilities), abs=1e-12)
+
+
+def test_roles_that_are_not_roles_are_refused(result):
+    with pytest.raises(GeometryError, match="roles: expected a HeadTaxonomy"):
+        claims(result, roles="retriever")
+    with pytest.raises(GeometryError, match=r"roles.probabilities: expected a tensor \[layer, head_index, 4\]"):
+        RoleWeights(torch.ones(2, 3))
 
 
 @pytest.mark.parametrize("gap, expected", [(0.02, "holds"), (0.1, "partly"), (0.3, "does not hold")])
@@ -766,10 +781,11 @@ def _role_result(curves_by_role, roles, grid):
 
 
 def _fixed_roles(roles):
+    """Roles known for sure (one-hot), every one of 20 replicates agreeing: ``claims(..., roles=...)``."""
     from tl_geometry.analysis.taxonomy import ROLES
 
     index = torch.tensor([[ROLES.index(r) for r in row] for row in roles])
-    return lambda result: (torch.nn.functional.one_hot(index, len(ROLES)).double(), index.expand(20, -1, -1))
+    return RoleWeights(torch.nn.functional.one_hot(index, len(ROLES)).double(), index.expand(20, -1, -1))
 
 
 TRADEOFF_GRID = (1, 2, 4, 8, 16, 32, 64)
@@ -791,20 +807,19 @@ TRADEOFF_CASES = [
 
 
 @pytest.mark.parametrize("curves, expected", TRADEOFF_CASES)
-def test_regime_tradeoffs_on_hand_built_roles(monkeypatch, curves, expected):
+def test_regime_tradeoffs_on_hand_built_roles(curves, expected):
     """Three roles in one layer each: the value is the smallest margin of the three statements; a mutant
     swapping the precision and recall statements changes the first three cases."""
     roles = [["retriever"] * 3, ["reset"] * 3, ["mixer"] * 3]
-    monkeypatch.setattr(claims_module, "_role_probabilities", _fixed_roles(roles))
-    row = claims(_role_result(curves, roles, TRADEOFF_GRID)).loc["regime_tradeoffs"]
+    row = claims(_role_result(curves, roles, TRADEOFF_GRID), roles=_fixed_roles(roles)).loc["regime_tradeoffs"]
     assert row.verdict == expected[0] and row.value == pytest.approx(expected[1], abs=1e-6)
 
 
-@pytest.mark.parametrize("key", list(claims_module.THRESHOLDS))
+@pytest.mark.parametrize("key", list(CLAIMS))
 @pytest.mark.parametrize("where", ["holds", "partly", "does not hold"])
 def test_what_would_change_names_a_value_that_changes_the_verdict(key, where):
     """Every flip line names a threshold; the statistic moved just past it gets another verdict."""
-    t = claims_module.THRESHOLDS[key]
+    t = CLAIMS[key].thresholds
     sign = 1 if t.direction == ">=" else -1
     value = {"holds": t.holds + sign * 0.01, "partly": (t.holds + t.partly) / 2, "does not hold": t.partly - sign * 0.01}[where]
     found = claims_module.verdict(value, t)
@@ -813,6 +828,49 @@ def test_what_would_change_names_a_value_that_changes_the_verdict(key, where):
     target = t.holds if "'holds'" in line.split(";")[0] else t.partly if "'partly' at" in line else t.holds
     moved = target + (0.001 if (t.direction == ">=") == (found != "holds") else -0.001)
     assert f"{target:g}" in line and claims_module.verdict(moved, t) != found, (line, moved)
+
+
+# ---- the registry: a claim is one declaration ----
+
+
+def test_a_claim_registered_is_checked_after_the_papers():
+    """A declaration of one's own (the decay claim with stricter thresholds) is checked from the registry, in
+    its place after the paper's, by its own thresholds; the paper's stays as declared."""
+    strict = CLAIMS["exponential_decay"].replace(key="strict_decay", thresholds=Thresholds("<=", 0.05, 0.1))
+    CLAIMS.register(strict)
+    try:
+        table = claims(_hand_built(_with_required({"decay_mae": np.full((2, 3), 0.09)})))
+        assert list(table.index) == [*KEYS, "strict_decay"]
+        assert table.loc["strict_decay", "verdict"] == "partly" and table.loc["exponential_decay", "verdict"] == "holds"
+        assert table.loc["strict_decay", "rule"] == "holds if <= 0.05, partly if <= 0.1"
+    finally:
+        CLAIMS.unregister("strict_decay")
+    assert list(CLAIMS) == KEYS
+
+
+def test_the_registry_refuses_what_would_spread_or_lose_a_claim():
+    from tl_geometry.analysis.claim_registry import IntervalChoice
+
+    with pytest.raises(GeometryError, match="claim 'stable_norms' is already registered"):
+        CLAIMS.register(CLAIMS["stable_norms"])
+    with pytest.raises(GeometryError, match="claim 'stable_norms' is one of the paper's"):
+        CLAIMS.unregister("stable_norms")
+    with pytest.raises(GeometryError, match="unknown claim 'stable_norm'; the claims are"):
+        CLAIMS["stable_norm"]  # noqa: B018
+    with pytest.raises(GeometryError, match="expected a PaperClaim with key 'stable_norms'"):
+        CLAIMS["stable_norms"] = CLAIMS["compressed_sink"]
+    with pytest.raises(GeometryError, match="'holds' \\(0.1\\) must be at least as strict as 'partly'"):
+        Thresholds(">=", 0.1, 0.5)
+    with pytest.raises(GeometryError, match="IntervalChoice.method: expected one of"):
+        IntervalChoice("studentised")
+
+
+@pytest.mark.parametrize("name", ["THRESHOLDS", "SPECS", "MIN_DOCUMENTS", "LITERAL_MIN_DOCUMENTS", "INTERVAL_METHOD",
+                                  "NOT_EXPANDED", "CALIBRATED_LEVEL", "UNCERTAIN_INTERVAL", "CHECKS", "OPTIONS"])
+def test_the_old_tables_still_read_with_a_deprecation_warning(name):
+    with pytest.warns(DeprecationWarning, match=f"claims.{name} is deprecated: each claim is declared once in CLAIMS"):
+        table = getattr(claims_module, name)
+    assert len(table) > 0
 
 
 # ---- simulated studies: each claim holds on one and fails on another ----
@@ -877,111 +935,72 @@ def test_each_claim_holds_on_one_simulated_study_and_fails_on_another(key):
     assert not any(math.isnan(row.low) for row in found)  # judged with their intervals
 
 
-# ---- mutants of the claims module: each must fail a hand-built case above ----
+# ---- mutants of the claims: each must fail a hand-built case above (tests/mutants.py) ----
 
 
-def _claims_mutant(old: str, new: str) -> types.ModuleType:
-    """A copy of tl_geometry.analysis.claims with ``old`` (which must occur exactly once) replaced by ``new``."""
-    source = inspect.getsource(claims_module)
-    assert source.count(old) == 1, f"the mutation site {old!r} is gone from the claims module; update the mutant"
-    name = "tl_geometry.analysis._claims_mutant"
-    module = types.ModuleType(name)
-    module.__file__ = claims_module.__file__
-    sys.modules[name] = module
-    try:
-        exec(compile(source.replace(old, new), f"<mutant of {claims_module.__file__}>", "exec"), module.__dict__)
-    finally:
-        del sys.modules[name]
-    module.Claim = claims_module.Claim  # rows of the real type, as claim_list's checked return type requires
-    return module
-
-
-def _tradeoff_cases(mutant):
+def _tradeoff_cases():
     roles = [["retriever"] * 3, ["reset"] * 3, ["mixer"] * 3]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(claims_module, "_role_probabilities", _fixed_roles(roles))
-        for curves, expected in TRADEOFF_CASES:
-            row = claims(_role_result(curves, roles, TRADEOFF_GRID)).loc["regime_tradeoffs"]
-            assert row.verdict == expected[0] and row.value == pytest.approx(expected[1], abs=1e-6)
+    for curves, expected in TRADEOFF_CASES:
+        row = claims(_role_result(curves, roles, TRADEOFF_GRID), roles=_fixed_roles(roles)).loc["regime_tradeoffs"]
+        assert row.verdict == expected[0] and row.value == pytest.approx(expected[1], abs=1e-6)
 
 
-def _depth_cases(mutant):
-    with pytest.MonkeyPatch.context() as patch:
-        for roles, expected in DEPTH_CASES:
-            test_regimes_by_depth_is_the_smaller_step_of_the_roles_mean_depths(patch, roles, expected)
+def _depth_cases():
+    for roles, expected in DEPTH_CASES:
+        test_regimes_by_depth_is_the_smaller_step_of_the_roles_mean_depths(roles, expected)
 
 
-CLAIM_MUTANTS = {
-    "the sink's Precision claim reads recall": (
-        '_sink_correlation(result, "sink_precision_correlation", PRECISION)',
-        '_sink_correlation(result, "sink_precision_correlation", RECALL)',
-        lambda mutant: test_sink_precision_correlation_on_hand_built_results(1.0, "holds"),
-    ),
-    "small-N separability without the chance correction": (
-        "for name, v in _drops(f, result.n_grid).items()}",
-        "for name, v in zip(EXCESS, _drops(f, result.n_grid, METRICS).values())}",
-        lambda mutant: test_small_n_drop_on_hand_built_curves(),
-    ),
-    "the large-N return on the excess over chance": (
-        "for name, v in _returns(f, grid, METRICS).items()}",
-        "for name, v in zip(METRICS, _returns(f, grid, EXCESS).values())}",
-        lambda mutant: test_large_n_return_on_hand_built_curves(0.2, "holds"),
-    ),
-    "the tightness thresholds swapped (looser holds)": (
-        '"envelope_tightness": Thresholds("<=", 0.05, 0.15)',
-        '"envelope_tightness": Thresholds("<=", 0.15, 0.15)',
-        lambda mutant: test_envelope_tightness_on_hand_built_curves(0.1, "partly"),
-    ),
-    "the tightness judged against the curve, not the envelope's floor": (
-        "def _upper_gaps(f: Mapping[FieldSpec, Tensor], grid: Tensor, floor: bool = True)",
-        "def _upper_gaps(f: Mapping[FieldSpec, Tensor], grid: Tensor, floor: bool = False)",
-        lambda mutant: test_envelope_tightness_is_judged_against_the_floor_and_reported_literally(),
-    ),
-    "the literal small-N reading on the excess over chance": (
-        "return _smallest(_drops(g, result.n_grid, METRICS))\n\n    literal = min(raw.values())",
-        "return _smallest(_drops(g, result.n_grid, METRICS))\n\n    literal = min(drops.values())",
-        lambda mutant: test_small_n_drop_on_hand_built_curves(),
-    ),
-    "Figure 11's precision and recall statements swapped": (
-        'at(member["retriever"], RECALL, large) - at(others, RECALL, large)',
-        'at(member["retriever"], PRECISION, large) - at(others, PRECISION, large)',
-        _tradeoff_cases,
-    ),
-    "Reset and Mixer swapped in Figure 8's order": (
-        'DEPTH_ORDER = ("retriever", "reset", "mixer")',
-        'DEPTH_ORDER = ("retriever", "mixer", "reset")',
-        _depth_cases,
-    ),
-    "the depth steps read another role's probability": (
-        "point = {r: probabilities[..., ROLES.index(r)] for r in DEPTH_ORDER}",
-        "point = {r: probabilities[..., (ROLES.index(r) + 1) % len(ROLES)] for r in DEPTH_ORDER}",
-        _depth_cases,
-    ),
-}
+def _simulated_pair(key):
+    return lambda: test_each_claim_holds_on_one_simulated_study_and_fails_on_another(key)
 
 
-SIMULATED_MUTANTS = {  # the same mutants, against the claim's pair of simulated studies
-    "the sink's Precision claim reads recall": "sink_precision_correlation",
-    "small-N separability without the chance correction": "small_n_separability",
-    "the large-N return on the excess over chance": "large_n_return",
-    "Figure 11's precision and recall statements swapped": "regime_tradeoffs",
-    "Reset and Mixer swapped in Figure 8's order": "regimes_by_depth",
-}
-CLAIM_MUTANTS.update({
-    f"{name} (simulated studies)": (*CLAIM_MUTANTS[name][:2],
-                                    lambda mutant, key=key: test_each_claim_holds_on_one_simulated_study_and_fails_on_another(key))
-    for name, key in SIMULATED_MUTANTS.items()
-})
+def _no_floor(grid):
+    """The envelopes' floor taken as 0: the gap judged against the curve itself."""
+    return tuple(torch.zeros(len(grid), dtype=torch.float64) for _ in range(2))
 
 
-@pytest.mark.parametrize("name", list(CLAIM_MUTANTS), ids=lambda name: name.replace(" ", "-"))
-def test_claim_mutants_are_caught(monkeypatch, name):
-    old, new, case = CLAIM_MUTANTS[name]
-    mutant = _claims_mutant(old, new)
-    monkeypatch.setattr(claims_module, "CHECKS", mutant.CHECKS)
-    monkeypatch.setattr(claims_module, "ROLE_CHECKS", mutant.ROLE_CHECKS)
-    with pytest.raises(AssertionError):
-        case(mutant)
+def _roles_shifted():
+    """Each role read from the next role's column of the probabilities."""
+    roles = claims_module.ROLES
+    return roles[-1:] + roles[:-1]
+
+
+CLAIM_MUTANTS = [
+    Mutant("the sink's Precision claim reads recall",
+           replace_claim("sink_precision_correlation", reads=(claims_module.RECALL,)),
+           (lambda: test_sink_precision_correlation_on_hand_built_results(1.0, "holds"),
+            _simulated_pair("sink_precision_correlation"))),
+    Mutant("small-N separability without the chance correction",
+           replace_claim("small_n_separability", reads=claims_module.METRICS),
+           (test_small_n_drop_on_hand_built_curves, _simulated_pair("small_n_separability"))),
+    Mutant("the large-N return on the excess over chance",
+           replace_claim("large_n_return", reads=claims_module.EXCESS),
+           (lambda: test_large_n_return_on_hand_built_curves(0.2, "holds"), _simulated_pair("large_n_return"))),
+    Mutant("the tightness thresholds swapped (looser holds)",
+           replace_claim("envelope_tightness", thresholds=Thresholds("<=", 0.15, 0.15)),
+           (lambda: test_envelope_tightness_on_hand_built_curves(0.1, "partly"),)),
+    Mutant("the tightness judged against the curve, not the envelope's floor",
+           replace_attribute(claims_module, "upper_envelope_floor", _no_floor),
+           (test_envelope_tightness_is_judged_against_the_floor_and_reported_literally,)),
+    Mutant("the literal small-N reading on the excess over chance",
+           replace_claim("small_n_separability", literal_reads=claims_module.EXCESS),
+           (test_small_n_drop_on_hand_built_curves,)),
+    Mutant("Figure 11's precision and recall statements swapped",
+           lambda patch: (replace_attribute(claims_module, "PRECISION", claims_module.RECALL)(patch),
+                          replace_attribute(claims_module, "RECALL", claims_module.PRECISION)(patch)),
+           (_tradeoff_cases, _simulated_pair("regime_tradeoffs"))),
+    Mutant("Reset and Mixer swapped in Figure 8's order",
+           replace_attribute(claims_module, "DEPTH_ORDER", ("retriever", "mixer", "reset")),
+           (_depth_cases, _simulated_pair("regimes_by_depth"))),
+    Mutant("the depth steps read another role's probability",
+           replace_attribute(claims_module, "ROLES", _roles_shifted()),
+           (_depth_cases,)),
+]
+
+
+@pytest.mark.parametrize("mutant", CLAIM_MUTANTS, ids=lambda mutant: mutant.name.replace(" ", "-"))
+def test_claim_mutants_are_caught(mutant):
+    assert_caught(mutant)
 
 
 @pytest.fixture(scope="module")

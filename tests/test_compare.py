@@ -8,7 +8,7 @@ import pytest
 
 from tests import tiny_models as tm
 from tl_geometry import GeometryError, claims, compare, run_with_geometry_hooks
-from tl_geometry.analysis.claims import SPECS
+from tl_geometry.analysis.claims import CLAIMS
 from tl_geometry.cli import main
 from tl_geometry.results.result import REQUIRED_FIELDS
 
@@ -31,12 +31,12 @@ def test_compare_writes_one_figure_per_claim_and_both_tables(saved, tmp_path):
     index = compare(folder / "a", folder / "b.npz", tmp_path / "out").path
     page = index.read_text()
     assert page.startswith("<!DOCTYPE html>") and page.count("plotly.js v") == 1 and "<script src=" not in page
-    for key in SPECS:
+    for key in CLAIMS:
         assert f'id="compare-{key}"' in page
     assert "not measured" in page  # B lacks the assumptions
     import html as html_module
 
-    for (key, row), spec in zip(claims(a).iterrows(), SPECS.values()):  # the paper's value, ours, the flip
+    for (key, row), spec in zip(claims(a).iterrows(), CLAIMS.values()):  # the paper's value, ours, the flip
         assert html_module.escape(spec.paper_value) in page and html_module.escape(row.flip) in page
         if not np.isnan(row.low):
             assert f"{row.value:.3g} [{row.low:.3g}, {row.high:.3g}]" in page
@@ -100,13 +100,13 @@ def test_compare_without_a_folder_writes_nothing_and_prints_the_verdicts(saved, 
     lines = text.splitlines()
     assert len(lines) <= MAX_LINES and max(map(len, lines)) <= WIDTH, text
     verdicts_a, verdicts_b = claims(a).verdict, claims(b).verdict
-    for key in SPECS:  # one line per claim: A's verdict / B's verdict, as the claims tables give them
+    for key in CLAIMS:  # one line per claim: A's verdict / B's verdict, as the claims tables give them
         assert f"{key}  " in text and f"{verdicts_a[key]} / {verdicts_b[key]}" in text
     same = int((verdicts_a == verdicts_b).sum())
-    assert f"the same on {same} of {len(SPECS)} claims" in text
-    assert comparison._repr_html_().count("<tr>") == len(SPECS) + 4
+    assert f"the same on {same} of {len(CLAIMS)} claims" in text
+    assert comparison._repr_html_().count("<tr>") == len(CLAIMS) + 4
     table = comparison.table()
-    assert list(table.index) == list(SPECS) and list(table[f"verdict {comparison.names[1]}"]) == list(verdicts_b)
+    assert list(table.index) == list(CLAIMS) and list(table[f"verdict {comparison.names[1]}"]) == list(verdicts_b)
     with pytest.raises(TypeError, match="not saved"):
         os.fspath(comparison)
     saved_later = comparison.save(tmp_path / "later")

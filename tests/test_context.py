@@ -209,8 +209,7 @@ class _Toy(Diagnostic):
 
 
 def test_a_field_declared_twice_is_refused_never_overwritten():
-    registry = Registry()
-    registry._loaded = True  # an empty registry: no built-ins
+    registry = Registry(built_in=False)
     registry.register(_Toy())
 
     class Again(Diagnostic):

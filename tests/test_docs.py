@@ -136,3 +136,12 @@ def test_the_claims_numbers_in_the_docs_are_the_recorded_runs():
                 found += 1
     assert all(script.block(name).search(script.PAGES[0].read_text()) for name in script.MODELS)
     assert found >= len(script.MODELS) + 1  # both models on the claims page, SmolLM2 on the concepts page
+
+
+def test_the_claims_table_of_the_docs_is_the_declared_claims():
+    """The claims page's table of statistics and thresholds is what the claims' declarations render."""
+    script = _claims_docs_script()
+    match = script.block(script.DECLARED).search(script.PAGES[0].read_text())
+    assert match, "docs/claims.md has no claims:declared block"
+    assert match.group(2) == script.declared_table(), "the declared claims' table is stale; run " \
+        "PYTHONPATH=. python scripts/claims_docs.py --declared-only"

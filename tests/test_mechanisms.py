@@ -101,6 +101,10 @@ def test_known_mechanisms_and_their_report_section(capsys):
     assert [float(scores[layer, head]) for layer, head in top] == sorted(scores.flatten().tolist(), reverse=True)[:3]
     expected = sum(natural.taxonomy.subtype(layer, head) == "previous-token" for layer, head in natural.top_heads("previous_token"))
     assert natural.matches("previous_token") == expected
+    table = natural.cross_tab("previous_token", k=3)  # the heads as ints and as readers see them, not "16.0"
+    assert [(row["layer"], row["head"]) for row in table] == list(top)
+    assert [row["name"] for row in table] == [f"L{layer}H{head}" for layer, head in top]
+    assert [row["score"] for row in table] == [float(scores[layer, head]) for layer, head in top]
     page = roles_html(natural.taxonomy, checks)
     assert "What kind of head is each one?" in page and "Induction score" in page and "Every head" in page
     assert "natural text, 2 prompts" in page and "repeated twice, 2 prompts" in page

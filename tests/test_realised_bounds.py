@@ -8,9 +8,7 @@ bound the measured row itself. References here are written from those
 definitions (distances computed directly), never with the package's helpers.
 """
 
-import inspect
 import math
-import types
 
 import pytest
 import torch
@@ -18,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests import tiny_models as tm
+from tests.mutants import Mutant, assert_caught, replace_attribute
 from tl_geometry.capture.hooks import run_with_geometry_hooks
 from tl_geometry.theory import bounds as BOUNDS
 from tl_geometry.theory.bounds import envelopes, realised_upper_bounds, selection_margins, upper_envelope_floor
@@ -63,7 +62,7 @@ def test_realised_bounds_match_the_slow_reference_and_are_never_exceeded(seed, k
     grid = list(range(1, keys + 1))
     ref = [slow_row(alpha, values, n) for n in grid]
     swapped = torch.tensor([r["p_bound"] < 1 for r in ref])
-    p_up, r_up = realised_upper_bounds(swapped, torch.tensor(grid), torch.float64)
+    p_up, r_up = BOUNDS.realised_upper_bounds(swapped, torch.tensor(grid), torch.float64)  # as the mutants patch it
     for i, r in enumerate(ref):
         assert float(p_up[i]) == pytest.approx(r["p_bound"], abs=1e-12)
         assert float(r_up[i]) == pytest.approx(r["r_bound"], abs=1e-12)
@@ -104,7 +103,7 @@ def test_in_float32_the_bound_is_never_one_rounding_below_the_metric():
     """One intruder gives P = N / (N + 1) exactly as the metrics compute it: the bound must equal it bit for bit
     (1 - 1/(N+1) in float32 is 1 ulp lower for N = 5, 6, ...; the real model's rows found it)."""
     grid = torch.arange(1, 200)
-    p_up, r_up = realised_upper_bounds(torch.ones(len(grid), dtype=torch.bool), grid, torch.float32)
+    p_up, r_up = BOUNDS.realised_upper_bounds(torch.ones(len(grid), dtype=torch.bool), grid, torch.float32)
     n = grid.to(torch.float32)
     assert bool((n / (n + 1) <= p_up).all()) and bool(((n - 1) / n <= r_up).all())
 
@@ -152,24 +151,31 @@ def test_the_diagnostic_realised_bounds_hold_on_every_row_and_count_the_exceedan
 # --- Mutants: each must be caught by the reference test above ----------------------------------------------------------
 
 
-def _mutant(old: str, new: str) -> types.ModuleType:
-    source = inspect.getsource(BOUNDS)
-    assert source.count(old) == 1, f"the mutation site {old!r} is gone; update the mutant"
-    module = types.ModuleType("bounds_mutant")
-    exec(compile(source.replace(old, new), "bounds_mutant", "exec"), module.__dict__)
-    return module
+def _stand_in(precision, recall):
+    """A realised_upper_bounds with other arithmetic: ``precision(n, hit)`` and ``recall(n, hit)``."""
+    def realised_upper_bounds(swapped, n_grid, dtype=torch.float32):
+        n, hit = n_grid.to(dtype), swapped.to(dtype)
+        return precision(n, hit), recall(n, hit)
+    return replace_attribute(BOUNDS, "realised_upper_bounds", realised_upper_bounds)
 
 
-@pytest.mark.parametrize("old,new", [
-    ("return n / (n + hit), (n - hit) / n", "return n / (n + hit / 2), (n - hit) / n"),  # a looser P bound
-    ("return n / (n + hit), (n - hit) / n", "return n / (n + hit), (n - hit / 2) / n"),  # a looser R bound
-    ("return n / (n + hit), (n - hit) / n", "return (n - hit) / n, (n - hit) / n"),  # too tight: exceeded
-    ("return n / (n + hit), (n - hit) / n", "return 1 - hit / (n + 1), 1 - hit / n"),  # rounds below P in float32
-])
-def test_mutants_of_the_realised_bounds_are_caught(old, new, monkeypatch):
-    mutant = _mutant(old, new)
-    monkeypatch.setattr(__import__(__name__, fromlist=["x"]), "realised_upper_bounds", mutant.realised_upper_bounds)
-    with pytest.raises(AssertionError):
-        test_realised_bounds_match_the_slow_reference_and_are_never_exceeded.hypothesis.inner_test(
-            seed=3, keys=8, d=2, ties=True)
-        test_in_float32_the_bound_is_never_one_rounding_below_the_metric()
+def _matches_the_reference():
+    test_realised_bounds_match_the_slow_reference_and_are_never_exceeded.hypothesis.inner_test(
+        seed=3, keys=8, d=2, ties=True)
+
+
+REALISED_MUTANTS = [
+    Mutant("a looser P bound", _stand_in(lambda n, hit: n / (n + hit / 2), lambda n, hit: (n - hit) / n),
+           (_matches_the_reference,)),
+    Mutant("a looser R bound", _stand_in(lambda n, hit: n / (n + hit), lambda n, hit: (n - hit / 2) / n),
+           (_matches_the_reference,)),
+    Mutant("too tight: exceeded", _stand_in(lambda n, hit: (n - hit) / n, lambda n, hit: (n - hit) / n),
+           (_matches_the_reference,)),
+    Mutant("rounds below P in float32", _stand_in(lambda n, hit: 1 - hit / (n + 1), lambda n, hit: 1 - hit / n),
+           (test_in_float32_the_bound_is_never_one_rounding_below_the_metric,)),
+]
+
+
+@pytest.mark.parametrize("mutant", REALISED_MUTANTS, ids=lambda mutant: mutant.name.replace(" ", "-"))
+def test_mutants_of_the_realised_bounds_are_caught(mutant):
+    assert_caught(mutant)

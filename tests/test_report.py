@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from tests import tiny_models as tm
+from tests.fixtures import inject
 from tl_geometry import GeometryError, GeometryResult, run_with_geometry_hooks
 from tl_geometry.report import html as report
 from tl_geometry.results.result import REQUIRED_FIELDS
@@ -150,7 +151,7 @@ def test_a_figure_that_fails_to_render_is_named(result, tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("renderer crashed")
 
-    monkeypatch.setattr(report, "_browser_for_png", lambda: "chromium")
+    inject(monkeypatch, "browser_for_png", lambda: "chromium")
     monkeypatch.setattr(plotly.io, "write_images", broken)  # the batch fails: each figure alone says which
     monkeypatch.setattr(report.go.Figure, "write_image", broken)
     first = report.render_figures(result).figures[0][0].key

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tl_geometry import GeometryConfig, GeometryResult, claims
-import tl_geometry.analysis.claims as claims_module
-from tl_geometry.analysis.claims import THRESHOLDS, verdict
+from tl_geometry.analysis import claims as claims_module
+from tl_geometry.analysis.claims import CLAIMS, verdict
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.results.result import REQUIRED_FIELDS
@@ -30,17 +30,17 @@ def reached(direction, value, threshold):
 
 
 @settings(max_examples=200, deadline=None)
-@given(key=st.sampled_from(sorted(THRESHOLDS)), value=values, other=values)
+@given(key=st.sampled_from(sorted(CLAIMS)), value=values, other=values)
 def test_a_better_value_never_gets_a_worse_verdict(key, value, other):
-    t = THRESHOLDS[key]
+    t = CLAIMS[key].thresholds
     better, worse = (max(value, other), min(value, other)) if t.direction == ">=" else (min(value, other), max(value, other))
     assert RANK[verdict(better, t)] >= RANK[verdict(worse, t)]
 
 
 @settings(max_examples=200, deadline=None)
-@given(key=st.sampled_from(sorted(THRESHOLDS)), value=values, a=values, b=values)
+@given(key=st.sampled_from(sorted(CLAIMS)), value=values, a=values, b=values)
 def test_verdict_follows_the_stated_rule(key, value, a, b):
-    t = THRESHOLDS[key]
+    t = CLAIMS[key].thresholds
     low, high = min(a, b), max(a, b)
     got = verdict(value, t, low, high)
     if reached(t.direction, value, t.holds):
@@ -63,10 +63,11 @@ def one_document_result(fields):
 
 @pytest.fixture(scope="module", autouse=True)
 def _any_sample_resolves():
-    """One-document results: the sample-size rule (MIN_DOCUMENTS) set aside, as in tests/test_claims.py
-    (tests/test_claim_sample.py checks it)."""
+    """One-document results: the sample-size rule (each claim's min_documents) set aside, as in
+    tests/test_claims.py (tests/test_claim_sample.py checks it)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(claims_module, "MIN_DOCUMENTS", dict.fromkeys(claims_module.MIN_DOCUMENTS, 1))
+        for key, declared in CLAIMS.items():
+            patch.setitem(CLAIMS, key, declared.replace(min_documents=1))
         yield
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tests.fixtures import inject
 from tl_geometry import cli, models
 from tl_geometry.errors import GeometryError
 
@@ -65,7 +66,7 @@ def test_command_lines(monkeypatch, capsys, args):
         raise GeometryError(LOADED)
 
     monkeypatch.setattr(models, "load_model", stand_in)
-    monkeypatch.setattr(cli, "_analyse", lambda a: models.load_model())  # the default text is not needed here
+    inject(monkeypatch, "cli_analyse", lambda a: models.load_model())  # the default text is not needed here
     cwd = os.getcwd()
     os.chdir(_ROOT)
     try:

@@ -19,28 +19,18 @@ Verdict rule (the same for every claim):
   but its interval crosses it;
 - ``"does not hold"``: otherwise;
 - ``"too few documents"``, in place of the three above: the result has fewer
-  documents than ``MIN_DOCUMENTS`` asks for the claim (below it the claim's
+  documents than the claim's ``min_documents`` (below it the claim's
   interval covered the truth in under 90 % of simulated studies), or the
   statistic lies outside its own interval (the bootstrap is too biased there
   to resolve the verdict). ``flip`` names how many documents would do.
 
 ``flip`` says in one line what change would change the verdict.
 
-The claims, their statistic and thresholds (``THRESHOLDS`` holds them):
-
-| claim | statistic | direction | holds | partly |
-|---|---|---|---|---|
-| Assumption 1, stable norms | share of heads whose non-sink CV is <= 0.05 (of the expected norm by position over sequences, as Figure 2 plots it, the documents' noise taken out; within each sequence beside it; without that curve, the expected share within sequences) | >= | 0.8 | 0.5 |
-| Assumption 1, sink | interquartile mean over heads of lambda (sink value norm over the median non-sink norm) | <= | 0.5 | 0.9 |
-| Assumption 2 | mean over heads of the MAE of the exponential cosine fit | <= | 0.10 | 0.20 |
-| Assumption 3 | expected share of heads with the phase profile (below) | >= | 0.5 | 0.2 |
-| Figure 5, small N | smaller of the drops of the mean excess of P and of R over chance, small to mid N | >= | 0.05 | 0.01 |
-| Figure 5, large N | smaller of the rises of the mean P and R curves, mid to large N | >= | 0.05 | 0.01 |
-| Figure 5, envelopes | largest gap of the mean upper envelope over the larger of the mean curve and the envelope's floor, where the paper calls it tight | <= | 0.05 | 0.15 |
-| Figure 6, Recall | Pearson corr(R(r_min, N), rho_0) over heads at N = 3, disattenuated | >= | 0.3 | 0.1 |
-| Section 4.1, Precision | Pearson corr(P(r_max, N), rho_0) over heads at N = 3, disattenuated | >= | 0.3 | 0.1 |
-| Section 4.2 | smaller of the steps Reset - Retriever and Mixer - Reset of the roles' mean depths (heads weighted by their role probability) | >= | 0.1 | 0 |
-| Figure 11 | smallest margin by which the probability-weighted role curves meet the statements of ``TRADEOFFS`` | >= | 0.02 | 0 |
+Each claim is one declared object (`PaperClaim`: its words, the paper's
+reference, statistic function, thresholds, interval, run option, minimum
+documents and documentation row), registered in ``CLAIMS`` in the paper's
+order; ``docs/claims.md`` shows their statistics and thresholds as a table
+written from the registry (``scripts/claims_docs.py``).
 
 Details. Assumption 3: a head shows the four-phase profile when its fitted
 ``p_sink`` is at least 100 times its ``p_base`` (the sink "two orders of
@@ -98,12 +88,12 @@ middle values (as ``torch.median``); they are reported beside the statistics.
 Intervals (level 0.95) come from the same statistic on each bootstrap
 replicate's per-head means, when every field the statistic reads kept
 replicates (``GeometryConfig.bootstrap_fields``; otherwise the ``interval``
-column says which fields lack them), read by the method of
-``INTERVAL_METHOD`` (`tl_geometry.analysis.intervals`: percentile,
-bias-corrected, basic, shifted or normal), at Hesterberg's expanded level
-for the number of documents or at the plain level (``NOT_EXPANDED``), and
-for the two claims no method covered at 95 % at a higher level calibrated
-on simulated studies (``CALIBRATED_LEVEL``). Each claim's method and level
+column says which fields lack them), read as the claim's ``interval``
+declares (`IntervalChoice`): its method (`tl_geometry.analysis.intervals`:
+percentile, bias-corrected, basic, shifted or normal), at Hesterberg's
+expanded level for the number of documents or at the plain level, and for
+the two claims no method covered at 95 % at a higher level calibrated on
+simulated studies. Each claim's method and level
 were chosen on one simulated population at 16 documents and are validated
 on populations drawn with other seeds and parameters, at 8, 16 and 32
 documents (``benchmarks/bench_coverage.py``, ``tests/test_claim_coverage.py``).
@@ -114,12 +104,14 @@ the uncorrected value moved to the value, in a bootstrap world as noisy as
 the real one (`shrunk_replicates`). The role claims'
 values weight heads by their role probabilities, the shares of the
 replicates that give each role; their replicates' statistics use each
-replicate's own roles.
+replicate's own roles: the result's taxonomy (`taxonomy_from_result`), or
+the roles given to `claims` (``roles=``, a `HeadTaxonomy` or `RoleWeights`).
 """
 
 import dataclasses
 import functools
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -128,6 +120,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from tl_geometry.analysis.claim_registry import LEVEL, ClaimRegistry, IntervalChoice, PaperClaim, Thresholds
 from tl_geometry.analysis.correlation import (
     Disattenuated,
     disattenuated_correlation,
@@ -139,7 +132,7 @@ from tl_geometry.analysis.correlation import (
 from tl_geometry.analysis.envelopes import upper_envelope_facts
 from tl_geometry.analysis.intervals import METHODS, expanded_level
 from tl_geometry.analysis.summaries import mean_over_heads
-from tl_geometry.analysis.taxonomy import ROLES, replicate_roles, taxonomy_from_result
+from tl_geometry.analysis.taxonomy import ROLES, HeadTaxonomy, replicate_roles, taxonomy_from_result
 from tl_geometry.diagnostics.assumptions import (
     DECAY_MAE,
     PROFILE_HAS_OSCILLATION,
@@ -166,9 +159,6 @@ from tl_geometry.theory.bounds import upper_envelope_floor
 Verdict = Literal["holds", "partly", "does not hold", "too few documents", "not measured"]
 VERDICTS: tuple[str, ...] = get_args(Verdict)
 """The five verdicts, best first ("too few documents": the bootstrap cannot resolve it on this sample)."""
-Direction = Literal[">=", "<="]
-
-LEVEL = 0.95  # coverage of the intervals
 CV_STABLE = 0.05  # "only a small fraction exceeding 0.05" (section 3.1)
 SINK_RATIO = 100.0  # "two orders of magnitude larger than content tokens" (section 3.3)
 PHASE_SHARE = 0.5  # a phase counts as present in a head when most documents' fits have it
@@ -182,112 +172,38 @@ CORR_SMALL_N = (2, 8)  # "peaking around N = 3": where the largest correlation i
 CORR_N = 3  # the claim's N, fixed before looking: the paper's peak ("around N = 3")
 CORR_N_LATER = 6  # the paper's LLaMA figure ("about 0.25 by N = 6"), reported beside
 INSIDE_TOLERANCE = 1e-6
-# Each claim's interval: its method, whether its level is expanded for the number of documents, and (where no
-# method covered at 95 %) the calibrated level. Chosen on one simulated population at 16 documents by a rule fixed
-# before the run (the coverage closest to 95 %) and validated on populations drawn differently, at 8, 16 and 32
-# documents (benchmarks/bench_coverage.py; docs/claims.md, "Intervals").
-INTERVAL_METHOD = {
-    "stable_norms": "bias-corrected",
-    "stable_norms_within": "basic",
-    "compressed_sink": "normal",
-    "exponential_decay": "basic",
-    "four_phase_profile": "percentile",
-    "small_n_separability": "bias-corrected",
-    "large_n_return": "percentile",
-    "envelope_tightness": "shifted",
-    "sink_recall_correlation": "basic",
-    "sink_precision_correlation": "percentile",
-    "regimes_by_depth": "basic",
-    "regime_tradeoffs": "shifted",
-}
-NOT_EXPANDED = frozenset({"exponential_decay", "four_phase_profile", "large_n_return", "sink_recall_correlation",
-                          "regimes_by_depth"})  # their plain level covered nearest 95 %
-WITHIN_KEY = "stable_norms_within"  # the interval of stable norms read within sequences (its literal reading)
-# Per claim whose intervals covered under 93 % with every method at the nominal level on the tuning population:
-# the level its quantiles are read at instead (calibrated there: the coverage closest to 95 %).
-CALIBRATED_LEVEL = {"stable_norms_within": 0.99, "envelope_tightness": 0.99}
-# Per claim whose interval covered under 90 % at 16 or 32 documents on some population it was not chosen on, by
-# more than the cell's binomial noise (coverage + 2 SE < 0.90; benchmarks/bench_coverage.py `uncertain`): the
-# lowest and highest of those held-out coverages. Its interval says it is uncertain.
-UNCERTAIN_INTERVAL = {"stable_norms": (0.40, 0.97), "four_phase_profile": (0.0, 0.88), "regimes_by_depth": (0.29, 0.98)}
-
-# Per claim: the documents below which the bootstrap cannot resolve the verdict: the smallest count of the ladder
-# 2, 4, 8, 16, 32 from which on the claim's interval covered the truth in at least 90 % of 30 simulated studies,
-# on a population that nothing else reports on (benchmarks/bench_min_documents.py; docs/claims.md has the table).
-# LADDER_END * 2 where no count of the ladder reached it: more than 32, untested beyond.
+# Each claim's interval (its ``interval``, an IntervalChoice): its method, whether its level is expanded for the
+# number of documents, and (where no method covered at 95 %) the calibrated level. Chosen on one simulated population
+# at 16 documents by a rule fixed before the run (the coverage closest to 95 %) and validated on populations drawn
+# differently, at 8, 16 and 32 documents (benchmarks/bench_coverage.py; docs/claims.md, "Intervals"). Where it
+# covered under 90 % at 16 or 32 documents on some population it was not chosen on, by more than the cell's binomial
+# noise (coverage + 2 SE < 0.90: benchmarks/bench_coverage.py `uncertain`), ``uncertain`` holds the lowest and
+# highest of those held-out coverages, and the interval says it is uncertain.
+#
+# Each claim's ``min_documents``: the documents below which the bootstrap cannot resolve the verdict: the smallest
+# count of the ladder 2, 4, 8, 16, 32 from which on the claim's interval covered the truth in at least 90 % of 30
+# simulated studies, on a population that nothing else reports on (benchmarks/bench_min_documents.py;
+# docs/claims.md has the table). LADDER_END * 2 where no count of the ladder reached it: more than 32, untested beyond.
 LADDER_END = 32
-MIN_DOCUMENTS = {
-    "stable_norms": 4,
-    "compressed_sink": 4,
-    "exponential_decay": 16,  # 0.87 at 4, 0.83 at 8
-    "four_phase_profile": 4,
-    "small_n_separability": 2 * LADDER_END,  # 0.93 at 16, 0.87 at 32
-    "large_n_return": 32,  # 0.90 at 4 and 8, 0.83 at 16
-    "envelope_tightness": 8,
-    "sink_recall_correlation": 16,
-    "sink_precision_correlation": 8,
-    "regimes_by_depth": 2 * LADDER_END,  # 0.77 at 16, 0.83 at 32
-    "regime_tradeoffs": 2,
-}
-# The literal reading's own count where its statistic is not the verdict's (stable norms within sequences).
-LITERAL_MIN_DOCUMENTS = {"stable_norms": 16}
 TOO_FEW = "too few documents"
 
 ASSUMPTIONS = 'diagnostics=["assumptions"]'
-OPTIONS = {
-    "assumptions": ASSUMPTIONS + " (command line: --diagnostics assumptions)",
-    "taxonomy": 'diagnostics=["taxonomy"] (command line: --diagnostics taxonomy)',
-    "bounds": 'diagnostics=["bounds"] with distance="euclidean" (command line: --diagnostics bounds)',
-    "mid_n": "an N grid with points between 8 and a quarter of its largest N, e.g. the default grid on "
-    "windows of at least 64 tokens",
-    "corr_n": "an N grid with N = 3 (the default grid has it)",
-    "chance": 'diagnostics=["chance"] (command line: --diagnostics chance)',
-}
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """When a claim's statistic holds (``holds``) or partly holds (``partly``), compared with ``direction``."""
-
-    direction: str
-    holds: float
-    partly: float
-
-    def __post_init__(self) -> None:
-        if self.direction not in get_args(Direction):
-            raise GeometryError(f"Thresholds.direction: expected one of {get_args(Direction)}, got {self.direction!r}")
-        if not (self.holds >= self.partly if self.direction == ">=" else self.holds <= self.partly):
-            raise GeometryError(
-                f"Thresholds: 'holds' ({self.holds}) must be at least as strict as 'partly' ({self.partly}) "
-                f"for direction {self.direction!r}"
-            )
-
-    def reaches(self, value: float, threshold: float) -> bool:
-        return value >= threshold if self.direction == ">=" else value <= threshold
-
-
-THRESHOLDS: dict[str, Thresholds] = {
-    "stable_norms": Thresholds(">=", 0.8, 0.5),
-    "compressed_sink": Thresholds("<=", 0.5, 0.9),
-    "exponential_decay": Thresholds("<=", 0.10, 0.20),
-    "four_phase_profile": Thresholds(">=", 0.5, 0.2),
-    "small_n_separability": Thresholds(">=", 0.05, 0.01),
-    "large_n_return": Thresholds(">=", 0.05, 0.01),
-    "envelope_tightness": Thresholds("<=", 0.05, 0.15),
-    "sink_recall_correlation": Thresholds(">=", 0.3, 0.1),
-    "sink_precision_correlation": Thresholds(">=", 0.3, 0.1),
-    "regimes_by_depth": Thresholds(">=", 0.1, 0.0),
-    "regime_tradeoffs": Thresholds(">=", 0.02, 0.0),
-}
+ASSUMPTIONS_OPTION = ASSUMPTIONS + " (command line: --diagnostics assumptions)"
+TAXONOMY_OPTION = 'diagnostics=["taxonomy"] (command line: --diagnostics taxonomy)'
+BOUNDS_OPTION = 'diagnostics=["bounds"] with distance="euclidean" (command line: --diagnostics bounds)'
+CHANCE_OPTION = 'diagnostics=["chance"] (command line: --diagnostics chance)'
+MID_N_OPTION = ("an N grid with points between 8 and a quarter of its largest N, e.g. the default grid on windows of "
+                "at least 64 tokens")
+CORR_N_OPTION = "an N grid with N = 3 (the default grid has it)"
 
 
 def what_would_change(value: float, thresholds: Thresholds, verdict_: str, low: float = math.nan,
                       high: float = math.nan) -> str:
     """One line: the nearest change of the statistic (or its interval) that would change ``verdict_``.
 
-    >>> what_would_change(0.9, THRESHOLDS["stable_norms"], "holds", 0.85, 0.95)
+    >>> what_would_change(0.9, Thresholds(">=", 0.8, 0.5), "holds", 0.85, 0.95)
     "'partly' if the value or its interval's lower end fell below 0.8"
-    >>> what_would_change(0.3, THRESHOLDS["stable_norms"], "does not hold")
+    >>> what_would_change(0.3, Thresholds(">=", 0.8, 0.5), "does not hold")
     "'partly' at >= 0.5 (now 0.3)"
     """
     t = thresholds
@@ -312,9 +228,10 @@ def verdict(
 ) -> str:
     """The verdict of one claim by the module's rule (NaN value: ``"not measured"``).
 
-    >>> verdict(0.9, THRESHOLDS["stable_norms"]), verdict(0.9, THRESHOLDS["stable_norms"], 0.7, 0.95)
+    >>> holds_at_08 = CLAIMS["stable_norms"].thresholds  # >= 0.8 holds, >= 0.5 partly
+    >>> verdict(0.9, holds_at_08), verdict(0.9, holds_at_08, 0.7, 0.95)
     ('holds', 'partly')
-    >>> verdict(0.3, THRESHOLDS["stable_norms"]), verdict(math.nan, THRESHOLDS["stable_norms"])
+    >>> verdict(0.3, holds_at_08), verdict(math.nan, holds_at_08)
     ('does not hold', 'not measured')
     """
     if math.isnan(value):
@@ -332,7 +249,7 @@ class Claim:
     """One claim of the paper checked on a result (a row of `claims`).
 
     Attributes:
-        key: a short identifier (a key of ``THRESHOLDS``).
+        key: the claim's key in ``CLAIMS`` (its `PaperClaim`).
         claim: the claim in words.
         paper_ref: where the paper makes it (figure, section).
         paper_value: what the paper reports.
@@ -376,69 +293,19 @@ class Claim:
     literal_verdict: str = ""
 
 
-@dataclass(frozen=True)
-class _Spec:
-    key: str
-    claim: str
-    paper_ref: str
-    paper_value: str
-    statistic: str
-
-
-SPECS: dict[str, _Spec] = {s.key: s for s in (
-    _Spec("stable_norms", "Assumption 1: non-sink value norms are stable", "Figure 2 (right), section 3.1",
-          "CV of the non-sink norms mostly 0.02-0.03, few heads above 0.05",
-          "share of heads with CV <= 0.05 (of the by-position curve; else the expected share within sequences)"),
-    _Spec("compressed_sink", "Assumption 1: the sink's value is compressed", "Figure 2 (left), Assumption 1",
-          "lambda = ||v_0|| / C << 1", "interquartile mean of lambda over heads"),
-    _Spec("exponential_decay", "Assumption 2: cosine similarity decays exponentially with lag",
-          "Figure 3, section 3.2", "MAE of the fit about 0.09 on average (most heads 0.05-0.10)",
-          "mean MAE over heads"),
-    _Spec("four_phase_profile", "Assumption 3: four-phase attention profile (sink, plateau, oscillation, recency)",
-          "Figure 4, section 3.3", "a consistent four-phase structure, sink two orders of magnitude above content",
-          "expected share of heads with the sink, plateau and recency phases (oscillation optional)"),
-    _Spec("small_n_separability", "Separability is strongest at small N and weakest at intermediate N",
-          "Figure 5, section 4", "P and R highest for N in [1, 4], lower in the mid-range (tens)",
-          "min over P, R of (mean excess over chance at 2 <= N <= 4) - (at mid N)"),
-    _Spec("large_n_return", "Both metrics return towards 1 at large N (the U-shape)", "Figure 5, section 4",
-          "\"for very large N both metrics return to 1 trivially as almost all tokens are selected\"",
-          "min over P, R of (mean curve at large N) - (at mid N)"),
-    _Spec("envelope_tightness", "The upper envelopes are tight (small and large N; close to Recall throughout)",
-          "Figure 5, Theorems 1-2", "upper bounds tight at small and large N, close to Recall at moderate N; lower "
-          "bounds conservative", "largest mean gap of the upper envelope above the larger of the measured mean curve and the envelope's floor"),
-    _Spec("sink_recall_correlation", "corr(R(r_min, N), rho_0) is positive and peaks at small N",
-          "Figure 6, section 4.1", "peaks near N = 3 at about 0.6 (Gemma, Mistral); LLaMA about 0.25 by N = 6",
-          "Pearson correlation over heads at N = 3, disattenuated for the documents' noise"),
-    _Spec("sink_precision_correlation", "The sink improves Precision when its direction aligns with the other "
-          "values", "Figure 6 text, section 4.1", "\"improving Precision when its direction aligns with other "
-          "embeddings\" (no number given)", "Pearson corr(P(r_max, N), rho_0) over heads at N = 3, disattenuated"),
-    _Spec("regimes_by_depth", "Retriever -> Reset -> Mixer across depth", "Figure 8, section 4.2",
-          "Retrievers in the first layers, Reset heads early, Mixers from the lower-middle layers on",
-          "smaller step of the probability-weighted mean depths Retriever -> Reset -> Mixer (0 first layer, 1 last)"),
-    _Spec("regime_tradeoffs", "Head regimes show complementary precision-recall trade-offs", "Figure 11, A.4",
-          "Retriever higher Recall at large N but lower Precision; Reset U-shaped (both improve at large N)",
-          "smallest margin of Figure 11's three statements on the probability-weighted role curves"),
-)}  # fmt: skip
-
-
-def _rule(key: str) -> str:
-    t = THRESHOLDS[key]
-    return f"holds if {t.direction} {t.holds:g}, partly if {t.direction} {t.partly:g}"
-
-
 def _missing(result: GeometryResult, fields: Sequence[FieldName]) -> list[str]:
     return [name for name in map(field_name, fields) if name not in result.fields]
 
 
 def _interval(
-    key: str, result: GeometryResult, names: Sequence[FieldName],
+    choice: IntervalChoice, result: GeometryResult, names: Sequence[FieldName],
     statistic: Callable[[Mapping[FieldName, Tensor]], Tensor] | Tensor,
     value: float,
     limits: tuple[float, float] = (-math.inf, math.inf),
     pivot: float | None = None,
     units: int | None = None,
 ) -> tuple[float, float, str]:
-    """The claim's interval (``INTERVAL_METHOD``) of ``statistic`` (``value`` on the result) over the bootstrap
+    """The interval read as ``choice`` declares of ``statistic`` (``value`` on the result) over the bootstrap
     replicates of ``names`` (NaN without them), within the statistic's ``limits`` (a basic interval, reflected
     about the value, can reach past them). ``statistic`` maps the fields' replicates (a leading replicate axis)
     to its value on each replicate ``[replicate]``, or is those values already computed.
@@ -460,9 +327,9 @@ def _interval(
     else:
         values = statistic({name: result.replicates(name) for name in names}).double()
     n = len(values)
-    method = INTERVAL_METHOD[key]
-    expand = key not in NOT_EXPANDED
-    nominal = CALIBRATED_LEVEL.get(key, LEVEL)
+    method = choice.method
+    expand = choice.expanded
+    nominal = choice.level
     level = expanded_level(nominal, units or result.n_documents) if expand else nominal  # few units: too narrow
     scale = ""
     if pivot is None:
@@ -477,8 +344,8 @@ def _interval(
     if nominal != LEVEL:
         expanded = f"calibrated: read at {nominal:.1%}, {expanded}"
     text = f"{LEVEL:.0%} {method} bootstrap interval over documents{scale} ({n} replicates; {expanded})"
-    if key in UNCERTAIN_INTERVAL:
-        worst, best = UNCERTAIN_INTERVAL[key]
+    if choice.uncertain is not None:
+        worst, best = choice.uncertain
         text += (f"; uncertain: on simulated populations it was not chosen on it covered the truth in {worst:.0%} to "
                  f"{best:.0%} of studies of 16-32 documents (nominal {LEVEL:.0%})")
     return low, high, text
@@ -488,30 +355,30 @@ def _fmt(x: float, digits: int = 3) -> str:
     return "nan" if math.isnan(x) else f"{x:.{digits}g}"
 
 
-def _not_measured(key: str, option: str, why: str) -> Claim:
-    spec = SPECS[key]
+def _not_measured(declared: PaperClaim, option: str, why: str) -> Claim:
+    d = declared
     return Claim(
-        key, spec.claim, spec.paper_ref, spec.paper_value, spec.statistic, math.nan, math.nan, math.nan,
-        "none", why, "not measured", _rule(key), f"measuring it: {option}", option,
+        d.key, d.claim, d.paper_ref, d.paper_value, d.statistic, math.nan, math.nan, math.nan,
+        "none", why, "not measured", d.rule, f"measuring it: {option}", option,
     )
 
 
-def _claim(key: str, value: float, interval: tuple[float, float, str], measured: str,
+def _claim(declared: PaperClaim, value: float, interval: tuple[float, float, str], measured: str,
            evidence: Mapping[str, tuple[Tensor, Tensor]]) -> Claim:
-    spec = SPECS[key]
+    d = declared
     low, high, text = interval
-    found = verdict(value, THRESHOLDS[key], low, high)
+    found = verdict(value, d.thresholds, low, high)
     return Claim(
-        key, spec.claim, spec.paper_ref, spec.paper_value, spec.statistic, value, low, high, text, measured,
-        found, _rule(key), what_would_change(value, THRESHOLDS[key], found, low, high), "", evidence,
+        d.key, d.claim, d.paper_ref, d.paper_value, d.statistic, value, low, high, text, measured,
+        found, d.rule, what_would_change(value, d.thresholds, found, low, high), "", evidence,
     )
 
 
-def _with_literal(claim: Claim, literal: str, value: float,
+def _with_literal(declared: PaperClaim, claim: Claim, literal: str, value: float,
                   interval: tuple[float, float, str] = (math.nan, math.nan, "")) -> Claim:
     """The claim with the other reading beside it, judged by the same thresholds and rule."""
     low, high, _ = interval
-    found = verdict(value, THRESHOLDS[claim.key], low, high)
+    found = verdict(value, declared.thresholds, low, high)
     return dataclasses.replace(claim, literal=literal, literal_value=value, literal_low=low, literal_high=high,
                                literal_verdict=found)
 
@@ -619,7 +486,7 @@ def _curve_shares(result: GeometryResult) -> tuple[float, Tensor]:
     return value, _shares_stable(_pairwise_curve_cv(totals, counts, weights.T))
 
 
-def _stable_norms(result: GeometryResult) -> Claim:
+def _stable_norms(declared: PaperClaim, result: GeometryResult) -> Claim:
     """Figure 2 plots the norm averaged over sequences by position: the CV of that curve's expectation is the
     verdict's reading when the result has the documents' curves; the CV within each sequence (then averaged) is
     reported beside it. The averaged curve of a few documents carries their noise, which on real runs is most of
@@ -630,7 +497,7 @@ def _stable_norms(result: GeometryResult) -> Claim:
     of noisy CVs past a threshold is a step function, whose bootstrap interval does not cover (0.995 on simulated
     studies)."""
     if _missing(result, [VALUE_NORM_CV]):
-        return _not_measured("stable_norms", OPTIONS["assumptions"], "the result has no value_norm_cv")
+        return _not_measured(declared, declared.option, "the result has no value_norm_cv")
     within = result.per_head(VALUE_NORM_CV)
     se = result.sem(VALUE_NORM_CV)
     share_within = _share_stable(within)
@@ -638,11 +505,11 @@ def _stable_norms(result: GeometryResult) -> Claim:
     within_text = (f"within each sequence: {share_within:.0%} of heads have CV <= {CV_STABLE} (expected share "
                    f"{_fmt(expected_within)}, each head counted by the probability that its CV is <= {CV_STABLE} "
                    f"given its standard error over documents; median CV {_fmt(float(within.nanmedian()))})")
-    within_interval = _interval(WITHIN_KEY, result, [VALUE_NORM_CV],
+    within_interval = _interval(declared.literal_interval, result, [VALUE_NORM_CV],
                                 lambda f: _expected_share_stable(f[VALUE_NORM_CV], se), expected_within)
     if VALUE_NORM_BY_POSITION.name not in result.fields:
         measured = within_text + " (the verdict's reading, the expected share: this result has no norm-by-position curve)"
-        return _claim("stable_norms", expected_within, within_interval, measured,
+        return _claim(declared, expected_within, within_interval, measured,
                       {VALUE_NORM_CV.name: _per_head_values(within)})
     plain = _curve_cv(result.per_head(VALUE_NORM_BY_POSITION))
     stats = result.stats[VALUE_NORM_BY_POSITION.name]
@@ -651,7 +518,7 @@ def _stable_norms(result: GeometryResult) -> Claim:
         value, replicates = _curve_shares(result)
         across = _pairwise_curve_cv(*groups[:2], torch.ones(1, len(groups[0]), dtype=torch.float64))[0]
         # the bootstrap resamples groups past GROWING_ROWS documents: the interval's level is for their number
-        interval = _interval("stable_norms", result, [VALUE_NORM_BY_POSITION], replicates, value, (0.0, 1.0),
+        interval = _interval(declared.interval, result, [VALUE_NORM_BY_POSITION], replicates, value, (0.0, 1.0),
                              units=stats.n_units)
         pairs = (f"pairs of documents in different groups, of {stats.n_units} groups" if stats.is_grouped
                  else "pairs of different documents")
@@ -674,8 +541,8 @@ def _stable_norms(result: GeometryResult) -> Claim:
                    "the CV")
     measured = (f"Figure 2's reading, the expected norm by position over the sequences (the verdict's): {reading}; "
                 + within_text)
-    found = _claim("stable_norms", value, interval, measured, {VALUE_NORM_CV.name: _per_head_values(across)})
-    return _with_literal(found, "by sequence: the expected share of heads whose CV within each sequence is "
+    found = _claim(declared, value, interval, measured, {VALUE_NORM_CV.name: _per_head_values(across)})
+    return _with_literal(declared, found, "by sequence: the expected share of heads whose CV within each sequence is "
                          f"<= {CV_STABLE} (the verdict reads Figure 2's curve, averaged over sequences)",
                          expected_within, within_interval)
 
@@ -691,18 +558,18 @@ def _interquartile_mean(lam: Tensor) -> Tensor:
     return torch.where(middle, ordered, 0.0).sum(-1) / middle.sum(-1)
 
 
-def _compressed_sink(result: GeometryResult) -> Claim:
+def _compressed_sink(declared: PaperClaim, result: GeometryResult) -> Claim:
     if _missing(result, [SINK_NORM_RATIO]):
-        return _not_measured("compressed_sink", OPTIONS["assumptions"], "the result has no sink_norm_ratio")
+        return _not_measured(declared, declared.option, "the result has no sink_norm_ratio")
     ratio = result.per_head(SINK_NORM_RATIO)
     value = float(_interquartile_mean(ratio))
     defined = ratio[~ratio.isnan()]
     below = float((defined < 1).double().mean())
     measured = (f"interquartile mean of lambda {_fmt(value)}; median {_fmt(float(defined.median()))}; {below:.0%} "
                 "of heads have lambda < 1")
-    interval = _interval("compressed_sink", result, [SINK_NORM_RATIO],
+    interval = _interval(declared.interval, result, [SINK_NORM_RATIO],
                          lambda f: _interquartile_mean(f[SINK_NORM_RATIO]), value)
-    return _claim("compressed_sink", value, interval, measured,
+    return _claim(declared, value, interval, measured,
                   {SINK_NORM_RATIO.name: _per_head_values(ratio)})
 
 
@@ -711,16 +578,16 @@ def _mean_mae(mae: Tensor) -> Tensor:
     return torch.nanmean(mae.double().flatten(-2), -1)
 
 
-def _exponential_decay(result: GeometryResult) -> Claim:
+def _exponential_decay(declared: PaperClaim, result: GeometryResult) -> Claim:
     if _missing(result, [DECAY_MAE]):
-        return _not_measured("exponential_decay", OPTIONS["assumptions"], "the result has no decay_mae")
+        return _not_measured(declared, declared.option, "the result has no decay_mae")
     mae = result.per_head(DECAY_MAE)
     value = float(_mean_mae(mae))
     flat = mae[~mae.isnan()]
     within = float(((flat >= 0.05) & (flat <= 0.10)).double().mean()) if len(flat) else math.nan
     measured = f"mean MAE {_fmt(value)}; median {_fmt(float(mae.nanmedian()))}; {within:.0%} of heads in 0.05-0.10"
-    interval = _interval("exponential_decay", result, [DECAY_MAE], lambda f: _mean_mae(f[DECAY_MAE]), value)
-    return _claim("exponential_decay", value, interval, measured,
+    interval = _interval(declared.interval, result, [DECAY_MAE], lambda f: _mean_mae(f[DECAY_MAE]), value)
+    return _claim(declared, value, interval, measured,
                   {DECAY_MAE.name: _per_head_values(mae)})
 
 
@@ -760,9 +627,9 @@ def _expected_share_four_phase(f: Mapping[FieldSpec, Tensor], se: Mapping[FieldS
     return torch.nanmean(p.masked_fill(margin.isnan(), math.nan).flatten(-2), -1)
 
 
-def _four_phase_profile(result: GeometryResult) -> Claim:
+def _four_phase_profile(declared: PaperClaim, result: GeometryResult) -> Claim:
     if _missing(result, PROFILE_FIELDS):
-        return _not_measured("four_phase_profile", OPTIONS["assumptions"], "the result has no attention-profile fit")
+        return _not_measured(declared, declared.option, "the result has no attention-profile fit")
     fit = result.profile_fit
     f = {name: result.per_head(name) for name in PROFILE_FIELDS}
     hard = _share_four_phase(f)
@@ -782,12 +649,12 @@ def _four_phase_profile(result: GeometryResult) -> Claim:
                 f"{_fmt(value)}, each head counted by the probability of the three given their standard errors over "
                 f"documents, the verdict's); {all_four} show all four (sink >= 100 x plateau: "
                 f"{share(fit.p_sink >= SINK_RATIO * fit.p_base)}; {shares})")
-    interval = _interval("four_phase_profile", result, FOUR_PHASE_FIELDS,
+    interval = _interval(declared.interval, result, FOUR_PHASE_FIELDS,
                          lambda g: _expected_share_four_phase(g, se), value)
-    found = _claim("four_phase_profile", value, interval, measured, {"four_phase": _per_head_values(_four_phase(f))})
+    found = _claim(declared, value, interval, measured, {"four_phase": _per_head_values(_four_phase(f))})
     with_oscillation = (shows == 1) & (fit.has_oscillation >= PHASE_SHARE)
     literal = float(with_oscillation[fitted].double().mean()) if bool(fitted.any()) else math.nan
-    return _with_literal(found, "all four phases (the oscillation required, as the claim names four): the share of "
+    return _with_literal(declared, found, "all four phases (the oscillation required, as the claim names four): the share of "
                          "heads with the sink, plateau, oscillation and recency (no interval)", literal)
 
 
@@ -829,19 +696,20 @@ def _returns(f: Mapping[FieldSpec, Tensor], grid: Tensor, names: Sequence[FieldS
     return {name: _difference(_mean_curve(f[name]), _large(grid), mid) for name in names}
 
 
-def _large_n_return(result: GeometryResult) -> Claim:
+def _large_n_return(declared: PaperClaim, result: GeometryResult) -> Claim:
     """Judged on the raw metrics, which the paper says "return to 1 trivially"; the excess over chance beside."""
     grid = result.n_grid
     _, mid = _ranges(grid)
     large = _large(grid)
     if not bool(mid.any()) or not bool(large.any()):
-        return _not_measured("large_n_return", OPTIONS["mid_n"], f"the grid {grid.tolist()} has no mid N or no large N")
+        return _not_measured(declared, MID_N_OPTION, f"the grid {grid.tolist()} has no mid N or no large N")
     f = {name: result.per_head(name) for name in (*METRICS, *EXCESS) if name.name in result.fields}
-    returns = {name: float(v) for name, v in _returns(f, grid, METRICS).items()}
+    curves = declared.reads  # the raw P and R, as the paper states it
+    returns = dict(zip(METRICS, (float(v) for v in _returns(f, grid, curves).values())))
     value = min(returns.values())
 
     def batched(g: Mapping[FieldSpec, Tensor]) -> Tensor:
-        return _smallest(_returns(g, grid, METRICS))
+        return _smallest(_returns(g, grid, curves))
 
     measured = (f"from N in {int(grid[mid].min())}-{int(grid[mid].max())} to N >= {int(grid[_large(grid)].min())}: "
                 f"P rises by {_fmt(returns[PRECISION])}, R by {_fmt(returns[RECALL])}")
@@ -850,25 +718,26 @@ def _large_n_return(result: GeometryResult) -> Claim:
         measured += (f"; over chance (random sets return too): P {_fmt(excess[EXCESS_PRECISION])}, "
                      f"R {_fmt(excess[EXCESS_RECALL])}")
     evidence = {name.name: (grid, mean_over_heads(result, name)) for name in METRICS}
-    interval = _interval("large_n_return", result, list(METRICS), batched, value)
-    return _claim("large_n_return", value, interval, measured, evidence)
+    interval = _interval(declared.interval, result, list(curves), batched, value)
+    return _claim(declared, value, interval, measured, evidence)
 
 
-def _small_n_separability(result: GeometryResult) -> Claim:
+def _small_n_separability(declared: PaperClaim, result: GeometryResult) -> Claim:
     """Judged on the excess over random top-N sets (random sets drop too); the raw drops beside."""
     small, mid = _ranges(result.n_grid)
     if not bool(small.any()) or not bool(mid.any()):
-        return _not_measured("small_n_separability", OPTIONS["mid_n"],
+        return _not_measured(declared, MID_N_OPTION,
                              f"the grid {result.n_grid.tolist()} has no small N (2-4) or no mid N")
     if _missing(result, EXCESS):
-        return _not_measured("small_n_separability", OPTIONS["chance"], "the result has no excess over chance")
+        return _not_measured(declared, declared.option, "the result has no excess over chance")
     f = {name: result.per_head(name) for name in (*EXCESS, *METRICS)}
-    drops = {name: float(v) for name, v in _drops(f, result.n_grid).items()}
-    raw = {name: float(v) for name, v in _drops(f, result.n_grid, METRICS).items()}
+    curves, raw_curves = declared.reads, declared.literal_reads  # the excess over chance; the raw P and R
+    drops = dict(zip(EXCESS, (float(v) for v in _drops(f, result.n_grid, curves).values())))
+    raw = dict(zip(METRICS, (float(v) for v in _drops(f, result.n_grid, raw_curves).values())))
     value = min(drops.values())
 
     def batched(g: Mapping[FieldSpec, Tensor]) -> Tensor:
-        return _smallest(_drops(g, result.n_grid))
+        return _smallest(_drops(g, result.n_grid, curves))
 
     grid = result.n_grid
     mid_grid = grid[mid]
@@ -876,15 +745,15 @@ def _small_n_separability(result: GeometryResult) -> Claim:
                 f"{_fmt(drops[EXCESS_RECALL])} from N in 2-4 to N in {int(mid_grid.min())}-{int(mid_grid.max())} "
                 f"(raw: P {_fmt(raw[PRECISION])}, R {_fmt(raw[RECALL])})")
     evidence = {name.name: (grid, mean_over_heads(result, name)) for name in (*EXCESS, *METRICS)}
-    interval = _interval("small_n_separability", result, list(EXCESS), batched, value)
-    found = _claim("small_n_separability", value, interval, measured, evidence)
+    interval = _interval(declared.interval, result, list(curves), batched, value)
+    found = _claim(declared, value, interval, measured, evidence)
 
     def batched_raw(g: Mapping[FieldSpec, Tensor]) -> Tensor:
-        return _smallest(_drops(g, result.n_grid, METRICS))
+        return _smallest(_drops(g, result.n_grid, raw_curves))
 
     literal = min(raw.values())
-    raw_interval = _interval("small_n_separability", result, list(METRICS), batched_raw, literal)
-    return _with_literal(found, "on the raw curves, as the paper states it: the smaller of the drops of the mean P "
+    raw_interval = _interval(declared.interval, result, list(raw_curves), batched_raw, literal)
+    return _with_literal(declared, found, "on the raw curves, as the paper states it: the smaller of the drops of the mean P "
                          "and R from N in 2-4 to mid N (random top-N sets drop too; the verdict reads the excess)",
                          literal, raw_interval)
 
@@ -920,18 +789,18 @@ def _corrected(result: GeometryResult, metric: FieldSpec, at: int) -> Disattenua
     )
 
 
-def _sink_correlation(result: GeometryResult, key: str, metric: FieldSpec) -> Claim:
+def _sink_correlation(declared: PaperClaim, result: GeometryResult, metric: FieldSpec) -> Claim:
     """corr(metric at N = 3, rho_0) over the heads' true means: the Pearson correlation of their means over
     documents, disattenuated for the documents' noise when the replicates measure it (each head's mean carries
     noise that pulls the correlation towards 0: 0.43 for a true 0.50 on simulated studies); the uncorrected
     value, depth partialled out, N = 6 and the largest over N = 2-8 beside."""
     if _missing(result, [RHO0, metric]):
-        return _not_measured(key, OPTIONS["assumptions"], f"the result has no rho0 or no {metric.name}")
+        return _not_measured(declared, declared.option, f"the result has no rho0 or no {metric.name}")
     grid = result.n_grid.tolist()
     values, rho0 = result.per_head(metric).double(), result.per_head(RHO0).double()
     pearson = _pearson_by_n(values, rho0)
     if CORR_N not in grid or math.isnan(float(pearson[grid.index(CORR_N)])):
-        return _not_measured(key, OPTIONS["corr_n"], f"no correlation at N = {CORR_N} on the grid {grid}")
+        return _not_measured(declared, CORR_N_OPTION, f"no correlation at N = {CORR_N} on the grid {grid}")
     at = grid.index(CORR_N)
     raw = float(pearson[at])
     corrected = _corrected(result, metric, at)
@@ -945,7 +814,7 @@ def _sink_correlation(result: GeometryResult, key: str, metric: FieldSpec) -> Cl
     else:
         value = float(corrected.value)
         if math.isnan(value):
-            return _not_measured(key, "more documents", f"the heads' {metric.name} or rho0 means spread less than their "
+            return _not_measured(declared, "more documents", f"the heads' {metric.name} or rho0 means spread less than their "
                                  "noise over documents: no disattenuated correlation")
         spread = [float(x[~x.isnan()].var()) for x in (values[..., at].flatten(), rho0.flatten())]
         reliability = ", ".join(f"{name} {_fmt(1 - float(v) / s, 2)}"
@@ -962,36 +831,65 @@ def _sink_correlation(result: GeometryResult, key: str, metric: FieldSpec) -> Cl
     parts.append(f"largest over N = 2-8: {_fmt(float(pearson[peak]))} uncorrected at N = {grid[peak]} (not the "
                  "statistic: a maximum over N is biased upwards)")
     if corrected is None:  # no replicates: _interval says which fields lack them
-        interval = _interval(key, result, [metric, RHO0], torch.empty(0), value)
+        interval = _interval(declared.interval, result, [metric, RHO0], torch.empty(0), value)
     else:
-        interval = _interval(key, result, [metric, RHO0], corrected.replicates, value, limits=(-1.0, 1.0),
+        interval = _interval(declared.interval, result, [metric, RHO0], corrected.replicates, value, limits=(-1.0, 1.0),
                              pivot=raw)
-    return _claim(key, value, interval, "; ".join(parts), {"pearson": (result.n_grid, pearson)})
+    return _claim(declared, value, interval, "; ".join(parts), {"pearson": (result.n_grid, pearson)})
 
 
-def _sink_recall_correlation(result: GeometryResult) -> Claim:
-    return _sink_correlation(result, "sink_recall_correlation", RECALL)
-
-
-def _sink_precision_correlation(result: GeometryResult) -> Claim:
-    return _sink_correlation(result, "sink_precision_correlation", PRECISION)
+def _sink_metric_correlation(declared: PaperClaim, result: GeometryResult) -> Claim:
+    """corr(the metric the claim reads at N = 3, rho_0): Recall for Figure 6, Precision for section 4.1."""
+    (metric,) = declared.reads
+    return _sink_correlation(declared, result, metric)
 
 
 DEPTH_ORDER = ("retriever", "reset", "mixer")  # Figure 8: Retrievers first, then Resets, then Mixers
 ABSENT = -1.0  # the role statistics' value where a role has no head: the worst a difference of depths or metrics can be
 
 
-def _role_probabilities(result: GeometryResult) -> tuple[Tensor, Tensor | None]:
-    """Each head's role probabilities ``[layer, head_index, role]`` (ROLES order) and every bootstrap replicate's
-    roles ``[replicate, layer, head_index]`` (-1: undefined; None without replicates)."""
-    taxonomy = taxonomy_from_result(result)
-    if bool(taxonomy.probabilities.isnan().all()):
-        return torch.nn.functional.one_hot(taxonomy.point.clamp(min=0), len(ROLES)).double(), None
-    return taxonomy.probabilities.double(), replicate_roles(result, taxonomy.config)
+@dataclass(frozen=True)
+class RoleWeights:
+    """The heads' roles as the role claims weigh them (section 4.2, Figures 8 and 11).
+
+    Attributes:
+        probabilities: each head's probability of each role ``[layer, head_index, role]`` (``ROLES`` order of
+            `tl_geometry.analysis.taxonomy`); one-hot for roles known for sure.
+        replicates: each bootstrap replicate's role of every head ``[replicate, layer, head_index]`` (an index
+            into ``ROLES``; -1 undefined), from which the role claims' intervals come; None: no interval.
+
+    >>> one_hot = torch.nn.functional.one_hot(torch.tensor([[0, 1], [2, 2]]), len(ROLES)).double()
+    >>> RoleWeights(one_hot).probabilities.shape[:2]
+    torch.Size([2, 2])
+    """
+
+    # Shapes checked in __post_init__ (a GeometryError naming the field), not by the annotation's runtime check.
+    probabilities: Tensor
+    replicates: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.probabilities, Tensor) or self.probabilities.ndim != 3 or \
+                self.probabilities.shape[-1] != len(ROLES):
+            raise GeometryError(f"roles.probabilities: expected a tensor [layer, head_index, {len(ROLES)}] (one "
+                                f"column per role of {ROLES}), got {getattr(self.probabilities, 'shape', self.probabilities)!r}")
+        if self.replicates is not None and (not isinstance(self.replicates, Tensor) or self.replicates.ndim != 3
+                                            or self.replicates.shape[1:] != self.probabilities.shape[:2]):
+            raise GeometryError(f"roles.replicates: expected a tensor [replicate, layer, head_index] with the heads "
+                                f"of the probabilities {tuple(self.probabilities.shape[:2])}, got "
+                                f"{getattr(self.replicates, 'shape', self.replicates)!r}; or None")
+
+    @classmethod
+    def of(cls, result: GeometryResult, taxonomy: HeadTaxonomy | None = None) -> "RoleWeights":
+        """The roles of ``taxonomy`` (default: the result's own, `taxonomy_from_result`), with each bootstrap
+        replicate's roles by its rules; without replicates, the point roles one-hot and no interval."""
+        taxonomy = taxonomy_from_result(result) if taxonomy is None else taxonomy
+        if bool(taxonomy.probabilities.isnan().all()):
+            return cls(torch.nn.functional.one_hot(taxonomy.point.clamp(min=0), len(ROLES)).double(), None)
+        return cls(taxonomy.probabilities.double(), replicate_roles(result, taxonomy.config))
 
 
-RoleProbabilities = Callable[[], tuple[Tensor, "Tensor | None"]]
-"""``_role_probabilities`` of the result, computed once for every role claim."""
+RoleSource = Callable[[], RoleWeights]
+"""The heads' `RoleWeights` for the role claims, computed at most once per result."""
 
 
 def _memberships(probabilities: Tensor, draws: Tensor | None) -> tuple[dict[str, Tensor], dict[str, Tensor] | None]:
@@ -1021,13 +919,14 @@ def _depth_steps(weight: Mapping[str, Tensor], depth: Tensor) -> Tensor:
     return steps.amin(0).nan_to_num(ABSENT)
 
 
-def _regimes_by_depth(result: GeometryResult, roles: RoleProbabilities) -> Claim:
+def _regimes_by_depth(declared: PaperClaim, result: GeometryResult, roles: RoleSource) -> Claim:
     """The steps between the roles' probability-weighted mean depths; the interval from each replicate's own
     roles (those probabilities are the shares of the replicates, so the replicates' steps scatter as the
     probability-weighted steps do)."""
     if _missing(result, list(ROLE_FEATURES)):
-        return _not_measured("regimes_by_depth", OPTIONS["taxonomy"], "the result has no role features")
-    probabilities, draws = roles()
+        return _not_measured(declared, declared.option, "the result has no role features")
+    weights = roles()
+    probabilities, draws = weights.probabilities, weights.replicates
     n_layers = len(result.layers)
     depth = (torch.arange(n_layers, dtype=torch.float64) / max(1, n_layers - 1)).unsqueeze(-1)  # [layer, 1]
     weight, replicated = _memberships(probabilities, draws)
@@ -1042,9 +941,9 @@ def _regimes_by_depth(result: GeometryResult, roles: RoleProbabilities) -> Claim
     if replicated is None:
         interval: tuple[float, float, str] = (math.nan, math.nan, "none: the result keeps no replicates of the role features")
     else:
-        interval = _interval("regimes_by_depth", result, [], _depth_steps(replicated, depth), value, (-1.0, 1.0))
+        interval = _interval(declared.interval, result, [], _depth_steps(replicated, depth), value, (-1.0, 1.0))
     evidence = {r: (torch.tensor(result.layers), weight[r].sum(-1)) for r in DEPTH_ORDER}
-    return _claim("regimes_by_depth", value, interval, measured, evidence)
+    return _claim(declared, value, interval, measured, evidence)
 
 
 TRADEOFFS = ("Retriever's Recall above the other roles' at large N", "Retriever's Precision below the other roles' "
@@ -1078,14 +977,15 @@ def _tradeoff_margins(member: Mapping[str, Tensor], f: Mapping[FieldSpec, Tensor
     return margins.nan_to_num(ABSENT)
 
 
-def _regime_tradeoffs(result: GeometryResult, roles: RoleProbabilities) -> Claim:
+def _regime_tradeoffs(declared: PaperClaim, result: GeometryResult, roles: RoleSource) -> Claim:
     if _missing(result, list(ROLE_FEATURES)):
-        return _not_measured("regime_tradeoffs", OPTIONS["taxonomy"], "the result has no role features")
+        return _not_measured(declared, declared.option, "the result has no role features")
     grid = result.n_grid
     _, mid = _ranges(grid)
     if not bool(mid.any()) or not bool(_large(grid).any()):
-        return _not_measured("regime_tradeoffs", OPTIONS["mid_n"], f"the grid {grid.tolist()} has no mid N or no large N")
-    probabilities, draws = roles()
+        return _not_measured(declared, MID_N_OPTION, f"the grid {grid.tolist()} has no mid N or no large N")
+    weights = roles()
+    probabilities, draws = weights.probabilities, weights.replicates
     member, replicated = _memberships(probabilities, draws)
     f = {m: result.per_head(m) for m in METRICS}
     margins = _tradeoff_margins(member, f, grid)
@@ -1093,7 +993,7 @@ def _regime_tradeoffs(result: GeometryResult, roles: RoleProbabilities) -> Claim
     if replicated is None:
         interval: tuple[float, float, str] = (math.nan, math.nan, "none: the result keeps no replicates of the role features")
     else:
-        interval = _interval("regime_tradeoffs", result, list(f),
+        interval = _interval(declared.interval, result, list(f),
                              lambda g: _tradeoff_margins(replicated, g, grid).amin(0), value, (-1.0, 1.0))
     large = _large(grid)
     parts = []
@@ -1106,7 +1006,7 @@ def _regime_tradeoffs(result: GeometryResult, roles: RoleProbabilities) -> Claim
                 + "; ".join(f"{text} by {_fmt(float(margin), 2)}" for margin, text in zip(margins, TRADEOFFS))
                 + ". Probability-weighted curves: " + "; ".join(parts))
     evidence = {f"{m.name}_{r}": (grid, _role_curve(member[r], f[m])) for m in f for r in DEPTH_ORDER}
-    return _claim("regime_tradeoffs", value, interval, measured, evidence)
+    return _claim(declared, value, interval, measured, evidence)
 
 
 ENVELOPE_FIELDS = tuple(spec for m in METRICS for spec in ENVELOPE_OF[m])
@@ -1138,15 +1038,15 @@ def _upper_gaps(f: Mapping[FieldSpec, Tensor], grid: Tensor, floor: bool = True)
     return out
 
 
-def _envelope_tightness(result: GeometryResult) -> Claim:
+def _envelope_tightness(declared: PaperClaim, result: GeometryResult) -> Claim:
     """The largest gap between the upper envelope and the measured mean curve where the paper calls it tight;
     the lower envelopes' informative share and the containment (true by construction) beside."""
     if _missing(result, ENVELOPE_FIELDS):
-        return _not_measured("envelope_tightness", OPTIONS["bounds"], "the result has no envelopes")
+        return _not_measured(declared, declared.option, "the result has no envelopes")
     grid = result.n_grid
     small, mid = _ranges(grid)
     if not bool(small.any()) or not bool(mid.any()):
-        return _not_measured("envelope_tightness", OPTIONS["mid_n"], f"the grid {grid.tolist()} has no small or mid N")
+        return _not_measured(declared, MID_N_OPTION, f"the grid {grid.tolist()} has no small or mid N")
     names = [*METRICS, *ENVELOPE_FIELDS]
     f = {name: result.per_head(name) for name in names}
     gaps = {name: float(v) for name, v in _upper_gaps(f, grid).items()}
@@ -1191,24 +1091,27 @@ def _envelope_tightness(result: GeometryResult) -> Claim:
                 f"the lower envelopes hold on measured rows by construction): {inside}/{points} points of the mean "
                 "curves inside")
     uppers = [ENVELOPE_OF[metric].upper for metric in METRICS]  # what the gaps read: curves and upper envelopes
-    interval = _interval("envelope_tightness", result, [*METRICS, *uppers], batched, value)
-    return _claim("envelope_tightness", value, interval, measured, evidence)
+    interval = _interval(declared.interval, result, [*METRICS, *uppers], batched, value)
+    return _claim(declared, value, interval, measured, evidence)
 
 
-def _resolved(claim: Claim, n_documents: int, need: int | None = None) -> Claim:
+def judge_sample(claim: Claim, n_documents: int, declared: PaperClaim | None = None, need: int | None = None) -> Claim:
     """The claim, or "too few documents" where the bootstrap cannot resolve its verdict: fewer documents than
-    ``need`` (default ``MIN_DOCUMENTS`` of the claim), or a point estimate outside its own interval (a biased
-    bootstrap: no interval method of ours both covers there and contains the estimate, so the verdict is refused,
-    not guessed)."""
+    ``need`` (default: the ``min_documents`` its declaration ``declared`` gives, by default ``CLAIMS[claim.key]``),
+    or a point estimate outside its own interval (a biased bootstrap: no interval method of ours both covers there
+    and contains the estimate, so the verdict is refused, not guessed). The paper's reading beside it is judged by
+    the same rule, with its own count where it has one."""
+    declared = CLAIMS[claim.key] if declared is None else declared
     if claim.verdict == "not measured":
         return claim
     if claim.literal_verdict and claim.literal_verdict != "not measured":  # the other reading, by the same rule
-        literal = _resolved(dataclasses.replace(claim, value=claim.literal_value, low=claim.literal_low,
-                                                high=claim.literal_high, verdict=claim.literal_verdict,
-                                                literal_verdict=""), n_documents,
-                            LITERAL_MIN_DOCUMENTS.get(claim.key, MIN_DOCUMENTS[claim.key]))
+        own = declared.literal_min_documents
+        literal = judge_sample(dataclasses.replace(claim, value=claim.literal_value, low=claim.literal_low,
+                                                   high=claim.literal_high, verdict=claim.literal_verdict,
+                                                   literal_verdict=""), n_documents, declared,
+                               declared.min_documents if own is None else own)
         claim = dataclasses.replace(claim, literal_verdict=literal.verdict)
-    need = MIN_DOCUMENTS[claim.key] if need is None else need
+    need = declared.min_documents if need is None else need
     has_interval = not (math.isnan(claim.low) or math.isnan(claim.high))
     outside = has_interval and not (claim.low - INSIDE_TOLERANCE <= claim.value <= claim.high + INSIDE_TOLERANCE)
     if n_documents < need:
@@ -1228,7 +1131,7 @@ def _resolved(claim: Claim, n_documents: int, need: int | None = None) -> Claim:
 
 def sample_warning(n_documents: int) -> str:
     """One sentence for a report's first screen when ``n_documents`` is below what some claims need ("" if not)."""
-    short = {key: need for key, need in MIN_DOCUMENTS.items() if n_documents < need}
+    short = {key: c.min_documents for key, c in CLAIMS.items() if n_documents < c.min_documents}
     if not short:
         return ""
     least, most = min(short.values()), max(short.values())
@@ -1242,38 +1145,180 @@ def sample_warning(n_documents: int) -> str:
         need = f"{LADDER_END} or more"
     else:
         need = f"from {count(least)} to {count(most)}"
-    return (f"Too few documents to trust: this result has {n_documents}; {len(short)} of the {len(MIN_DOCUMENTS)} "
+    return (f"Too few documents to trust: this result has {n_documents}; {len(short)} of the {len(CLAIMS)} "
             f"claims need more ({', '.join(sorted(short))}: {need}) before their bootstrap intervals can resolve "
             "a verdict, and read 'too few documents' until then.")
 
 
-CHECKS: tuple[Callable[..., Claim], ...] = (
-    _stable_norms, _compressed_sink, _exponential_decay, _four_phase_profile, _small_n_separability,
-    _large_n_return, _envelope_tightness, _sink_recall_correlation, _sink_precision_correlation, _regimes_by_depth,
-    _regime_tradeoffs,
-)  # fmt: skip
+# ---- the claims, declared once each, in the paper's order
 
-ROLE_CHECKS = (_regimes_by_depth, _regime_tradeoffs)
-"""The checks that read the roles (called with the result and its cached `_role_probabilities`)."""
+CLAIMS = ClaimRegistry((
+    PaperClaim(
+        "stable_norms", "Assumption 1: non-sink value norms are stable", "Figure 2 (right), section 3.1",
+        "CV of the non-sink norms mostly 0.02-0.03, few heads above 0.05",
+        "share of heads with CV <= 0.05 (of the by-position curve; else the expected share within sequences)",
+        Thresholds(">=", 0.8, 0.5), _stable_norms,
+        IntervalChoice("bias-corrected", uncertain=(0.40, 0.97)), ASSUMPTIONS_OPTION, min_documents=4,
+        docs_name="Assumption 1: stable non-sink value norms",
+        docs_paper="Figure 2, section 3.1: CV mostly 0.02-0.03, few above 0.05",
+        docs_statistic="expected share of heads with CV <= 0.05, of the expected norm by position over the sequences "
+            "(Figure 2's reading), the documents' noise taken out (below); the hard share, the plain averaged "
+            "curve's and the CV within each sequence beside it. Without the averaged curve: the expected "
+            "share within sequences (each head counted by the probability that its CV is <= 0.05, from its "
+            "mean and standard error over documents)",
+        # the reading within sequences: its own interval and count
+        literal_interval=IntervalChoice("basic", level=0.99), literal_min_documents=16,
+        figure="per_head", figure_axis="CV of the non-sink value norms, per head",
+    ),
+    PaperClaim(
+        "compressed_sink", "Assumption 1: the sink's value is compressed", "Figure 2 (left), Assumption 1",
+        "lambda = ||v_0|| / C << 1", "interquartile mean of lambda over heads",
+        Thresholds("<=", 0.5, 0.9), _compressed_sink, IntervalChoice("normal"), ASSUMPTIONS_OPTION, min_documents=4,
+        docs_name="Assumption 1: compressed sink",
+        docs_paper="Assumption 1: lambda = ||v_0|| / C << 1",
+        docs_statistic="interquartile mean of lambda over heads (the mean of the middle half; the median beside)",
+        figure="per_head", figure_axis="lambda = ||v_0|| / median ||v_i>0||, per head",
+    ),
+    PaperClaim(
+        "exponential_decay", "Assumption 2: cosine similarity decays exponentially with lag", "Figure 3, section 3.2",
+        "MAE of the fit about 0.09 on average (most heads 0.05-0.10)", "mean MAE over heads",
+        Thresholds("<=", 0.10, 0.20), _exponential_decay, IntervalChoice("basic", expanded=False), ASSUMPTIONS_OPTION,
+        min_documents=16,  # 0.87 at 4, 0.83 at 8
+        docs_name="Assumption 2: exponential cosine decay",
+        docs_paper="Figure 3: MAE about 0.09 on average",
+        docs_statistic="mean MAE of the fit over heads",
+        figure="per_head", figure_axis="MAE of the exponential cosine fit, per head",
+    ),
+    PaperClaim(
+        "four_phase_profile", "Assumption 3: four-phase attention profile (sink, plateau, oscillation, recency)",
+        "Figure 4, section 3.3", "a consistent four-phase structure, sink two orders of magnitude above content",
+        "expected share of heads with the sink, plateau and recency phases (oscillation optional)",
+        Thresholds(">=", 0.5, 0.2), _four_phase_profile,
+        IntervalChoice("percentile", expanded=False, uncertain=(0.0, 0.88)), ASSUMPTIONS_OPTION, min_documents=4,
+        docs_name="Assumption 3: four-phase profile",
+        docs_paper="Figure 4, section 3.3",
+        docs_statistic="expected share of heads with the sink, plateau and recency phases (the oscillation may be "
+            "absent: T1 = T2; the hard share beside)",
+        figure="share",
+    ),
+    PaperClaim(
+        "small_n_separability", "Separability is strongest at small N and weakest at intermediate N",
+        "Figure 5, section 4", "P and R highest for N in [1, 4], lower in the mid-range (tens)",
+        "min over P, R of (mean excess over chance at 2 <= N <= 4) - (at mid N)",
+        Thresholds(">=", 0.05, 0.01), _small_n_separability, IntervalChoice("bias-corrected"), CHANCE_OPTION,
+        min_documents=2 * LADDER_END,  # 0.93 at 16, 0.87 at 32
+        docs_name="Separability strongest at small N",
+        docs_paper="Figure 5",
+        docs_statistic="the smaller of the drops of the mean excess of P and of R over random top-N sets from 2 <= N <= "
+            "4 to mid N (the raw drops beside)",
+        reads=EXCESS, literal_reads=METRICS,
+    ),
+    PaperClaim(
+        "large_n_return", "Both metrics return towards 1 at large N (the U-shape)", "Figure 5, section 4",
+        "\"for very large N both metrics return to 1 trivially as almost all tokens are selected\"",
+        "min over P, R of (mean curve at large N) - (at mid N)",
+        Thresholds(">=", 0.05, 0.01), _large_n_return,
+        IntervalChoice("percentile", expanded=False), MID_N_OPTION,  # 0.922 of 400 studies on *skewed* at 16
+        min_documents=32,  # 0.90 at 4 and 8, 0.83 at 16
+        docs_name="Both metrics return at large N (the U-shape)",
+        docs_paper="Figure 5, section 4: \"for very large N both metrics return to 1\"",
+        docs_statistic="the smaller of the rises of the mean P and R curves from mid N to large N (the excess over "
+            "chance beside)",
+        reads=METRICS,
+    ),
+    PaperClaim(
+        "envelope_tightness", "The upper envelopes are tight (small and large N; close to Recall throughout)",
+        "Figure 5, Theorems 1-2", "upper bounds tight at small and large N, close to Recall at moderate N; lower "
+        "bounds conservative", "largest mean gap of the upper envelope above the larger of the measured mean curve "
+        "and the envelope's floor",
+        Thresholds("<=", 0.05, 0.15), _envelope_tightness, IntervalChoice("shifted", level=0.99), BOUNDS_OPTION,
+        min_documents=8,
+        docs_name="The upper envelopes are tight",
+        docs_paper="Figure 5: tight at small and large N, close to Recall at moderate N",
+        docs_statistic="the largest gap between the mean upper envelope and the larger of the mean measured curve and "
+            "the envelope's floor (1 - 0.5/(N+1) for P, 0.5 for R): P at small and large N, R at small, mid "
+            "and large N (the gap to the curve itself, the share of measured rows above the envelope, kappa, "
+            "sigma's form, the lower envelopes' informative share and the containment beside)",
+        figure="envelopes",
+    ),
+    PaperClaim(
+        "sink_recall_correlation", "corr(R(r_min, N), rho_0) is positive and peaks at small N",
+        "Figure 6, section 4.1", "peaks near N = 3 at about 0.6 (Gemma, Mistral); LLaMA about 0.25 by N = 6",
+        "Pearson correlation over heads at N = 3, disattenuated for the documents' noise",
+        Thresholds(">=", 0.3, 0.1), _sink_metric_correlation,
+        IntervalChoice("basic", expanded=False), ASSUMPTIONS_OPTION, min_documents=16,  # 0.917 of 400 at 32
+        docs_name="corr(R(r_min, N), rho_0) positive, peaking at small N",
+        docs_paper="Figure 6, section 4.1: about 0.6 near N = 3",
+        docs_statistic="the Pearson correlation over heads at N = 3, fixed before looking, of the heads' means "
+            "disattenuated for the documents' noise (the uncorrected value, N = 6, layer depth partialled out "
+            "and the maximum over N = 2-8 beside)",
+        reads=(RECALL,),
+    ),
+    PaperClaim(
+        "sink_precision_correlation", "The sink improves Precision when its direction aligns with the other values",
+        "Figure 6 text, section 4.1", "\"improving Precision when its direction aligns with other embeddings\" (no "
+        "number given)", "Pearson corr(P(r_max, N), rho_0) over heads at N = 3, disattenuated",
+        Thresholds(">=", 0.3, 0.1), _sink_metric_correlation, IntervalChoice("percentile"), ASSUMPTIONS_OPTION,
+        min_documents=8,
+        docs_name="The sink improves Precision when aligned",
+        docs_paper="Figure 6 text, section 4.1 (no number)",
+        docs_statistic="the same correlation of P(r_max, N) with rho_0 (the same beside)",
+        reads=(PRECISION,),
+    ),
+    PaperClaim(
+        "regimes_by_depth", "Retriever -> Reset -> Mixer across depth", "Figure 8, section 4.2",
+        "Retrievers in the first layers, Reset heads early, Mixers from the lower-middle layers on",
+        "smaller step of the probability-weighted mean depths Retriever -> Reset -> Mixer (0 first layer, 1 last)",
+        Thresholds(">=", 0.1, 0.0), _regimes_by_depth,
+        IntervalChoice("basic", expanded=False, uncertain=(0.29, 0.98)), TAXONOMY_OPTION,
+        min_documents=2 * LADDER_END,  # 0.77 at 16, 0.83 at 32
+        docs_name="Retriever -> Reset -> Mixer across depth",
+        docs_paper="Figure 8, section 4.2",
+        docs_statistic="the smaller of the steps Reset - Retriever and Mixer - Reset of the roles' mean depths (0 first "
+            "layer, 1 last), each head weighted by its probability of the role",
+        reads_roles=True, figure="roles_by_depth",
+    ),
+    PaperClaim(
+        "regime_tradeoffs", "Head regimes show complementary precision-recall trade-offs", "Figure 11, A.4",
+        "Retriever higher Recall at large N but lower Precision; Reset U-shaped (both improve at large N)",
+        "smallest margin of Figure 11's three statements on the probability-weighted role curves",
+        Thresholds(">=", 0.02, 0.0), _regime_tradeoffs, IntervalChoice("shifted"), TAXONOMY_OPTION, min_documents=2,
+        docs_name="Regimes trade precision against recall",
+        docs_paper="Figure 11, appendix A.4",
+        docs_statistic="the smallest margin of three statements on the probability-weighted role curves: Retriever's "
+            "Recall minus the other roles' at large N; the other roles' Precision minus Retriever's at large "
+            "N; the smaller of Reset's rises of P and R from mid to large N",
+        reads_roles=True, figure="role_curves",
+    ),
+))  # fmt: skip
+"""The paper's claims, in its order: the scorecard, `compare`, the report and the docs read them here."""
 
 COLUMNS = ("claim", "paper_ref", "paper_value", "statistic", "value", "low", "high", "interval", "measured",
            "verdict", "rule", "flip", "option", "literal", "literal_value", "literal_low", "literal_high",
            "literal_verdict")  # fmt: skip
 
 
-def claim_list(result: object) -> list[Claim]:
-    """Every claim of the paper checked on ``result``, in the paper's order (see the module docstring)."""
+def claim_list(result: object, roles: object = None) -> list[Claim]:
+    """Every claim of ``CLAIMS`` checked on ``result``, in its order (the paper's; see `claims`)."""
     if not isinstance(result, GeometryResult):
         raise GeometryError(
             f"result: expected a GeometryResult (from run_with_geometry_hooks, analyze_corpus or "
             f"GeometryResult.load), got {type(result).__name__}"
         )
-    roles = functools.cache(lambda: _role_probabilities(result))  # the taxonomy is the costly part: once
-    found = [check(result, roles) if check in ROLE_CHECKS else check(result) for check in CHECKS]
-    return [_resolved(claim, result.n_documents) for claim in found]
+    if roles is None:
+        source: RoleSource = functools.cache(lambda: RoleWeights.of(result))  # the taxonomy is the costly part: once
+    elif isinstance(roles, HeadTaxonomy):
+        source = functools.cache(lambda: RoleWeights.of(result, roles))
+    elif isinstance(roles, RoleWeights):
+        source = lambda: roles  # noqa: E731
+    else:
+        raise GeometryError(f"roles: expected a HeadTaxonomy (classify_heads, taxonomy_from_result), RoleWeights or "
+                            f"None (the result's own taxonomy), got {type(roles).__name__}")
+    found = [(c, c.check(c, result, source) if c.reads_roles else c.check(c, result)) for c in CLAIMS.values()]
+    return [judge_sample(claim, result.n_documents, declared) for declared, claim in found]
 
 
-def claims(result: object) -> Any:
+def claims(result: object, roles: object = None) -> Any:
     """The paper's empirical claims on this result, one row each, as a pandas DataFrame.
 
     Columns: ``claim``, ``paper_ref`` (figure or section), ``paper_value``,
@@ -1285,13 +1330,19 @@ def claims(result: object) -> Any:
     measures it), and where our statistic reinterprets the paper's claim the
     other reading beside it: ``literal`` (in words), ``literal_value``,
     ``literal_low``, ``literal_high`` and ``literal_verdict``. The verdict
-    can also be "too few documents" (``MIN_DOCUMENTS``). The index is the claim's key. The verdict rule and every
-    statistic are in `tl_geometry.analysis.claims`.
+    can also be "too few documents" (below the claim's ``min_documents``). The index is the claim's key. The verdict
+    rule and every statistic are in `tl_geometry.analysis.claims`; each claim is declared in ``CLAIMS``.
+
+    Args:
+        result: a GeometryResult.
+        roles: the head roles the role claims (Figures 8 and 11) weigh heads by: a `HeadTaxonomy` (e.g.
+            ``classify_heads(result, config)`` with other thresholds), `RoleWeights` (probabilities and
+            replicate roles of your own), or None (default): the result's taxonomy, `taxonomy_from_result`.
 
     Raises:
-        GeometryError: ``result`` is not a GeometryResult.
+        GeometryError: ``result`` is not a GeometryResult, or ``roles`` is none of the above.
     """
-    return claims_table(claim_list(result))
+    return claims_table(claim_list(result, roles))
 
 
 def claims_table(rows: Sequence[Claim]) -> Any:
@@ -1300,3 +1351,33 @@ def claims_table(rows: Sequence[Claim]) -> Any:
 
     return pd.DataFrame([{c: getattr(row, c) for c in COLUMNS} for row in rows],
                         index=pd.Index([row.key for row in rows], name="key"), columns=list(COLUMNS))
+
+
+# The tables a claim was spread over before it was one declaration: read from ``CLAIMS`` (read-only copies).
+_DEPRECATED: dict[str, tuple[Callable[[], Any], str]] = {
+    "THRESHOLDS": (lambda: {k: c.thresholds for k, c in CLAIMS.items()}, "CLAIMS[key].thresholds"),
+    "SPECS": (lambda: dict(CLAIMS), "CLAIMS[key] (its claim, paper_ref, paper_value and statistic)"),
+    "MIN_DOCUMENTS": (lambda: {k: c.min_documents for k, c in CLAIMS.items()}, "CLAIMS[key].min_documents"),
+    "LITERAL_MIN_DOCUMENTS": (lambda: {k: c.literal_min_documents for k, c in CLAIMS.items()
+                                       if c.literal_min_documents is not None}, "CLAIMS[key].literal_min_documents"),
+    "INTERVAL_METHOD": (lambda: {k: c.interval.method for k, c in CLAIMS.items()}, "CLAIMS[key].interval.method"),
+    "NOT_EXPANDED": (lambda: frozenset(k for k, c in CLAIMS.items() if not c.interval.expanded),
+                     "CLAIMS[key].interval.expanded"),
+    "CALIBRATED_LEVEL": (lambda: {k: c.interval.level for k, c in CLAIMS.items() if c.interval.level != LEVEL},
+                         "CLAIMS[key].interval.level"),
+    "UNCERTAIN_INTERVAL": (lambda: {k: c.interval.uncertain for k, c in CLAIMS.items()
+                                    if c.interval.uncertain is not None}, "CLAIMS[key].interval.uncertain"),
+    "CHECKS": (lambda: tuple(c.check for c in CLAIMS.values()), "CLAIMS[key].check"),
+    "OPTIONS": (lambda: {"assumptions": ASSUMPTIONS_OPTION, "taxonomy": TAXONOMY_OPTION, "bounds": BOUNDS_OPTION,
+                         "mid_n": MID_N_OPTION, "corr_n": CORR_N_OPTION, "chance": CHANCE_OPTION},
+                "CLAIMS[key].option, or the *_OPTION constants"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        table, instead = _DEPRECATED[name]
+        warnings.warn(f"tl_geometry.analysis.claims.{name} is deprecated: each claim is declared once in CLAIMS; "
+                      f"use {instead}", DeprecationWarning, stacklevel=2)
+        return table()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

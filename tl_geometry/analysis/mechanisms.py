@@ -142,12 +142,13 @@ class PromptSetCheck:
         return agreement(taxonomy or self.taxonomy, self.scores[detector], expected_subtype(detector, self.period), threshold)
 
     def cross_tab(self, detector: str, k: int = 10) -> list[dict[str, Any]]:
-        """The top-k heads of ``detector``: score, label, sub-type and the role probabilities."""
+        """The top-k heads of ``detector``: layer, head (and its name, ``"L16H0"``), score, label, sub-type and
+        the probability of Content."""
         rows = []
         for layer, head in self.top_heads(detector, k):
             i, j = self.taxonomy.layers.index(layer), self.taxonomy.heads.index(head)
             rows.append({
-                "head": f"{layer}.{head}", "score": float(self.scores[detector][layer, head]),
+                "layer": layer, "head": head, "name": head_name(layer, head), "score": float(self.scores[detector][layer, head]),
                 "label": self.taxonomy.label_names()[i][j], "subtype": self.taxonomy.subtype_text(layer, head),
                 "lag": int(self.taxonomy.subtypes.lag[i, j]),
                 "p_content": float(self.taxonomy.probabilities[i, j, CONTENT]),

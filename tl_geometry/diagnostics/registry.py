@@ -81,10 +81,11 @@ _BUILT_IN = (
 class Registry:
     """Diagnostics by name, and every declared field by name."""
 
-    def __init__(self) -> None:
+    def __init__(self, built_in: bool = True) -> None:
+        """``built_in=False``: an empty registry (only what you register), e.g. to try a diagnostic alone."""
         self._diagnostics: dict[str, Diagnostic] = {}
         self._fields: dict[str, tuple[FieldSpec, str]] = {}
-        self._loaded = False
+        self._loaded = not built_in
 
     def register(self, diagnostic: Diagnostic) -> Diagnostic:
         """Add a diagnostic; GeometryError if its name or one of its field names is taken."""

@@ -17,9 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tl_geometry.analysis.claims import SPECS, Claim, claim_list, claims_table
+from tl_geometry.analysis.claims import CLAIMS, Claim, claim_list, claims_table
 from tl_geometry.atomic_io import commit_unit
-from tl_geometry.diagnostics.assumptions import DECAY_MAE, SINK_NORM_RATIO, VALUE_NORM_CV
 from tl_geometry.diagnostics.selection import PRECISION, RECALL
 from tl_geometry.errors import GeometryError
 from tl_geometry.report.scorecard import VERDICT_COLOURS
@@ -29,11 +28,6 @@ from tl_geometry.results.result import GeometryResult
 # plotly is imported where a figure is drawn: `tl_geometry.compare` is exported and the package imports cheaply.
 
 COLOURS = ("#0072B2", "#D55E00")  # result A, result B (Okabe-Ito)
-HISTOGRAMS = {  # claim -> the per-head evidence drawn as a histogram, and its axis title
-    "stable_norms": (VALUE_NORM_CV, "CV of the non-sink value norms, per head"),
-    "compressed_sink": (SINK_NORM_RATIO, "lambda = ||v_0|| / median ||v_i>0||, per head"),
-    "exponential_decay": (DECAY_MAE, "MAE of the exponential cosine fit, per head"),
-}
 
 
 def _label(claim: Claim, name: str) -> str:
@@ -42,16 +36,15 @@ def _label(claim: Claim, name: str) -> str:
 
 
 def _histogram(key: str, pair: list[tuple[str, Claim]]) -> Any:
+    """The claim's per-head values (its one piece of evidence) of both results, overlaid."""
     import plotly.graph_objects as go
 
-    field, title = HISTOGRAMS[key]
     fig = go.Figure()
     for (name, claim), colour in zip(pair, COLOURS):
-        if field.name in claim.evidence:
-            values = claim.evidence[field.name][1]
+        for _, values in claim.evidence.values():
             fig.add_trace(go.Histogram(x=values[~values.isnan()].tolist(), name=_label(claim, name),
                                        marker_color=colour, opacity=0.6, histnorm="percent"))
-    fig.update_layout(barmode="overlay", xaxis_title=title, yaxis_title="% of heads")
+    fig.update_layout(barmode="overlay", xaxis_title=CLAIMS[key].figure_axis, yaxis_title="% of heads")
     return fig
 
 
@@ -62,7 +55,7 @@ def _share(key: str, pair: list[tuple[str, Claim]]) -> Any:
     for (name, claim), colour in zip(pair, COLOURS):
         fig.add_trace(go.Bar(x=[name], y=[None if math.isnan(claim.value) else claim.value],
                              name=_label(claim, name), marker_color=colour))
-    fig.update_layout(yaxis_title=SPECS[key].statistic, yaxis_range=[0, 1])
+    fig.update_layout(yaxis_title=CLAIMS[key].statistic, yaxis_range=[0, 1])
     return fig
 
 
@@ -111,16 +104,18 @@ def _regimes(pair: list[tuple[str, Claim]]) -> Any:
 
 
 def _draw(key: str, pair: list[tuple[str, Claim]]) -> Any:
-    if key in HISTOGRAMS:
+    """The figure the claim's declaration says its evidence needs (`PaperClaim.figure`)."""
+    figure = CLAIMS[key].figure
+    if figure == "per_head":
         return _histogram(key, pair)
-    if key == "four_phase_profile":
+    if figure == "share":
         return _share(key, pair)
-    if key in ("small_n_separability", "large_n_return", "sink_recall_correlation", "sink_precision_correlation"):
+    if figure == "curves":
         return _curves(key, pair, ("",), {"": "solid"})
-    if key == "regime_tradeoffs":
+    if figure == "role_curves":
         return _curves(key, pair, ("_retriever", "_reset", "_mixer"),
                        {"_retriever": "solid", "_reset": "dot", "_mixer": "dash"})
-    if key == "regimes_by_depth":
+    if figure == "roles_by_depth":
         return _regimes(pair)
     return _curves(key, pair, ("", "_lower", "_upper"), {"": "solid", "_lower": "dash", "_upper": "dot"})
 

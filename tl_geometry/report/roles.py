@@ -38,7 +38,7 @@ NO_ABLATIONS = (
 def _cross_tab(check: PromptSetCheck, detector: str, roles: HeadTaxonomy, what: str) -> str:
     rows = []
     for row in check.cross_tab(detector, TOP_K):
-        layer, head = (int(x) for x in row["head"].split("."))
+        layer, head = row["layer"], row["head"]
         here = roles.label_names()[roles.layers.index(layer)][roles.heads.index(head)]
         sub = roles.subtype_text(layer, head)
         cells = [head_name(layer, head), f"{row['score']:.2f}", row["label"], row["subtype"] or "-", f"{row['p_content']:.2f}",

@@ -21,7 +21,6 @@ weighted by the same documents). Statistics are the exact, mergeable
 ``<stem>.npz`` / ``<stem>.json`` (``"kind": "interventions"`` in the JSON).
 """
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
