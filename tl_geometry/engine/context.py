@@ -36,11 +36,6 @@ from tl_geometry.errors import GeometryError
 # passes several times faster than larger ones (measured on 2-core EPYC machines
 # with 32 MiB L3: about 10x between 4 MiB and 100 MiB chunks).
 CACHE_FRIENDLY_BYTES = 4 * 2**20
-# A chunk's whole working memory (the core's and every diagnostic's planes) at most that last-level cache:
-# beyond it the planes stream from memory whatever the chunk's size, so a larger chunk saves only per-chunk
-# overhead, and it holds memory the pattern path never does (it analyses one layer's few rows at a time,
-# where the rows path folds every layer into one batch: with the chance controls, a budget's worth of rows).
-CHUNK_WORKING_BYTES = 32 * 2**20
 
 # Cosine guard of every cosine in the package: <a, b> / (||a|| ||b|| + 1e-12), 0 for a zero vector.
 COSINE_EPS = 1e-12
@@ -276,10 +271,8 @@ class SelectionContext:
         return int(itemsize * (CORE_COST.per_row(n_keys, n_grid, self.d_head) + 2 * n_grid * self.d_head + extra))
 
     def chunk_rows(self) -> int:
-        """Rows per chunk: cache-sized planes, within the memory budget and `CHUNK_WORKING_BYTES` for the core
-        and every diagnostic."""
-        row_bytes = max(self._chunk_row_bytes(), 1)
-        within_budget = int(min(self.memory_budget_mib * 2**20, CHUNK_WORKING_BYTES) // row_bytes)
+        """Rows per chunk: cache-sized planes, within the memory budget for the core and every diagnostic."""
+        within_budget = int(self.memory_budget_mib * 2**20 // max(self._chunk_row_bytes(), 1))
         cache_sized = CACHE_FRIENDLY_BYTES // (self.dtype.itemsize * len(self.grid) * self.n_keys)
         return max(1, min(within_budget, cache_sized))
 
