@@ -15,6 +15,8 @@ from tests import tiny_models as tm
 from tests.fixtures import DIFFERENCES_OF_SQUARES, ROLE_DIFFERENCES, cli_config, needs_gemma3
 from tl_geometry import GeometryConfig, GeometryError, GeometryResult, run_with_geometry_hooks
 from tl_geometry.capture.rows import ROWS_ATTENTION, additive_rows_mask
+from tl_geometry.diagnostics.fields import FieldSpec
+from tl_geometry.diagnostics.registry import REGISTRY, Diagnostic
 
 pytestmark = pytest.mark.model
 
@@ -58,7 +60,7 @@ def _padded(model, side: str, pad_id: int = tm.PAD_ID) -> tuple[torch.Tensor, to
 
 
 def _both(model, tokens, mask, **overrides):
-    config = GeometryConfig(diagnostics="all", n_grid=GRID, n_bootstrap=4, capture="pattern", **overrides)
+    config = GeometryConfig(**{"diagnostics": "all", "n_grid": GRID, "n_bootstrap": 4, **overrides, "capture": "pattern"})
     pattern = run_with_geometry_hooks(model, tokens, attention_mask=mask, config=config)
     rows = run_with_geometry_hooks(model, tokens, attention_mask=mask, config=config.with_overrides(capture="rows"))
     assert (pattern.config.capture, rows.config.capture) == ("pattern", "rows")
@@ -105,6 +107,36 @@ def test_rows_fold_layers_within_the_memory_budget(budget):
         assert (a.layer, a.head, a.document, a.query_position) == (b.layer, b.head, b.document, b.query_position)
         torch.testing.assert_close(a.precision, b.precision, equal_nan=True)
         torch.testing.assert_close(a.alpha, b.alpha)
+
+
+class _SequenceBatches(Diagnostic):
+    """A per-sequence diagnostic that notes the batch of every context it is handed (the layer's mean value norm)."""
+
+    name = "sequence_batches"
+    fields = (FieldSpec("sequence_batches_norm", "mean value norm of the sequence's analysed heads", queries="sequence"),)
+    batches: list[int] = []
+
+    def sequences(self, context, settings):
+        self.batches.append(context.shape[0])
+        norms = torch.linalg.vector_norm(context.values.float(), dim=-1).mean(1)  # [batch, head_index]
+        return {"sequence_batches_norm": norms}
+
+
+def test_folded_layers_run_the_per_sequence_diagnostics_one_layer_at_a_time():
+    """With a budget that folds every layer into one batch, the per-sequence diagnostics still see one layer's
+    sequences at a time, as on the pattern path: their working memory does not grow with the fold (it did: the
+    profile fit of every folded layer filled the budget). Mutant caught: ``sequences`` on the folded context."""
+    model = tiny_arch_bridge("llama")
+    tokens, mask = _padded(model, "right")
+    REGISTRY.register(_SequenceBatches())
+    try:
+        _SequenceBatches.batches = []
+        pattern, rows = _both(model, tokens, mask, diagnostics=["sequence_batches", "assumptions"],
+                              memory_budget_mib=512.0)
+        assert _SequenceBatches.batches == [len(TEXTS)] * (2 * model.cfg.n_layers)  # one call per layer and path
+        assert_close_results(pattern, rows)
+    finally:
+        REGISTRY.unregister("sequence_batches")
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])

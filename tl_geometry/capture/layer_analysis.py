@@ -143,14 +143,21 @@ class LayerAnalysis:
             sampled = self._reduce(sample, self.plan.sampled, settings, weights, {})
             out.update(sampled.means())
             replicates.update(sampled.replicate_means())
-        for diagnostic in self.plan.diagnostics:
-            out.update(diagnostic.declared(diagnostic.sequences(context, settings[diagnostic.name]), "sequences"))
         queries = reduction.query_rows() if self.plan.config.keep_queries else {}
         for i, layer in enumerate(layers):
-            self.out[layer] = _unfolded(out, fold, i)
+            self.out[layer] = dict(_unfolded(out, fold, i))
             self.replicates[layer] = _unfolded(replicates, fold, i)
             if self.plan.config.keep_queries:
                 self.queries[layer] = _unfolded(queries, fold, i)
+            # The per-sequence diagnostics layer by layer, as on the pattern path: their slices of sequences
+            # then hold one layer's rows at most, so that folding layers (which speeds up the row chunks) does
+            # not raise their working memory above the pattern path's (the profile fit of 30 folded layers
+            # filled the budget where one layer's took a tenth of it).
+            one = context if fold == 1 else self._context(
+                _layer(pattern, fold, i), _layer(values, fold, i), p, window, _layer(query_index, fold, i), 1, label)
+            for diagnostic in self.plan.diagnostics:
+                self.out[layer].update(
+                    diagnostic.declared(diagnostic.sequences(one, settings[diagnostic.name]), "sequences"))
 
     def _context(
         self, pattern: Tensor, values: Tensor, prepared: PreparedTokens, window: int | None, query_index: Tensor,
@@ -223,6 +230,11 @@ def kept_groups(kept: dict[int, tuple[Tensor, Tensor]], windows: Sequence[int | 
 def _folded(t: Tensor, fold: int) -> Tensor:
     """``t`` (batch first) repeated for ``fold`` layers folded into the batch axis, layer by layer."""
     return t if fold == 1 else t.repeat(fold, *([1] * (t.ndim - 1)))
+
+
+def _layer(t: Tensor, fold: int, i: int) -> Tensor:
+    """The ``i``-th layer's slice (a view) of ``t``, whose batch axis folds ``fold`` layers, layer by layer."""
+    return t.unflatten(0, (fold, -1))[i]
 
 
 def _unfolded(fields: dict[str, Tensor], fold: int, i: int) -> dict[str, Tensor]:
