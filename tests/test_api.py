@@ -98,3 +98,11 @@ def test_old_paths_expose_the_names_they_had():
 def test_a_module_path_that_never_existed_is_still_an_import_error():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("tl_geometry.capture.nothing_here")
+
+
+def test_the_old_text_module_read_as_an_attribute_warns(monkeypatch):
+    if "text" in vars(tl_geometry):  # set by an import of tl_geometry.text earlier on
+        monkeypatch.delattr(tl_geometry, "text")
+    with pytest.warns(DeprecationWarning, match=r"^tl_geometry\.text is deprecated; import from "):
+        text = tl_geometry.text
+    assert text.default_text is tl_geometry.default_text

@@ -63,14 +63,18 @@ class _OldModulePaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         home = OLD_MODULES[spec.name]
-        warnings.warn(f"{spec.name} is deprecated; import from {home} (the same module, moved)",
-                      DeprecationWarning, stacklevel=2)  # the import system's frames are skipped: the importer
+        _warn_old_path(spec.name, stacklevel=2)  # the import system's frames are skipped: this names the importer
         module = importlib.import_module(home)
         spec.loader_state = module.__spec__  # the import system sets __spec__ to the old path's; put it back
         return module
 
     def exec_module(self, module: ModuleType) -> None:
         module.__spec__ = module.__spec__.loader_state  # already executed at its home
+
+
+def _warn_old_path(old: str, stacklevel: int) -> None:
+    warnings.warn(f"{old} is deprecated; import from {OLD_MODULES[old]} (the same module, moved)",
+                  DeprecationWarning, stacklevel=stacklevel + 1)
 
 
 def keep_old_module_paths() -> None:
@@ -81,8 +85,9 @@ def keep_old_module_paths() -> None:
 
 def moved(name: str) -> Any:
     """The object (or module) once at ``tl_geometry.<name>``, with a DeprecationWarning naming its home."""
-    if f"tl_geometry.{name}" in OLD_MODULES:
-        return importlib.import_module(f"tl_geometry.{name}")
+    if f"tl_geometry.{name}" in OLD_MODULES:  # ``tl_geometry.text`` read as an attribute
+        _warn_old_path(f"tl_geometry.{name}", stacklevel=3)  # the caller of tl_geometry.__getattr__
+        return importlib.import_module(OLD_MODULES[f"tl_geometry.{name}"])
     if name not in MOVED:
         raise AttributeError(f"module 'tl_geometry' has no attribute {name!r}")
     home = MOVED[name]
