@@ -51,7 +51,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     from tl_geometry import default_text, load_model, text_windows
-    from tl_geometry.interventions.topn_hooks import topn_hooks
+    from tl_geometry.interventions.topn_attention import topn_hooks
     from tl_geometry.interventions.sweep import intervention_sweep, supports_start_at_layer
 
     model = load_model(progress=False)

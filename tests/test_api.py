@@ -3,6 +3,7 @@
 import importlib
 import re
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,13 @@ def test_the_old_text_module_read_as_an_attribute_warns(monkeypatch):
     with pytest.warns(DeprecationWarning, match=r"^tl_geometry\.text is deprecated; import from "):
         text = tl_geometry.text
     assert text.default_text is tl_geometry.default_text
+
+
+@pytest.mark.parametrize("package", ["tl_geometry.interventions", "tl_geometry.roles", "tl_geometry.runs",
+                                     "tl_geometry.corpus_input", "tl_geometry.capture"])
+def test_no_public_name_hides_a_module_of_its_package(package):
+    """``import tl_geometry.interventions.X as m`` reads the package's attribute X: a function of that name would
+    be what it gets."""
+    imported = importlib.import_module(package)
+    modules = {p.stem for p in Path(imported.__file__).parent.glob("*.py")} - {"__init__"}
+    assert not modules & set(getattr(imported, "__all__", ()))
