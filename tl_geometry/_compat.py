@@ -42,7 +42,7 @@ OLD_MODULES = {
     "tl_geometry.capture.device_check": "tl_geometry.runs.device_check",
     "tl_geometry.capture.provenance": "tl_geometry.runs.model_provenance",
     "tl_geometry.capture.roles": "tl_geometry.roles",
-    "tl_geometry.capture.published": "tl_geometry.roles.published_measures",
+    "tl_geometry.capture.published": "tl_geometry.roles.published",
     "tl_geometry.capture.interventions": "tl_geometry.interventions.topn_attention",
     "tl_geometry.capture.sweep": "tl_geometry.interventions.sweep",
     "tl_geometry.capture.ablation": "tl_geometry.interventions.head_ablation",

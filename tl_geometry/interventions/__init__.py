@@ -16,7 +16,7 @@ from tl_geometry.interventions.sweep import effective_set_size, intervention_swe
 from tl_geometry.interventions.topn_attention import topn_hooks, topn_pattern_hook
 from tl_geometry.report.ablation import ablation_figure
 from tl_geometry.results.interventions import InterventionResult
-from tl_geometry.roles.published_measures import published_measures
+from tl_geometry.roles.published import published_measures
 
 __all__ = [
     "EffectiveSetSize",

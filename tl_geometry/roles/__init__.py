@@ -5,7 +5,7 @@ The roles are read from a result by `tl_geometry.analysis.taxonomy`; this packag
 
 from tl_geometry.roles.classify import classify_heads, detect_regime
 from tl_geometry.roles.prompt_sets import check_known_mechanisms, detector_scores, natural_text, repeated_random_tokens
-from tl_geometry.roles.published_measures import published_measures
+from tl_geometry.roles.published import published_measures
 
 __all__ = [
     "check_known_mechanisms",
