@@ -13,7 +13,7 @@ Three measurements, each in fresh subprocesses, printed side by side:
    process with two threads and by two processes (``torchrun``, gloo) with one
    thread each; the wall time of the analysis (after loading; ranks start
    together at a barrier) and the share of it spent in the final reduction of
-   the accumulators (the time ``tl_geometry.capture.distributed`` logs).
+   the accumulators (the time ``tl_geometry.runs.distributed`` logs).
 3. Resume: a run checkpointing every ``--resume-every`` windows is killed
    (SIGKILL) part-way, at a random moment after its first checkpoint, then
    started again: the windows analysed before the kill that the checkpoint
@@ -60,7 +60,7 @@ def bench_windows(model, n_windows: int, context: int):
 
 
 class _ReductionTime(logging.Handler):
-    """Collects the reduction time that tl_geometry.capture.distributed logs."""
+    """Collects the reduction time that tl_geometry.runs.distributed logs."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -75,14 +75,14 @@ def run_parallel(n_windows: int, context: int, batch_size: int, threads: int) ->
     import torch
 
     from tl_geometry import analyze_corpus, load_model
-    from tl_geometry.capture import distributed
+    from tl_geometry.runs import distributed
 
     torch.set_num_threads(threads)
     ranks = distributed.init_from_env("cpu")
     model = load_model(progress=False)
     windows, _ = bench_windows(model, n_windows, context)
     handler = _ReductionTime()
-    log = logging.getLogger("tl_geometry.capture.distributed")
+    log = logging.getLogger("tl_geometry.runs.distributed")
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     distributed.barrier()  # the ranks start the analysis together
@@ -99,7 +99,7 @@ def run_parallel(n_windows: int, context: int, batch_size: int, threads: int) ->
 def run_resume_child(n_windows: int, context: int, checkpoint: str, every: int) -> None:
     """The run that is killed: prints the windows done after every batch (read by the parent)."""
     from tl_geometry import analyze_corpus, load_model
-    from tl_geometry.capture import corpus
+    from tl_geometry.runs import corpus_run as corpus
 
     model = load_model(progress=False)
     windows, _ = bench_windows(model, n_windows, context)

@@ -96,9 +96,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from tl_geometry import GeometryConfig, run_with_geometry_hooks
-    from tl_geometry.capture.sources import text_windows
+    from tl_geometry.corpus_input.token_windows import text_windows
     from tl_geometry.models import load_model
-    from tl_geometry.text import default_text
+    from tl_geometry.corpus_input.plain_text import default_text
 
     whole = load_model(args.model, progress=False, compatibility_mode=False)
     whole.enable_compatibility_mode(disable_warnings=True, no_processing=True)

@@ -51,8 +51,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     from tl_geometry import default_text, load_model, text_windows
-    from tl_geometry.capture.interventions import topn_hooks
-    from tl_geometry.capture.sweep import intervention_sweep, supports_start_at_layer
+    from tl_geometry.interventions.topn_attention import topn_hooks
+    from tl_geometry.interventions.sweep import intervention_sweep, supports_start_at_layer
 
     model = load_model(progress=False)
     windows = text_windows(model, default_text(), context=args.context, n_windows=args.windows)

@@ -70,14 +70,14 @@ def main() -> None:
                         help="prompts per set of the known-mechanism check (default: the command's default)")
     args = parser.parse_args()
 
-    import tl_geometry.capture.corpus as corpus
-    import tl_geometry.capture.roles as roles
+    import tl_geometry.runs.corpus_run as corpus
+    import tl_geometry.roles.prompt_sets as roles
     import tl_geometry.models as models
     import tl_geometry.report.html as html
     from tl_geometry.cli import build_parser, config_from_args
     from tl_geometry.cli import main as cli
-    from tl_geometry.capture.sources import text_windows
-    from tl_geometry.text import default_text
+    from tl_geometry.corpus_input.token_windows import text_windows
+    from tl_geometry.corpus_input.plain_text import default_text
 
     analyze_corpus = corpus.analyze_corpus  # the unwrapped one, for the side-by-side run
     clock = Clock()

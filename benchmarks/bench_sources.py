@@ -44,15 +44,15 @@ def _child(mode: str, path: str, context: int, windows: int) -> None:
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
     if mode == "lazy":
-        from tl_geometry.capture.sources import read_corpus
+        from tl_geometry.corpus_input.token_windows import read_corpus
 
         got = len(list(read_corpus(tokenizer, path, context=context, n_windows=windows)))
     elif mode == "prefix":
-        from tl_geometry.capture.sources import text_windows
+        from tl_geometry.corpus_input.token_windows import text_windows
 
         got = len(text_windows(tokenizer, Path(path).read_text(), context=context, n_windows=windows))
     else:
-        from tl_geometry.capture.sources import text_windows
+        from tl_geometry.corpus_input.token_windows import text_windows
 
         got = len(text_windows(tokenizer, Path(path).read_text(), context=context)[:windows])
     seconds = time.perf_counter() - start
@@ -70,7 +70,7 @@ def main() -> None:
     if args.child:
         _child(args.child[0], args.child[1], args.context, args.windows)
         return
-    from tl_geometry.text import default_text
+    from tl_geometry.corpus_input.plain_text import default_text
 
     text = default_text()
     with tempfile.TemporaryDirectory() as tmp:

@@ -179,7 +179,7 @@ for index, role in enumerate(NAMED):
 # which runs only their layers, on the default query sample of the prompt.
 
 # %%
-content_probability = tg.capture.roles.detect_regime(model, prompt, "content", heads=prev_heads)
+content_probability = tg.roles.detect_regime(model, prompt, "content", heads=prev_heads)
 assert content_probability.shape == previous_token.shape
 for layer, head in prev_heads:
     print(f"L{layer}H{head}: previous-token {previous_token[layer, head]:.2f}, p(content) {content_probability[layer, head]:.2f}")

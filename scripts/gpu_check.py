@@ -8,7 +8,7 @@ copy of the model on the CPU, within the tolerances it prints; prints the
 wall times against the bare forward pass; exits with 1 on any mismatch.
 Without CUDA it says so in one line and runs the CPU half (the same runs on
 the CPU, the torchrun part with gloo). The logic is
-`tl_geometry.capture.device_check`, where the tests import it.
+`tl_geometry.runs.device_check`, where the tests import it.
 
     python scripts/gpu_check.py [--model smollm2-135m] [--device cuda] [--windows 4] [--context 128]
         [--layers 0 15 29] [--heads 0 1] [--no-torchrun]
@@ -16,7 +16,7 @@ the CPU, the torchrun part with gloo). The logic is
 
 import sys
 
-from tl_geometry.capture.device_check import main
+from tl_geometry.runs.device_check import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -27,11 +27,11 @@ from pathlib import Path
 import torch
 
 from tl_geometry.analysis.interventions import geometry_vs_dnll
-from tl_geometry.capture.corpus import analyze_corpus
-from tl_geometry.capture.sources import window_documents
-from tl_geometry.capture.sweep import effective_set_size, intervention_sweep
+from tl_geometry.corpus_input.plain_text import default_text
+from tl_geometry.corpus_input.token_windows import window_documents
+from tl_geometry.interventions.sweep import effective_set_size, intervention_sweep
 from tl_geometry.models import load_model
-from tl_geometry.text import default_text
+from tl_geometry.runs.corpus_run import analyze_corpus
 
 GRID = [1, 2, 4, 8, 16, 32, 64]
 BOOTSTRAP = 200

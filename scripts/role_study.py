@@ -17,7 +17,7 @@ and its default query sample:
 - stability: the roles of the first and the second half of the windows,
   analysed separately, agree on the heads both label; the default sample and
   a sample with another seed agree;
-- the known mechanisms (`tl_geometry.capture.roles.check_known_mechanisms`):
+- the known mechanisms (`tl_geometry.roles.check_known_mechanisms`):
   the ten heads with the highest previous-token score on natural text, the
   ten with the highest induction score on repeated random tokens, and the ten
   with the highest duplicate-token and BOS scores on natural text, and their
@@ -47,7 +47,7 @@ from tl_geometry.analysis.taxonomy import (
     taxonomy_from_result,
     threshold_sensitivity,
 )
-from tl_geometry.capture.roles import check_known_mechanisms
+from tl_geometry.roles.prompt_sets import check_known_mechanisms
 
 
 def _analyse(model, windows, config, save: str | None, tag: str):

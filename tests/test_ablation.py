@@ -22,10 +22,10 @@ from tl_geometry.analysis.ablation import (
     random_head_sets,
     role_groups,
 )
-from tl_geometry.capture import ablation as ablation_module
-from tl_geometry.capture.ablation import ablate_roles, ablation_hooks, mean_z
-from tl_geometry.capture.published import published_measures
 from tl_geometry.errors import GeometryError
+from tl_geometry.interventions import head_ablation as ablation_module
+from tl_geometry.interventions.head_ablation import ablate_roles, ablation_hooks, mean_z
+from tl_geometry.roles.published import published_measures
 
 pytestmark = pytest.mark.model
 

@@ -12,10 +12,10 @@ import torch
 
 from tests import tiny_models as tm
 from tests.fixtures import spy
-from tl_geometry.capture import corpus as corpus_module
-from tl_geometry.capture.checkpoint import CheckpointEvery
-from tl_geometry.capture.corpus import analyze_corpus
 from tl_geometry.errors import GeometryError
+from tl_geometry.runs import corpus_run as corpus_module
+from tl_geometry.runs.checkpoint import CheckpointEvery
+from tl_geometry.runs.corpus_run import analyze_corpus
 
 pytestmark = pytest.mark.model
 
@@ -72,7 +72,7 @@ CHILD = textwrap.dedent(
     import sys, time
     from tests import tiny_models as tm
     from tests.test_checkpoint import KIND, SETTINGS, corpus
-    from tl_geometry.capture import corpus as corpus_module
+    from tl_geometry.runs import corpus_run as corpus_module
     original = corpus_module.analyse_prepared
     def slow(*args, **kwargs):
         original(*args, **kwargs)

@@ -60,9 +60,9 @@ def test_report_analyze_and_plot(default_report, tmp_path, monkeypatch, capsys):
 
 @pytest.mark.slow  # the decision is the command's, whatever the TransformerLens: not run again in the 3.9 half
 def test_mechanism_prompts_0_leaves_the_check_out(tmp_path, monkeypatch):
-    import tl_geometry.capture.roles
+    import tl_geometry.roles.prompt_sets
 
-    monkeypatch.setattr(tl_geometry.capture.roles, "check_known_mechanisms", lambda *a, **k: pytest.fail("the check ran"))
+    monkeypatch.setattr(tl_geometry.roles.prompt_sets, "check_known_mechanisms", lambda *a, **k: pytest.fail("the check ran"))
     text = tmp_path / "story.txt"
     text.write_text(" ".join(f"Sentence number {i} is about attention heads." for i in range(20)))
     assert main(["report", "--text", str(text), "--windows", "1", "--context", "32", "--layers", "0", "--heads", "0",

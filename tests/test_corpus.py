@@ -5,9 +5,9 @@ import torch
 
 from tests import tiny_models as tm
 from tests.fixtures import TEXTS
-from tl_geometry.capture.corpus import analyze_corpus
-from tl_geometry.errors import GeometryError
 from tl_geometry.capture.hooks import run_with_geometry_hooks
+from tl_geometry.errors import GeometryError
+from tl_geometry.runs.corpus_run import analyze_corpus
 
 # Model-facing: also run in the transformer-lens 3.9 environment (make test-tl3).
 pytestmark = pytest.mark.model
@@ -75,10 +75,10 @@ def test_bad_corpus(model, corpus, kwargs, message):
         analyze_corpus(model, corpus, progress=False, **kwargs)
 
 
-# ---- windows read lazily (tl_geometry.capture.sources) ----
+# ---- windows read lazily (tl_geometry.corpus_input.token_windows) ----
 
 def _windows(model, n_docs=4, length=23, context=8, **kwargs):
-    from tl_geometry.capture.sources import window_documents
+    from tl_geometry.corpus_input.token_windows import window_documents
 
     docs = [" ".join(tm.WORDS[(i * 7 + j) % len(tm.WORDS)] for j in range(length + i)) for i in range(n_docs)]
     return window_documents(model, docs, context=context, **kwargs)
@@ -117,7 +117,7 @@ def test_the_progress_bar_counts_windows_and_tokens(model, capsys):
 
 
 def test_skips_are_reported_at_the_end(model, capsys):
-    from tl_geometry.capture.sources import window_documents
+    from tl_geometry.corpus_input.token_windows import window_documents
 
     result = analyze_corpus(model, window_documents(model, ["the cat sat on the mat and ran", "a dog"], context=5),
                             progress=True, n_grid=[1])
@@ -126,7 +126,7 @@ def test_skips_are_reported_at_the_end(model, capsys):
 
 
 def test_no_windows_is_a_one_line_error(model):
-    from tl_geometry.capture.sources import window_documents
+    from tl_geometry.corpus_input.token_windows import window_documents
 
     with pytest.raises(GeometryError, match=r"no windows to analyse \(2 documents read, 0 windows used.*skipped 2 "):
         analyze_corpus(model, window_documents(model, ["a dog", "a cat"], context=8), progress=False)

@@ -1,6 +1,6 @@
 """The device check's logic on the CPU: its tolerances, mismatch detection and exit code, the no-CUDA line, the table.
 
-`tl_geometry.capture.device_check` (run by ``scripts/gpu_check.py``) compares runs on a device with the CPU
+`tl_geometry.runs.device_check` (run by ``scripts/gpu_check.py``) compares runs on a device with the CPU
 float64 reference. Here the results compared are built from known per-document values (an `Accumulator`), so
 each test knows the per-head means it compares; and the whole check runs on a tiny Llama bridge standing in for
 the bundled model, the CPU playing the device, once as it is and once with a mutant whose attention is changed.
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from tests import tiny_models as tm
-from tl_geometry.capture import device_check
-from tl_geometry.capture.device_check import (
+from tl_geometry.runs import device_check
+from tl_geometry.runs.device_check import (
     BARE,
     TOLERANCES,
     Mismatch,

@@ -15,7 +15,6 @@ import torch
 from tests import tiny_models as tm
 from tests.fixtures import assert_equal_runs, assert_same_rows, assert_same_stats, forbid_loading, inject, needs_gemma3
 from tl_geometry import models
-from tl_geometry.capture.provenance import weights_fingerprint
 from tl_geometry.capture.hooks import gathered, run_with_geometry_hooks
 from tl_geometry.capture.layer_analysis import LayerAnalysis, kept_bytes, kept_groups
 from tl_geometry.capture.plan import plan_run
@@ -23,6 +22,7 @@ from tl_geometry.capture.tokens import prepare_tokens
 from tl_geometry.config import GeometryConfig
 from tl_geometry.errors import GeometryError
 from tl_geometry.models import check_device_map, load_model, transformer_lens_major_version
+from tl_geometry.runs.model_provenance import weights_fingerprint
 
 NO_CUDA = not torch.cuda.is_available()
 NEEDS_TL4 = pytest.mark.skipif(transformer_lens_major_version() < 4, reason="device_map needs transformer-lens 4.x")

@@ -11,11 +11,11 @@ import torch.multiprocessing as mp
 
 from tests import tiny_models as tm
 from tests.fixtures import TEXTS, assert_equal_runs
-from tl_geometry.capture.corpus import analyze_corpus
-from tl_geometry.capture.sources import window_documents
-from tl_geometry.capture.distributed import Ranks, init_from_env
+from tl_geometry.corpus_input.token_windows import window_documents
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
+from tl_geometry.runs.corpus_run import analyze_corpus
+from tl_geometry.runs.distributed import Ranks, init_from_env
 
 pytestmark = pytest.mark.model
 
@@ -117,7 +117,7 @@ def test_two_gloo_processes_equal_one_on_a_window_stream(ranks_out):
 
 
 def _sweeps(model):
-    from tl_geometry.capture.sweep import effective_set_size, intervention_sweep
+    from tl_geometry.interventions.sweep import effective_set_size, intervention_sweep
 
     settings = dict(layers=[0, 1], n_bootstrap=20, batch_size=2, progress=False)
     sweep = intervention_sweep(model, CORPUS, [1, 2, 4], scope="layer", controls=2, **settings)
@@ -153,7 +153,7 @@ def test_ranks_that_disagree_refuse(ranks_out):
 
 
 def test_shards_are_round_robin_by_window_whatever_the_batching():
-    from tl_geometry.capture.corpus import shard_batches
+    from tl_geometry.runs.corpus_run import shard_batches
 
     rows = torch.arange(7)[:, None].repeat(1, 3)
     for ranks in (Ranks(0, 2), Ranks(1, 2), Ranks(2, 3)):

@@ -128,7 +128,7 @@ def test_nnsight_model_equals_the_bridge_path(arch):
 @pytest.mark.parametrize("kind", ["transformers", pytest.param("nnsight", marks=needs_nnsight)])
 def test_analyze_corpus_wraps_once_and_equals_the_bridge(kind, monkeypatch):
     """A corpus of several batches through a held model: wrapped once, equal to the bridge's exactly."""
-    from tl_geometry.capture import corpus as corpus_module
+    from tl_geometry.runs import corpus_run as corpus_module
 
     hf_model = tm.tiny_arch_model("llama")
     model = hf_model if kind == "transformers" else language_model(hf_model, tm.tiny_tokenizer())

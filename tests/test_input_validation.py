@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
-from tl_geometry.capture.corpus import analyze_corpus
 from tl_geometry.capture.hooks import run_with_geometry_hooks
 from tl_geometry.errors import GeometryError
 from tl_geometry.models import check_device, load_model
+from tl_geometry.runs.corpus_run import analyze_corpus
 from tests import tiny_models as tm
 
 

@@ -20,7 +20,7 @@ from tests.tiny_models import (
     tl_major_version,
     with_bos,
 )
-from tl_geometry.capture.interventions import (
+from tl_geometry.interventions.topn_attention import (
     check_pattern_edits,
     random_scores,
     topn_hooks,

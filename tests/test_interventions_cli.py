@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.usefixtures("shar
 
 
 def test_intervene_writes_the_sweep_n_star_and_the_page(tmp_path, capsys, monkeypatch):
-    from tl_geometry.capture import sweep as sweeps
+    from tl_geometry.interventions import sweep as sweeps
 
     calls = {name: spy(monkeypatch, sweeps, name) for name in ("intervention_sweep", "effective_set_size")}
     out = tmp_path / "run"

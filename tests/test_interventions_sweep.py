@@ -23,7 +23,7 @@ from tl_geometry.analysis.interventions import (
     search_n_star,
     spearman,
 )
-from tl_geometry.capture.sweep import (
+from tl_geometry.interventions.sweep import (
     blocks_below_skipped,
     document_nll,
     effective_set_size,
@@ -341,7 +341,7 @@ def test_each_control_is_ranked_once_and_gives_the_sweep_ranked_every_pass(model
     """A random control's order is kept across its N and modes (the sweep's cache), with the same result as ranking
     it in every pass. Mutants caught: the cache keyed without the control or without the layer (one order serves
     several, so the dNLL change); a control's order dropped while its settings still run (ranked twice)."""
-    import tl_geometry.capture.interventions as interventions
+    import tl_geometry.interventions.topn_attention as interventions
 
     drawn = []
     original = interventions.random_scores

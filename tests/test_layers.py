@@ -2,8 +2,8 @@
 
 Read from the source with ``ast`` (every ``import`` and ``from ... import``
 of the package, at module level or inside functions), so that a lazy import
-cannot hide an arrow running up the layers. Parts on one layer (``text`` and
-``models``) are independent: neither imports the other.
+cannot hide an arrow running up the layers. Parts on one layer (``corpus_input``
+and ``models``, ``runs`` and ``roles``) are independent: neither imports the other.
 """
 
 import ast
@@ -16,19 +16,22 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tl_geometry"
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     ("__main__",),  # python -m tl_geometry: the command line
     ("cli",),
-    ("__init__", "_compat"),  # the public names, and where the old ones went
-    ("corpus", "interventions", "plots"),  # the second tier of the public names
+    ("__init__",),  # the public names
+    ("_compat",),  # where the old names and module paths went (read by name, at import)
+    ("corpus", "plots"),  # the second tier of the public names (interventions, below, is one too)
+    ("interventions",),  # the one path that changes the forward pass: top-N hooks, sweeps, head ablations
     ("report",),  # figures only draw; the page reads a result
-    ("capture",),  # models run here: hooks, corpus, sweeps, prompt sets
+    ("runs", "roles"),  # runs: analyze_corpus, checkpoints, data parallel; roles: the role run, prompt sets
+    ("capture",),  # the hooked pass: tokens, hooks, the rows path, the run plan, one layer's analysis
     ("analysis",),  # analysis from a result only
     ("results",),  # statistics tables, merge, files
     ("config",),
     ("diagnostics",),  # declared components over one selection context
     ("theory",),  # pure maths: bounds, the simulator ...
     ("engine",),  # ... over the top-N core
-    ("text", "models"),  # the default text (files every Python has); models: loading
+    ("corpus_input", "models"),  # text, files and token windows, no model run; models: loading
     ("atomic_io",),  # files written as one unit, folder locks, strict JSON
-    ("errors", "_types", "_version", "_hashing"),  # no imports from the package
+    ("errors", "_types", "_version", "_hashing", "_wording"),  # no imports from the package
 ))  # fmt: skip
 
 

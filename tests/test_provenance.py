@@ -7,11 +7,11 @@ import torch
 
 from tests import tiny_models as tm
 from tests.fixtures import make_result
-from tl_geometry.capture.corpus import analyze_corpus
-from tl_geometry.capture.sources import read_corpus
+from tl_geometry.corpus_input.token_windows import read_corpus
 from tl_geometry.errors import GeometryError
-from tl_geometry.capture.provenance import model_provenance, weights_fingerprint
 from tl_geometry.results.result import GeometryResult
+from tl_geometry.runs.corpus_run import analyze_corpus
+from tl_geometry.runs.model_provenance import model_provenance, weights_fingerprint
 
 pytestmark = pytest.mark.model
 

@@ -288,7 +288,7 @@ def test_saved_results_are_strict_json(tmp_path):
 
 
 def test_the_corpus_summary_counts_in_words():
-    from tl_geometry.capture.readers import SKIP_BAD_RECORD, SKIP_EMPTY, CorpusReport
+    from tl_geometry.corpus_input.readers import SKIP_BAD_RECORD, SKIP_EMPTY, CorpusReport
 
     report = CorpusReport(documents=1, windows=1, tail_tokens=1)
     report.skip(SKIP_EMPTY, "a.txt")

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from tests import tiny_models as tm
-from tl_geometry.capture import readers, sources
-from tl_geometry.capture.readers import SKIP_BAD_RECORD, SKIP_EMPTY, SKIP_NO_COLUMN, SKIP_SHORT, SKIP_UNKNOWN_KIND, SKIP_UNREADABLE
-from tl_geometry.capture.sources import Window, read_corpus, text_windows, window_documents
+from tl_geometry.corpus_input import readers
+from tl_geometry.corpus_input import token_windows as sources
+from tl_geometry.corpus_input.readers import SKIP_BAD_RECORD, SKIP_EMPTY, SKIP_NO_COLUMN, SKIP_SHORT, SKIP_UNKNOWN_KIND, SKIP_UNREADABLE
+from tl_geometry.corpus_input.token_windows import Window, read_corpus, text_windows, window_documents
 from tl_geometry.errors import GeometryError
 
 BOS = tm.BOS_ID
@@ -79,7 +80,7 @@ def test_long_text_read_in_pieces_equals_tokenising_it_whole(tmp_path, tok, monk
 @pytest.mark.slow
 def test_pieces_equal_whole_on_smollm2(smollm2):
     """The byte-level tokenizer of the default model: multi-byte characters, whitespace runs, code."""
-    from tl_geometry.text import default_text
+    from tl_geometry.corpus_input.plain_text import default_text
 
     text = default_text()[:200_000] + " été 你好 😀\n\n    x = 1  "
     pieces = (text[i : i + 997] for i in range(0, len(text), 997))

@@ -46,11 +46,12 @@ from tl_geometry.analysis.taxonomy import (
     threshold_sensitivity,
 )
 from tl_geometry.capture.hooks import run_with_geometry_hooks
-from tl_geometry.capture.roles import classify_heads, detect_regime, detector_scores
 from tl_geometry.config import GeometryConfig
 from tl_geometry.diagnostics.taxonomy import LITERAL_FEATURES, ROLE_FEATURES, SUBTYPE_FEATURES, TAXONOMY_FEATURES
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
+from tl_geometry.roles.classify import classify_heads, detect_regime
+from tl_geometry.roles.prompt_sets import detector_scores
 
 D = 8  # the tiny GPT-2's d_head
 N_DOC, POS, PERIOD = 8, 48, 20

@@ -1,4 +1,4 @@
-"""Tests for tl_geometry.text: the default text, reading files, token windows."""
+"""Tests for tl_geometry.corpus_input.plain_text: the default text, reading files, token windows."""
 
 import pytest
 import torch

@@ -9,9 +9,9 @@ The top level holds what a run needs: load a model, run the hooks (or read
 a cache), the result and its config, text and corpora, the head roles, the
 claims and the comparison of two results. The rest lives in
 `tl_geometry.corpus`, `tl_geometry.analysis`, `tl_geometry.diagnostics`,
-`tl_geometry.theory`, `tl_geometry.interventions` and `tl_geometry.plots` (every
-figure, from a result); names that used to be
-here still import, with a DeprecationWarning naming their home.
+`tl_geometry.theory`, `tl_geometry.interventions`, `tl_geometry.roles` and
+`tl_geometry.plots` (every figure, from a result); names and module paths that
+used to be here still import, with a DeprecationWarning naming their home.
 
 Importing the package is cheap: transformers and the models load only when
 asked for.
@@ -19,21 +19,22 @@ asked for.
 
 from typing import Any
 
+from tl_geometry._compat import keep_old_module_paths, moved
 from tl_geometry._version import __version__
 from tl_geometry.analysis.claims import claims
 from tl_geometry.analysis.sink import sink_recall_correlation
 from tl_geometry.capture.cache import selection_metrics_from_cache
-from tl_geometry.capture.corpus import analyze_corpus
 from tl_geometry.capture.hooks import run_with_geometry_hooks
-from tl_geometry.capture.roles import classify_heads
-from tl_geometry.capture.sources import read_corpus, text_windows
 from tl_geometry.config import GeometryConfig
+from tl_geometry.corpus_input.plain_text import default_text
+from tl_geometry.corpus_input.token_windows import read_corpus, text_windows
 from tl_geometry.engine.metrics import SelectionMetrics, selection_metrics
 from tl_geometry.errors import GeometryError
 from tl_geometry.models import load_model
 from tl_geometry.report.compare import compare
 from tl_geometry.results.result import GeometryResult
-from tl_geometry.text import default_text
+from tl_geometry.roles.classify import classify_heads
+from tl_geometry.runs.corpus_run import analyze_corpus
 
 from tl_geometry import analysis, corpus, diagnostics, interventions, plots, theory  # noqa: E402, F401 (the second tier)
 
@@ -57,7 +58,8 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    import importlib
+keep_old_module_paths()  # tl_geometry.capture.corpus and the other old module paths still import, with a warning
 
-    return importlib.import_module("tl_geometry._compat").moved(name)
+
+def __getattr__(name: str) -> Any:
+    return moved(name)

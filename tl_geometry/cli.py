@@ -10,7 +10,7 @@ merge OUT IN1 IN2 ...`` merges saved results of one model and config.
 
 Inputs (``--data``): text files, JSONL / CSV / Parquet files with a text
 column, ``.npy`` token ids, directories of them and datasets saved with
-``save_to_disk``, read lazily (`tl_geometry.capture.sources`); or
+``save_to_disk``, read lazily (`tl_geometry.corpus_input.token_windows`); or
 ``--prompts FILE`` with one prompt per line, each analysed whole. The
 analysis options mirror `tl_geometry.GeometryConfig` (`config_from_args`).
 """
@@ -356,8 +356,8 @@ def _intervene(args: argparse.Namespace) -> int:
     import torch
 
     from tl_geometry.analysis.interventions import geometry_vs_dnll
-    from tl_geometry.capture.corpus import analyze_corpus
-    from tl_geometry.capture.sweep import DEFAULT_SWEEP_GRID, effective_set_size, intervention_sweep
+    from tl_geometry.runs.corpus_run import analyze_corpus
+    from tl_geometry.interventions.sweep import DEFAULT_SWEEP_GRID, effective_set_size, intervention_sweep
     from tl_geometry.diagnostics.selection import F_SCORE, PRECISION, RECALL
     from tl_geometry.report.html import intervention_figures, render_html
     from tl_geometry.atomic_io import atomic_path, json_text
@@ -425,8 +425,8 @@ def _ablate_roles(args: argparse.Namespace) -> int:
     """``tl-geometry intervene --ablate-roles``: the roles on the evaluated windows, then `tl_geometry.interventions.ablate_roles`."""
     import torch
 
-    from tl_geometry.capture.ablation import ablate_roles
-    from tl_geometry.capture.roles import classify_heads
+    from tl_geometry.interventions.head_ablation import ablate_roles
+    from tl_geometry.roles.classify import classify_heads
     from tl_geometry.report.html import ablation_page
     from tl_geometry.atomic_io import atomic_path
 
@@ -500,8 +500,8 @@ def read_prompts(path: Path) -> list[str]:
 
 def _corpus(args: argparse.Namespace, model: Any, prompts: list[str] | None) -> tuple[Any, dict[str, str]]:
     """What to analyse (prompts, or a lazy window stream) and how the report names it."""
-    from tl_geometry.capture.sources import read_corpus, window_documents
-    from tl_geometry.text import default_text
+    from tl_geometry.corpus_input.token_windows import read_corpus, window_documents
+    from tl_geometry.corpus_input.plain_text import default_text
 
     if prompts is not None:
         return prompts, {"text": f"{args.prompts} (one prompt per line)", "prompts": str(len(prompts))}
@@ -517,9 +517,9 @@ def _corpus(args: argparse.Namespace, model: Any, prompts: list[str] | None) -> 
 
 def _analyse(args: argparse.Namespace):
     """Load the model and text, analyse the windows; the result, the summary-table details and the model."""
-    from tl_geometry.capture.checkpoint import CheckpointEvery
-    from tl_geometry.capture.corpus import analyze_corpus
-    from tl_geometry.capture.sources import WindowStream
+    from tl_geometry.runs.checkpoint import CheckpointEvery
+    from tl_geometry.runs.corpus_run import analyze_corpus
+    from tl_geometry.corpus_input.token_windows import WindowStream
 
     config = config_from_args(args)
     prompts = read_prompts(args.prompts) if args.prompts is not None else None
@@ -547,7 +547,7 @@ def _load_model_on_every_rank(args: argparse.Namespace) -> tuple[Any, bool]:
     """
     from tqdm.auto import tqdm
 
-    from tl_geometry.capture import distributed
+    from tl_geometry.runs import distributed
     from tl_geometry.models import bundled_model_names, export_bundled_model, load_model
 
     ranks = distributed.init_from_env(args.device)
@@ -632,7 +632,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.command == "report":
         mechanisms = None
         if "taxonomy" in result.config.diagnostics and args.mechanism_prompts > 0:
-            from tl_geometry.capture.roles import check_known_mechanisms
+            from tl_geometry.roles.prompt_sets import check_known_mechanisms
 
             mechanisms = check_known_mechanisms(model, n_prompts=args.mechanism_prompts, progress=not args.quiet)
         index = _with_elapsed("tl_geometry: drawing the figures and writing the report", args.quiet,
@@ -743,7 +743,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.prompts is not None and args.data:
         raise GeometryError("--prompts and --data: pass one of them (prompts are analysed whole, data in windows)")
     config_from_args(args)  # a bad option fails here, before the model loads
-    from tl_geometry.capture.checkpoint import CheckpointEvery
+    from tl_geometry.runs.checkpoint import CheckpointEvery
     from tl_geometry.models import check_device, check_model_name, model_dtype
 
     CheckpointEvery.parse(args.checkpoint_every)
@@ -761,7 +761,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         if path.is_file() and path.stat().st_size == 0:
             raise GeometryError(f"--data: {path} is empty; pass a file with some text")
         if path.is_dir():
-            from tl_geometry.capture.readers import holds_readable_files
+            from tl_geometry.corpus_input.readers import holds_readable_files
 
             if not holds_readable_files(path):
                 raise GeometryError(
@@ -771,7 +771,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def _is_main_process() -> bool:
-    from tl_geometry.capture.distributed import current_ranks
+    from tl_geometry.runs.distributed import current_ranks
 
     return current_ranks().is_main
 

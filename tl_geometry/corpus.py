@@ -3,10 +3,10 @@
     from tl_geometry.corpus import read_corpus, analyze_corpus
 """
 
-from tl_geometry.capture.corpus import analyze_corpus
-from tl_geometry.capture.readers import CorpusReport
-from tl_geometry.capture.sources import Window, WindowStream, read_corpus, text_windows, window_documents
-from tl_geometry.text import default_text, read_text_files
+from tl_geometry.corpus_input.plain_text import default_text, read_text_files
+from tl_geometry.corpus_input.readers import CorpusReport
+from tl_geometry.corpus_input.token_windows import Window, WindowStream, read_corpus, text_windows, window_documents
+from tl_geometry.runs.corpus_run import analyze_corpus
 
 __all__ = [
     "CorpusReport",

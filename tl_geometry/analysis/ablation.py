@@ -1,6 +1,6 @@
 """Head-role ablations read as numbers: the groups, the random head sets they are compared with, and the table.
 
-`tl_geometry.capture.ablation.ablate_roles` runs the model; this module holds
+`tl_geometry.interventions.head_ablation.ablate_roles` runs the model; this module holds
 what needs no model:
 
 - `role_groups`: the heads of each role class (a HeadTaxonomy label) and of

@@ -1,6 +1,6 @@
 """Roles against heads whose mechanism the field knows: detector scores beside the roles on the same prompts.
 
-The scores come from `tl_geometry.capture.roles` (written from the
+The scores come from `tl_geometry.roles.prompt_sets` (written from the
 detectors' definitions on ``hook_pattern``, independent of the role
 features); this module only reads them with a taxonomy.
 """

@@ -1,1 +1,1 @@
-"""Capture: tokens and windows in, one hooked forward pass, per-layer selection contexts out."""
+"""Capture: the hooked pass. Tokens and windows in, one forward pass with hooks, per-layer selection contexts out."""

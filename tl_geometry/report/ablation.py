@@ -1,4 +1,4 @@
-"""The figure of `tl_geometry.capture.ablation.ablate_roles`: each group's change in loss against the random band."""
+"""The figure of `tl_geometry.interventions.head_ablation.ablate_roles`: each group's change in loss against the random band."""
 
 import plotly.graph_objects as go
 

@@ -24,24 +24,24 @@ from typing import NamedTuple
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
+from tl_geometry.analysis.ablation import RoleAblation
+from tl_geometry.analysis.claims import sample_warning
+from tl_geometry.analysis.mechanisms import PromptSetCheck
+from tl_geometry.analysis.sink import sink_recall_correlation
+from tl_geometry.analysis.summaries import effective_n, mean_over_heads
+from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy, taxonomy_from_result, threshold_sensitivity
 from tl_geometry.atomic_io import Unit, commit_unit
+from tl_geometry.diagnostics.registry import REGISTRY
+from tl_geometry.diagnostics.selection import ATTENTION_MASS, PRECISION, RECALL
+from tl_geometry.errors import GeometryError
 from tl_geometry.report import plots
 from tl_geometry.report.explorer import HEATMAPS, default_n_index, explorer_html, explorer_script
 from tl_geometry.report.roles import ABLATIONS_ID, ABLATIONS_TITLE, roles_html
 from tl_geometry.report.scorecard import scorecard_html
-from tl_geometry.errors import GeometryError
-from tl_geometry.diagnostics.registry import REGISTRY
-from tl_geometry.diagnostics.selection import ATTENTION_MASS, PRECISION, RECALL
 from tl_geometry.results import fileformat
 from tl_geometry.results.display import plural
 from tl_geometry.results.result import GeometryResult
-from tl_geometry.analysis.ablation import RoleAblation
-from tl_geometry.analysis.claims import sample_warning
-from tl_geometry.analysis.sink import sink_recall_correlation
 from tl_geometry.theory.synthetic import toy_2d
-from tl_geometry.analysis.summaries import effective_n, mean_over_heads
-from tl_geometry.analysis.mechanisms import PromptSetCheck
-from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy, taxonomy_from_result, threshold_sensitivity
 
 
 @dataclass(frozen=True)
@@ -384,7 +384,7 @@ def render_html(
     result carries its fields. ``rendered`` reuses figures already drawn.
     ``extra_figures`` (e.g. `intervention_figures` of a sweep) get a section
     of their own right after the summary. ``mechanisms``
-    (`tl_geometry.capture.roles.check_known_mechanisms`) adds the detector
+    (`tl_geometry.roles.check_known_mechanisms`) adds the detector
     cross-tab to the head roles' section, and ``ablation``
     (`tl_geometry.interventions.ablate_roles`) the roles' ablations.
     """

@@ -323,7 +323,7 @@ class Accumulator:
         counts, sums and replicate sums are added, minima and maxima combined
         (a statistic with no document anywhere stays NaN), and per-query rows
         gathered. The collectives are injected so that this stays free of
-        ``torch.distributed`` (see `tl_geometry.capture.distributed`).
+        ``torch.distributed`` (see `tl_geometry.runs.distributed`).
 
         Args:
             all_reduce: ``all_reduce(tensor, op)`` with op ``"sum"``, ``"min"`` or

@@ -13,15 +13,12 @@ import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from tl_geometry._wording import plural  # noqa: F401 (read from here by the summaries; lives below corpus input)
+
 WIDTH = 100
 """Longest line of a text summary (longer values wrap onto the next lines)."""
 MAX_LINES = 25
 """At most this many lines in any summary (the title included)."""
-
-
-def plural(count: int, noun: str, nouns: str | None = None) -> str:
-    """``"1 document"``, ``"2 documents"`` (``nouns`` for an irregular plural)."""
-    return f"{count} {noun if count == 1 else (nouns or noun + 's')}"
 
 
 def head_name(layer: int, head: int) -> str:

@@ -1,6 +1,6 @@
 """What reproduces a result, as plain JSON: the package versions, and what two results' provenances must share.
 
-A run records the model's identity (`tl_geometry.capture.provenance`), the
+A run records the model's identity (`tl_geometry.runs.model_provenance`), the
 package versions, the corpus and the capture path its plan took (``"capture"``,
 with ``"capture_reason"`` where ``capture="auto"`` fell back to the pattern) on
 its result (``result.provenance``), saved

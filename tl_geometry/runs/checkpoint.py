@@ -26,10 +26,10 @@ from typing import Any
 import torch
 
 from tl_geometry.atomic_io import atomic_path
-from tl_geometry.capture.distributed import Ranks
 from tl_geometry.capture.tokens import PreparedTokens
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.accumulators import Accumulator
+from tl_geometry.runs.distributed import Ranks
 
 FORMAT = "tl_geometry.checkpoint/1"
 DEFAULT_CHECKPOINT_EVERY = "5m"

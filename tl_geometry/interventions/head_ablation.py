@@ -50,12 +50,12 @@ from tl_geometry.analysis.ablation import (
 from tl_geometry.capture.held_models import as_hookable
 from tl_geometry.capture.hook_names import z_hook
 from tl_geometry.capture.hooks import model_name
-from tl_geometry.capture.roles import detector_scores, repeated_random_tokens
-from tl_geometry.capture.sources import text_windows
 from tl_geometry.capture.tokens import check_model, input_device
+from tl_geometry.corpus_input.plain_text import default_text
+from tl_geometry.corpus_input.token_windows import text_windows
 from tl_geometry.engine.context import working_dtype
 from tl_geometry.errors import GeometryError
-from tl_geometry.text import default_text
+from tl_geometry.roles.prompt_sets import detector_scores, repeated_random_tokens
 
 
 def check_z_hooks(model: Any, layers: Sequence[int]) -> None:
@@ -261,7 +261,7 @@ def ablate_roles(
         n_random: random head sets per group (seeded).
         repeated_prompts: repeated-random-token prompts (BOS + ``period`` tokens, twice); 0 leaves that task out.
         period: T, the random tokens of each copy.
-        detectors: also ablate the heads the detectors of `tl_geometry.capture.roles` name: previous-token
+        detectors: also ablate the heads the detectors of `tl_geometry.roles.prompt_sets` name: previous-token
             (score >= ``detector_threshold`` on the evaluated windows) and induction (on the repeated prompts).
         detector_threshold: the detector score a head needs to join a detector group.
         subtypes: also one group per sub-type (see `tl_geometry.analysis.ablation.role_groups`).

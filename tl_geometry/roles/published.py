@@ -33,11 +33,11 @@ from tqdm.auto import tqdm
 from tl_geometry.analysis.ablation import PublishedMeasures
 from tl_geometry.capture.held_models import as_hookable
 from tl_geometry.capture.hook_names import pattern_hook, z_hook
-from tl_geometry.capture.sources import text_windows
 from tl_geometry.capture.tokens import check_model, input_device
+from tl_geometry.corpus_input.plain_text import default_text
+from tl_geometry.corpus_input.token_windows import text_windows
 from tl_geometry.engine.context import working_dtype
 from tl_geometry.errors import GeometryError
-from tl_geometry.text import default_text
 
 GU_EPSILON = 0.3
 """Gu et al.'s threshold on the first token's importance score."""

@@ -29,15 +29,15 @@ from typing import Any
 
 import torch
 
-from tl_geometry.capture.corpus import analyze_corpus
-from tl_geometry.capture.distributed import current_ranks, init_from_env
 from tl_geometry.capture.rows import RowsCapture, run_rows_pass
-from tl_geometry.capture.sources import text_windows
+from tl_geometry.corpus_input.plain_text import default_text
+from tl_geometry.corpus_input.token_windows import text_windows
 from tl_geometry.diagnostics.bounds import EXCEEDED_OF
 from tl_geometry.errors import GeometryError
 from tl_geometry.models import DEFAULT_MODEL, bundled_model_names, load_model
 from tl_geometry.results.result import GeometryResult
-from tl_geometry.text import default_text
+from tl_geometry.runs.corpus_run import analyze_corpus
+from tl_geometry.runs.distributed import current_ranks, init_from_env
 
 BARE = "bare forward (decoder, SDPA)"
 TORCHRUN = "torchrun, default analysis"

@@ -37,12 +37,12 @@ from tl_geometry.analysis.interventions import (
     n_star_of,
     stack_n_star,
 )
-from tl_geometry.capture import distributed
-from tl_geometry.capture.corpus import prepared_batches
 from tl_geometry.capture.held_models import as_hookable
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.capture.hooks import model_name
-from tl_geometry.capture.interventions import (
+from tl_geometry.runs import distributed
+from tl_geometry.runs.corpus_run import prepared_batches
+from tl_geometry.interventions.topn_attention import (
     Mode,
     check_pattern_edits,
     topn_pattern_hook,
@@ -433,7 +433,7 @@ def intervention_sweep(
 
     Args:
         model: a TransformerLens model whose ``hook_pattern`` edits reach the
-            logits (checked once per layer, `tl_geometry.capture.interventions.check_pattern_edits`), or a
+            logits (checked once per layer, `tl_geometry.interventions.topn_attention.check_pattern_edits`), or a
             ``transformers`` causal LM or nnsight ``LanguageModel``, wrapped once into a bridge whose edits
             do (`tl_geometry.capture.held_models`; the model is left as it was).
         corpus: texts, a ``[sequence, pos]`` token tensor, or an iterable of

@@ -3,7 +3,7 @@
 The default text is the English reference documentation that ships with every CPython
 (``pydoc_data.topics``): real, varied English prose and code, always available offline,
 identical on every machine with the same Python version. Cutting text into token
-windows is `tl_geometry.capture.sources.text_windows` (``tl_geometry.text_windows``).
+windows is `tl_geometry.corpus_input.token_windows.text_windows` (``tl_geometry.text_windows``).
 """
 
 import os

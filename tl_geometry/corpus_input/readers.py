@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from tl_geometry._wording import plural
 from tl_geometry.errors import GeometryError
-from tl_geometry.results.display import plural
 
 PIECE_CHARS = 1 << 16
 """Characters of a text document handed to the tokenizer at a time."""

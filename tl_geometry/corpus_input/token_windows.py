@@ -6,7 +6,7 @@ document gives as many windows as it fills, its tail shorter than a window is
 dropped (or kept as a shorter last window of at least ``min_context``
 tokens), and a document too short for any window is skipped and counted.
 
-Reading is lazy: documents come one at a time from `tl_geometry.capture.readers`,
+Reading is lazy: documents come one at a time from `tl_geometry.corpus_input.readers`,
 a text is tokenised a piece at a time (`PIECE_CHARS` characters, the last few
 tokens of each piece re-tokenised with the next one so that the ids equal
 those of the whole text; tokenizers for which a probe shows a difference are
@@ -32,7 +32,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from tl_geometry.capture.readers import PIECE_CHARS, SKIP_SHORT, CorpusReport, Document, read_documents
+from tl_geometry.corpus_input.readers import PIECE_CHARS, SKIP_SHORT, CorpusReport, Document, read_documents
 from tl_geometry.errors import GeometryError
 
 CARRY_TOKENS = 8
@@ -184,7 +184,7 @@ def read_corpus(
     prepend_bos: bool = True,
     min_context: int | None = None,
 ) -> WindowStream:
-    """Windows of a corpus on disk, read lazily (see `tl_geometry.capture.readers` for the formats).
+    """Windows of a corpus on disk, read lazily (see `tl_geometry.corpus_input.readers` for the formats).
 
     Args:
         model_or_tokenizer: a TransformerLens model (its tokenizer, and its

@@ -1,6 +1,5 @@
-"""Head roles on a model: the run behind `classify_heads`, and prompt sets whose mechanism the field knows.
+"""Prompt sets whose mechanism the field knows, and detectors written from their definitions, on a model.
 
-`tl_geometry.analysis.taxonomy` reads a result; this module runs the model.
 To check the roles against heads whose mechanism is known, it builds three
 prompt sets and scores every head with detectors written from their
 definitions, on ``hook_pattern`` alone (independent of the role features):
@@ -21,121 +20,20 @@ import math
 from typing import Any
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from tl_geometry.analysis.mechanisms import DETECTORS, PromptSetCheck
-from tl_geometry.analysis.taxonomy import NAMED, HeadTaxonomy, TaxonomyConfig, taxonomy_from_result
+from tl_geometry.analysis.taxonomy import TaxonomyConfig, taxonomy_from_result
 from tl_geometry.capture.hook_names import pattern_hook
-from tl_geometry.capture.held_models import is_held_model
 from tl_geometry.capture.hooks import run_with_geometry_hooks
-from tl_geometry.capture.sources import text_windows
 from tl_geometry.capture.tokens import HookableModel, check_model, input_device
 from tl_geometry.config import GeometryConfig
+from tl_geometry.corpus_input.plain_text import default_text
+from tl_geometry.corpus_input.token_windows import text_windows
 from tl_geometry.errors import GeometryError
-from tl_geometry.results.result import GeometryResult
-from tl_geometry.text import default_text
-
-def _with_taxonomy(config: GeometryConfig | None) -> GeometryConfig:
-    if config is None:
-        return GeometryConfig(diagnostics=("taxonomy",))
-    if not isinstance(config, GeometryConfig):
-        raise GeometryError(f"config: expected a GeometryConfig or None, got {type(config).__name__}")
-    if "taxonomy" not in config.diagnostics:
-        config = config.with_overrides(diagnostics=(*config.diagnostics, "taxonomy"))
-    return config
-
-
-def classify_heads(
-    result_or_model: Any, tokens: Any = None, config: GeometryConfig | None = None, *, taxonomy: Any = None,
-    tokenizer: Any = None,
-) -> HeadTaxonomy:
-    """The role of every analysed head (Retriever, Mixer, Reset, Content or uncertain), with its probabilities.
-
-    Args:
-        result_or_model: a GeometryResult computed with ``"taxonomy"`` in its
-            diagnostics, or a model (then ``tokens`` is required): a
-            TransformerLens model, a ``transformers`` causal LM or an nnsight
-            ``LanguageModel`` (wrapped as `run_with_geometry_hooks` wraps it).
-        tokens: for a model: token ids ``[batch, pos]``, a string or a list of
-            strings; each sequence is one document of the bootstrap.
-        config: for a model: the GeometryConfig of the run (``"taxonomy"`` is added).
-        taxonomy: the TaxonomyConfig (thresholds); default ``TaxonomyConfig()``.
-        tokenizer: for a ``transformers`` or nnsight model, its tokenizer (as in `run_with_geometry_hooks`).
-
-    Returns:
-        HeadTaxonomy: ``labels`` ``[layer, head_index]`` indexing ``REGIMES``,
-        ``probabilities`` ``[layer, head_index, role]``.
-    """
-    if taxonomy is not None and not isinstance(taxonomy, TaxonomyConfig):
-        raise GeometryError(f"taxonomy: expected a TaxonomyConfig or None, got {type(taxonomy).__name__}")
-    if isinstance(result_or_model, GeometryResult):
-        if tokens is not None or config is not None or tokenizer is not None:
-            raise GeometryError(
-                "tokens/config/tokenizer: only used with a model; the GeometryResult is already computed, call "
-                "classify_heads(result) alone"
-            )
-        return taxonomy_from_result(result_or_model, taxonomy)
-    if isinstance(result_or_model, HookableModel) or is_held_model(result_or_model):
-        if tokens is None:
-            raise GeometryError(
-                "tokens: required when classify_heads gets a model; pass text or token ids, "
-                "e.g. classify_heads(model, 'some text')"
-            )
-        result = run_with_geometry_hooks(result_or_model, tokens, config=_with_taxonomy(config), tokenizer=tokenizer)
-        return taxonomy_from_result(result, taxonomy)
-    raise GeometryError(
-        f"result_or_model: expected a GeometryResult, a TransformerLens model, a transformers causal LM or an "
-        f"nnsight LanguageModel, got {type(result_or_model).__name__}"
-    )
-
-
-def detect_regime(
-    model: Any,
-    seq: Any,
-    regime: str,
-    heads: list[tuple[int, int]] | dict[int, list[int]] | None = None,
-    *,
-    config: GeometryConfig | None = None,
-    taxonomy: TaxonomyConfig | None = None,
-) -> Float[Tensor, "n_layers n_heads"]:
-    """Every head's probability of one role, shaped like ``transformer_lens.head_detector.detect_head``.
-
-    Args:
-        model: a TransformerLens model.
-        seq: a string, a list of strings or token ids.
-        regime: one of ``NAMED`` (retriever, mixer, reset, content).
-        heads: as in ``detect_head``: a list of (layer, head) or a dict
-            layer -> heads; other heads are NaN. Default: every head.
-        config: the GeometryConfig of the run.
-        taxonomy: the TaxonomyConfig.
-
-    Returns:
-        The bootstrap probability of the role per head, ``[n_layers, n_heads]``.
-    """
-    if regime not in NAMED:
-        raise GeometryError(f"regime: expected one of {NAMED}, got {regime!r}")
-    check_model(model)
-    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    if heads is None:
-        pairs = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
-    elif isinstance(heads, dict):
-        pairs = [(int(layer), int(head)) for layer, hs in heads.items() for head in hs]
-    elif isinstance(heads, list):
-        pairs = [(int(layer), int(head)) for layer, head in heads]
-    else:
-        raise GeometryError(f"heads: expected a list of (layer, head), a dict layer -> heads or None, got {heads!r}")
-    if not pairs:
-        raise GeometryError("heads: got no heads; pass None for every head")
-    overrides = {"layers": sorted({p[0] for p in pairs}), "heads": sorted({p[1] for p in pairs})}
-    found = classify_heads(model, seq, _with_taxonomy(config).with_overrides(**overrides), taxonomy=taxonomy)
-    scores = torch.full((n_layers, n_heads), math.nan)
-    layer_at = torch.tensor([found.layers.index(layer) for layer, _ in pairs])
-    head_at = torch.tensor([found.heads.index(head) for _, head in pairs])
-    wanted = torch.tensor(pairs)
-    scores[wanted[:, 0], wanted[:, 1]] = found.probabilities[layer_at, head_at, NAMED.index(regime)].float()
-    return scores
+from tl_geometry.roles.classify import with_taxonomy
 
 
 def repeated_random_tokens(model: HookableModel, n_prompts: int = 8, period: int = 64, seed: int = 0) -> Int[Tensor, "prompt pos"]:
@@ -236,7 +134,7 @@ def check_known_mechanisms(
     Returns:
         ``{"natural": PromptSetCheck, "repeated": PromptSetCheck}``.
     """
-    base = _with_taxonomy(config)
+    base = with_taxonomy(config)
     n_ctx = getattr(model.cfg, "n_ctx", None)
     if n_ctx:  # a model with a short context gets prompts that fit it
         context, period = min(context, int(n_ctx)), min(period, (int(n_ctx) - 1) // 2)

@@ -1,7 +1,7 @@
 """analyze_corpus: the geometry hooks over a corpus, one batch of activations at a time.
 
 Two kinds of input: texts and token tensors (tokenised up front, as before),
-and streams of `Window` (from `tl_geometry.capture.sources`), drawn lazily a
+and streams of `Window` (from `tl_geometry.corpus_input.token_windows`), drawn lazily a
 batch at a time so that neither the corpus nor its tokens are held whole.
 Under ``torchrun`` each rank analyses every K-th window and the exact
 statistics are reduced once at the end; with a checkpoint, an interrupted run
@@ -19,20 +19,20 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from tl_geometry.capture import distributed
-from tl_geometry.capture.checkpoint import DEFAULT_CHECKPOINT_EVERY, Checkpoint, CheckpointEvery, shard_fingerprint
-from tl_geometry.capture.distributed import Ranks
 from tl_geometry.capture.held_models import as_hookable
 from tl_geometry.capture.hooks import analyse_prepared, model_name
 from tl_geometry.capture.plan import RunPlan, plan_run
-from tl_geometry.capture.sources import Window, WindowStream
 from tl_geometry.capture.tokens import HookableModel, PreparedTokens, check_model, prepare_tokens
 from tl_geometry.config import GeometryConfig, make_config
+from tl_geometry.corpus_input.token_windows import Window, WindowStream
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.accumulators import Accumulator
-from tl_geometry.capture.provenance import model_provenance
 from tl_geometry.results.provenance import package_versions
 from tl_geometry.results.result import GeometryResult
+from tl_geometry.runs import distributed
+from tl_geometry.runs.checkpoint import DEFAULT_CHECKPOINT_EVERY, Checkpoint, CheckpointEvery, shard_fingerprint
+from tl_geometry.runs.distributed import Ranks
+from tl_geometry.runs.model_provenance import model_provenance
 
 DEFAULT_BATCH_SIZE = 8
 
