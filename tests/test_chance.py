@@ -174,7 +174,7 @@ def test_figures_draw_the_chance_band_and_excess_is_summarised():
     assert {"chance: random top-N sets (mean)", "floor N / L", plots.LOWER_NAME} <= names
     names = {trace.name for trace in plots.head_curves(result, 1, 0).data}
     assert {"measured", "chance: random top-N sets", "floor N / L"} <= names
-    assert any(name.startswith(plots.UPPER_NAME[:-1]) for name in names)  # its legend adds the share above it
+    assert any((name or "").startswith(plots.UPPER_NAME[:-1]) for name in names)  # its legend adds the share above it
     names = {trace.name for trace in plots.precision_recall_by_regime(classify_heads(result), result).data}
     assert "chance band (random top-N sets)" in names
     excess = excess_over_chance(result, "recall")

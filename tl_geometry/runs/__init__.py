@@ -1,0 +1,1 @@
+"""Runs: `analyze_corpus` over a corpus (streamed, checkpointed, data parallel), and the device check."""
