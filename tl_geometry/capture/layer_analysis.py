@@ -239,4 +239,4 @@ def _layer(t: Tensor, fold: int, i: int) -> Tensor:
 
 def _unfolded(fields: dict[str, Tensor], fold: int, i: int) -> dict[str, Tensor]:
     """The ``i``-th layer's slice of per-sequence fields whose batch axis folds ``fold`` layers."""
-    return fields if fold == 1 else {name: t.unflatten(0, (fold, -1))[i] for name, t in fields.items()}
+    return fields if fold == 1 else {name: _layer(t, fold, i) for name, t in fields.items()}
