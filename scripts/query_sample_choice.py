@@ -11,7 +11,7 @@ that improves on 8 in both (fewer uncertain heads, agreement no lower); else
 8 stays. The sub-types' agreement across the four groups of four windows is
 printed beside them, not used by the rule.
 
-    PYTHONPATH=. python scripts/query_sample_choice.py [--sizes 8 16 32] [--first 16] [--windows 16]
+    PYTHONPATH=. python scripts/query_sample_choice.py [--sizes 8 16 32] [--first 16] [--windows 16] [--save DIR]
 
 Each size is a taxonomy-only run of ``--windows`` windows, in four groups.
 On a machine shared with other work, run it with ``OMP_NUM_THREADS=1``: two
@@ -21,6 +21,7 @@ slower here.
 
 import argparse
 import time
+from pathlib import Path
 
 import tl_geometry as tg
 from tl_geometry.analysis.taxonomy import UNCERTAIN, agreement, taxonomy_from_result
@@ -46,7 +47,7 @@ def subtype_agreement(groups: list) -> tuple[int, int, int, int]:
     return same_both, both, same_either, either
 
 
-def measure(model, windows: list, n_queries: int) -> dict:
+def measure(model, windows: list, n_queries: int, save: Path | None = None) -> dict:
     """Halves agreement, uncertain share and sub-type agreement of one query-sample size."""
     config = tg.GeometryConfig(diagnostics=["taxonomy"], settings={"taxonomy": {"n_queries": n_queries}})
     quarter = len(windows) // 4
@@ -54,6 +55,9 @@ def measure(model, windows: list, n_queries: int) -> dict:
     groups = [tg.analyze_corpus(model, windows[i * quarter : (i + 1) * quarter], config, batch_size=1, progress=False)
               for i in range(4)]  # fmt: skip
     seconds = time.perf_counter() - start
+    for i, group in enumerate(groups):
+        if save is not None:
+            group.save(save / f"q{n_queries}-group{i + 1}")
     first, second = tg.GeometryResult.merge(groups[:2]), tg.GeometryResult.merge(groups[2:])
     roles = taxonomy_from_result(tg.GeometryResult.merge(groups))
     share, both = agreement(taxonomy_from_result(first), taxonomy_from_result(second))
@@ -81,6 +85,7 @@ def main() -> None:
     parser.add_argument("--first", type=int, default=16, help="windows to skip (the docs' windows)")
     parser.add_argument("--windows", type=int, default=16)
     parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--save", type=Path, help="keep each group's result in SAVE/q<n_queries>-group<i>")
     args = parser.parse_args()
     model = tg.load_model("smollm2-135m", progress=False)
     windows = tg.text_windows(model, tg.default_text(), context=args.context, n_windows=args.first + args.windows)
@@ -90,7 +95,7 @@ def main() -> None:
     print("| n_queries | halves agree | heads both label | uncertain | sub-types same (both name) | (either names) | seconds |")
     print("|---|---|---|---|---|---|---|")
     for n_queries in args.sizes:
-        row = measure(model, windows, n_queries)
+        row = measure(model, windows, n_queries, args.save)
         rows.append(row)
         sb, b, se, e = row["subtypes"]
         print(f"| {n_queries} | {100 * row['halves']:.1f} % | {row['halves_heads']} | {row['uncertain']} of {row['heads']} "
