@@ -281,3 +281,41 @@ def reference_subtype(at_lag: dict, early: dict, cfg) -> tuple[str, int]:
         kind, rows, attention, output = "lag", top[lag], weight[lag], at_lag["output"][lag]
     named = rows >= cfg.subtype_rows and attention >= cfg.subtype_attention and output >= cfg.subtype_output
     return (kind if named and peak >= cfg.subtype_peak else "none"), lag
+
+
+def reference_subtype_probability(at_lag: dict, at_lag_se: dict, early: dict, early_se: dict, cfg) -> tuple[str, float, bool]:
+    """A head's sub-type with the spread of its means (docs: Head roles, "A sub-type near a floor is uncertain").
+
+    ``*_se``: the standard errors, same keys and shapes as the means (NaN or 0: unknown, the floor judged on the
+    mean). Each floor holds with probability Phi((mean - floor) / SE); the peak's floor is weight - subtype_peak x
+    the larger neighbour's weight >= 0, its SE the two combined as if independent (a tie between the neighbours:
+    the lower lag's). Returns ``(kind, probability that every floor holds, uncertain)``; kind is the candidate's
+    where the probability beats its complement by ``margin``, else "none".
+    """
+
+    def holds(mean: float, floor: float, se: float) -> float:
+        mean = -math.inf if math.isnan(mean) else mean
+        if math.isnan(se) or se <= 0 or math.isinf(mean):
+            return 1.0 if mean >= floor else 0.0
+        return 0.5 * (1 + math.erf((mean - floor) / se / math.sqrt(2)))
+
+    top = [0.0 if math.isnan(x) else x for x in at_lag["top"]]
+    lag = max(range(1, len(top)), key=lambda k: (top[k], -k))
+    weight = [0.0 if math.isnan(x) else x for x in at_lag["attention"]]
+    sides = ([lag - 1] if lag - 1 >= 1 else []) + ([lag + 1] if lag + 1 < len(weight) else [])
+    near = max(sides, key=lambda k: (weight[k], -k), default=None)
+    nearest, nearest_se = (weight[near], at_lag_se["attention"][near]) if near is not None else (0.0, 0.0)
+    sink_rows = 0.0 if math.isnan(early["top"]) else early["top"]
+    if sink_rows > top[lag]:
+        kind = "sink"
+        p = (holds(sink_rows, cfg.subtype_rows, early_se["top"]) * holds(early["attention"], cfg.subtype_attention, early_se["attention"])
+             * holds(early["output"], cfg.subtype_output, early_se["output"]))  # fmt: skip
+    else:
+        kind = "lag"
+        peak_se = math.sqrt(at_lag_se["attention"][lag] ** 2 + cfg.subtype_peak**2 * nearest_se**2)
+        p = (holds(top[lag], cfg.subtype_rows, at_lag_se["top"][lag])
+             * holds(weight[lag], cfg.subtype_attention, at_lag_se["attention"][lag])
+             * holds(at_lag["output"][lag], cfg.subtype_output, at_lag_se["output"][lag])
+             * holds(weight[lag] - cfg.subtype_peak * nearest, 0.0, peak_se))  # fmt: skip
+    named, ruled_out = p - (1 - p) >= cfg.margin - 1e-12, (1 - p) - p >= cfg.margin - 1e-12
+    return (kind if named else "none"), p, not named and not ruled_out

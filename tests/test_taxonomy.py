@@ -29,7 +29,15 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tests import tiny_models as tm
-from tests.reference import LITERAL, reference_literal_role, reference_role, reference_subtype
+from tests.mutants import Mutant, assert_caught, wrap_function
+from tests.reference import (
+    LITERAL,
+    reference_literal_role,
+    reference_role,
+    reference_subtype,
+    reference_subtype_probability,
+)
+from tl_geometry.analysis import taxonomy as taxonomy_module
 from tl_geometry.analysis.mechanisms import CONFIRMED, agreement
 from tl_geometry.analysis.taxonomy import (
     LITERAL_ROLES,
@@ -253,7 +261,7 @@ def test_built_heads_come_out_as_built(built):
     no_peak = dataclasses.replace(found.config, subtype_peak=1.0)
     assert SUBTYPE_KINDS[int(subtypes_from_features(found.features, no_peak).kind[1, 1])] == "lag"
     # Strength on the named key, against the built weights (0.7 of 1.0 at the previous token where it exists).
-    assert 0.5 < float(found.subtypes.attention[0, 3]) <= 0.7
+    assert 0.5 < float(found.subtypes.attention[0, 3]) <= 0.7 + 1e-9
     # Mutant: share_sink and share_self swapped: the Retrievers stop being Retrievers.
     swapped = {**found.features, "share_sink": found.features["share_self"], "share_self": found.features["share_sink"]}
     assert int(role_of(swapped, found.se, found.config)[0, 0]) != ROLES.index("retriever")
@@ -502,3 +510,104 @@ def test_precision_counts_the_named_heads_a_detector_confirms(gpt2, built):
 def test_a_named_key_carries_the_weight_the_detectors_call_that_kind_of_head():
     """The sub-type weight floor is the detectors' cut: a head named previous-token is one the detector would count."""
     assert TaxonomyConfig().subtype_attention == CONFIRMED
+
+
+# ---- a sub-type near a floor is uncertain ----
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), reach=st.integers(3, 7))
+def test_subtype_probability_matches_the_reference(data, reach):
+    """Means and standard errors drawn at random (0, NaN and ties included), against the loop over floors."""
+    share = st.one_of(st.sampled_from([0.0, 0.1, 0.25, 0.3, 0.5]), st.floats(0, 1))
+    error = st.one_of(st.sampled_from([0.0, math.nan]), st.floats(1e-4, 0.3))
+    names = ("top_rest_at_lag", "attention_at_lag", "output_share_at_lag")
+    means = {name: data.draw(st.lists(share, min_size=reach, max_size=reach)) for name in names}
+    errors = {name: data.draw(st.lists(error, min_size=reach, max_size=reach)) for name in names}
+    early = {key: data.draw(st.one_of(share, st.just(math.nan))) for key in ("top", "attention", "output")}
+    early_se = {key: data.draw(error) for key in ("top", "attention", "output")}
+    early_names = {"top": "early_top_rest", "attention": "early_attention", "output": "early_output_share"}
+    features = {name: torch.tensor(v, dtype=torch.float64).view(1, 1, -1) for name, v in means.items()}
+    features.update({early_names[k]: torch.tensor([[v]], dtype=torch.float64) for k, v in early.items()})
+    features["early_position"] = torch.tensor([[3.0]], dtype=torch.float64)
+    se = {name: torch.tensor(v, dtype=torch.float64).view(1, 1, -1) for name, v in errors.items()}
+    se.update({early_names[k]: torch.tensor([[v]], dtype=torch.float64) for k, v in early_se.items()})
+    cfg = TaxonomyConfig(margin=data.draw(st.sampled_from([0.0, 0.5, 0.9])))
+    found = subtypes_from_features(features, cfg, se)
+    short = {"top_rest_at_lag": "top", "attention_at_lag": "attention", "output_share_at_lag": "output"}
+    kind, probability, uncertain = reference_subtype_probability(
+        {short[n]: v for n, v in means.items()}, {short[n]: v for n, v in errors.items()}, early, early_se, cfg
+    )
+    assert SUBTYPE_KINDS[int(found.kind[0, 0])] == kind
+    assert float(found.probability[0, 0]) == pytest.approx(probability, abs=1e-9)
+    assert bool(found.uncertain[0, 0]) == uncertain
+
+
+def _one_head(attention: float, attention_se: float) -> tuple[dict, dict]:
+    """A previous-token head's means (its weight ``attention`` at lag 1, clearly past every other floor) and errors."""
+    features = {
+        "top_rest_at_lag": torch.tensor([[[0.0, 0.9, 0.05, 0.0]]], dtype=torch.float64),
+        "attention_at_lag": torch.tensor([[[0.2, attention, 0.05, 0.02]]], dtype=torch.float64),
+        "output_share_at_lag": torch.tensor([[[0.1, 0.5, 0.02, 0.0]]], dtype=torch.float64),
+        "early_top_rest": torch.tensor([[0.0]], dtype=torch.float64),
+        "early_attention": torch.tensor([[0.01]], dtype=torch.float64),
+        "early_output_share": torch.tensor([[0.0]], dtype=torch.float64),
+        "early_position": torch.tensor([[math.nan]], dtype=torch.float64),
+    }
+    se = {name: torch.full_like(t, 0.01) for name, t in features.items() if name != "early_position"}
+    se["attention_at_lag"] = torch.full_like(features["attention_at_lag"], attention_se)
+    return features, se
+
+
+def _features_config_se(attention: float, attention_se: float, cfg: TaxonomyConfig) -> tuple[dict, TaxonomyConfig, dict]:
+    features, se = _one_head(attention, attention_se)
+    return features, cfg, se
+
+
+def _near_the_floor_is_uncertain() -> None:
+    """Weight 0.31 with SE 0.05 (z = 0.2): neither named nor ruled out; 0.31 with SE 0.001 named; 0.2 ruled out."""
+    cfg = TaxonomyConfig()
+    near = taxonomy_module.subtypes_from_features(*_features_config_se(0.31, 0.05, cfg))
+    assert bool(near.uncertain[0, 0]) and SUBTYPE_KINDS[int(near.kind[0, 0])] == "none"
+    assert 0.25 < float(near.probability[0, 0]) < 0.75
+    sure = taxonomy_module.subtypes_from_features(*_features_config_se(0.31, 0.001, cfg))
+    assert not bool(sure.uncertain[0, 0]) and SUBTYPE_KINDS[int(sure.kind[0, 0])] == "lag"
+    low = taxonomy_module.subtypes_from_features(*_features_config_se(0.2, 0.01, cfg))
+    assert not bool(low.uncertain[0, 0]) and SUBTYPE_KINDS[int(low.kind[0, 0])] == "none"
+
+
+def test_a_sub_type_near_its_floor_is_uncertain():
+    _near_the_floor_is_uncertain()
+
+
+def test_mutant_sub_types_judged_on_means_alone_is_caught():
+    """The spread dropped (every floor judged on the mean): the head at 0.31 +- 0.05 would be named."""
+    drop = wrap_function(taxonomy_module, "subtypes_from_features", lambda f: lambda features, config, se=None: f(features, config))
+    assert_caught(Mutant("sub-types without their spread", drop, (_near_the_floor_is_uncertain,)))
+
+
+@pytest.mark.model
+def test_built_heads_sub_type_probability_from_the_documents(built):
+    """Through taxonomy_from_result: each head's probability is the reference's on the result's means and sem."""
+    found = taxonomy_from_result(built)
+    cfg = found.config
+    assert built.n_documents > 1
+    mean = {n: built.per_head(n) for n in SUBTYPE_FEATURES}
+    sem = {n: built.sem(n) for n in SUBTYPE_FEATURES}
+    for i in range(len(found.layers)):
+        for j in range(len(found.heads)):
+            at = {k: mean[n][i, j].tolist() for k, n in (("top", "top_rest_at_lag"), ("attention", "attention_at_lag"),
+                                                         ("output", "output_share_at_lag"))}  # fmt: skip
+            at_se = {k: sem[n][i, j].tolist() for k, n in (("top", "top_rest_at_lag"), ("attention", "attention_at_lag"),
+                                                           ("output", "output_share_at_lag"))}  # fmt: skip
+            early = {k: float(mean[n][i, j]) for k, n in (("top", "early_top_rest"), ("attention", "early_attention"),
+                                                           ("output", "early_output_share"))}  # fmt: skip
+            early_se = {k: float(sem[n][i, j]) for k, n in (("top", "early_top_rest"), ("attention", "early_attention"),
+                                                             ("output", "early_output_share"))}  # fmt: skip
+            if all(math.isnan(x) for x in at["top"]):
+                continue
+            _, probability, uncertain = reference_subtype_probability(at, at_se, early, early_se, cfg)
+            assert float(found.subtypes.probability[i, j]) == pytest.approx(probability, abs=1e-9), (i, j)
+            assert bool(found.subtypes.uncertain[i, j]) == uncertain, (i, j)
+    # The heads built to be previous-token are named with certainty; the recency-biased head is ruled out.
+    assert float(found.subtypes.probability[0, 3]) > 0.75 and float(found.subtypes.probability[1, 1]) < 0.25

@@ -93,7 +93,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tl_geometry.diagnostics.fields import FieldSpec
@@ -111,6 +111,7 @@ from tl_geometry.diagnostics.taxonomy import (
     EARLY_OUTPUT_SHARE,
     EARLY_POSITION,
     EARLY_TOP_REST,
+    LAG_FEATURES,
     LITERAL_FEATURES,
     OUTPUT_SHARE_AT_LAG,
     REST_EFFECTIVE_SHARE,
@@ -361,6 +362,11 @@ class Subtypes:
         output: its mean output share <y_k, o> / ||o||^2.
         peak: for a lag, its weight over the larger of its neighbouring lags'
             (inf where they carry none); inf for a secondary sink.
+        probability: the normal probability that every floor holds, from
+            each floor's z = (mean - floor) / SE over documents (0 or 1 where
+            the spread is unknown: one document, or an earlier version's result).
+        uncertain: the candidate is neither named nor ruled out: the
+            probability and its complement within ``margin`` of each other.
     """
 
     kind: Int[Tensor, "layer head_index"]
@@ -371,10 +377,31 @@ class Subtypes:
     attention: Float[Tensor, "layer head_index"]
     output: Float[Tensor, "layer head_index"]
     peak: Float[Tensor, "layer head_index"]
+    probability: Float[Tensor, "layer head_index"]
+    uncertain: Bool[Tensor, "layer head_index"]
 
 
-def subtypes_from_features(features: Mapping[str, Tensor], config: TaxonomyConfig) -> Subtypes:
-    """The sub-type of every head from the head means of ``SUBTYPE_FEATURES``."""
+def _floor_probability(value: Tensor, floor: float, se: Tensor) -> Tensor:
+    """Phi((value - floor) / se): the probability that ``value >= floor``; 1 or 0 where se is unknown or 0."""
+    value = value.nan_to_num(-math.inf)
+    at_means = (value >= floor).double()
+    z = (value - floor) / se
+    return torch.where(se.isnan() | (se <= 0) | value.isinf(), at_means, torch.special.ndtr(z.nan_to_num(0.0)))
+
+
+def subtypes_from_features(
+    features: Mapping[str, Tensor], config: TaxonomyConfig, se: Mapping[str, Tensor] | None = None
+) -> Subtypes:
+    """The sub-type of every head from the head means of ``SUBTYPE_FEATURES`` and, where given, their SE.
+
+    ``se`` maps a feature's name to its standard error over documents (the
+    shape of its mean); a feature without one is judged on its mean alone.
+    """
+    se = se or {}
+
+    def error(name: str, shape: torch.Size) -> Tensor:
+        return se[name].double() if name in se else torch.full(shape, math.nan, dtype=torch.float64)
+
     top = features[TOP_REST_AT_LAG.name].double().nan_to_num(0.0)
     weight = features[ATTENTION_AT_LAG.name].double().nan_to_num(0.0)
     lag_rows, lag = top[..., 1:].max(-1)  # lag 0 is the query's own token
@@ -393,10 +420,28 @@ def subtypes_from_features(features: Mapping[str, Tensor], config: TaxonomyConfi
     attention = torch.where(use_sink, features[EARLY_ATTENTION.name].double(), lag_weight)
     output = torch.where(use_sink, features[EARLY_OUTPUT_SHARE.name].double(), lag_output)
     peak = torch.where(use_sink, math.inf, lag_peak)
-    named = (
-        (rows >= config.subtype_rows) & (attention.nan_to_num(-math.inf) >= config.subtype_attention)
-        & (output.nan_to_num(-math.inf) >= config.subtype_output) & (peak >= config.subtype_peak)
+    # Each floor's standard error at the candidate; the peak's is that of weight - subtype_peak x neighbour.
+    lag_se = {name: error(name, top.shape) for name in LAG_FEATURES}
+    weight_se = lag_se[ATTENTION_AT_LAG.name]
+    below_se = torch.where(at > 1, weight_se.gather(-1, (at - 1).clamp(min=0)), 0.0)
+    above_se = torch.nn.functional.pad(weight_se, (0, 1)).gather(-1, at + 1)
+    neighbour_se = torch.where((below >= above) & (at > 1), below_se, above_se).squeeze(-1)  # a tie: the lower lag
+    at_weight_se = weight_se.gather(-1, at).squeeze(-1)
+    scalar = rows.shape
+    rows_se = torch.where(use_sink, error(EARLY_TOP_REST.name, scalar), lag_se[TOP_REST_AT_LAG.name].gather(-1, at).squeeze(-1))
+    attention_se = torch.where(use_sink, error(EARLY_ATTENTION.name, scalar), at_weight_se)
+    output_se = torch.where(use_sink, error(EARLY_OUTPUT_SHARE.name, scalar), lag_se[OUTPUT_SHARE_AT_LAG.name].gather(-1, at).squeeze(-1))
+    peak_margin = torch.where(use_sink, math.inf, lag_weight - config.subtype_peak * neighbour)
+    peak_se = (at_weight_se.square() + config.subtype_peak**2 * neighbour_se.square()).sqrt()
+    probability = (
+        _floor_probability(rows, config.subtype_rows, rows_se)
+        * _floor_probability(attention, config.subtype_attention, attention_se)
+        * _floor_probability(output, config.subtype_output, output_se)
+        * _floor_probability(peak_margin, 0.0, peak_se)
     )  # fmt: skip
+    # The roles' margin: named where the probability beats its complement by it, ruled out where the complement does.
+    named = probability - (1 - probability) >= config.margin - 1e-12
+    ruled_out = (1 - probability) - probability >= config.margin - 1e-12
     candidate = torch.where(use_sink, SUBTYPE_KINDS.index("sink"), SUBTYPE_KINDS.index("lag"))
     kind = torch.where(named, candidate, SUBTYPE_KINDS.index("none"))
     undefined = features[TOP_REST_AT_LAG.name].isnan().all(-1)
@@ -405,6 +450,7 @@ def subtypes_from_features(features: Mapping[str, Tensor], config: TaxonomyConfi
         kind=kind.masked_fill(undefined, 0), candidate=candidate, lag=torch.where(use_sink | undefined, -1, lag),
         position=position, rows=rows.masked_fill(undefined, math.nan), attention=attention.masked_fill(undefined, math.nan),
         output=output.masked_fill(undefined, math.nan), peak=peak.masked_fill(undefined, math.nan),
+        probability=probability.masked_fill(undefined, math.nan), uncertain=~named & ~ruled_out & ~undefined,
     )  # fmt: skip
 
 
@@ -424,7 +470,14 @@ def _no_subtypes(shape: torch.Size) -> Subtypes:
     """The sub-types of a result that did not measure them: none named, no evidence."""
     nan = torch.full(shape, math.nan, dtype=torch.float64)
     none = torch.zeros(shape, dtype=torch.long)
-    return Subtypes(kind=none, candidate=none, lag=none - 1, position=nan, rows=nan, attention=nan, output=nan, peak=nan)
+    return Subtypes(kind=none, candidate=none, lag=none - 1, position=nan, rows=nan, attention=nan, output=nan, peak=nan,
+                    probability=nan, uncertain=torch.zeros(shape, dtype=torch.bool))
+
+
+def _subtype_errors(result: GeometryResult) -> dict[str, Tensor]:
+    """The sub-type features' standard errors over documents, where the result kept their spread (two documents or more)."""
+    return {name: result.sem(name) for name in SUBTYPE_FEATURES
+            if name in result.fields and result.spec(name).documents == "moments" and result.n_documents > 1}  # fmt: skip
 
 
 def _standard_errors(result: GeometryResult) -> dict[str, Tensor]:
@@ -506,12 +559,27 @@ class HeadTaxonomy:
         """The key the head attends to: ``"previous-token"``, ``"lag k"`` or ``"secondary sink"``.
 
         Lags for Content heads, secondary sinks (an early key that wins the
-        later rows) for Reset heads; None for other labels and where the
+        later rows) for Reset heads; None for other labels, where the
         candidate misses a floor of ``TaxonomyConfig`` (rows, weight, output
-        share, peak).
+        share, peak), and where it is uncertain (`subtype_uncertain`).
         """
         i, j = self.layers.index(layer), self.heads.index(head)
-        kind, label = SUBTYPE_KINDS[int(self.subtypes.kind[i, j])], int(self.labels[i, j])
+        return self._subtype_name(i, j, int(self.subtypes.kind[i, j]))
+
+    def subtype_uncertain(self, layer: int, head: int) -> str | None:
+        """The sub-type the head would have if its candidate were not within noise of a floor, else None.
+
+        E.g. ``"previous-token"`` for a Content head whose previous-token
+        weight sits near ``subtype_attention`` (the probability that every
+        floor holds is neither above ``(1 + margin) / 2`` nor below ``(1 - margin) / 2``).
+        """
+        i, j = self.layers.index(layer), self.heads.index(head)
+        if not bool(self.subtypes.uncertain[i, j]):
+            return None
+        return self._subtype_name(i, j, int(self.subtypes.candidate[i, j]))
+
+    def _subtype_name(self, i: int, j: int, kind_index: int) -> str | None:
+        kind, label = SUBTYPE_KINDS[kind_index], int(self.labels[i, j])
         if kind == "lag" and label == CONTENT:
             lag = int(self.subtypes.lag[i, j])
             return PREVIOUS_TOKEN if lag == 1 else f"lag {lag}"
@@ -520,16 +588,18 @@ class HeadTaxonomy:
         return None
 
     def subtype_text(self, layer: int, head: int) -> str | None:
-        """`subtype` with its evidence, e.g. ``"lag 63: top rest key in 81 % of rows, weight 0.52, output 0.40"``."""
-        sub = self.subtype(layer, head)
-        if sub is None:
+        """`subtype` with its evidence, e.g. ``"lag 63: top rest key in 81 % of rows, weight 0.52, output 0.40"``; an uncertain sub-type reads ``"uncertain: previous-token: ..."``."""
+        sub, maybe = self.subtype(layer, head), self.subtype_uncertain(layer, head)
+        if sub is None and maybe is None:
             return None
         i, j = self.layers.index(layer), self.heads.index(head)
         t = self.subtypes
-        where = f" (an early key, mean position {float(t.position[i, j]):.1f})" if sub == SECONDARY_SINK else ""
-        rows = "later rows" if sub == SECONDARY_SINK else "rows"
-        return (f"{sub}{where}: top rest key in {100 * float(t.rows[i, j]):.0f} % of {rows}, "
-                f"weight {float(t.attention[i, j]):.2f}, output {float(t.output[i, j]):.2f}")
+        name = sub or maybe
+        where = f" (an early key, mean position {float(t.position[i, j]):.1f})" if name == SECONDARY_SINK else ""
+        rows = "later rows" if name == SECONDARY_SINK else "rows"
+        return (f"{'' if sub else 'uncertain: '}{name}{where}: top rest key in {100 * float(t.rows[i, j]):.0f} % of {rows}, "
+                f"weight {float(t.attention[i, j]):.2f}, output {float(t.output[i, j]):.2f}"
+                + ("" if sub else f"; every floor holds with probability {float(t.probability[i, j]):.2f}"))
 
     def literal_names(self) -> list[list[str]]:
         """The paper's rules read literally, as names ``[layer][head_index]`` ("none": no rule holds; "-": not measured)."""
@@ -562,12 +632,13 @@ class HeadTaxonomy:
         )
 
     def table(self) -> list[dict[str, Any]]:
-        """One row per head: layer, head, label, subtype, literal, runner_up, margin and each role's probability."""
+        """One row per head: layer, head, label, subtype, subtype_uncertain, literal, runner_up, margin, each role's probability."""
         rows = []
         for i, layer in enumerate(self.layers):
             for j, head in enumerate(self.heads):
                 row = {"layer": layer, "head": head, "label": REGIMES[int(self.labels[i, j])],
-                       "subtype": self.subtype(layer, head), "literal": self.literal_names()[i][j],
+                       "subtype": self.subtype(layer, head), "subtype_uncertain": self.subtype_uncertain(layer, head),
+                       "literal": self.literal_names()[i][j],
                        "runner_up": ROLES[int(self.runner_up[i, j])], "margin": float(self.margin[i, j])}  # fmt: skip
                 row.update({f"p_{role}": float(self.probabilities[i, j, k]) for k, role in enumerate(ROLES)})
                 rows.append(row)
@@ -673,7 +744,8 @@ def taxonomy_from_result(result: GeometryResult, config: TaxonomyConfig | None =
     point = role_of(features, se, config)
     probabilities = _probabilities(result, config)
     missing = tuple(name for name in (*_EARLIER_SHIFTS, *LITERAL_FEATURES, *SUBTYPE_FEATURES) if name not in result.fields)
-    subtypes = subtypes_from_features(features, config) if set(SUBTYPE_FEATURES) <= set(features) else _no_subtypes(point.shape)
+    subtypes = (subtypes_from_features(features, config, _subtype_errors(result)) if set(SUBTYPE_FEATURES) <= set(features)
+                else _no_subtypes(point.shape))  # fmt: skip
     literal = literal_role_of(features, se, config) if set(LITERAL_FEATURES) <= set(features) else torch.full_like(point, -1)
     # A secondary sink is a sink: the Content its concentrated rest gave is Reset's "sink dominates".
     secondary = subtypes.kind == SUBTYPE_KINDS.index("sink")

@@ -453,9 +453,10 @@ COS_SELF_RAW = FieldSpec("cos_self_raw", "mean over 1 <= N < n of cos(s(N), v_L)
 LOO_SINK = FieldSpec("loo_sink", "||o - y_sink|| / ||o|| (Figure 7, every key selected)")
 LOO_SELF = FieldSpec("loo_self", "||o - y_L|| / ||o|| (Figure 7, every key selected)")
 REST_EFFECTIVE_KEYS = FieldSpec("rest_effective_keys", "effective number of rest keys: exp of the entropy of their weights")  # fmt: skip
-TOP_REST_AT_LAG = FieldSpec("top_rest_at_lag", "share of all query rows whose top rest key is at each lag behind the query", ("lag",), documents="mean")  # fmt: skip
-ATTENTION_AT_LAG = FieldSpec("attention_at_lag", "mean attention weight on the key at each lag (0 where a row cannot reach it)", ("lag",), documents="mean")  # fmt: skip
-OUTPUT_SHARE_AT_LAG = FieldSpec("output_share_at_lag", "mean output share <y_k, o> / ||o||^2 of the key at each lag", ("lag",), documents="mean")  # fmt: skip
+# Moments, not means: their spread over documents tells a sub-type near a floor (uncertain) from one past it.
+TOP_REST_AT_LAG = FieldSpec("top_rest_at_lag", "share of all query rows whose top rest key is at each lag behind the query", ("lag",))  # fmt: skip
+ATTENTION_AT_LAG = FieldSpec("attention_at_lag", "mean attention weight on the key at each lag (0 where a row cannot reach it)", ("lag",))  # fmt: skip
+OUTPUT_SHARE_AT_LAG = FieldSpec("output_share_at_lag", "mean output share <y_k, o> / ||o||^2 of the key at each lag", ("lag",))  # fmt: skip
 EARLY_TOP_REST = FieldSpec("early_top_rest", "1 where the top rest key is early (positions 1..early-1 after the sink), later rows")  # fmt: skip
 EARLY_POSITION = FieldSpec("early_position", "the top rest key's position after the sink where it is early")
 EARLY_ATTENTION = FieldSpec("early_attention", "the largest attention weight on an early key, later rows")
