@@ -94,7 +94,8 @@ def _saved_as_before_the_plan(result, path):
 def test_an_auto_result_merges_with_a_file_that_recorded_the_path_taken_in_its_config(bridge, tmp_path):
     """A run of capture="auto" (it takes the rows here) and an older file of the same path merge, in either
     order, into the documents of both; the merged config names the path both took (they asked differently). A
-    file of the other path is refused, naming the two paths; two runs that asked alike keep their request."""
+    file of the other path is refused, naming the paths; two "auto" runs that took different paths asked alike
+    and merge, keeping the request, but not with a third part that asked otherwise."""
     new = run_with_geometry_hooks(bridge, TEXTS[:2], n_grid=[1, 2], n_bootstrap=0)
     same = _saved_as_before_the_plan(run_with_geometry_hooks(bridge, TEXTS[2:], n_grid=[1, 2], n_bootstrap=0),
                                      tmp_path / "rows")
@@ -109,11 +110,17 @@ def test_an_auto_result_merges_with_a_file_that_recorded_the_path_taken_in_its_c
     other = _saved_as_before_the_plan(run_with_geometry_hooks(bridge, TEXTS[2:], n_grid=[1, 2], n_bootstrap=0,
                                                               capture="pattern"), tmp_path / "pattern")
     for pair in ((new, other), (other, new)):
-        with pytest.raises(GeometryError, match=r"merge: the results differ in capture path taken \('(rows|pattern)' "
-                                                r"vs '(pattern|rows)'\)"):
+        with pytest.raises(GeometryError, match=r"merge: the results differ in capture path taken \('pattern', 'rows'\) "
+                                                r"and asked \('auto', 'pattern'\)"):
             GeometryResult.merge(*pair)
-    again = run_with_geometry_hooks(bridge, TEXTS[2:], n_grid=[1, 2], n_bootstrap=0)
-    assert GeometryResult.merge(new, again).config.capture == "auto"
+    with bridge.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", lambda pattern, hook: pattern)]), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fell_back = run_with_geometry_hooks(bridge, TEXTS[2:], n_grid=[1, 2], n_bootstrap=0)  # auto: the pattern
+    both = GeometryResult.merge(new, fell_back)  # asked alike
+    assert both.config.capture == "auto" and both.provenance["capture"] == "pattern, rows"
+    with pytest.raises(GeometryError, match=r"capture path taken \('pattern', 'rows'\) and asked \('auto', 'rows'\)"):
+        GeometryResult.merge(new, fell_back, same)  # each pair with the first would merge; the three do not
 
 
 def _module_state() -> dict[tuple[str, str], object]:

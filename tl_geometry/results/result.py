@@ -417,27 +417,34 @@ class GeometryResult(StatisticsTable):
         per-query rows are concatenated along documents; pictures keep, per
         head, the one of the smallest document hash (so the order of the parts
         does not matter), and ``config.picture_heads`` becomes the union
-        (the only config field that may differ). The capture path is compared
-        as taken (`capture_taken`), not as asked: a ``capture="auto"`` run
-        that took the rows merges with one that asked for them, or with a
-        file saved when the config recorded the path; where the parts asked
-        differently, the merged config names the path they all took.
-        Versions that differ are all recorded (``"2.1, 2.2"``).
+        (the only config field that may differ). The capture path: parts
+        that asked alike merge (two ``capture="auto"`` runs, whatever path
+        each took: the merged provenance lists them); parts that asked
+        differently merge when they all took one path (`capture_taken`): an
+        ``"auto"`` run that took the rows and a ``capture="rows"`` one, or a
+        file saved when the config recorded the path taken; the merged config
+        then names that path. Versions that differ are all recorded
+        (``"2.1, 2.2"``).
 
         Raises:
-            GeometryError: the results differ in model_name, config, capture
-                path taken, layers, heads, n_grid, fields or replicates, or
-                their provenance names different weights, checkpoints or dtypes
-                (the message names which).
+            GeometryError: the results differ in model_name, config, layers,
+                heads, n_grid, fields or replicates, or asked for different
+                capture paths and took different ones, or their provenance
+                names different weights, checkpoints or dtypes (the message
+                names which).
         """
         parts = _flatten(self, others)
         first = parts[0]
+        asked, taken = sorted({p.config.capture for p in parts}), sorted({p.capture_taken for p in parts})
+        if len(asked) > 1 and len(taken) > 1:
+            raise GeometryError(f"merge: the results differ in capture path taken ({', '.join(map(repr, taken))}) "
+                                f"and asked ({', '.join(map(repr, asked))}); only results that took one path, or "
+                                "that asked alike (capture='auto'), merge")
         for other in parts[1:]:
             checks = {
                 "model_name": (first.model_name, other.model_name),
-                # The capture path compared as taken, below: "auto" here stands for either request.
+                # The capture path is checked above, over all the parts.
                 "config": tuple(replace(r.config, picture_heads=(), capture="auto") for r in (first, other)),
-                "capture path taken": (first.capture_taken, other.capture_taken),
                 "per-query rows": tuple("kept" if r.queries is not None else "not kept" for r in (first, other)),
             }
             checks.update({f"declaration of {name!r}": (first.spec(name), other.spec(name))
@@ -454,8 +461,7 @@ class GeometryResult(StatisticsTable):
         if first.queries is not None:
             rows, positions = join_rows([(dict(p.queries), p.query_positions) for p in parts])
         picture_heads = sorted({pair for p in parts for pair in p.config.picture_heads})
-        asked = {p.config.capture for p in parts}
-        capture = first.config.capture if len(asked) == 1 else first.capture_taken  # whatever the parts' order
+        capture = asked[0] if len(asked) == 1 else taken[0]  # the one request, or the one path taken
         return replace(
             first,
             config=replace(first.config, picture_heads=picture_heads, capture=capture),
