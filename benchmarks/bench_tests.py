@@ -105,7 +105,7 @@ def main() -> None:
             for checkout in checkouts.values():  # warm: the checkouts' bytecode written, not counted
                 collect(checkout)
                 import_time(checkout)
-            runs: dict[str, dict[str, list[float]]] = {label: {"collect": [], "import": [], "own": []} for label in revisions}
+            runs = {label: {"collect": [], "import": [], "own": []} for label in revisions}
             tests = {}
             for _ in range(args.repeats):
                 for label, checkout in checkouts.items():  # alternating, so that a change of load hits both
@@ -123,7 +123,8 @@ def main() -> None:
           f"new = {args.new} ({commits['new']}, {tests['new']} tests collected)")
     print(f"medians of {args.repeats} runs each, alternating; load average before {load_before[0]:.2f}, "
           f"after {load_after[0]:.2f} on {os.cpu_count()} cores")
-    rows = [("pytest --collect-only (s)", "collect", "{:.2f}"), ("import tl_geometry, all modules (ms)", "import", "{:.0f}"),
+    rows = [("pytest --collect-only (s)", "collect", "{:.2f}"),
+            ("import tl_geometry, all modules (ms)", "import", "{:.0f}"),
             ("  of which tl_geometry's own (ms)", "own", "{:.0f}")]
     print(f"{'':40s} {'old':>8s} {'new':>8s} {'new/old':>8s}   old range / new range")
     for title, key, fmt in rows:

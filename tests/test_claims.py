@@ -213,7 +213,7 @@ def test_the_curve_cv_takes_the_documents_noise_out():
 
 
 def _shares_at_most_005(cv):
-    """Per draw of ``[draw, layer, head]``: the share of the heads with a defined CV whose CV is <= 0.05 (section 3.1)."""
+    """Per draw of ``[draw, layer, head]``: the share of heads with a defined CV that have CV <= 0.05 (section 3.1)."""
     defined = ~cv.isnan()
     return ((cv <= 0.05) & defined).flatten(1).sum(1) / defined.flatten(1).sum(1)
 

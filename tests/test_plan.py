@@ -110,8 +110,8 @@ def test_an_auto_result_merges_with_a_file_that_recorded_the_path_taken_in_its_c
     other = _saved_as_before_the_plan(run_with_geometry_hooks(bridge, TEXTS[2:], n_grid=[1, 2], n_bootstrap=0,
                                                               capture="pattern"), tmp_path / "pattern")
     for pair in ((new, other), (other, new)):
-        with pytest.raises(GeometryError, match=r"merge: the results differ in capture path taken \('pattern', 'rows'\) "
-                                                r"and asked \('auto', 'pattern'\)"):
+        with pytest.raises(GeometryError, match=r"merge: the results differ in capture path taken "
+                                                r"\('pattern', 'rows'\) and asked \('auto', 'pattern'\)"):
             GeometryResult.merge(*pair)
     with bridge.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", lambda pattern, hook: pattern)]), \
             warnings.catch_warnings():

@@ -78,7 +78,8 @@ def private_reaches(source: str) -> set[str]:
             found.add(private_prefix(path))
         elif isinstance(node, ast.Call) and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant):
             name = ast.unparse(node.func).split(".")[-1]
-            if name in ATTRIBUTE_CALLS and isinstance(node.args[1].value, str) and (owner := _dotted(node.args[0], bound)):
+            owner = _dotted(node.args[0], bound)
+            if name in ATTRIBUTE_CALLS and isinstance(node.args[1].value, str) and owner:
                 found.add(private_prefix(f"{owner}.{node.args[1].value}"))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and PACKAGE in node.value:
             if DOTTED.match(node.value):
@@ -124,7 +125,8 @@ def test_every_listed_private_name_exists_and_each_unit_is_reached():
     ("from tl_geometry.analysis import claims as c\nc._cv(1)\nc.public(2)", {"tl_geometry.analysis.claims._cv"}),
     ("import tl_geometry.report.explorer as e\ne._json(1)", {"tl_geometry.report.explorer._json"}),
     ("import tl_geometry\ntl_geometry.models._names.x", {"tl_geometry.models._names"}),
-    ("from tl_geometry.results.result import GeometryResult as G\nG._same(1)", {"tl_geometry.results.result.GeometryResult._same"}),
+    ("from tl_geometry.results.result import GeometryResult as G\nG._same(1)",
+     {"tl_geometry.results.result.GeometryResult._same"}),
     ("import tl_geometry.cli as cli\nmonkeypatch.setattr(cli, '_analyse', f)", {"tl_geometry.cli._analyse"}),
     ("monkeypatch.setattr('tl_geometry.cli._analyse', f)", {"tl_geometry.cli._analyse"}),
     ("script = '''\nfrom tl_geometry.cli import _summary\n'''", {"tl_geometry.cli._summary"}),
