@@ -81,6 +81,16 @@ def test_an_old_module_path_still_imports_with_a_warning_naming_its_home(old, mo
     assert sys.modules[old] is module
 
 
+def test_the_architecture_page_lists_each_old_module_path_with_its_home():
+    """docs/architecture.md's table of old paths: every one, beside the home its DeprecationWarning names."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
+    rows = dict(re.findall(r"^\| `(tl_geometry[\w.]*)` \| `(tl_geometry[\w.]*)`", page, re.M))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        homes = {old: importlib.import_module(old).__spec__.name for old in OLD_MODULE_PATHS}
+    assert rows == homes
+
+
 def test_old_paths_expose_the_names_they_had():
     """A few names users imported from the old paths (scripts, demos and the docs of 0.1.0 use them)."""
     with warnings.catch_warnings():

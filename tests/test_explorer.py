@@ -196,8 +196,25 @@ def test_missing_parts_name_the_option_that_adds_them(result):
     assert "'taxonomy'" in notes["regime"] and "attention_mass" in notes["effective_n"]
 
 
-def test_script_data_cannot_close_its_script_element():
-    assert "</" not in explorer._json_for_script({"text": "</script><script>alert(1)</script>"})
+@pytest.mark.parametrize("hostile", ["</script><script>alert(1)</script>", "<!--<script>", "</SCRIPT >&lt;"])
+def test_a_hostile_string_in_the_data_cannot_leave_its_script_element(result, hostile, monkeypatch):
+    """The page's data element, with a hostile string among the data: the HTML tokenizer leaves a script's text only
+    at a ``<`` (to end it, or to enter the escaped states where ``<!--<script>`` makes the element's own end tag
+    not end it), so the element holds none; its JSON reads back to the string intact, and the section ends there."""
+    real = explorer.explorer_data
+
+    def with_hostile(result, taxonomy=None):
+        data = real(result, taxonomy)
+        data["notes"]["hostile"] = hostile
+        return data
+
+    monkeypatch.setattr(explorer, "explorer_data", with_hostile)
+    page = explorer.explorer_html(result, None, "<div>heatmaps</div>")
+    opening = '<script type="application/json" id="explorer-data">'
+    assert page.count(opening) == 1
+    inside, after = page.split(opening)[1].split("</script>", 1)
+    assert "<" not in inside and after == "\n</section>"
+    assert json.loads(inside)["notes"]["hostile"] == hostile
 
 
 def test_the_head_panel_says_what_the_upper_envelope_bounds(result):

@@ -1,6 +1,7 @@
 """The run plan, through the public calls: the N grid decided once per run, ``capture="auto"`` kept as asked
 with the path taken recorded, the fallback said once per run, and no state of a run left in a module global."""
 
+import json
 import sys
 import threading
 import warnings
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from tests import tiny_models as tm
-from tl_geometry import GeometryConfig, analyze_corpus, run_with_geometry_hooks
+from tl_geometry import GeometryConfig, GeometryError, GeometryResult, analyze_corpus, run_with_geometry_hooks
 
 pytestmark = pytest.mark.model
 
@@ -77,6 +78,49 @@ def test_the_fallback_is_said_once_per_run_however_many_batches(bridge):
         assert (run.config.capture, run.provenance["capture"]) == ("auto", "pattern")
         assert run.provenance["capture_reason"] in str(said[0].message)
     assert result.equals(again)
+
+
+def _saved_as_before_the_plan(result, path):
+    """``result`` saved and loaded back as a file of the version before the plan kept the request: the config held
+    the path taken and the provenance did not record it (the JSON edited so; the arrays are untouched)."""
+    json_path = result.save(path)[1]
+    meta = json.loads(json_path.read_text())
+    meta["config"]["capture"] = meta["provenance"].pop("capture")
+    meta["provenance"].pop("capture_reason", None)
+    json_path.write_text(json.dumps(meta))
+    return GeometryResult.load(path)
+
+
+def test_an_auto_result_merges_with_a_file_that_recorded_the_path_taken_in_its_config(bridge, tmp_path):
+    """A run of capture="auto" (it takes the rows here) and an older file of the same path merge, in either
+    order, into the documents of both; the merged config names the path both took (they asked differently). A
+    file of the other path is refused, naming the paths; two "auto" runs that took different paths asked alike
+    and merge, keeping the request, but not with a third part that asked otherwise."""
+    new = run_with_geometry_hooks(bridge, TEXTS[:2], n_grid=[1, 2], n_bootstrap=0)
+    same = _saved_as_before_the_plan(run_with_geometry_hooks(bridge, TEXTS[2:], n_grid=[1, 2], n_bootstrap=0),
+                                     tmp_path / "rows")
+    assert (new.config.capture, new.provenance["capture"]) == ("auto", "rows")
+    assert same.config.capture == "rows" and "capture" not in same.provenance
+    one_pass = run_with_geometry_hooks(bridge, TEXTS, n_grid=[1, 2], n_bootstrap=0)
+    for merged in (GeometryResult.merge(new, same), GeometryResult.merge(same, new)):
+        assert merged.n_documents == one_pass.n_documents == 4 and merged.n_tokens == one_pass.n_tokens
+        assert torch.equal(merged.count("precision"), one_pass.count("precision"))
+        torch.testing.assert_close(merged.per_head("recall"), one_pass.per_head("recall"), rtol=1e-5, atol=1e-6)
+        assert merged.config.capture == merged.provenance["capture"] == "rows"
+    other = _saved_as_before_the_plan(run_with_geometry_hooks(bridge, TEXTS[2:], n_grid=[1, 2], n_bootstrap=0,
+                                                              capture="pattern"), tmp_path / "pattern")
+    for pair in ((new, other), (other, new)):
+        with pytest.raises(GeometryError, match=r"merge: the results differ in capture path taken "
+                                                r"\('pattern', 'rows'\) and asked \('auto', 'pattern'\)"):
+            GeometryResult.merge(*pair)
+    with bridge.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", lambda pattern, hook: pattern)]), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fell_back = run_with_geometry_hooks(bridge, TEXTS[2:], n_grid=[1, 2], n_bootstrap=0)  # auto: the pattern
+    both = GeometryResult.merge(new, fell_back)  # asked alike
+    assert both.config.capture == "auto" and both.provenance["capture"] == "pattern, rows"
+    with pytest.raises(GeometryError, match=r"capture path taken \('pattern', 'rows'\) and asked \('auto', 'rows'\)"):
+        GeometryResult.merge(new, fell_back, same)  # each pair with the first would merge; the three do not
 
 
 def _module_state() -> dict[tuple[str, str], object]:

@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests import tiny_models as tm
+from tests.fixtures import inject
 from tl_geometry import GeometryConfig, GeometryError, run_with_geometry_hooks, selection_metrics_from_cache
 from tl_geometry.cli import main
 from tl_geometry.config import resolve_indices
@@ -190,11 +191,20 @@ def test_context_one_is_refused_for_any_model(capsys, monkeypatch, tmp_path):
     assert "--context: 1 token leaves no room for text after BOS; pass at least 2" in capsys.readouterr().err
 
 
-def test_options_inside_the_model_pass_the_early_check(exported_shape):
-    from tl_geometry.cli import _check_against_model, build_parser
+@pytest.mark.parametrize("argv", [["analyze", "--layers=-7,5", "--heads", "4", "--context", "300"],
+                                  ["report", "--picture", "6.4", "--context", "2"]])
+def test_options_inside_the_model_pass_the_early_check(exported_shape, argv, monkeypatch, capsys):
+    """Every check before loading passes: the command reaches its analysis (a stand-in that stops there)."""
+    reached = []
 
-    for argv in (["analyze", "--layers=-7,5", "--heads", "4", "--context", "300"], ["report", "--picture", "6.4", "--context", "2"]):
-        _check_against_model(build_parser().parse_args(argv))  # no error
+    def stop_at_the_analysis(args):
+        reached.append(args)
+        raise GeometryError("the stand-in analysis was reached")
+
+    inject(monkeypatch, "cli_analyse", stop_at_the_analysis)
+    assert main([*argv, "--quiet"]) == 1
+    assert capsys.readouterr().err == "tl-geometry: error: the stand-in analysis was reached\n"
+    assert len(reached) == 1 and reached[0].command == argv[0]
     from tl_geometry.models import bundled_model_shape
 
     assert bundled_model_shape("smollm2-135m") == exported_shape

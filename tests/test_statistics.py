@@ -10,12 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests import tiny_models as tm
+from tests.fixtures import spy
 from tl_geometry import GeometryError, run_with_geometry_hooks, sink_recall_correlation
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
+from tl_geometry.diagnostics import assumptions
 from tl_geometry.diagnostics.assumptions import (
     DIAGNOSTIC,
     MAX_LAG_FIT,
-    _kv_groups,
     cosine_by_lag,
     fit_exponential_decay,
     sink_similarity,
@@ -238,17 +239,19 @@ def _context(values, alpha, kv_heads=None):
 @given(kv_heads=st.lists(st.integers(0, 3), min_size=1, max_size=6), seed=st.integers(0, 1000))
 @settings(max_examples=15, deadline=None)
 def test_value_statistics_once_per_kv_head_equal_those_of_every_head(kv_heads, seed):
-    """Heads of one GQA group share their value states: computing once per group changes nothing."""
+    """Heads of one GQA group share their value states: the norms are computed once per group (one row per
+    distinct KV head reaches `value_norm_statistics`), and that changes nothing."""
     gen = torch.Generator().manual_seed(seed)
     heads, keys = len(kv_heads), 12
     kv = torch.tensor(kv_heads)
     per_kv = torch.randn(2, keys, 4, 8, generator=gen) + 0.5
     alpha = torch.softmax(torch.randn(2, heads, 1, keys, generator=gen), -1)  # [batch, head, query_pos, key]
     grouped_context = _context(per_kv[:, :, kv], alpha, kv_heads=kv)
-    first, inverse = _kv_groups(grouped_context)
-    assert torch.equal(kv[first][inverse], kv) and len(first) == len(set(kv_heads))
     settings_ = DIAGNOSTIC.Settings()
-    grouped = DIAGNOSTIC.sequences(grouped_context, settings_)
+    with pytest.MonkeyPatch.context() as patch:  # not the monkeypatch fixture: hypothesis runs many examples
+        calls = spy(patch, assumptions, "value_norm_statistics")
+        grouped = DIAGNOSTIC.sequences(grouped_context, settings_)
+    assert [args[0].shape[1] for args, _ in calls] == [len(set(kv_heads))]  # values [batch, head, key, d_head]
     every = DIAGNOSTIC.sequences(_context(per_kv[:, :, kv], alpha), settings_)
     assert grouped.keys() == every.keys() == {spec.name for spec in DIAGNOSTIC.fields}
     for name, t in every.items():

@@ -212,8 +212,13 @@ def explorer_data(result: GeometryResult, taxonomy: HeadTaxonomy | None = None) 
 
 
 def _json_for_script(data: dict[str, Any]) -> str:
-    """JSON safe inside a ``<script>`` element (no ``</`` to end it early)."""
-    return json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    """JSON safe inside a ``<script>`` element: no ``<`` at all (written ``\\u003c``, the same string to JSON).
+
+    Escaping ``</`` alone is not enough: ``<!--<script>`` in a string puts the
+    HTML parser in the script's double-escaped state, where the element's own
+    ``</script>`` no longer ends it and the rest of the page becomes its text.
+    """
+    return json.dumps(data, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
 
 
 def explorer_html(result: GeometryResult, taxonomy: HeadTaxonomy | None, heatmaps: str) -> str:

@@ -184,6 +184,13 @@ class GeometryResult(StatisticsTable):
     # ---- fields and their statistics ----
 
     @property
+    def capture_taken(self) -> str:
+        """The capture path the run took, ``"rows"`` or ``"pattern"``: what its provenance records (the run's plan
+        resolved ``capture="auto"``); for a result saved before the provenance recorded it, the config's
+        ``capture``, which then held the path taken. ``"auto"`` where neither says (a result built by hand)."""
+        return str((self.provenance or {}).get("capture", self.config.capture))
+
+    @property
     def n_sequences(self) -> int:
         """Documents (sequences, windows) analysed: `n_documents` under the name the report prints."""
         return self.n_documents
@@ -280,8 +287,7 @@ class GeometryResult(StatisticsTable):
             sample += f" ({int((self.query_positions >= 0).sum())} kept per query, result.queries_dataframe())"
         kept = [name for name, s in self.stats.items() if s.n_replicates]
         layer, head, n = self.layers[0], self.heads[0], int(self.n_grid[min(3, len(self.n_grid) - 1)])
-        path = (self.provenance or {}).get("capture")  # the path the run took, where it differs from the request
-        taken = f" (took {path!r})" if path is not None and path != c.capture else ""
+        taken = f" (took {self.capture_taken!r})" if self.capture_taken != c.capture else ""
         rows = [
             ("model", self.model_name),
             ("sample", sample),
@@ -411,20 +417,34 @@ class GeometryResult(StatisticsTable):
         per-query rows are concatenated along documents; pictures keep, per
         head, the one of the smallest document hash (so the order of the parts
         does not matter), and ``config.picture_heads`` becomes the union
-        (the only config field that may differ). Versions that differ are all
-        recorded (``"2.1, 2.2"``).
+        (the only config field that may differ). The capture path: parts
+        that asked alike merge (two ``capture="auto"`` runs, whatever path
+        each took: the merged provenance lists them); parts that asked
+        differently merge when they all took one path (`capture_taken`): an
+        ``"auto"`` run that took the rows and a ``capture="rows"`` one, or a
+        file saved when the config recorded the path taken; the merged config
+        then names that path. Versions that differ are all recorded
+        (``"2.1, 2.2"``).
 
         Raises:
             GeometryError: the results differ in model_name, config, layers,
-                heads, n_grid, fields or replicates, or their provenance names
-                different weights, checkpoints or dtypes (the message names which).
+                heads, n_grid, fields or replicates, or asked for different
+                capture paths and took different ones, or their provenance
+                names different weights, checkpoints or dtypes (the message
+                names which).
         """
         parts = _flatten(self, others)
         first = parts[0]
+        asked, taken = sorted({p.config.capture for p in parts}), sorted({p.capture_taken for p in parts})
+        if len(asked) > 1 and len(taken) > 1:
+            raise GeometryError(f"merge: the results differ in capture path taken ({', '.join(map(repr, taken))}) "
+                                f"and asked ({', '.join(map(repr, asked))}); only results that took one path, or "
+                                "that asked alike (capture='auto'), merge")
         for other in parts[1:]:
             checks = {
                 "model_name": (first.model_name, other.model_name),
-                "config": (replace(first.config, picture_heads=()), replace(other.config, picture_heads=())),
+                # The capture path is checked above, over all the parts.
+                "config": tuple(replace(r.config, picture_heads=(), capture="auto") for r in (first, other)),
                 "per-query rows": tuple("kept" if r.queries is not None else "not kept" for r in (first, other)),
             }
             checks.update({f"declaration of {name!r}": (first.spec(name), other.spec(name))
@@ -441,9 +461,10 @@ class GeometryResult(StatisticsTable):
         if first.queries is not None:
             rows, positions = join_rows([(dict(p.queries), p.query_positions) for p in parts])
         picture_heads = sorted({pair for p in parts for pair in p.config.picture_heads})
+        capture = asked[0] if len(asked) == 1 else taken[0]  # the one request, or the one path taken
         return replace(
             first,
-            config=replace(first.config, picture_heads=picture_heads),
+            config=replace(first.config, picture_heads=picture_heads, capture=capture),
             pictures=tuple(pick(*(p.pictures for p in parts)).values()),
             **first._merged_stats(parts[1:]),
             versions=versions,
