@@ -611,3 +611,45 @@ def test_built_heads_sub_type_probability_from_the_documents(built):
             assert bool(found.subtypes.uncertain[i, j]) == uncertain, (i, j)
     # The heads built to be previous-token are named with certainty; the recency-biased head is ruled out.
     assert float(found.subtypes.probability[0, 3]) > 0.75 and float(found.subtypes.probability[1, 1]) < 0.25
+
+
+@pytest.mark.model
+def test_a_result_without_the_lag_spread_judges_sub_types_on_means(built, tmp_path):
+    """A file whose lag features kept means only (an earlier version's declaration) loads; it says so, and no
+    sub-type is uncertain: each is the means' rule."""
+    import hashlib
+    import json
+
+    import numpy as np
+
+    json_path = tmp_path / "old.json"
+    built.save(tmp_path / "old")
+    meta = json.loads(json_path.read_text())
+    edited = 0
+    for field in meta["fields"]:
+        if field["name"] in ("top_rest_at_lag", "attention_at_lag", "output_share_at_lag"):
+            field["documents"] = "mean"
+            edited += 1
+    assert edited == 3
+    # The arrays as that version wrote them: count and a float32 total, no sum of squares, minimum or maximum.
+    npz_path = tmp_path / "old.npz"
+    with np.load(npz_path) as arrays:
+        kept = {}
+        for key in arrays.files:
+            field, _, statistic = key.rpartition("/")
+            if field in ("top_rest_at_lag", "attention_at_lag", "output_share_at_lag"):
+                if statistic in ("total_sq", "minimum", "maximum"):
+                    continue
+                kept[key] = arrays[key].astype(np.float32) if statistic == "total" else arrays[key]
+            else:
+                kept[key] = arrays[key]
+    np.savez_compressed(npz_path, **kept)
+    meta["npz_sha256"] = hashlib.sha256(npz_path.read_bytes()).hexdigest()
+    json_path.write_text(json.dumps(meta))
+    old = GeometryResult.load(tmp_path / "old")
+    found = taxonomy_from_result(old)
+    assert {f"{n} spread" for n in ("top_rest_at_lag", "attention_at_lag", "output_share_at_lag")} <= set(found.missing)
+    assert not bool(found.subtypes.uncertain.any())
+    on_means = subtypes_from_features(found.features, found.config)
+    assert torch.equal(found.subtypes.kind, on_means.kind)
+    assert "lacks" in found.describe(0, 3)

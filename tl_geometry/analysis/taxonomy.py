@@ -521,7 +521,9 @@ class HeadTaxonomy:
             earlier version): without the raw shifts the Mixer is judged on
             the shifts of the excess over chance (that version's rule),
             without the sub-type features no sub-type is named, without the
-            literal ones ``literal`` is -1.
+            literal ones ``literal`` is -1; ``"<lag feature> spread"`` where
+            the lag features kept their means only (no sub-type is then
+            uncertain: each is judged on its means).
     """
 
     labels: Int[Tensor, "layer head_index"]
@@ -744,6 +746,8 @@ def taxonomy_from_result(result: GeometryResult, config: TaxonomyConfig | None =
     point = role_of(features, se, config)
     probabilities = _probabilities(result, config)
     missing = tuple(name for name in (*_EARLIER_SHIFTS, *LITERAL_FEATURES, *SUBTYPE_FEATURES) if name not in result.fields)
+    # An earlier version kept the lag features' means only: its sub-types are judged on the means, without uncertainty.
+    missing += tuple(f"{name} spread" for name in LAG_FEATURES if name in result.fields and result.spec(name).documents != "moments")
     subtypes = (subtypes_from_features(features, config, _subtype_errors(result)) if set(SUBTYPE_FEATURES) <= set(features)
                 else _no_subtypes(point.shape))  # fmt: skip
     literal = literal_role_of(features, se, config) if set(LITERAL_FEATURES) <= set(features) else torch.full_like(point, -1)
