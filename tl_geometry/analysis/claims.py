@@ -131,6 +131,12 @@ from tl_geometry.analysis.correlation import (
 )
 from tl_geometry.analysis.envelopes import upper_envelope_facts
 from tl_geometry.analysis.intervals import METHODS, expanded_level
+from tl_geometry.analysis.set_intervals import (
+    extremes_over_roles,
+    possible_roles,
+    replicate_standard_errors,
+    share_past_interval,
+)
 from tl_geometry.analysis.summaries import mean_over_heads
 from tl_geometry.analysis.taxonomy import ROLES, HeadTaxonomy, replicate_roles, taxonomy_from_result
 from tl_geometry.diagnostics.assumptions import (
@@ -304,6 +310,7 @@ def _interval(
     limits: tuple[float, float] = (-math.inf, math.inf),
     pivot: float | None = None,
     units: int | None = None,
+    set_interval: Callable[[float], tuple[float, float]] | None = None,
 ) -> tuple[float, float, str]:
     """The interval read as ``choice`` declares of ``statistic`` (``value`` on the result) over the bootstrap
     replicates of ``names`` (NaN without them), within the statistic's ``limits`` (a basic interval, reflected
@@ -313,7 +320,9 @@ def _interval(
     ``pivot``, for a correlation: the value the replicates scatter around (the bootstrap world's truth). The
     interval is then taken on Fisher's z (`replicate_z`), of the replicates' deviations from the pivot moved to
     the value. ``units``: how many units the replicates resample where they are not the documents (groups of
-    documents), for the expanded level."""
+    documents), for the expanded level. ``set_interval``: for a statistic of heads judged against a threshold,
+    its set interval at z standard errors per head (`tl_geometry.analysis.set_intervals`); where ``choice`` asks
+    for one (its ``per_head_z``), the interval is the hull of the bootstrap interval and the set interval."""
     lacking = [field_name(name) for name in names if not result.has_replicates(name)]
     if lacking:
         return math.nan, math.nan, (
@@ -344,6 +353,11 @@ def _interval(
     if nominal != LEVEL:
         expanded = f"calibrated: read at {nominal:.1%}, {expanded}"
     text = f"{LEVEL:.0%} {method} bootstrap interval over documents{scale} ({n} replicates; {expanded})"
+    if choice.per_head_z is not None and set_interval is not None:
+        certain, possible = set_interval(choice.per_head_z)
+        low, high = min(low, certain), max(high, possible)  # a NaN bootstrap bound stays NaN; a NaN set bound is ignored
+        text += (f", joined with the set interval {_fmt(certain)} to {_fmt(possible)} (each head judged by its own "
+                 f"interval at {choice.per_head_z:g} standard errors: certainly to possibly past the threshold)")
     if choice.uncertain is not None:
         worst, best = choice.uncertain
         text += (f"; uncertain: on simulated populations it was not chosen on it covered the truth in {worst:.0%} to "
@@ -478,12 +492,12 @@ def _pairwise_curve_cv(
     return (variance.sqrt() / mean).masked_fill(pair_weight <= 0, math.nan)
 
 
-def _curve_shares(result: GeometryResult) -> tuple[float, Tensor]:
-    """The share of heads whose expected curve's CV (`_pairwise_curve_cv`) is <= 0.05 on the result and on each
-    bootstrap replicate ``[replicate]``, from the documents' curves or their groups."""
+def _curve_cvs(result: GeometryResult) -> tuple[Tensor, Tensor]:
+    """Every head's expected curve's CV (`_pairwise_curve_cv`) on the result ``[layer, head]`` and on each bootstrap
+    replicate ``[replicate, layer, head]``, from the documents' curves or their groups."""
     totals, counts, weights = result.stats[VALUE_NORM_BY_POSITION.name].document_groups()
-    value = float(_shares_stable(_pairwise_curve_cv(totals, counts, torch.ones(1, len(totals), dtype=torch.float64)))[0])
-    return value, _shares_stable(_pairwise_curve_cv(totals, counts, weights.T))
+    own = _pairwise_curve_cv(totals, counts, torch.ones(1, len(totals), dtype=torch.float64))[0]
+    return own, _pairwise_curve_cv(totals, counts, weights.T)
 
 
 def _stable_norms(declared: PaperClaim, result: GeometryResult) -> Claim:
@@ -515,11 +529,16 @@ def _stable_norms(declared: PaperClaim, result: GeometryResult) -> Claim:
     stats = result.stats[VALUE_NORM_BY_POSITION.name]
     groups = stats.document_groups()
     if groups is not None and result.n_documents >= 2:
-        value, replicates = _curve_shares(result)
-        across = _pairwise_curve_cv(*groups[:2], torch.ones(1, len(groups[0]), dtype=torch.float64))[0]
+        across, replicate_cvs = _curve_cvs(result)
+        value, replicates = float(_shares_stable(across)), _shares_stable(replicate_cvs)
+        se = replicate_standard_errors(replicate_cvs, stats.n_units)
+
+        def heads_judged(z: float) -> tuple[float, float]:  # each head by its own CV's interval at z se
+            return share_past_interval(across, se, CV_STABLE, z, "<=")
+
         # the bootstrap resamples groups past GROWING_ROWS documents: the interval's level is for their number
         interval = _interval(declared.interval, result, [VALUE_NORM_BY_POSITION], replicates, value, (0.0, 1.0),
-                             units=stats.n_units)
+                             units=stats.n_units, set_interval=heads_judged)
         pairs = (f"pairs of documents in different groups, of {stats.n_units} groups" if stats.is_grouped
                  else "pairs of different documents")
         reading = (f"{value:.0%} of heads have CV <= {CV_STABLE} (median CV {_fmt(float(across.nanmedian()))}), the "
@@ -941,7 +960,14 @@ def _regimes_by_depth(declared: PaperClaim, result: GeometryResult, roles: RoleS
     if replicated is None:
         interval: tuple[float, float, str] = (math.nan, math.nan, "none: the result keeps no replicates of the role features")
     else:
-        interval = _interval(declared.interval, result, [], _depth_steps(replicated, depth), value, (-1.0, 1.0))
+        def roles_judged(z: float) -> tuple[float, float]:  # the steps over every role each head possibly has
+            def steps(member: Tensor) -> Tensor:  # [assignment, layer, head, role] one-hot -> [assignment]
+                return _depth_steps({r: member[..., ROLES.index(r)] for r in DEPTH_ORDER}, depth)
+
+            return extremes_over_roles(possible_roles(probabilities, z), steps, (ABSENT, 1.0))
+
+        interval = _interval(declared.interval, result, [], _depth_steps(replicated, depth), value, (-1.0, 1.0),
+                             set_interval=roles_judged)
     evidence = {r: (torch.tensor(result.layers), weight[r].sum(-1)) for r in DEPTH_ORDER}
     return _claim(declared, value, interval, measured, evidence)
 
