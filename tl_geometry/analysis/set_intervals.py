@@ -124,16 +124,17 @@ def possible_roles(
 def extremes_over_roles(
     possible: Bool[Tensor, "layer head_index role"],
     statistic: Callable[[Float[Tensor, "assignment layer head_index role"]], Float[Tensor, " assignment"]],
-    limits: tuple[float, float],
+    outer: Callable[[], tuple[float, float]],
 ) -> tuple[float, float]:
     """The smallest and the largest of ``statistic`` over every assignment of one possible role to each head.
 
     ``statistic`` reads a batch of assignments as one-hot memberships ``[assignment, layer, head, role]``. A head
     with no possible role takes none (it is in no role's count). Where the assignments number more than
-    ``MAX_ASSIGNMENTS``, the interval is ``limits``, the statistic's whole range (said as such by the caller).
+    ``MAX_ASSIGNMENTS``, ``outer()``: bounds that hold every assignment's value without enumerating them (e.g.
+    from `mean_ranges`), as wide as the extremes or wider.
 
     >>> possible = torch.tensor([[[True, False], [True, True]]])  # head 0: role 0; head 1: either
-    >>> extremes_over_roles(possible, lambda m: m[..., 0].sum((-2, -1)), (0.0, 2.0))  # heads in role 0
+    >>> extremes_over_roles(possible, lambda m: m[..., 0].sum((-2, -1)), lambda: (0.0, 2.0))  # heads in role 0
     (1.0, 2.0)
     """
     layers, heads, roles = possible.shape
@@ -141,8 +142,61 @@ def extremes_over_roles(
     options = [torch.nonzero(row).flatten().tolist() or [-1] for row in flat]
     total = math.prod(len(o) for o in options)
     if total > MAX_ASSIGNMENTS:
-        return limits
+        return outer()
     choices = torch.tensor(list(itertools.product(*options)), dtype=torch.long).reshape(total, len(options))
     one_hot = torch.nn.functional.one_hot(choices.clamp(min=0), roles).double() * (choices >= 0).unsqueeze(-1)
     values = statistic(one_hot.reshape(total, layers, heads, roles)).double()
     return float(values.min()), float(values.max())
+
+
+def mean_ranges(
+    possible: Bool[Tensor, "layer head_index role"], value: Float[Tensor, "layer head_index"]
+) -> Float[Tensor, "role 2"]:
+    """Per role, the smallest and the largest mean of ``value`` over the heads a role can hold: every head whose
+    only possible role it is, and any of the heads for which it is possible (NaN, NaN where no head can hold it;
+    the role may also be empty where no head certainly holds it: ``role_may_be_empty``). Each role is taken on its
+    own, so the ranges hold every assignment of one possible role per head (and some that give a head two roles).
+
+    The smallest mean: the certain heads, then the others in increasing order of value while each lowers the
+    mean (with no certain head, the smallest value alone); the largest, the same from the top.
+
+    >>> possible = torch.tensor([[[True, False]], [[True, True]], [[False, True]]])  # three layers, one head each
+    >>> mean_ranges(possible, torch.tensor([[0.0], [0.5], [1.0]])).tolist()  # role 0: {0} or {0, 0.5}
+    [[0.0, 0.25], [0.5, 1.0]]
+    """
+    x = value.double().flatten()
+    flat = possible.reshape(-1, possible.shape[-1])
+    only = flat & (flat.sum(-1, keepdim=True) == 1)
+    out = torch.full((flat.shape[-1], 2), math.nan, dtype=torch.float64)
+    for role in range(flat.shape[-1]):
+        certain = x[only[:, role]].tolist()
+        others = x[flat[:, role] & ~only[:, role]].tolist()
+        if not certain and not others:
+            continue
+        out[role, 0] = _extreme_mean(certain, sorted(others))
+        out[role, 1] = -_extreme_mean([-v for v in certain], sorted(-v for v in others))
+    return out
+
+
+def _extreme_mean(certain: list[float], ascending: list[float]) -> float:
+    """The smallest mean of ``certain`` with any of ``ascending`` added (at least one value in all)."""
+    chosen = list(certain) or ascending[:1]
+    rest = ascending if certain else ascending[1:]
+    total = sum(chosen)
+    for v in rest:
+        if v >= total / len(chosen):
+            break
+        chosen.append(v)
+        total += v
+    return total / len(chosen)
+
+
+def role_may_be_empty(possible: Bool[Tensor, "layer head_index role"]) -> Bool[Tensor, " role"]:
+    """Per role, whether some assignment of one possible role per head leaves it without a head (no head has it as
+    its only possible role).
+
+    >>> role_may_be_empty(torch.tensor([[[True, False], [True, True]]])).tolist()
+    [False, True]
+    """
+    flat = possible.reshape(-1, possible.shape[-1])
+    return ~(flat & (flat.sum(-1, keepdim=True) == 1)).any(0)
