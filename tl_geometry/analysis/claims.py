@@ -132,12 +132,15 @@ from tl_geometry.analysis.correlation import (
 from tl_geometry.analysis.envelopes import upper_envelope_facts
 from tl_geometry.analysis.intervals import METHODS, expanded_level
 from tl_geometry.analysis.set_intervals import (
+    binomial_share_at_least_half,
     extremes_over_roles,
     mean_ranges,
+    past_threshold,
     possible_roles,
     replicate_standard_errors,
     role_may_be_empty,
     share_past_interval,
+    shares_judged,
 )
 from tl_geometry.analysis.summaries import mean_over_heads
 from tl_geometry.analysis.taxonomy import ROLES, HeadTaxonomy, replicate_roles, taxonomy_from_result
@@ -670,8 +673,18 @@ def _four_phase_profile(declared: PaperClaim, result: GeometryResult) -> Claim:
                 f"{_fmt(value)}, each head counted by the probability of the three given their standard errors over "
                 f"documents, the verdict's); {all_four} show all four (sink >= 100 x plateau: "
                 f"{share(fit.p_sink >= SINK_RATIO * fit.p_base)}; {shares})")
+    margin = (f[PROFILE_P_SINK] - SINK_RATIO * f[PROFILE_P_BASE]).double()
+    margin_se = (se[PROFILE_P_SINK].double() ** 2 + SINK_RATIO**2 * se[PROFILE_P_BASE].double() ** 2).sqrt()
+
+    def heads_judged(z: float) -> tuple[float, float]:  # each head: all three conditions certainly / possibly met
+        certainly, possibly = past_threshold(margin, margin_se, 0.0, z, ">=")
+        for phase in REQUIRED_PHASES:  # a share of documents: the exact binomial interval, at every count
+            sure, maybe = binomial_share_at_least_half(f[phase], result.stats[phase.name].count, z)
+            certainly, possibly = certainly & sure, possibly & maybe
+        return shares_judged(certainly, possibly, ~margin.isnan())
+
     interval = _interval(declared.interval, result, FOUR_PHASE_FIELDS,
-                         lambda g: _expected_share_four_phase(g, se), value)
+                         lambda g: _expected_share_four_phase(g, se), value, set_interval=heads_judged)
     found = _claim(declared, value, interval, measured, {"four_phase": _per_head_values(_four_phase(f))})
     with_oscillation = (shows == 1) & (fit.has_oscillation >= PHASE_SHARE)
     literal = float(with_oscillation[fitted].double().mean()) if bool(fitted.any()) else math.nan

@@ -88,20 +88,66 @@ def share_past_interval(
     >>> share_past_interval(cv, torch.full_like(cv, 0.002), 0.05, z=0.0)  # z = 0: the count itself
     (0.5, 0.5)
     """
+    certainly, possibly = past_threshold(estimates, standard_errors, threshold, z, side)
+    return shares_judged(certainly, possibly, ~estimates.isnan())
+
+
+def past_threshold(
+    estimates: Float[Tensor, "layer head_index"], standard_errors: Float[Tensor, "layer head_index"],
+    threshold: float, z: float, side: str = "<=",
+) -> tuple[Bool[Tensor, "layer head_index"], Bool[Tensor, "layer head_index"]]:
+    """Per head, whether it is certainly and whether it is possibly past ``threshold`` (its interval ``x +- z se``
+    wholly, or partly, on the ``side`` of it; a NaN standard error: the estimate alone). NaN estimates: neither."""
     if side not in get_args(Side):
         raise GeometryError(f"share_past_interval: side: expected one of {get_args(Side)}, got {side!r}")
     if not z >= 0:
         raise GeometryError(f"share_past_interval: z: expected a number of standard errors >= 0, got {z!r}")
-    x, se = estimates.double().flatten(), standard_errors.double().flatten()
-    defined = ~x.isnan()
-    if not bool(defined.any()):
-        return math.nan, math.nan
-    margin = (threshold - x) if side == "<=" else (x - threshold)  # >= 0: past the threshold
+    x, se = estimates.double(), standard_errors.double()
+    margin = (threshold - x) if side == "<=" else (x - threshold)  # >= 0: past the threshold (NaN: False below)
     reach = z * se.nan_to_num(0.0)
+    return margin >= reach, margin >= -reach
+
+
+def shares_judged(
+    certainly: Bool[Tensor, "layer head_index"], possibly: Bool[Tensor, "layer head_index"],
+    defined: Bool[Tensor, "layer head_index"],
+) -> tuple[float, float]:
+    """The shares of the ``defined`` heads that are certainly and possibly past (NaN, NaN without one)."""
     heads = float(defined.sum())
-    certainly = float(((margin >= reach) & defined).sum()) / heads
-    possibly = float(((margin >= -reach) & defined).sum()) / heads
-    return certainly, possibly
+    if not heads:
+        return math.nan, math.nan
+    return float((certainly & defined).sum()) / heads, float((possibly & defined).sum()) / heads
+
+
+def binomial_share_at_least_half(
+    share: Float[Tensor, "layer head_index"], count: Float[Tensor, "layer head_index"], z: float
+) -> tuple[Bool[Tensor, "layer head_index"], Bool[Tensor, "layer head_index"]]:
+    """Per head, whether a share of ``count`` documents (``share * count`` of them having a property, each with
+    the same chance p) certainly and possibly has p >= 1/2, judged by the exact one-sided binomial interval
+    (Clopper-Pearson's) with tail ``Phi(-z)``: certainly when its lower end is at least 1/2, i.e. ``P(X >= k | p =
+    1/2) <= Phi(-z)``; possibly when its upper end is, ``P(X <= k | p = 1/2) >= Phi(-z)``. Exact at every count,
+    where a normal interval around k / n changes its verdict with the count (k takes n + 1 values). No document:
+    neither.
+
+    >>> shares = torch.tensor([[12 / 16, 9 / 16, 4 / 16]])  # one-sided 5 %: 12 of 16 past 1/2, 9 maybe, 4 not
+    >>> certainly, possibly = binomial_share_at_least_half(shares, torch.full_like(shares, 16.0), z=1.645)
+    >>> certainly.tolist(), possibly.tolist()
+    ([[True, False, False]], [[True, True, False]])
+    """
+    if not z >= 0:
+        raise GeometryError(f"binomial_share_at_least_half: z: expected a number of standard errors >= 0, got {z!r}")
+    n = count.double().nan_to_num(0.0).round()
+    k = (share.double().nan_to_num(0.0) * n).round()
+    largest = int(n.max()) if n.numel() else 0
+    j = torch.arange(largest + 1, dtype=torch.float64)
+    n_, k_ = n.unsqueeze(-1), k.unsqueeze(-1)
+    log_pmf = torch.lgamma(n_ + 1) - torch.lgamma(j + 1) - torch.lgamma((n_ - j).clamp_min(0) + 1) - n_ * math.log(2)
+    log_pmf = log_pmf.masked_fill(j > n_, -math.inf)
+    at_least_k = torch.where(j >= k_, log_pmf, -math.inf).logsumexp(-1).exp()
+    at_most_k = torch.where(j <= k_, log_pmf, -math.inf).logsumexp(-1).exp()
+    tail = NormalDist().cdf(-z)
+    some = n > 0
+    return (at_least_k <= tail) & some, (at_most_k >= tail) & some
 
 
 def possible_roles(
@@ -161,8 +207,8 @@ def mean_ranges(
     mean (with no certain head, the smallest value alone); the largest, the same from the top.
 
     >>> possible = torch.tensor([[[True, False]], [[True, True]], [[False, True]]])  # three layers, one head each
-    >>> mean_ranges(possible, torch.tensor([[0.0], [0.5], [1.0]])).tolist()  # role 0: {0} or {0, 0.5}
-    [[0.0, 0.25], [0.5, 1.0]]
+    >>> mean_ranges(possible, torch.tensor([[0.0], [0.5], [1.0]])).tolist()  # role 0: {0} or {0, 0.5}; role 1: {1} or {0.5, 1}
+    [[0.0, 0.25], [0.75, 1.0]]
     """
     x = value.double().flatten()
     flat = possible.reshape(-1, possible.shape[-1])
