@@ -368,6 +368,40 @@ def test_regimes_by_depth_past_the_enumeration_cap_bounds_every_assignment(monke
     assert -1.0 < bounded.low and bounded.high < 1.0
 
 
+def test_four_phase_set_interval_judges_each_condition_of_each_head():
+    """Declared with a set interval (z = 1), the four-phase claim's interval is its bootstrap interval joined with
+    the share of fitted heads certainly to possibly showing the profile, from the definition (a loop over heads):
+    the sink's margin p_sink - 100 p_base by its normal interval (the standard errors of the two combined), each
+    phase share k of n documents by the exact one-sided binomial test at 1/2 with tail Phi(-z)."""
+    from tests.fixtures import Population
+    from tests.test_set_intervals import reference_binomial_sides
+
+    population = Population(seed=9, sink_over_base=(60.0, 160.0), phase_share=(0.35, 0.65))  # heads near the lines
+    study = simulate_study(true_means(population), np.random.default_rng(2), 16, population)
+    plain = claims(study).loc["four_phase_profile"]
+    with _declared_with_set_interval("four_phase_profile", 1.0):
+        row = claims(study).loc["four_phase_profile"]
+    mean = {name: _np(study.per_head(f"profile_{name}")).ravel() for name in ("p_sink", "p_base", "has_plateau",
+                                                                              "has_recency")}
+    se = {name: _np(study.sem(f"profile_{name}")).ravel() for name in ("p_sink", "p_base")}
+    count = {name: _np(study.stats[f"profile_{name}"].count).ravel() for name in ("has_plateau", "has_recency")}
+    certain = possible = 0
+    for h in range(len(mean["p_sink"])):
+        margin = mean["p_sink"][h] - 100 * mean["p_base"][h]
+        reach = math.hypot(se["p_sink"][h], 100 * se["p_base"][h])
+        sides = [(margin - reach >= 0, margin + reach >= 0)]
+        for phase in ("has_plateau", "has_recency"):
+            n = int(round(count[phase][h]))
+            sides.append(reference_binomial_sides(int(round(mean[phase][h] * n)), n, 1.0))
+        certain += all(c for c, _ in sides)
+        possible += all(p for _, p in sides)
+    heads = len(mean["p_sink"])
+    assert 0 < possible - certain  # some head in doubt
+    expected = (min(plain.low, certain / heads), max(plain.high, possible / heads))
+    assert (row.low, row.high) == pytest.approx(expected, abs=1e-12)
+    assert (row.low, row.high) != pytest.approx((plain.low, plain.high), abs=1e-12)  # wider on some side
+
+
 def _sides_swapped(share_past_interval):
     """The set interval's sides swapped: the share possibly past as the low end, certainly past as the high."""
     return lambda *args, **kwargs: share_past_interval(*args, **kwargs)[::-1]
@@ -1142,6 +1176,9 @@ CLAIM_MUTANTS = [
     Mutant("the set interval's certainly and possibly sides swapped",
            wrap_function(claims_module, "share_past_interval", _sides_swapped),
            (test_stable_norms_set_interval_joins_the_heads_judged_with_the_bootstrap,)),
+    Mutant("the phase shares' binomial judgement with its sides swapped",
+           wrap_function(claims_module, "binomial_share_at_least_half", _sides_swapped),
+           (test_four_phase_set_interval_judges_each_condition_of_each_head,)),
     Mutant("the roles' set interval judging each head by its most probable role only",
            wrap_function(claims_module, "possible_roles", _most_probable_role_only),
            (test_regimes_by_depth_set_interval_joins_every_possible_assignment_with_the_bootstrap,)),

@@ -154,3 +154,23 @@ def test_mean_ranges_hold_every_assignment_and_are_exact_for_one_role_in_doubt(s
         assert got[r] == pytest.approx(exact, abs=1e-12, nan_ok=True)
     may_be_empty = set_intervals.role_may_be_empty(torch.tensor(possible)[:, None]).numpy()
     assert may_be_empty.tolist() == [not any(o == [r] for o in options) for r in range(roles)]
+
+
+def reference_binomial_sides(k, n, z):
+    """Certainly p >= 1/2: the exact one-sided binomial interval's lower end (tail Phi(-z)) at least 1/2, i.e.
+    P(X >= k | n, 1/2) <= Phi(-z); possibly: its upper end at least 1/2, P(X <= k | n, 1/2) >= Phi(-z)."""
+    tail = NormalDist().cdf(-z)
+    at_least = sum(math.comb(n, j) for j in range(k, n + 1)) / 2**n
+    at_most = sum(math.comb(n, j) for j in range(0, k + 1)) / 2**n
+    return at_least <= tail, at_most >= tail
+
+
+@pytest.mark.parametrize("n", [1, 5, 16, 33])
+@pytest.mark.parametrize("z", [0.5, 1.645, 3.0])
+def test_binomial_share_at_least_half_is_the_exact_binomial_test(n, z):
+    k = np.arange(n + 1)
+    certainly, possibly = set_intervals.binomial_share_at_least_half(
+        torch.tensor(k / n)[None], torch.full((1, n + 1), float(n)), z)
+    expected = [reference_binomial_sides(int(x), n, z) for x in k]
+    assert certainly[0].tolist() == [c for c, _ in expected]
+    assert possibly[0].tolist() == [p for _, p in expected]

@@ -11,7 +11,12 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tl_geometry.analysis.set_intervals import extremes_over_roles, possible_roles, share_past_interval
+from tl_geometry.analysis.set_intervals import (
+    binomial_share_at_least_half,
+    extremes_over_roles,
+    possible_roles,
+    share_past_interval,
+)
 
 THRESHOLD = 0.05
 heads = st.integers(1, 12)
@@ -74,7 +79,18 @@ def heads_in_role_0(member):
 def test_role_extremes_hold_the_most_probable_roles_and_widen_with_z(p, a, b):
     top = torch.nn.functional.one_hot(p.argmax(-1), 3).double()
     on_top = float(heads_in_role_0(top.unsqueeze(0))[0])
-    narrow = extremes_over_roles(possible_roles(p, min(a, b)), heads_in_role_0, (0.0, 99.0))
-    wide = extremes_over_roles(possible_roles(p, max(a, b)), heads_in_role_0, (0.0, 99.0))
+    narrow = extremes_over_roles(possible_roles(p, min(a, b)), heads_in_role_0, lambda: (0.0, 99.0))
+    wide = extremes_over_roles(possible_roles(p, max(a, b)), heads_in_role_0, lambda: (0.0, 99.0))
     assert narrow[0] <= on_top <= narrow[1]
     assert wide[0] <= narrow[0] and narrow[1] <= wide[1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 64), data=st.data(), a=st.floats(0.0, 4.0), b=st.floats(0.0, 4.0))
+def test_a_binomial_share_certainly_past_half_is_possibly_past_it_and_z_widens(n, data, a, b):
+    k = data.draw(st.integers(0, n))
+    share, count = torch.tensor([[k / n]]), torch.tensor([[float(n)]])
+    narrow = binomial_share_at_least_half(share, count, min(a, b))
+    wide = binomial_share_at_least_half(share, count, max(a, b))
+    assert bool(narrow[1]) or not bool(narrow[0])  # certainly implies possibly
+    assert bool(wide[1]) >= bool(narrow[1]) and bool(wide[0]) <= bool(narrow[0])  # wider: less certain, more possible

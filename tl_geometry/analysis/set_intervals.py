@@ -43,7 +43,7 @@ from statistics import NormalDist
 from typing import Literal, get_args
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Real
 from torch import Tensor
 
 from tl_geometry.errors import GeometryError
@@ -120,7 +120,7 @@ def shares_judged(
 
 
 def binomial_share_at_least_half(
-    share: Float[Tensor, "layer head_index"], count: Float[Tensor, "layer head_index"], z: float
+    share: Float[Tensor, "layer head_index"], count: Real[Tensor, "layer head_index"], z: float
 ) -> tuple[Bool[Tensor, "layer head_index"], Bool[Tensor, "layer head_index"]]:
     """Per head, whether a share of ``count`` documents (``share * count`` of them having a property, each with
     the same chance p) certainly and possibly has p >= 1/2, judged by the exact one-sided binomial interval
