@@ -97,6 +97,11 @@ simulated studies. Each claim's method and level
 were chosen on one simulated population at 16 documents and are validated
 on populations drawn with other seeds and parameters, at 8, 16 and 32
 documents (``benchmarks/bench_coverage.py``, ``tests/test_claim_coverage.py``).
+The three claims of heads judged against thresholds (stable norms by curve,
+the four-phase profile, roles by depth) join their bootstrap interval with a
+set interval (`tl_geometry.analysis.set_intervals`; ``per_head_z`` of their
+`IntervalChoice`): from the heads certainly past the thresholds to those
+possibly past them, each head judged by its own interval.
 The correlations' replicates scatter around the
 uncorrected value (the bootstrap world's truth), not the disattenuated one:
 their interval is taken on Fisher's z, of the replicates' deviations from
