@@ -368,36 +368,53 @@ def test_regimes_by_depth_past_the_enumeration_cap_bounds_every_assignment(monke
     assert -1.0 < bounded.low and bounded.high < 1.0
 
 
+def _four_phase_heads_judged(study):
+    """The four-phase set interval at z from its definition (a loop over heads): the sink's margin p_sink - 100
+    p_base by its normal interval (the two standard errors combined), each phase share k of n documents by the
+    exact one-sided binomial test at 1/2 with tail Phi(-z); the shares of the fitted heads meeting all three
+    certainly and possibly."""
+    from tests.test_set_intervals import reference_binomial_sides
+
+    mean = {name: _np(study.per_head(f"profile_{name}")).ravel() for name in ("p_sink", "p_base", "has_plateau",
+                                                                              "has_recency")}
+    se = {name: _np(study.std(f"profile_{name}") / study.count(f"profile_{name}").sqrt()).ravel()
+          for name in ("p_sink", "p_base")}
+    count = {name: _np(study.count(f"profile_{name}")).ravel() for name in ("has_plateau", "has_recency")}
+
+    def judged(z):
+        certain = possible = heads = 0
+        for h in range(len(mean["p_sink"])):
+            margin = mean["p_sink"][h] - 100 * mean["p_base"][h]
+            if np.isnan(margin):
+                continue
+            heads += 1
+            reach = z * math.hypot(se["p_sink"][h], 100 * se["p_base"][h])
+            sides = [(margin - reach >= 0, margin + reach >= 0)]
+            for phase in ("has_plateau", "has_recency"):
+                n = int(round(count[phase][h]))
+                sides.append(reference_binomial_sides(int(round(mean[phase][h] * n)), n, z))
+            certain += all(c for c, _ in sides)
+            possible += all(p for _, p in sides)
+        return certain / heads, possible / heads
+
+    return judged
+
+
 def test_four_phase_set_interval_judges_each_condition_of_each_head():
     """Declared with a set interval (z = 1), the four-phase claim's interval is its bootstrap interval joined with
     the share of fitted heads certainly to possibly showing the profile, from the definition (a loop over heads):
     the sink's margin p_sink - 100 p_base by its normal interval (the standard errors of the two combined), each
     phase share k of n documents by the exact one-sided binomial test at 1/2 with tail Phi(-z)."""
     from tests.fixtures import Population
-    from tests.test_set_intervals import reference_binomial_sides
 
     population = Population(seed=9, sink_over_base=(60.0, 160.0), phase_share=(0.35, 0.65))  # heads near the lines
     study = simulate_study(true_means(population), np.random.default_rng(2), 16, population)
     plain = claims(study).loc["four_phase_profile"]
     with _declared_with_set_interval("four_phase_profile", 1.0):
         row = claims(study).loc["four_phase_profile"]
-    mean = {name: _np(study.per_head(f"profile_{name}")).ravel() for name in ("p_sink", "p_base", "has_plateau",
-                                                                              "has_recency")}
-    se = {name: _np(study.sem(f"profile_{name}")).ravel() for name in ("p_sink", "p_base")}
-    count = {name: _np(study.stats[f"profile_{name}"].count).ravel() for name in ("has_plateau", "has_recency")}
-    certain = possible = 0
-    for h in range(len(mean["p_sink"])):
-        margin = mean["p_sink"][h] - 100 * mean["p_base"][h]
-        reach = math.hypot(se["p_sink"][h], 100 * se["p_base"][h])
-        sides = [(margin - reach >= 0, margin + reach >= 0)]
-        for phase in ("has_plateau", "has_recency"):
-            n = int(round(count[phase][h]))
-            sides.append(reference_binomial_sides(int(round(mean[phase][h] * n)), n, 1.0))
-        certain += all(c for c, _ in sides)
-        possible += all(p for _, p in sides)
-    heads = len(mean["p_sink"])
-    assert 0 < possible - certain  # some head in doubt
-    expected = (min(plain.low, certain / heads), max(plain.high, possible / heads))
+    certain, possible = _four_phase_heads_judged(study)(1.0)
+    assert certain < possible  # some head in doubt
+    expected = (min(plain.low, certain), max(plain.high, possible))
     assert (row.low, row.high) == pytest.approx(expected, abs=1e-12)
     assert (row.low, row.high) != pytest.approx((plain.low, plain.high), abs=1e-12)  # wider on some side
 
@@ -459,7 +476,12 @@ def test_four_phase_interval_is_the_plain_percentile_of_the_replicates_expected_
     reps = [_expected_four_phase({name: r[b] for name, r in replicates.items()}, se)
             for b in range(len(replicates["p_sink"]))]
     row = claims(study).loc["four_phase_profile"]
-    assert (row.low, row.high) == pytest.approx(tuple(np.quantile(reps, [0.025, 0.975])), abs=1e-9)
+    low, high = np.quantile(reps, [0.025, 0.975])
+    z = CLAIMS["four_phase_profile"].interval.per_head_z
+    if z is not None:  # joined with the set interval
+        certain, possible = _four_phase_heads_judged(study)(z)
+        low, high = min(low, certain), max(high, possible)
+    assert (row.low, row.high) == pytest.approx((low, high), abs=1e-9)
     assert "not expanded" in row.interval
 
 

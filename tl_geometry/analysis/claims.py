@@ -684,7 +684,7 @@ def _four_phase_profile(declared: PaperClaim, result: GeometryResult) -> Claim:
     def heads_judged(z: float) -> tuple[float, float]:  # each head: all three conditions certainly / possibly met
         certainly, possibly = past_threshold(margin, margin_se, 0.0, z, ">=")
         for phase in REQUIRED_PHASES:  # a share of documents: the exact binomial interval, at every count
-            sure, maybe = binomial_share_at_least_half(f[phase], result.stats[phase.name].count, z)
+            sure, maybe = binomial_share_at_least_half(f[phase], result.count(phase), z)
             certainly, possibly = certainly & sure, possibly & maybe
         return shares_judged(certainly, possibly, ~margin.isnan())
 
