@@ -643,13 +643,19 @@ def _share_four_phase(f: Mapping[FieldSpec, Tensor]) -> float:
     return float(shows.mean()) if len(shows) else math.nan
 
 
+def _sink_margin(f: Mapping[FieldSpec, Tensor], se: Mapping[FieldSpec, Tensor]) -> tuple[Tensor, Tensor]:
+    """The sink's margin over the profile's line, p_sink - 100 p_base (``[*b, layer, head]``), and its standard
+    error from the two fields' ``se`` taken as independent."""
+    margin = (f[PROFILE_P_SINK] - SINK_RATIO * f[PROFILE_P_BASE]).double()
+    return margin, (se[PROFILE_P_SINK].double() ** 2 + SINK_RATIO**2 * se[PROFILE_P_BASE].double() ** 2).sqrt()
+
+
 def _expected_share_four_phase(f: Mapping[FieldSpec, Tensor], se: Mapping[FieldSpec, Tensor]) -> Tensor:
     """The expected share of heads with the phase profile over the last two axes ``[*b, layer, head]``: each
     head counted by the product of the normal probabilities of its three conditions given the fields' means
     ``f`` and standard errors ``se`` ``[layer, head]`` over documents (the sink's margin p_sink - 100 p_base
     with the two errors combined as independent); heads without a fit left out."""
-    margin = (f[PROFILE_P_SINK] - SINK_RATIO * f[PROFILE_P_BASE]).double()
-    margin_se = (se[PROFILE_P_SINK].double() ** 2 + SINK_RATIO**2 * se[PROFILE_P_BASE].double() ** 2).sqrt()
+    margin, margin_se = _sink_margin(f, se)
     p = _probability_at_least(margin, 0.0, margin_se)
     for phase in REQUIRED_PHASES:
         p = p * _probability_at_least(f[phase].double(), PHASE_SHARE, se[phase].double())
@@ -678,8 +684,7 @@ def _four_phase_profile(declared: PaperClaim, result: GeometryResult) -> Claim:
                 f"{_fmt(value)}, each head counted by the probability of the three given their standard errors over "
                 f"documents, the verdict's); {all_four} show all four (sink >= 100 x plateau: "
                 f"{share(fit.p_sink >= SINK_RATIO * fit.p_base)}; {shares})")
-    margin = (f[PROFILE_P_SINK] - SINK_RATIO * f[PROFILE_P_BASE]).double()
-    margin_se = (se[PROFILE_P_SINK].double() ** 2 + SINK_RATIO**2 * se[PROFILE_P_BASE].double() ** 2).sqrt()
+    margin, margin_se = _sink_margin(f, se)
 
     def heads_judged(z: float) -> tuple[float, float]:  # each head: all three conditions certainly / possibly met
         certainly, possibly = past_threshold(margin, margin_se, 0.0, z, ">=")
