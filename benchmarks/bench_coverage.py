@@ -25,6 +25,11 @@ at 16 and 32 documents, and at 8. Stable norms by curve is also measured at
 ``GROUPED_DOCUMENTS`` (64) documents, past the 32 whose curves a result keeps
 as rows: its curves are then kept in 32 groups of documents (an extra column).
 
+``--set-intervals``: the claims of ``SET_CLAIMS`` (or ``--claim=KEY``), each with its declared bootstrap interval
+joined with the set interval at every per-head z of ``SET_ZS`` on the tuning set (``SET_TUNING_STUDIES``
+studies); `pick` chooses z there, and only then are the held-out populations run with that z beside the current
+interval (``SET_HELD_OUT_STUDIES`` studies per cell, or ``studies``), with `uncertain`'s verdict for each.
+
 ``--remeasure``: the held-out cells of ``REMEASURED`` (the two claims that
 missed 0.90 by under one binomial standard error with 100 studies) measured
 again with ``REMEASURE_STUDIES`` studies, the same seeded studies and more
@@ -33,7 +38,7 @@ standard error and the verdict of `uncertain`, a rule written before these
 cells were re-measured.
 
     PYTHONPATH=. python benchmarks/bench_coverage.py [studies]
-        [--tuning-only | --held-out-only | --grouped-only | --remeasure]
+        [--tuning-only | --held-out-only | --grouped-only | --remeasure | --set-intervals [--claim=KEY ...]]
         [--population=NAME ...]  (held-out populations to run; default all)
 """
 
@@ -49,6 +54,7 @@ from tests.test_claim_coverage import (
     chosen,
     coverage,
     every_choice,
+    set_choices,
     share,
 )
 
@@ -61,6 +67,10 @@ GROUPED_DOCUMENTS = 64  # stable norms by curve past the 32 documents kept as ro
 TARGET = 0.90  # the held-out acceptance's lower edge, at 16 and 32 documents
 REMEASURE_STUDIES = 400
 REMEASURED = (("large_n_return", "skewed", 16), ("sink_recall_correlation", "skewed", 32))
+SET_CLAIMS = ("stable_norms", "regimes_by_depth", "four_phase_profile")  # heads judged against thresholds
+SET_ZS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)  # the per-head z the rule picks from (on the tuning set only)
+SET_TUNING_STUDIES = 300
+SET_HELD_OUT_STUDIES = 100
 
 
 def standard_error(cell: tuple[int, int, int]) -> float:
@@ -97,9 +107,10 @@ def tuning_table(studies: int) -> None:
     plain = list(every_choice())  # the methods at the nominal level, either expanded or not
     own = chosen()
 
-    def described(choice: tuple[str, bool, float]) -> str:
-        method, expand, level = choice
-        return f"{method}, {'expanded' if expand else 'plain'}" + ("" if level == NOMINAL else f", {level:g}")
+    def described(choice) -> str:
+        return (f"{choice.method}, {'expanded' if choice.expanded else 'plain'}"
+                + ("" if choice.level == NOMINAL else f", {choice.level:g}")
+                + ("" if choice.per_head_z is None else f", set interval at z = {choice.per_head_z:g}"))
 
     print(f"\nTuning set (population seed {TUNING.seed}, {TUNING_DOCUMENTS} documents, {studies} studies): coverage "
           "of nominal 95 % intervals")
@@ -168,10 +179,62 @@ def remeasured_table(studies: int) -> None:
               f"({standard_error(many):.3f}) | {'yes' if uncertain([many]) else 'no'} |")
 
 
+def set_interval_tables(tuning_studies: int, held_out_studies: int, keys: tuple[str, ...], names: list[str]) -> None:
+    """The set intervals (docs/claims.md, "Set intervals"), for the claims ``keys``: each claim's declared bootstrap
+    interval joined with the set interval at every z of ``SET_ZS`` on the tuning set (``tuning_studies`` studies);
+    `pick` chooses z there, by the rule written before this was run; then, with that z only, the held-out
+    populations ``names`` at ``COUNTS`` (and ``GROUPED_DOCUMENTS`` for stable norms by curve), ``held_out_studies``
+    studies per cell, beside the claim's current interval on the same studies, with `uncertain`'s verdict."""
+    start = time.perf_counter()
+    found = coverage(TUNING, TUNING_DOCUMENTS, tuning_studies, set_choices(keys, SET_ZS))
+    print(f"set intervals, tuning: {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    print(f"\nSet intervals on the tuning set (population seed {TUNING.seed}, {TUNING_DOCUMENTS} documents, "
+          f"{tuning_studies} studies): coverage of each claim's bootstrap interval joined with the set interval at z")
+    names_z = [name for name in found if name != "chosen"]
+    print(f"| claim | current | {' | '.join(names_z)} | rule's pick |\n|---|---|{'---|' * len(names_z)}---|")
+    picked = {}
+    for key in keys:
+        picked[key] = pick(found, key)
+        cells = " | ".join(f"{share(found[name][key]):.3f}" for name in names_z)
+        print(f"| {key} | {share(found['chosen'][key]):.3f} | {cells} | {picked[key]} |")
+    chosen_set = {key: set_choices((key,), (float(picked[key].split("= ")[1]),))[picked[key]][key] for key in keys}
+    print(f"\nSet intervals held out ({held_out_studies} studies per cell): the current interval and the set "
+          "interval at the picked z, on the same studies (in brackets: estimates outside their own interval)")
+    print("| claim | interval | " + " | ".join(f"{n} {d}" for n in names for d in COUNTS)
+          + " | range at 16-32 | at 8 | uncertain (coverage + 2 SE < 0.90 at 16-32) | 64: " + ", ".join(names) + " |")
+    print("|---|---|" + "---|" * (len(names) * len(COUNTS)) + "---|---|---|---|")
+    cells: dict[tuple[str, int], dict] = {}
+    for name in names:
+        for documents in (*COUNTS, GROUPED_DOCUMENTS):
+            wanted = keys if documents != GROUPED_DOCUMENTS else tuple(k for k in keys if k == "stable_norms")
+            if not wanted:
+                continue
+            start = time.perf_counter()
+            cells[name, documents] = coverage(HELD_OUT[name], documents, held_out_studies,
+                                              {"set": {k: chosen_set[k] for k in wanted}})
+            print(f"set intervals held out {name}, {documents} documents: {time.perf_counter() - start:.0f} s",
+                  file=sys.stderr)
+    for key in keys:
+        for label, choice in (("current", "chosen"), (f"set, z = {chosen_set[key].per_head_z:g}", "set")):
+            row = [cells[n, d][choice][key] for n in names for d in COUNTS]
+            wide = [cells[n, d][choice][key] for n in names for d in (16, 32)]
+            eight = [share(cells[n, 8][choice][key]) for n in names]
+            grouped = ", ".join(f"{share(cells[n, GROUPED_DOCUMENTS][choice][key]):.2f}"
+                                for n in names if (n, GROUPED_DOCUMENTS) in cells and key == "stable_norms") or "-"
+            text = " | ".join(f"{share(c):.2f}" + (f" ({c[2]})" if c[2] else "") for c in row)
+            print(f"| {key} | {label} | {text} | {min(map(share, wide)):.2f}-{max(map(share, wide)):.2f} | "
+                  f"{min(eight):.2f}-{max(eight):.2f} | {'yes' if uncertain(wide) else 'no'} | {grouped} |")
+
+
 if __name__ == "__main__":
     arguments = [a for a in sys.argv[1:] if not a.startswith("--")]
     count = int(arguments[0]) if arguments else STUDIES
     populations = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--population=")] or list(HELD_OUT)
+    if "--set-intervals" in sys.argv:
+        claims_ = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--claim=")] or list(SET_CLAIMS)
+        set_interval_tables(SET_TUNING_STUDIES, count if arguments else SET_HELD_OUT_STUDIES, tuple(claims_),
+                            populations)
+        sys.exit()
     if "--grouped-only" in sys.argv:
         grouped_table(count, populations)
         sys.exit()

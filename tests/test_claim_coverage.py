@@ -22,6 +22,7 @@ on a few seeded studies; ``benchmarks/bench_coverage.py`` prints the tuning tabl
 method) and the held-out table at 8, 16 and 32 documents.
 """
 
+import dataclasses
 import math
 
 import jaxtyping
@@ -127,9 +128,10 @@ def true_values(m: dict[str, np.ndarray], documents: int = STUDY_DOCUMENTS,
     }
 
 
-Choice = dict[str, tuple[str, bool, float]]
-"""Per claim: an interval method of `METHODS`, whether its level is expanded for the number of documents, and the
-nominal level its quantiles are read at (0.95 unless calibrated)."""
+Choice = dict[str, IntervalChoice]
+"""Per claim: how its interval is read (an interval method of `METHODS`, whether its level is expanded for the
+number of documents, the nominal level its quantiles are read at, 0.95 unless calibrated, and the set interval's
+z per head where it has one); its ``uncertain`` is the claim's own."""
 
 
 def _declared_intervals() -> dict[str, IntervalChoice]:
@@ -142,15 +144,23 @@ def _declared_intervals() -> dict[str, IntervalChoice]:
 
 def chosen() -> Choice:
     """Every claim's interval as `tl_geometry.analysis.claims` chose it."""
-    return {key: (c.method, c.expanded, c.level) for key, c in _declared_intervals().items()}
+    return dict(_declared_intervals())
 
 
 def every_choice(keys: tuple[str, ...] = COVERED, levels: tuple[float, ...] = (LEVEL,)) -> dict[str, Choice]:
     """Every method at either level (expanded or not) for the claims ``keys``, by name ("basic, expanded"; with
     the nominal level where it is not 0.95: "basic, expanded, 0.99")."""
     return {f"{method}, {'expanded' if expand else 'plain'}" + ("" if level == LEVEL else f", {level:g}"):
-            dict.fromkeys(keys, (method, expand, level))
+            dict.fromkeys(keys, IntervalChoice(method, expand, level))
             for level in levels for method in METHODS for expand in (True, False)}
+
+
+def set_choices(keys: tuple[str, ...], zs: tuple[float, ...]) -> dict[str, Choice]:
+    """For the claims ``keys``, their declared bootstrap interval (method and level as declared) joined with the set
+    interval at each per-head z of ``zs``, by name ("set, z = 1.5")."""
+    declared = _declared_intervals()
+    return {f"set, z = {z:g}": {key: dataclasses.replace(declared[key], per_head_z=z, uncertain=None) for key in keys}
+            for z in zs}
 
 
 Coverage = dict[str, tuple[int, int, int]]
@@ -187,8 +197,7 @@ def coverage(population: Population = TUNING, documents: int = TUNING_DOCUMENTS,
         first[key] = {}
         for name, choice in choices.items():
             if key in choice:
-                method, expand, level = choice[key]
-                other = IntervalChoice(method, expand, level, declared.uncertain)
+                other = dataclasses.replace(choice[key], uncertain=declared.uncertain)
                 first[key][name] = original(other, result, names, statistic, *args, **kwargs)[:2]
         return own
 

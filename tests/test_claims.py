@@ -5,6 +5,7 @@ rules as the module docstring (and docs/claims.md) state them, with numpy;
 they never call the module's own helpers.
 """
 
+import contextlib
 import dataclasses
 import math
 from statistics import NormalDist
@@ -15,7 +16,7 @@ import torch
 
 from tests import tiny_models as tm
 from tests.fixtures import simulate_study, true_means
-from tests.mutants import Mutant, assert_caught, replace_attribute, replace_claim
+from tests.mutants import Mutant, assert_caught, replace_attribute, replace_claim, wrap_function
 from tests.reference import reference_disattenuated, reference_error_covariance, reference_shrunk
 from tl_geometry import GeometryConfig, GeometryError, GeometryResult, claims, run_with_geometry_hooks
 from tl_geometry.analysis import claims as claims_module
@@ -92,10 +93,21 @@ def _expanded(level, n):
     return 1 - 2 * NormalDist().cdf(-math.sqrt(n / (n - 1)) * t)
 
 
-def _claim_interval(key, value, replicates, n_documents):
+def _claim_interval(key, value, replicates, n_documents, heads_judged=None):
     """The interval the claim declares (its ``interval``: the method at its level, 0.95 unless calibrated,
-    expanded unless declared plain), each from its definition."""
+    expanded unless declared plain), each from its definition; where it declares a set interval (``per_head_z``),
+    joined with ``heads_judged(z)``, the set interval from its definition (a hull: the lower of the lows, the
+    higher of the highs)."""
     declared = CLAIMS[key].interval
+    if declared.per_head_z is None:
+        return _bootstrap_interval(declared, value, replicates, n_documents)
+    low, high = _bootstrap_interval(declared, value, replicates, n_documents)
+    certain, possible = heads_judged(declared.per_head_z)
+    return min(low, certain), max(high, possible)
+
+
+def _bootstrap_interval(declared, value, replicates, n_documents):
+    """The bootstrap interval of an `IntervalChoice` ``declared``, from its definition."""
     level = declared.level if not declared.expanded else _expanded(declared.level, n_documents)
     reps = np.asarray(replicates, dtype=float)
     reps = reps[~np.isnan(reps)]
@@ -160,6 +172,33 @@ def _curve_shares(result):
         return np.mean(cvs <= 0.05) if len(cvs) else np.nan
 
     return share(_curve_cvs(x, np.ones(len(x)))), [share(_curve_cvs(x, w[:, b])) for b in range(w.shape[1])]
+
+
+def _curve_cv_replicates(result):
+    """Every head's expected curve's CV (flat) on the result and on each replicate ``[replicate, head]``, from the
+    documents' curves through `_pairwise_cv`."""
+    rows = result.stats["value_norm_by_position"]
+    x, w = _np(rows.documents), _np(rows.document_weights)
+    return _curve_cvs(x, np.ones(len(x))), np.array([_curve_cvs(x, w[:, b]) for b in range(w.shape[1])])
+
+
+def _stable_heads_judged(result):
+    """The set interval of the share of heads with CV <= 0.05 at z, from its definition (docs/claims.md, "Set
+    intervals"): each head's standard error the replicates' standard deviation times sqrt(n / (n - 1)); a head
+    certainly stable when CV + z se <= 0.05, possibly when CV - z se <= 0.05; shares of the heads with a CV."""
+    return _heads_judged(*_curve_cv_replicates(result), result.n_documents)
+
+
+def _heads_judged(own, replicates, n):
+    """`_stable_heads_judged` from the heads' CVs ``own`` [head] and their replicates [replicate, head], n units."""
+    se = [np.std(r[~np.isnan(r)], ddof=1) * math.sqrt(n / (n - 1)) for r in replicates.T]
+
+    def judged(z):
+        heads = [(cv, e) for cv, e in zip(own, se) if not np.isnan(cv)]
+        return (sum(cv + z * e <= 0.05 for cv, e in heads) / len(heads),
+                sum(cv - z * e <= 0.05 for cv, e in heads) / len(heads))
+
+    return judged
 
 
 def _plain_share(result):
@@ -235,9 +274,165 @@ def test_stable_norms_past_32_documents_reads_groups_and_has_an_interval():
     value = float(_shares_at_most_005(claims_module._pairwise_curve_cv(totals, counts, torch.ones(1, 32)))[0])
     replicates = _shares_at_most_005(claims_module._pairwise_curve_cv(totals, counts, weights.T))
     assert row.value == pytest.approx(value)
-    low, high = _claim_interval("stable_norms", value, replicates, units)
+    own = _np(claims_module._pairwise_curve_cv(totals, counts, torch.ones(1, 32))[0]).ravel()
+    each = _np(claims_module._pairwise_curve_cv(totals, counts, weights.T)).reshape(len(replicates), -1)
+    low, high = _claim_interval("stable_norms", value, replicates, units, _heads_judged(own, each, units))
     assert (row.low, row.high) == pytest.approx((max(low, 0.0), min(high, 1.0)), abs=1e-9)
     assert not math.isnan(row.low)
+
+
+def _near_the_line():
+    """A simulated study of 8 heads whose expected curves' CVs lie around 0.05 (64 positions, 16 documents)."""
+    from tests.fixtures import Population
+
+    population = Population(seed=8, heads=2, curve_cv=(0.04, 0.06), positions=64)
+    return simulate_study(true_means(population), np.random.default_rng(3), 16, population)
+
+
+@contextlib.contextmanager
+def _declared_with_set_interval(key, z):
+    """A context in which claim ``key`` declares its interval joined with the set interval at ``z``."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(CLAIMS, key, CLAIMS[key].replace(interval=dataclasses.replace(CLAIMS[key].interval, per_head_z=z)))
+        yield
+
+
+def test_stable_norms_set_interval_joins_the_heads_judged_with_the_bootstrap():
+    """Declared with a set interval (z = 1), the claim's interval is the hull of its bootstrap interval and the
+    share of heads certainly to possibly stable, each head judged by its own CV +- z se, from the definitions.
+    Heads near the line make the set interval the wider on some side, so a mutant that swaps the certainly and
+    possibly sides (or drops the set interval) gives another interval."""
+    study = _near_the_line()
+    value, reps = _curve_shares(study)
+    with _declared_with_set_interval("stable_norms", 1.0):
+        row = claims(study).loc["stable_norms"]
+        low, high = _claim_interval("stable_norms", value, reps, study.n_documents, _stable_heads_judged(study))
+        bootstrap = _claim_interval("stable_norms", value, reps, study.n_documents, lambda z: (1.0, 0.0))
+    assert (row.low, row.high) == pytest.approx((max(low, 0.0), min(high, 1.0)), abs=1e-9)
+    assert (row.low, row.high) != pytest.approx(bootstrap, abs=1e-9)  # the set interval is wider on some side
+    assert "joined with the set interval" in row.interval and "at 1 standard errors" in row.interval
+
+
+def _role_options(probabilities, z):
+    """Per head (flat), the roles at least Phi(-z) of its replicates give it, and its most probable role."""
+    least = NormalDist().cdf(-z)
+    flat = _np(probabilities).reshape(-1, probabilities.shape[-1])
+    return [[r for r, p in enumerate(row) if (p >= least and p > 0) or p == row.max()] for row in flat]
+
+
+def test_regimes_by_depth_set_interval_joins_every_possible_assignment_with_the_bootstrap():
+    """Declared with a set interval (z = 2), the claim's interval is the hull of its bootstrap interval (each
+    replicate's own roles) and the smallest to largest depth step over every assignment of one possible role to
+    each head, from the definitions (a loop over the assignments). Heads in doubt make the set interval the wider
+    on some side, so a mutant that judges each head by its most probable role only gives another interval."""
+    import itertools
+
+    from tests.test_set_intervals import reference_depth_step
+    from tl_geometry.analysis.taxonomy import ROLES
+
+    result = simulate_study(true_means(), np.random.default_rng(5))
+    probabilities, draws = _roles_in_layers(result, ("retriever", "reset", "mixer"), n_replicates=200, flip=0.05,
+                                           seed=3)
+    with _declared_with_set_interval("regimes_by_depth", 2.0):
+        row = claims(result, roles=RoleWeights(probabilities, draws)).loc["regimes_by_depth"]
+    layers, heads = probabilities.shape[:2]
+    depth = [layer / (layers - 1) for layer in range(layers) for _ in range(heads)]
+    depth_roles = [ROLES.index(r) for r in ("retriever", "reset", "mixer")]
+
+    def step(assigned):  # roles (indices into ROLES, -1 none) per head -> the smaller depth step
+        return reference_depth_step([depth_roles.index(r) if r in depth_roles else -1 for r in assigned], depth)
+
+    options = _role_options(probabilities, 2.0)
+    assert 1 < math.prod(map(len, options)) <= 1 << 14  # some heads in doubt, few enough to enumerate
+    steps = [step(choice) for choice in itertools.product(*options)]
+    reps = [step(d.flatten().tolist()) for d in draws]
+    value = _depth_steps(probabilities)
+    with _declared_with_set_interval("regimes_by_depth", 2.0):
+        low, high = _claim_interval("regimes_by_depth", value, reps, result.n_documents,
+                                    lambda z: (min(steps), max(steps)))
+        bootstrap = _claim_interval("regimes_by_depth", value, reps, result.n_documents, lambda z: (1.0, -1.0))
+    assert row.value == pytest.approx(value, abs=1e-12)
+    assert (row.low, row.high) == pytest.approx((max(low, -1.0), min(high, 1.0)), abs=1e-9)
+    assert (row.low, row.high) != pytest.approx(bootstrap, abs=1e-9)  # the set interval is wider on some side
+
+
+def test_regimes_by_depth_past_the_enumeration_cap_bounds_every_assignment(monkeypatch):
+    """Too many heads in doubt to enumerate (the cap set to 1 here): the set interval comes from each role's range
+    of mean depth on its own, which holds every assignment's step: it contains the enumerated extremes, and stays
+    informative where every role keeps a head for sure."""
+    from tl_geometry.analysis import set_intervals
+
+    result = simulate_study(true_means(), np.random.default_rng(5))
+    probabilities, draws = _roles_in_layers(result, ("retriever", "reset", "mixer"), n_replicates=200, flip=0.05,
+                                           seed=3)
+    roles = RoleWeights(probabilities, draws)
+    with _declared_with_set_interval("regimes_by_depth", 2.0):
+        exact = claims(result, roles=roles).loc["regimes_by_depth"]
+        monkeypatch.setattr(set_intervals, "MAX_ASSIGNMENTS", 1)
+        bounded = claims(result, roles=roles).loc["regimes_by_depth"]
+    assert bounded.low <= exact.low + 1e-12 and bounded.high >= exact.high - 1e-12
+    assert -1.0 < bounded.low and bounded.high < 1.0
+
+
+def _four_phase_heads_judged(study):
+    """The four-phase set interval at z from its definition (a loop over heads): the sink's margin p_sink - 100
+    p_base by its normal interval (the two standard errors combined), each phase share k of n documents by the
+    exact one-sided binomial test at 1/2 with tail Phi(-z); the shares of the fitted heads meeting all three
+    certainly and possibly."""
+    from tests.test_set_intervals import reference_binomial_sides
+
+    mean = {name: _np(study.per_head(f"profile_{name}")).ravel() for name in ("p_sink", "p_base", "has_plateau",
+                                                                              "has_recency")}
+    se = {name: _np(study.std(f"profile_{name}") / study.count(f"profile_{name}").sqrt()).ravel()
+          for name in ("p_sink", "p_base")}
+    count = {name: _np(study.count(f"profile_{name}")).ravel() for name in ("has_plateau", "has_recency")}
+
+    def judged(z):
+        certain = possible = heads = 0
+        for h in range(len(mean["p_sink"])):
+            margin = mean["p_sink"][h] - 100 * mean["p_base"][h]
+            if np.isnan(margin):
+                continue
+            heads += 1
+            reach = z * math.hypot(se["p_sink"][h], 100 * se["p_base"][h])
+            sides = [(margin - reach >= 0, margin + reach >= 0)]
+            for phase in ("has_plateau", "has_recency"):
+                n = int(round(count[phase][h]))
+                sides.append(reference_binomial_sides(int(round(mean[phase][h] * n)), n, z))
+            certain += all(c for c, _ in sides)
+            possible += all(p for _, p in sides)
+        return certain / heads, possible / heads
+
+    return judged
+
+
+def test_four_phase_set_interval_judges_each_condition_of_each_head():
+    """Declared with a set interval (z = 1), the four-phase claim's interval is its bootstrap interval joined with
+    the share of fitted heads certainly to possibly showing the profile, from the definition (a loop over heads):
+    the sink's margin p_sink - 100 p_base by its normal interval (the standard errors of the two combined), each
+    phase share k of n documents by the exact one-sided binomial test at 1/2 with tail Phi(-z)."""
+    from tests.fixtures import Population
+
+    population = Population(seed=9, sink_over_base=(60.0, 160.0), phase_share=(0.35, 0.65))  # heads near the lines
+    study = simulate_study(true_means(population), np.random.default_rng(2), 16, population)
+    plain = claims(study).loc["four_phase_profile"]
+    with _declared_with_set_interval("four_phase_profile", 1.0):
+        row = claims(study).loc["four_phase_profile"]
+    certain, possible = _four_phase_heads_judged(study)(1.0)
+    assert certain < possible  # some head in doubt
+    expected = (min(plain.low, certain), max(plain.high, possible))
+    assert (row.low, row.high) == pytest.approx(expected, abs=1e-12)
+    assert (row.low, row.high) != pytest.approx((plain.low, plain.high), abs=1e-12)  # wider on some side
+
+
+def _sides_swapped(share_past_interval):
+    """The set interval's sides swapped: the share possibly past as the low end, certainly past as the high."""
+    return lambda *args, **kwargs: share_past_interval(*args, **kwargs)[::-1]
+
+
+def _most_probable_role_only(possible_roles):
+    """Every head judged by its most probable role alone, whatever z."""
+    return lambda probabilities, z: possible_roles(probabilities, math.inf)
 
 
 def test_sink_and_decay_statistics(result, table):
@@ -287,7 +482,12 @@ def test_four_phase_interval_is_the_plain_percentile_of_the_replicates_expected_
     reps = [_expected_four_phase({name: r[b] for name, r in replicates.items()}, se)
             for b in range(len(replicates["p_sink"]))]
     row = claims(study).loc["four_phase_profile"]
-    assert (row.low, row.high) == pytest.approx(tuple(np.quantile(reps, [0.025, 0.975])), abs=1e-9)
+    low, high = np.quantile(reps, [0.025, 0.975])
+    z = CLAIMS["four_phase_profile"].interval.per_head_z
+    if z is not None:  # joined with the set interval
+        certain, possible = _four_phase_heads_judged(study)(z)
+        low, high = min(low, certain), max(high, possible)
+    assert (row.low, row.high) == pytest.approx((low, high), abs=1e-9)
     assert "not expanded" in row.interval
 
 
@@ -1001,6 +1201,15 @@ CLAIM_MUTANTS = [
     Mutant("the depth steps read another role's probability",
            replace_attribute(claims_module, "ROLES", _roles_shifted()),
            (_depth_cases,)),
+    Mutant("the set interval's certainly and possibly sides swapped",
+           wrap_function(claims_module, "share_past_interval", _sides_swapped),
+           (test_stable_norms_set_interval_joins_the_heads_judged_with_the_bootstrap,)),
+    Mutant("the phase shares' binomial judgement with its sides swapped",
+           wrap_function(claims_module, "binomial_share_at_least_half", _sides_swapped),
+           (test_four_phase_set_interval_judges_each_condition_of_each_head,)),
+    Mutant("the roles' set interval judging each head by its most probable role only",
+           wrap_function(claims_module, "possible_roles", _most_probable_role_only),
+           (test_regimes_by_depth_set_interval_joins_every_possible_assignment_with_the_bootstrap,)),
 ]
 
 
@@ -1036,5 +1245,5 @@ def test_stable_norms_interval_is_that_of_the_curve_on_each_replicate(default_ru
     value, reps = _curve_shares(default_run)
     row = claims(default_run).loc["stable_norms"]
     assert row.value == pytest.approx(value)
-    low, high = _claim_interval("stable_norms", value, reps, default_run.n_documents)
+    low, high = _claim_interval("stable_norms", value, reps, default_run.n_documents, _stable_heads_judged(default_run))
     assert (row.low, row.high) == pytest.approx((max(low, 0.0), min(high, 1.0)), abs=1e-9)  # a share: within [0, 1]

@@ -63,18 +63,25 @@ class IntervalChoice:
             ``LEVEL`` on the simulated population the choice was made on (calibrated there).
         uncertain: where the interval covered under 90 % at 16 or 32 documents on some population it was
             not chosen on, the lowest and highest of those held-out coverages (the interval says so); else None.
+        per_head_z: for a statistic of heads judged against a threshold (a share of heads past it, the heads'
+            roles), the set interval at this many standard errors per head joined with the bootstrap interval
+            where that is wider (`tl_geometry.analysis.set_intervals`); None: the bootstrap interval alone.
     """
 
     method: str
     expanded: bool = True
     level: float = LEVEL
     uncertain: tuple[float, float] | None = None
+    per_head_z: float | None = None
 
     def __post_init__(self) -> None:
         if self.method not in get_args(IntervalMethod):
             raise GeometryError(f"IntervalChoice.method: expected one of {get_args(IntervalMethod)}, got {self.method!r}")
         if not 0 < self.level < 1:
             raise GeometryError(f"IntervalChoice.level: expected a level in (0, 1), got {self.level!r}")
+        if self.per_head_z is not None and not self.per_head_z > 0:
+            raise GeometryError(f"IntervalChoice.per_head_z: expected a number of standard errors > 0 (or None: no "
+                                f"set interval), got {self.per_head_z!r}")
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,11 @@ simulated studies. Each claim's method and level
 were chosen on one simulated population at 16 documents and are validated
 on populations drawn with other seeds and parameters, at 8, 16 and 32
 documents (``benchmarks/bench_coverage.py``, ``tests/test_claim_coverage.py``).
+The three claims of heads judged against thresholds (stable norms by curve,
+the four-phase profile, roles by depth) join their bootstrap interval with a
+set interval (`tl_geometry.analysis.set_intervals`; ``per_head_z`` of their
+`IntervalChoice`): from the heads certainly past the thresholds to those
+possibly past them, each head judged by its own interval.
 The correlations' replicates scatter around the
 uncorrected value (the bootstrap world's truth), not the disattenuated one:
 their interval is taken on Fisher's z, of the replicates' deviations from
@@ -131,6 +136,17 @@ from tl_geometry.analysis.correlation import (
 )
 from tl_geometry.analysis.envelopes import upper_envelope_facts
 from tl_geometry.analysis.intervals import METHODS, expanded_level
+from tl_geometry.analysis.set_intervals import (
+    binomial_share_at_least_half,
+    extremes_over_roles,
+    mean_ranges,
+    past_threshold,
+    possible_roles,
+    replicate_standard_errors,
+    role_may_be_empty,
+    share_past_interval,
+    shares_judged,
+)
 from tl_geometry.analysis.summaries import mean_over_heads
 from tl_geometry.analysis.taxonomy import ROLES, HeadTaxonomy, replicate_roles, taxonomy_from_result
 from tl_geometry.diagnostics.assumptions import (
@@ -304,6 +320,7 @@ def _interval(
     limits: tuple[float, float] = (-math.inf, math.inf),
     pivot: float | None = None,
     units: int | None = None,
+    set_interval: Callable[[float], tuple[float, float]] | None = None,
 ) -> tuple[float, float, str]:
     """The interval read as ``choice`` declares of ``statistic`` (``value`` on the result) over the bootstrap
     replicates of ``names`` (NaN without them), within the statistic's ``limits`` (a basic interval, reflected
@@ -313,7 +330,9 @@ def _interval(
     ``pivot``, for a correlation: the value the replicates scatter around (the bootstrap world's truth). The
     interval is then taken on Fisher's z (`replicate_z`), of the replicates' deviations from the pivot moved to
     the value. ``units``: how many units the replicates resample where they are not the documents (groups of
-    documents), for the expanded level."""
+    documents), for the expanded level. ``set_interval``: for a statistic of heads judged against a threshold,
+    its set interval at z standard errors per head (`tl_geometry.analysis.set_intervals`); where ``choice`` asks
+    for one (its ``per_head_z``), the interval is the hull of the bootstrap interval and the set interval."""
     lacking = [field_name(name) for name in names if not result.has_replicates(name)]
     if lacking:
         return math.nan, math.nan, (
@@ -344,6 +363,11 @@ def _interval(
     if nominal != LEVEL:
         expanded = f"calibrated: read at {nominal:.1%}, {expanded}"
     text = f"{LEVEL:.0%} {method} bootstrap interval over documents{scale} ({n} replicates; {expanded})"
+    if choice.per_head_z is not None and set_interval is not None:
+        certain, possible = set_interval(choice.per_head_z)
+        low, high = min(low, certain), max(high, possible)  # a NaN bootstrap bound stays NaN; a NaN set bound is ignored
+        text += (f", joined with the set interval {_fmt(certain)} to {_fmt(possible)} (each head judged by its own "
+                 f"interval at {choice.per_head_z:g} standard errors: certainly to possibly past the threshold)")
     if choice.uncertain is not None:
         worst, best = choice.uncertain
         text += (f"; uncertain: on simulated populations it was not chosen on it covered the truth in {worst:.0%} to "
@@ -478,12 +502,12 @@ def _pairwise_curve_cv(
     return (variance.sqrt() / mean).masked_fill(pair_weight <= 0, math.nan)
 
 
-def _curve_shares(result: GeometryResult) -> tuple[float, Tensor]:
-    """The share of heads whose expected curve's CV (`_pairwise_curve_cv`) is <= 0.05 on the result and on each
-    bootstrap replicate ``[replicate]``, from the documents' curves or their groups."""
+def _curve_cvs(result: GeometryResult) -> tuple[Tensor, Tensor]:
+    """Every head's expected curve's CV (`_pairwise_curve_cv`) on the result ``[layer, head]`` and on each bootstrap
+    replicate ``[replicate, layer, head]``, from the documents' curves or their groups."""
     totals, counts, weights = result.stats[VALUE_NORM_BY_POSITION.name].document_groups()
-    value = float(_shares_stable(_pairwise_curve_cv(totals, counts, torch.ones(1, len(totals), dtype=torch.float64)))[0])
-    return value, _shares_stable(_pairwise_curve_cv(totals, counts, weights.T))
+    own = _pairwise_curve_cv(totals, counts, torch.ones(1, len(totals), dtype=torch.float64))[0]
+    return own, _pairwise_curve_cv(totals, counts, weights.T)
 
 
 def _stable_norms(declared: PaperClaim, result: GeometryResult) -> Claim:
@@ -515,11 +539,16 @@ def _stable_norms(declared: PaperClaim, result: GeometryResult) -> Claim:
     stats = result.stats[VALUE_NORM_BY_POSITION.name]
     groups = stats.document_groups()
     if groups is not None and result.n_documents >= 2:
-        value, replicates = _curve_shares(result)
-        across = _pairwise_curve_cv(*groups[:2], torch.ones(1, len(groups[0]), dtype=torch.float64))[0]
+        across, replicate_cvs = _curve_cvs(result)
+        value, replicates = float(_shares_stable(across)), _shares_stable(replicate_cvs)
+        se = replicate_standard_errors(replicate_cvs, stats.n_units)
+
+        def heads_judged(z: float) -> tuple[float, float]:  # each head by its own CV's interval at z se
+            return share_past_interval(across, se, CV_STABLE, z, "<=")
+
         # the bootstrap resamples groups past GROWING_ROWS documents: the interval's level is for their number
         interval = _interval(declared.interval, result, [VALUE_NORM_BY_POSITION], replicates, value, (0.0, 1.0),
-                             units=stats.n_units)
+                             units=stats.n_units, set_interval=heads_judged)
         pairs = (f"pairs of documents in different groups, of {stats.n_units} groups" if stats.is_grouped
                  else "pairs of different documents")
         reading = (f"{value:.0%} of heads have CV <= {CV_STABLE} (median CV {_fmt(float(across.nanmedian()))}), the "
@@ -614,13 +643,19 @@ def _share_four_phase(f: Mapping[FieldSpec, Tensor]) -> float:
     return float(shows.mean()) if len(shows) else math.nan
 
 
+def _sink_margin(f: Mapping[FieldSpec, Tensor], se: Mapping[FieldSpec, Tensor]) -> tuple[Tensor, Tensor]:
+    """The sink's margin over the profile's line, p_sink - 100 p_base (``[*b, layer, head]``), and its standard
+    error from the two fields' ``se`` taken as independent."""
+    margin = (f[PROFILE_P_SINK] - SINK_RATIO * f[PROFILE_P_BASE]).double()
+    return margin, (se[PROFILE_P_SINK].double() ** 2 + SINK_RATIO**2 * se[PROFILE_P_BASE].double() ** 2).sqrt()
+
+
 def _expected_share_four_phase(f: Mapping[FieldSpec, Tensor], se: Mapping[FieldSpec, Tensor]) -> Tensor:
     """The expected share of heads with the phase profile over the last two axes ``[*b, layer, head]``: each
     head counted by the product of the normal probabilities of its three conditions given the fields' means
     ``f`` and standard errors ``se`` ``[layer, head]`` over documents (the sink's margin p_sink - 100 p_base
     with the two errors combined as independent); heads without a fit left out."""
-    margin = (f[PROFILE_P_SINK] - SINK_RATIO * f[PROFILE_P_BASE]).double()
-    margin_se = (se[PROFILE_P_SINK].double() ** 2 + SINK_RATIO**2 * se[PROFILE_P_BASE].double() ** 2).sqrt()
+    margin, margin_se = _sink_margin(f, se)
     p = _probability_at_least(margin, 0.0, margin_se)
     for phase in REQUIRED_PHASES:
         p = p * _probability_at_least(f[phase].double(), PHASE_SHARE, se[phase].double())
@@ -649,8 +684,17 @@ def _four_phase_profile(declared: PaperClaim, result: GeometryResult) -> Claim:
                 f"{_fmt(value)}, each head counted by the probability of the three given their standard errors over "
                 f"documents, the verdict's); {all_four} show all four (sink >= 100 x plateau: "
                 f"{share(fit.p_sink >= SINK_RATIO * fit.p_base)}; {shares})")
+    margin, margin_se = _sink_margin(f, se)
+
+    def heads_judged(z: float) -> tuple[float, float]:  # each head: all three conditions certainly / possibly met
+        certainly, possibly = past_threshold(margin, margin_se, 0.0, z, ">=")
+        for phase in REQUIRED_PHASES:  # a share of documents: the exact binomial interval, at every count
+            sure, maybe = binomial_share_at_least_half(f[phase], result.count(phase), z)
+            certainly, possibly = certainly & sure, possibly & maybe
+        return shares_judged(certainly, possibly, ~margin.isnan())
+
     interval = _interval(declared.interval, result, FOUR_PHASE_FIELDS,
-                         lambda g: _expected_share_four_phase(g, se), value)
+                         lambda g: _expected_share_four_phase(g, se), value, set_interval=heads_judged)
     found = _claim(declared, value, interval, measured, {"four_phase": _per_head_values(_four_phase(f))})
     with_oscillation = (shows == 1) & (fit.has_oscillation >= PHASE_SHARE)
     literal = float(with_oscillation[fitted].double().mean()) if bool(fitted.any()) else math.nan
@@ -919,6 +963,21 @@ def _depth_steps(weight: Mapping[str, Tensor], depth: Tensor) -> Tensor:
     return steps.amin(0).nan_to_num(ABSENT)
 
 
+def _depth_step_bounds(possible: Tensor, depth: Tensor) -> tuple[float, float]:
+    """Bounds on the smaller depth step over every assignment of one ``possible`` role (``[layer, head, role]``)
+    per head, without enumerating them: each step's ends from the roles' ranges of mean depth (`mean_ranges`, each
+    role on its own), ``ABSENT`` at the low end where a role may be left without a head. As wide as the extremes
+    over the assignments or wider: for too many heads in doubt to enumerate."""
+    ranges = mean_ranges(possible, depth.expand(possible.shape[:2]))
+    order = [ROLES.index(r) for r in DEPTH_ORDER]
+    if bool(ranges[order].isnan().any()):  # a role no head can hold: every assignment lacks it
+        return ABSENT, ABSENT
+    steps = [(ranges[later, 0] - ranges[earlier, 1], ranges[later, 1] - ranges[earlier, 0])
+             for earlier, later in zip(order, order[1:])]
+    low = ABSENT if bool(role_may_be_empty(possible)[order].any()) else float(min(s[0] for s in steps))
+    return max(low, ABSENT), min(float(min(s[1] for s in steps)), 1.0)
+
+
 def _regimes_by_depth(declared: PaperClaim, result: GeometryResult, roles: RoleSource) -> Claim:
     """The steps between the roles' probability-weighted mean depths; the interval from each replicate's own
     roles (those probabilities are the shares of the replicates, so the replicates' steps scatter as the
@@ -941,7 +1000,15 @@ def _regimes_by_depth(declared: PaperClaim, result: GeometryResult, roles: RoleS
     if replicated is None:
         interval: tuple[float, float, str] = (math.nan, math.nan, "none: the result keeps no replicates of the role features")
     else:
-        interval = _interval(declared.interval, result, [], _depth_steps(replicated, depth), value, (-1.0, 1.0))
+        def roles_judged(z: float) -> tuple[float, float]:  # the steps over every role each head possibly has
+            def steps(member: Tensor) -> Tensor:  # [assignment, layer, head, role] one-hot -> [assignment]
+                return _depth_steps({r: member[..., ROLES.index(r)] for r in DEPTH_ORDER}, depth)
+
+            possible = possible_roles(probabilities, z)
+            return extremes_over_roles(possible, steps, lambda: _depth_step_bounds(possible, depth))
+
+        interval = _interval(declared.interval, result, [], _depth_steps(replicated, depth), value, (-1.0, 1.0),
+                             set_interval=roles_judged)
     evidence = {r: (torch.tensor(result.layers), weight[r].sum(-1)) for r in DEPTH_ORDER}
     return _claim(declared, value, interval, measured, evidence)
 
@@ -1158,7 +1225,8 @@ CLAIMS = ClaimRegistry((
         "CV of the non-sink norms mostly 0.02-0.03, few heads above 0.05",
         "share of heads with CV <= 0.05 (of the by-position curve; else the expected share within sequences)",
         Thresholds(">=", 0.8, 0.5), _stable_norms,
-        IntervalChoice("bias-corrected", uncertain=(0.40, 0.97)), ASSUMPTIONS_OPTION, min_documents=4,
+        # the set interval at z = 0.5 (docs/claims.md, "Set intervals"): held out 0.66-0.99 at 16-32 documents
+        IntervalChoice("bias-corrected", uncertain=(0.66, 0.99), per_head_z=0.5), ASSUMPTIONS_OPTION, min_documents=4,
         docs_name="Assumption 1: stable non-sink value norms",
         docs_paper="Figure 2, section 3.1: CV mostly 0.02-0.03, few above 0.05",
         docs_statistic="expected share of heads with CV <= 0.05, of the expected norm by position over the sequences "
@@ -1194,7 +1262,9 @@ CLAIMS = ClaimRegistry((
         "Figure 4, section 3.3", "a consistent four-phase structure, sink two orders of magnitude above content",
         "expected share of heads with the sink, plateau and recency phases (oscillation optional)",
         Thresholds(">=", 0.5, 0.2), _four_phase_profile,
-        IntervalChoice("percentile", expanded=False, uncertain=(0.0, 0.88)), ASSUMPTIONS_OPTION, min_documents=4,
+        # the set interval at z = 0.5, phases by the exact binomial (docs/claims.md, "Set intervals"): 0.72-0.96 held out
+        IntervalChoice("percentile", expanded=False, uncertain=(0.72, 0.96), per_head_z=0.5), ASSUMPTIONS_OPTION,
+        min_documents=4,
         docs_name="Assumption 3: four-phase profile",
         docs_paper="Figure 4, section 3.3",
         docs_statistic="expected share of heads with the sink, plateau and recency phases (the oscillation may be "
@@ -1270,7 +1340,8 @@ CLAIMS = ClaimRegistry((
         "Retrievers in the first layers, Reset heads early, Mixers from the lower-middle layers on",
         "smaller step of the probability-weighted mean depths Retriever -> Reset -> Mixer (0 first layer, 1 last)",
         Thresholds(">=", 0.1, 0.0), _regimes_by_depth,
-        IntervalChoice("basic", expanded=False, uncertain=(0.29, 0.98)), TAXONOMY_OPTION,
+        # the set interval at z = 0.5 (docs/claims.md, "Set intervals"): held out 0.62-0.98 at 16-32 documents
+        IntervalChoice("basic", expanded=False, uncertain=(0.62, 0.98), per_head_z=0.5), TAXONOMY_OPTION,
         min_documents=2 * LADDER_END,  # 0.77 at 16, 0.83 at 32
         docs_name="Retriever -> Reset -> Mixer across depth",
         docs_paper="Figure 8, section 4.2",
