@@ -31,7 +31,10 @@ from tests.test_claim_coverage import COVERED, estimate, true_values
 from tl_geometry import claims
 
 POPULATION_SEED = 11  # held out: the tests use population 0
-LADDER = (2, 4, 8, 16, 32, 64)  # 64 added after two claims needed more than 32 (same seeded draws for 2-32)
+LADDER = (2, 4, 8, 16, 32)
+# Measured after the ladder, with the same stream of draws (the ladder's cells unchanged), printed, not used by the
+# rule: what a claim declared "more than 32" (kept as 64) meets at 64.
+BEYOND = (64,)
 STUDIES = 30
 COVERAGE_FLOOR = 0.90
 
@@ -42,7 +45,7 @@ def main(studies: int = STUDIES) -> dict[str, int]:
     rng = np.random.default_rng(POPULATION_SEED + 1000)
     coverage: dict[int, dict[str, float]] = {}
     outside: dict[int, dict[str, int]] = {}
-    for documents in LADDER:
+    for documents in (*LADDER, *BEYOND):
         start = time.perf_counter()
         truth = true_values(means, documents)  # the role claims' truth: the rules at this count's standard errors
         hits = {key: [0, 0] for key in COVERED}
@@ -66,10 +69,11 @@ def main(studies: int = STUDIES) -> dict[str, int]:
     print(f"population {POPULATION_SEED}, {studies} studies per count; coverage of the claim's own interval "
           f"(point estimate outside its interval, studies); needed: the smallest count from which on coverage >= "
           f"{COVERAGE_FLOOR}")
-    print("| claim | " + " | ".join(f"{d} docs" for d in LADDER) + " | needed |")
-    print("|---|" + "---|" * len(LADDER) + "---|")
+    counts = (*LADDER, *BEYOND)
+    print("| claim | " + " | ".join(f"{d} docs" for d in counts) + " | needed (from the ladder) |")
+    print("|---|" + "---|" * len(counts) + "---|")
     for key in COVERED:
-        cells = " | ".join(f"{coverage[d][key]:.2f} ({outside[d][key]})" for d in LADDER)
+        cells = " | ".join(f"{coverage[d][key]:.2f} ({outside[d][key]})" for d in counts)
         print(f"| {key} | {cells} | {needed[key]} |")
     return needed
 
