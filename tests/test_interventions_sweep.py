@@ -249,6 +249,14 @@ def test_the_search_of_one_unit_shows_its_passes_and_is_quiet_when_asked(model, 
     assert torch.equal(shown.n_star, quiet.n_star)
 
 
+def test_the_search_names_a_head_as_readers_see_heads(model, tokens, capsys):
+    """A head unit reads "L0H1" in the progress bar (as everywhere), never "0.1", which reads as a number."""
+    effective_set_size(model, tokens[:1], scope="head", layers=[0], heads=[1], taus=(0.05,), progress=True,
+                       n_bootstrap=0)  # fmt: skip
+    err = capsys.readouterr().err
+    assert "L0H1 (1 of 1), N = " in err and "head 0.1" not in err
+
+
 def test_effective_set_size_searches_each_unit(model, tokens):
     e = effective_set_size(model, tokens, scope="layer", taus=(0.05, 0.5), **QUIET)
     assert e.n_star.shape == (2, 2, 1)

@@ -50,6 +50,7 @@ from tl_geometry.interventions.topn_attention import (
 from tl_geometry.capture.tokens import HookableModel, PreparedTokens, accepts_attention_mask
 from tl_geometry.capture.windows import attention_windows
 from tl_geometry.config import DEFAULT_BOOTSTRAP, GeometryConfig, resolve_indices
+from tl_geometry.results.display import head_name
 from tl_geometry.engine.context import working_dtype
 from tl_geometry.engine.inputs import check_mib
 from tl_geometry.errors import GeometryError
@@ -487,10 +488,10 @@ def intervention_sweep(
 
 
 def _unit_text(layer: int, head: int) -> str:
-    """A search unit as the progress bar names it: ``every head``, ``layer 3`` or ``head 3.5``."""
+    """A search unit as the progress bar names it: ``every head``, ``layer 3`` or ``L3H5`` (not "3.5", read as a number)."""
     if layer == ALL:
         return "every head"
-    return f"layer {layer}" if head == ALL else f"head {layer}.{head}"
+    return f"layer {layer}" if head == ALL else head_name(layer, head)
 
 
 def _my_batches(
