@@ -227,8 +227,10 @@ def _cosine_extremes(
 
     top = ends[-1]  # no pair with a column at or past the largest N counts
     # Tiles of a few columns q against many rows p, [row, q, p]: the reductions over q run along contiguous p
-    # (over a short last axis they measured several times slower).
-    width = max(1, min(top, COSINE_TILE_COLUMNS, tile_elements))
+    # (over a short last axis they measured several times slower). The tile on the diagonal also forms the
+    # pairs q > p of its columns (duplicates): columns of at most a sixteenth of the keys keep them under 1/16
+    # of the pairs needed.
+    width = max(1, min(top, COSINE_TILE_COLUMNS, max(32, top // 16), tile_elements))
     height = max(1, tile_elements // width)
     for q0 in range(0, top, width):
         q1 = min(q0 + width, top)
