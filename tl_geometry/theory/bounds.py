@@ -419,10 +419,11 @@ def selection_margins(
     Measured reading of section 3.4: a_i = alpha_i ||v_i|| and the cosines are
     those of the given value vectors. Keys are sorted as the engine sorts
     them (`tl_geometry.engine.context.selection_order`); key 0 is the sink.
-    rho_out needs the cosines of every (outside, inside) pair: they are
-    formed block by block below the grid's staircase (about half of key x key
-    per row, never at once), and rows are processed in chunks within about
-    ``memory_budget_mib`` MiB. The readings chosen where the paper
+    rho_out needs the cosines of every (outside, inside) pair and rho_in
+    those of the selected pairs: they are formed in tiles, for the pairs
+    below the grid's largest N among the keys the row sees (about half of
+    key x key per row, never at once), and rows are processed in chunks
+    within about ``memory_budget_mib`` MiB. The readings chosen where the paper
     is ambiguous are listed in the module docstring.
 
     Args:
