@@ -187,6 +187,17 @@ class Envelopes:
 
 # Columns of a cosine tile: wide enough for the matrix product, narrow enough that a tile's rows are long.
 COSINE_TILE_COLUMNS = 256
+# Row segments of a tile folded into the table one by one; more go in one scatter.
+FEW_RUNS = 4
+
+
+def _along_columns(
+    tile: Float[Tensor, "row q p"], columns: list[tuple[int, int, int]], q0: int, reduce: Callable[..., Tensor]
+) -> Float[Tensor, "row a p"]:
+    """``reduce`` (amax or amin) of the tile over the columns of each segment run ``(segment, first, last + 1)``."""
+    if len(columns) == 1:
+        return reduce(tile, 1, keepdim=True)
+    return torch.stack([reduce(tile[:, s - q0:e - q0], 1) for _, s, e in columns], 1)
 
 
 def _cosine_extremes(
@@ -219,42 +230,59 @@ def _cosine_extremes(
     device = candidate.device
     largest = torch.full((n_rows, n_segments, n_segments), -math.inf, dtype=dtype, device=device)  # [row, t, a]
     smallest = torch.full((n_rows, n_segments, n_segments), math.inf, dtype=dtype, device=device)
-    segment_of = torch.bucketize(torch.arange(n_keys), torch.tensor(ends), right=True).tolist()
+    segment_index = torch.bucketize(torch.arange(n_keys, device=device), bounds.to(device), right=True)
+    segment_of = segment_index.tolist()
 
     def runs(start: int, stop: int) -> list[tuple[int, int, int]]:
         """(segment, first, last + 1) of the ranks start..stop, one per segment they cross."""
         return [(t, max(start, edges[t]), min(stop, edges[t + 1])) for t in range(segment_of[start], segment_of[stop - 1] + 1)]
 
+    # Which ranks some row cannot see, or cannot select (hidden or the sink): prefix counts, so that a tile masks
+    # only where one of them falls in its range (most tiles need no mask, and no sync with the device to say so).
+    unseen = [0, *torch.cumsum((~visible).any(0), 0).tolist()]
+    barred = [0, *torch.cumsum((~candidate).any(0), 0).tolist()]
+
     top = ends[-1]  # no pair with a column at or past the largest N counts
     # Tiles of a few columns q against many rows p, [row, q, p]: the reductions over q run along contiguous p
-    # (over a short last axis they measured several times slower). The tile on the diagonal also forms the
-    # pairs q > p of its columns (duplicates): columns of at most a sixteenth of the keys keep them under 1/16
-    # of the pairs needed.
+    # (over a short last axis they measured several times slower), and few large operations keep the threads
+    # busy on a loaded machine. The tile on the diagonal also forms the pairs q > p of its columns
+    # (duplicates): columns of at most a sixteenth of the keys keep them under 1/16 of the pairs needed.
     width = max(1, min(top, COSINE_TILE_COLUMNS, max(32, top // 16), tile_elements))
     height = max(1, tile_elements // width)
     for q0 in range(0, top, width):
         q1 = min(q0 + width, top)
         columns = runs(q0, q1)
         a_first, a_last = columns[0][0], columns[-1][0] + 1
-        hidden = ~candidate[:, q0:q1, None]
-        masked = bool(hidden.any())
+        hidden = ~candidate[:, q0:q1, None] if barred[q1] > barred[q0] else None
         for p0 in range(q0, n_keys, height):
             p1 = min(p0 + height, n_keys)
-            tile = cosine_tile(slice(q0, q1), slice(p0, p1))  # [row, q, p]
+            tile = cosine_tile(slice(q0, q1), slice(p0, p1))  # [row, q, p], ours to overwrite
             if p0 < q1:  # the tile crosses the diagonal: no key pairs with itself
                 tile.diagonal(offset=q0 - p0, dim1=1, dim2=2).fill_(math.inf)
-            high = tile.masked_fill(hidden, -math.inf) if masked else tile
-            low = tile.masked_fill(hidden, math.inf) if masked else tile
-            # Per row p: the extreme over each column segment a, [row, a, p].
-            high = torch.stack([high[:, s - q0:e - q0].amax(1) for _, s, e in columns], 1)
-            low = torch.stack([low[:, s - q0:e - q0].amin(1) for _, s, e in columns], 1)
-            high.masked_fill_(~visible[:, None, p0:p1], -math.inf)
-            low.masked_fill_(~candidate[:, None, p0:p1], math.inf)
-            for t, s, e in runs(p0, p1):
-                cell = largest[:, t, a_first:a_last]
-                torch.maximum(cell, high[:, :, s - p0:e - p0].amax(-1), out=cell)
-                cell = smallest[:, t, a_first:a_last]
-                torch.minimum(cell, low[:, :, s - p0:e - p0].amin(-1), out=cell)
+            # Per row p: the extreme over each column segment a, [row, a, p]; the columns a row cannot select are
+            # filled in place, first for the largest, then for the smallest.
+            if hidden is not None:
+                tile.masked_fill_(hidden, -math.inf)
+            high = _along_columns(tile, columns, q0, torch.amax)
+            if hidden is not None:
+                tile.masked_fill_(hidden, math.inf)
+            low = _along_columns(tile, columns, q0, torch.amin)
+            del tile
+            if unseen[p1] > unseen[p0]:
+                high.masked_fill_(~visible[:, None, p0:p1], -math.inf)
+            if barred[p1] > barred[p0]:
+                low.masked_fill_(~candidate[:, None, p0:p1], math.inf)
+            rows_of = runs(p0, p1)
+            if len(rows_of) <= FEW_RUNS:
+                for t, s, e in rows_of:
+                    cell = largest[:, t, a_first:a_last]
+                    torch.maximum(cell, high[:, :, s - p0:e - p0].amax(-1), out=cell)
+                    cell = smallest[:, t, a_first:a_last]
+                    torch.minimum(cell, low[:, :, s - p0:e - p0].amin(-1), out=cell)
+            else:  # many segments (a dense grid): one scatter into the table instead of a loop over them
+                index = segment_index[p0:p1].view(1, -1, 1).expand(n_rows, -1, a_last - a_first)
+                largest[:, :, a_first:a_last].scatter_reduce_(1, index, high.transpose(1, 2), "amax")
+                smallest[:, :, a_first:a_last].scatter_reduce_(1, index, low.transpose(1, 2), "amin")
     t = torch.arange(n_segments, device=device)
     u = t[: len(ends)]
     # rho_out at the u-th N: pairs with q in a segment a <= u and p in a segment t > u.
@@ -313,8 +341,8 @@ def _margins_core(
     else:
         def cosine_tile(q: slice, p: slice) -> Tensor:
             return cos[:, q, p].clone()
-    # Tiles of one n x key plane per row (counted in MARGINS_COST, with the two masked copies).
-    rho_out, rho_in = _cosine_extremes(cosine_tile, nonsink, visible, grid, a.dtype, len(grid) * n_keys)
+    # One tile of COSINE_TILE_COLUMNS columns against every rank at a time (counted in MARGINS_COST).
+    rho_out, rho_in = _cosine_extremes(cosine_tile, nonsink, visible, grid, a.dtype, COSINE_TILE_COLUMNS * n_keys)
     has_pair = torch.isfinite(rho_out)
     rho_out = torch.where(has_pair, rho_out, math.nan)
     rho_in = torch.where(torch.isfinite(rho_in), rho_in, math.nan)
@@ -401,8 +429,9 @@ def _margins_core(
     return out
 
 
-# Per row of a chunk: the unit vectors by rank, about ten n x key planes and the cosine tiles (three planes).
-MARGINS_COST = RowCost(key_d=1, n_key=13)
+# Per row of a chunk: the unit vectors by rank, about ten n x key planes and one cosine tile
+# (COSINE_TILE_COLUMNS x key) with its reductions per column segment (at most as many again, twice).
+MARGINS_COST = RowCost(key_d=1, n_key=10, key=3 * COSINE_TILE_COLUMNS)
 
 
 def selection_margins(
