@@ -235,7 +235,8 @@ def _cosine_extremes(
 
     def runs(start: int, stop: int) -> list[tuple[int, int, int]]:
         """(segment, first, last + 1) of the ranks start..stop, one per segment they cross."""
-        return [(t, max(start, edges[t]), min(stop, edges[t + 1])) for t in range(segment_of[start], segment_of[stop - 1] + 1)]
+        crossed = range(segment_of[start], segment_of[stop - 1] + 1)
+        return [(t, max(start, edges[t]), min(stop, edges[t + 1])) for t in crossed]
 
     # Which ranks some row cannot see, or cannot select (hidden or the sink): prefix counts, so that a tile masks
     # only where one of them falls in its range (most tiles need no mask, and no sync with the device to say so).
