@@ -263,6 +263,69 @@ def test_rho_and_margins_match_reference_on_any_grid(seed, keys, grid, budget, t
                     r, n, name, value, want)
 
 
+def _extremes_by_definition(unit, candidate, visible, n):
+    """rho_out and rho_in of one row (keys by rank) at one N, pair by pair: the largest cosine of a visible rank
+    >= N with a candidate rank < N, the smallest of two distinct candidate ranks < N (None where no such pair)."""
+    keys = range(len(unit))
+
+    def cos(p, q):
+        return float(unit[p] @ unit[q])
+
+    out = [cos(p, q) for p in keys for q in keys if bool(visible[p]) and p >= n and bool(candidate[q]) and q < n]
+    inner = [cos(p, q) for p in keys for q in keys if q < p < n and bool(candidate[p]) and bool(candidate[q])]
+    return (max(out) if out else None), (min(inner) if inner else None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    keys=st.integers(1, 40),
+    grid=st.lists(st.integers(1, 45), min_size=1, max_size=10),
+    tile=st.integers(1, 400),
+)
+def test_cosine_extremes_match_their_definition_in_any_tiling(seed, keys, grid, tile):
+    """The pairs below the grid's staircase, tile by tile (down to one cosine per tile): each row's own visible
+    ranks (a prefix), a sink at any rank or none, unsorted and repeated grids, N beyond the keys."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = 3
+    unit = torch.nn.functional.normalize(torch.randn(rows, keys, 5, generator=gen, dtype=torch.float64), dim=-1)
+    n_visible = torch.randint(1, keys + 1, (rows,), generator=gen)
+    visible = torch.arange(keys) < n_visible[:, None]
+    unit = unit.masked_fill(~visible[..., None], 0.0)
+    sink = torch.randint(0, keys + 1, (rows,), generator=gen)  # keys: no sink
+    candidate = visible & (torch.arange(keys) != sink[:, None])
+    cosines = lambda q, p: torch.bmm(unit[:, q], unit[:, p].transpose(1, 2))  # noqa: E731
+    rho_out, rho_in = BOUNDS._cosine_extremes(cosines, candidate, visible, torch.tensor(grid), torch.float64, tile)
+    for r in range(rows):
+        for col, n in enumerate(grid):
+            want_out, want_in = _extremes_by_definition(unit[r], candidate[r], visible[r], min(n, keys))
+            got_out, got_in = float(rho_out[r, col]), float(rho_in[r, col])
+            assert got_out == (-math.inf if want_out is None else pytest.approx(want_out, rel=1e-12, abs=1e-15)), (r, n)
+            assert got_in == (math.inf if want_in is None else pytest.approx(want_in, rel=1e-12, abs=1e-15)), (r, n)
+
+
+def test_margins_of_a_sliding_window_row_match_the_reference():
+    """Rows that see only the last keys of a longer context (no sink): the margins skip the hidden ranks, and every
+    margin is still the reference's; gap_in is NaN at the hidden ranks."""
+    gen = torch.Generator().manual_seed(5)
+    alpha = torch.softmax(torch.randn(2, 90, generator=gen, dtype=torch.float64), -1)
+    values = torch.randn(2, 90, 6, generator=gen, dtype=torch.float64)
+    mask = torch.zeros(2, 90, dtype=torch.bool)
+    mask[0, -12:], mask[1, -7:] = True, True
+    grid = [1, 2, 3, 5, 7, 8, 12, 90]
+    margins = selection_margins(alpha, values, grid, key_mask=mask, memory_budget_mib=1e-4)
+    assert bool(margins.gap_in[0, :, 12:].isnan().all()) and bool(margins.gap_in[1, :, 7:].isnan().all())
+    names = ("rho_out", "rho_in", "rho0_in", "rho0_out", "delta", "delta0", "delta_sink", "delta0_sink", "s_in")
+    for r in range(2):
+        for col, n in enumerate(grid):
+            ref = reference_margins(alpha[r], values[r], mask[r], n)
+            for name in names:
+                got = float(getattr(margins, name)[r, col])
+                want = math.nan if ref is None else ref[name]
+                assert (math.isnan(want) and math.isnan(got)) or got == pytest.approx(want, rel=1e-9, abs=1e-12), (
+                    r, n, name, got, want)
+
+
 def test_pair_gap_is_the_engine_radii_gap():
     alpha, values, mask = random_rows(3, rows=4, keys=12, d=8)
     grid = [1, 2, 4, 7, 11]

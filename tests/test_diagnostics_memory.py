@@ -94,3 +94,32 @@ def test_the_profile_fit_in_slices_equals_the_whole_and_keeps_the_budget():
     assert live.peak <= budget * 2**20 + _nbytes(sliced.as_fields()) + 10 * alpha.nbytes  # the rows' float64 copies
     for name, value in whole.as_fields().items():
         torch.testing.assert_close(sliced.as_fields()[name], value, rtol=0, atol=0, equal_nan=True, msg=name)
+
+
+@pytest.mark.parametrize("window", [None, 300])
+def test_the_margins_of_long_rows_stay_within_their_declared_cost(window):
+    """The bounds' margins of long rows (the cosines of their key pairs in tiles) hold at most the declared cost
+    per row (MARGINS_COST), outputs aside, where the cosines below the grid's largest N would take about
+    L^2 / 2 per row; rows of a sliding window take about what their visible keys need."""
+    from tl_geometry.engine.context import rows_context
+    from tl_geometry.engine.grid import default_n_grid
+    from tl_geometry.theory.bounds import MARGINS_COST, chunk_margins
+
+    n_rows, n_keys, d_head = 2, 3000, 8
+    gen = torch.Generator().manual_seed(2)
+    alpha = torch.softmax(torch.randn(n_rows, n_keys, generator=gen), -1)
+    values = torch.randn(n_rows, n_keys, d_head, generator=gen)
+    visible = torch.ones(n_rows, n_keys, dtype=torch.bool)
+    if window is not None:
+        visible[:, :-window] = False
+    grid = default_n_grid(n_keys)
+    context = rows_context(alpha, values, visible, grid, ranking="attention", distance="euclidean",
+                           memory_budget_mib=1e6, costs=(MARGINS_COST,))
+    chunk = next(context.chunks())
+    assert chunk.n_rows == n_rows
+    with LiveBytes() as live:
+        out = chunk_margins(chunk)
+    seen = n_keys if window is None else window
+    declared = n_rows * 4 * MARGINS_COST.per_row(seen, len(grid), d_head)
+    assert declared < n_rows * 4 * n_keys**2 / 2  # the check below can fail: the staircase at once would not fit
+    assert live.peak - _nbytes(out) <= declared, f"{(live.peak - _nbytes(out)) / 2**20:.1f} MiB"

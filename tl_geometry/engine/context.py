@@ -59,9 +59,11 @@ class RowCost:
     key_d: int = 0  # multiples of key x d_head
     n_key: int = 0  # multiples of n x key
     key_key: float = 0.0  # multiples of key x key (e.g. cosine blocks)
+    key: int = 0  # multiples of key (e.g. a tile of a fixed number of columns against every key)
 
     def per_row(self, n_keys: int, n_grid: int, d_head: int) -> float:
-        return self.key_d * n_keys * d_head + self.n_key * n_grid * n_keys + self.key_key * n_keys * n_keys
+        return (self.key_d * n_keys * d_head + self.n_key * n_grid * n_keys + self.key_key * n_keys * n_keys
+                + self.key * n_keys)
 
 
 # The chunk's own tensors: its value vectors and y sorted (2 x key x d_head), s(N) (n x d_head).

@@ -42,6 +42,7 @@ from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.capture.hooks import model_name
 from tl_geometry.runs import distributed
 from tl_geometry.runs.corpus_run import prepared_batches
+from tl_geometry.interventions.control_cache import ControlRankCache
 from tl_geometry.interventions.topn_attention import (
     Mode,
     check_pattern_edits,
@@ -96,7 +97,7 @@ class SweepPlan:
     reuse_residual: bool
     windows: tuple[int | None, ...]
     settings_per_pass: int = 1  # (mode, N, control) settings stacked along the batch of one forward pass
-    control_cache_mib: float = 1024.0  # memory for keeping a random control's order across its N and modes
+    control_cache_mib: float = 1024.0  # memory per device for keeping a random control's order across its N and modes
 
     @property
     def unit_layers(self) -> tuple[int, ...]:
@@ -273,7 +274,7 @@ def document_seeds(documents: Sequence[Tensor]) -> Int[Tensor, " doc"]:
 
 def _hooks_for(plan: SweepPlan, cut_layers: Sequence[int], cut_heads: Sequence[int] | None, n: int, mode: str,
                ranking: str, control: int, mask: Tensor | None, row_seeds: Tensor,
-               control_ranks: dict | None) -> list[tuple[str, Any]]:
+               control_ranks: ControlRankCache | None) -> list[tuple[str, Any]]:
     hooks: list[tuple[str, Any]] = []
     for layer in cut_layers:
         hook = topn_pattern_hook(n, mode, ranking, cut_heads, window=plan.windows[layer],  # type: ignore[arg-type]
@@ -283,17 +284,6 @@ def _hooks_for(plan: SweepPlan, cut_layers: Sequence[int], cut_heads: Sequence[i
             hooks.append((value_hook(layer), hook.value_hook))
         hooks.append((pattern_hook(layer), hook))
     return hooks
-
-
-def _control_ranks_fit(plan: SweepPlan, tokens: Tensor, cut_layers: Sequence[int], cut_heads: Sequence[int] | None) -> bool:
-    """Whether the orders of the controls one pass holds (int16 per pattern element of the cut heads) fit the budget."""
-    if not plan.n_controls:
-        return False
-    rows, pos = tokens.shape[:2]
-    heads = plan.n_heads if cut_heads is None else len(cut_heads)
-    controls = min(plan.settings_per_pass, plan.n_controls) + 1  # those a stacked group spans, and the next
-    size = 2 * rows * heads * pos * pos * len(cut_layers) * controls
-    return size <= plan.control_cache_mib * 2**20
 
 
 def _stacked_hooks(per_setting: list[list[tuple[str, Any]]], rows: int) -> list[tuple[str, Any]]:
@@ -357,12 +347,12 @@ def sweep_batch(model: HookableModel, prepared: PreparedTokens, plan: SweepPlan,
         for i, j, cut_layers, cut_heads in plan.units():
             start = min(cut_layers) if plan.reuse_residual else None
             source = residuals[start] if start is not None else tokens
-            control_ranks = {} if _control_ranks_fit(plan, tokens, cut_layers, cut_heads) else None
+            # Each control's orders, kept on their layer's device within control_cache_mib per device.
+            control_ranks = ControlRankCache(plan.control_cache_mib) if plan.n_controls else None
             for first in range(0, len(settings), plan.settings_per_pass):
                 group = settings[first : first + plan.settings_per_pass]
-                if control_ranks:
-                    for key in [key for key in control_ranks if key[1] < group[0][3]]:
-                        del control_ranks[key]
+                if control_ranks is not None:
+                    control_ranks.drop_controls_before(group[0][3])
                 per_setting = [
                     _hooks_for(plan, cut_layers, cut_heads, n, mode, plan.ranking if control == 0 else "random",
                                control, mask, row_seeds, control_ranks)
@@ -458,11 +448,13 @@ def intervention_sweep(
             batches leave the hardware idle), with activation memory growing
             as ``settings_per_pass x batch_size`` windows. The results are the
             same up to float rounding.
-        control_cache_mib: memory (MiB) for keeping each random control's
-            order of the intervened rows while its N and modes run (ranked
-            once instead of once per pass); a unit whose orders would not fit
-            ranks in every pass instead. 0 turns the cache off; the results are
-            the same either way.
+        control_cache_mib: memory (MiB) per device for keeping each random
+            control's order of the intervened rows while its N and modes run
+            (ranked once instead of once per pass). An order lives on the
+            device of its layer (``device_map``: each device keeps its own
+            layers' orders within this budget); one that would not fit ranks
+            in every pass instead. 0 turns the cache off; the results are the
+            same either way.
         progress: show a progress bar over the settings.
         tokenizer: for a ``transformers`` or nnsight model, its tokenizer (as in `tl_geometry.run_with_geometry_hooks`).
 

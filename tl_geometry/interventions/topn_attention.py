@@ -38,6 +38,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from tl_geometry.interventions.control_cache import ControlRankCache
+
 from tl_geometry._hashing import MASK32, hash32
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.capture.windows import attention_windows, visible_keys
@@ -177,7 +179,7 @@ class TopNPatternHook:
         seed: int,
         layer: int,
         row_seeds: Tensor | None = None,
-        control_ranks: dict | None = None,
+        control_ranks: ControlRankCache | None = None,
     ) -> None:
         self.n = _check_n(n)
         _check_choice("mode", mode, Mode)
@@ -249,7 +251,8 @@ class TopNPatternHook:
         if ranks is None:
             scores = self.scores(pattern)
             scores = scores if heads is None else scores[:, heads]
-            ranks = self.control_ranks[key] = topn_ranks(scores, visible[:, None].expand(scores.shape))
+            ranks = topn_ranks(scores, visible[:, None].expand(scores.shape))  # on the layer's device
+            self.control_ranks.keep(key, ranks)
         return apply_topn(pattern, None, visible, self.n, self.mode, heads, ranks=ranks)  # type: ignore[arg-type]
 
 
@@ -266,7 +269,7 @@ def topn_pattern_hook(
     seed: int = 0,
     layer: int = 0,
     row_seeds: Tensor | None = None,
-    control_ranks: dict | None = None,
+    control_ranks: ControlRankCache | None = None,
 ) -> TopNPatternHook:
     """A ``hook_pattern`` function that keeps, in every row of ``heads``, the N highest-ranked visible keys.
 
@@ -285,10 +288,12 @@ def topn_pattern_hook(
             hash of its document's tokens, as the sweep passes), so that a
             document's control does not depend on its batch; default 0.
         layer: the layer the hook is attached to (seeds the random control, names errors).
-        control_ranks: for ``ranking="random"``, a dict shared by the hooks of
-            several N and modes of the same controls (as the sweep does): each
-            control's order of a layer's rows is computed once and kept there
-            (an int16 per pattern element; empty it when done with a control).
+        control_ranks: for ``ranking="random"``, a `ControlRankCache` shared by
+            the hooks of several N and modes of the same controls (as the sweep
+            does): each control's order of a layer's rows is computed once and
+            kept there, on the layer's device, while that device's budget
+            allows (an int16 per pattern element; drop a control's orders when
+            done with it).
 
     Returns:
         A callable ``fn(pattern, *, hook)`` for ``model.hooks(fwd_hooks=[(name, fn)])`` or ``run_with_hooks``.

@@ -185,61 +185,114 @@ class Envelopes:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+# Columns of a cosine tile: wide enough for the matrix product, narrow enough that a tile's rows are long.
+COSINE_TILE_COLUMNS = 256
+# Row segments of a tile folded into the table one by one; more go in one scatter.
+FEW_RUNS = 4
+
+
+def _along_columns(
+    tile: Float[Tensor, "row q p"], columns: list[tuple[int, int, int]], q0: int, reduce: Callable[..., Tensor]
+) -> Float[Tensor, "row a p"]:
+    """``reduce`` (amax or amin) of the tile over the columns of each segment run ``(segment, first, last + 1)``."""
+    if len(columns) == 1:
+        return reduce(tile, 1, keepdim=True)
+    return torch.stack([reduce(tile[:, s - q0:e - q0], 1) for _, s, e in columns], 1)
+
+
 def _cosine_extremes(
-    cosine_block: Callable[[int, slice], Float[Tensor, "row p q"]],
+    cosine_tile: Callable[[slice, slice], Float[Tensor, "row q p"]],
     candidate: Bool[Tensor, "row key"],
     visible: Bool[Tensor, "row key"],
     grid: Int[Tensor, " n"],
     dtype: torch.dtype,
+    tile_elements: int,
 ) -> tuple[Float[Tensor, "row n"], Float[Tensor, "row n"]]:
-    """rho_out and rho_in for every N of the grid, from one pass over the cosines below the grid's staircase.
+    """rho_out and rho_in for every N of the grid, from one pass over the cosines of the pairs the grid needs.
 
     rho_out(N) = max of cos[p, q] over visible ranks p >= N and candidate
-    ranks q < N; rho_in(N) = min of cos[p, q] over candidate ranks q < p < N.
-    Both read the blocks ``cos[:, g_{t-1}:, g_{t-1}:g_t]`` (the columns between
-    consecutive grid values against every later row, the diagonal block
-    included): rows p >= g_t feed a running max per row (rho_out), every row
-    a running min over its earlier columns (rho_in). That is about half the
-    key x key cosines, one block at a time, never the whole matrix.
-    ``cosine_block(p0, cols)`` returns ``cos[:, p0:, cols]`` transposed,
-    ``[row, column, p]``: reducing over the middle axis runs along contiguous
-    memory (separate amax and amin there measured about 10x faster than
-    ``aminmax`` over a short last axis). -inf (rho_out) and +inf (rho_in)
-    where there is no such pair.
+    ranks q < N; rho_in(N) = min of cos[p, q] over candidate ranks q != p,
+    both < N. The grid cuts the ranks into segments (between consecutive
+    values of N, and the ranks past the largest); each pair counts once in a
+    table by the segments of its two ranks (the largest cosine of pairs with
+    p in segment t and q in segment a, the smallest of candidate pairs),
+    from which both follow for every N. Only the pairs below the largest N
+    are formed, in tiles of at most ``tile_elements`` cosines per row
+    (``cosine_tile(q, p)`` returns a fresh ``cos[:, q, p]``): about
+    L^2 / 2 dot products on a grid that ends at L, never the whole matrix.
+    -inf (rho_out) and +inf (rho_in) where there is no such pair.
     """
     n_rows, n_keys = candidate.shape
     bounds, position = torch.unique(grid.clamp(max=n_keys), sorted=True, return_inverse=True)
-    device = candidate.device
-    running = torch.full((n_rows, n_keys), -math.inf, dtype=dtype, device=device)  # row p: max over candidates q < end
-    row_min = torch.full((n_rows, n_keys), math.inf, dtype=dtype, device=device)  # row p: min over candidates q < p
-    out_by_bound = torch.full((n_rows, len(bounds)), -math.inf, dtype=dtype, device=device)
-    in_by_bound = torch.full((n_rows, len(bounds)), math.inf, dtype=dtype, device=device)
     ends = bounds.tolist()
-    widest = max(b - a for a, b in zip([0, *ends[:-1]], ends))
-    not_before = torch.ones(widest, widest, dtype=torch.bool, device=device).tril()  # [q, p]: q >= p, sliced per block
-    start = 0
-    for t, end in enumerate(ends):
-        if start < end:
-            block = cosine_block(start, slice(start, end))  # [row, column start..end, row p from start]
-            hidden = ~candidate[:, start:end]
-            width = end - start
-            # Within the diagonal block only the columns before each row count (q < p).
-            diagonal = block[:, :, :width].masked_fill(not_before[:width, :width] | hidden.unsqueeze(-1), math.inf)
-            torch.minimum(row_min[:, start:end], diagonal.amin(1), out=row_min[:, start:end])
-            if end < n_keys:
-                below = block[:, :, width:]
-                low, high = below.amin(1), below.amax(1)
-                with_sink = hidden.any(-1).nonzero().squeeze(-1)
-                if len(with_sink):  # rows whose sink column falls in this segment: again without it
-                    part, mask = below[with_sink], hidden[with_sink].unsqueeze(-1)
-                    low[with_sink] = part.masked_fill(mask, math.inf).amin(1)
-                    high[with_sink] = part.masked_fill(mask, -math.inf).amax(1)
-                torch.minimum(row_min[:, end:], low, out=row_min[:, end:])
-                torch.maximum(running[:, end:], high, out=running[:, end:])
-                out_by_bound[:, t] = running[:, end:].masked_fill(~visible[:, end:], -math.inf).amax(-1)
-            in_by_bound[:, t] = row_min[:, :end].masked_fill(~candidate[:, :end], math.inf).amin(-1)
-        start = end
-    return out_by_bound[:, position], in_by_bound[:, position]
+    edges = [0, *ends, n_keys]  # segment t holds the ranks edges[t]..edges[t + 1]; the last one is never selected
+    n_segments = len(edges) - 1
+    device = candidate.device
+    largest = torch.full((n_rows, n_segments, n_segments), -math.inf, dtype=dtype, device=device)  # [row, t, a]
+    smallest = torch.full((n_rows, n_segments, n_segments), math.inf, dtype=dtype, device=device)
+    segment_index = torch.bucketize(torch.arange(n_keys, device=device), bounds.to(device), right=True)
+    segment_of = segment_index.tolist()
+
+    def runs(start: int, stop: int) -> list[tuple[int, int, int]]:
+        """(segment, first, last + 1) of the ranks start..stop, one per segment they cross."""
+        crossed = range(segment_of[start], segment_of[stop - 1] + 1)
+        return [(t, max(start, edges[t]), min(stop, edges[t + 1])) for t in crossed]
+
+    # Which ranks some row cannot see, or cannot select (hidden or the sink): prefix counts, so that a tile masks
+    # only where one of them falls in its range (most tiles need no mask, and no sync with the device to say so).
+    unseen = [0, *torch.cumsum((~visible).any(0), 0).tolist()]
+    barred = [0, *torch.cumsum((~candidate).any(0), 0).tolist()]
+
+    top = ends[-1]  # no pair with a column at or past the largest N counts
+    # Tiles of a few columns q against many rows p, [row, q, p]: the reductions over q run along contiguous p
+    # (over a short last axis they measured several times slower), and few large operations keep the threads
+    # busy on a loaded machine. The tile on the diagonal also forms the pairs q > p of its columns
+    # (duplicates): columns of at most a sixteenth of the keys keep them under 1/16 of the pairs needed.
+    width = max(1, min(top, COSINE_TILE_COLUMNS, max(32, top // 16), tile_elements))
+    height = max(1, tile_elements // width)
+    for q0 in range(0, top, width):
+        q1 = min(q0 + width, top)
+        columns = runs(q0, q1)
+        a_first, a_last = columns[0][0], columns[-1][0] + 1
+        hidden = ~candidate[:, q0:q1, None] if barred[q1] > barred[q0] else None
+        for p0 in range(q0, n_keys, height):
+            p1 = min(p0 + height, n_keys)
+            tile = cosine_tile(slice(q0, q1), slice(p0, p1))  # [row, q, p], ours to overwrite
+            if p0 < q1:  # the tile crosses the diagonal: no key pairs with itself
+                tile.diagonal(offset=q0 - p0, dim1=1, dim2=2).fill_(math.inf)
+            # Per row p: the extreme over each column segment a, [row, a, p]; the columns a row cannot select are
+            # filled in place, first for the largest, then for the smallest.
+            if hidden is not None:
+                tile.masked_fill_(hidden, -math.inf)
+            high = _along_columns(tile, columns, q0, torch.amax)
+            if hidden is not None:
+                tile.masked_fill_(hidden, math.inf)
+            low = _along_columns(tile, columns, q0, torch.amin)
+            del tile
+            if unseen[p1] > unseen[p0]:
+                high.masked_fill_(~visible[:, None, p0:p1], -math.inf)
+            if barred[p1] > barred[p0]:
+                low.masked_fill_(~candidate[:, None, p0:p1], math.inf)
+            rows_of = runs(p0, p1)
+            if len(rows_of) <= FEW_RUNS:
+                for t, s, e in rows_of:
+                    cell = largest[:, t, a_first:a_last]
+                    torch.maximum(cell, high[:, :, s - p0:e - p0].amax(-1), out=cell)
+                    cell = smallest[:, t, a_first:a_last]
+                    torch.minimum(cell, low[:, :, s - p0:e - p0].amin(-1), out=cell)
+            else:  # many segments (a dense grid): one scatter into the table instead of a loop over them
+                index = segment_index[p0:p1].view(1, -1, 1).expand(n_rows, -1, a_last - a_first)
+                largest[:, :, a_first:a_last].scatter_reduce_(1, index, high.transpose(1, 2), "amax")
+                smallest[:, :, a_first:a_last].scatter_reduce_(1, index, low.transpose(1, 2), "amin")
+    t = torch.arange(n_segments, device=device)
+    u = t[: len(ends)]
+    # rho_out at the u-th N: pairs with q in a segment a <= u and p in a segment t > u.
+    below = largest.cummax(2).values[:, :, : len(ends)]  # [row, t, u]: max over a <= u
+    rho_out = below.masked_fill(~(t[:, None] > u[None, :]), -math.inf).amax(1)
+    # rho_in at the u-th N: pairs in segments a <= t <= u (the table holds a > t too: mirrors, left out).
+    per_t = smallest.masked_fill(t[None, :] > t[:, None], math.inf).amin(2)  # [row, t]: min over a <= t
+    rho_in = per_t.cummin(1).values[:, : len(ends)]
+    return rho_out[:, position], rho_in[:, position]
 
 
 def _margins_core(
@@ -284,12 +337,13 @@ def _margins_core(
     # outside); rho_in: pairs of selected non-sink ranks.
     nonsink = visible & ~sink
     if unit is not None:
-        def cosine_block(p0: int, cols: slice) -> Tensor:
-            return torch.bmm(unit[:, cols], unit[:, p0:].transpose(1, 2))
+        def cosine_tile(q: slice, p: slice) -> Tensor:
+            return torch.bmm(unit[:, q], unit[:, p].transpose(1, 2))
     else:
-        def cosine_block(p0: int, cols: slice) -> Tensor:
-            return cos[:, p0:, cols].transpose(1, 2)
-    rho_out, rho_in = _cosine_extremes(cosine_block, nonsink, visible, grid, a.dtype)
+        def cosine_tile(q: slice, p: slice) -> Tensor:
+            return cos[:, q, p].clone()
+    # One tile of COSINE_TILE_COLUMNS columns against every rank at a time (counted in MARGINS_COST).
+    rho_out, rho_in = _cosine_extremes(cosine_tile, nonsink, visible, grid, a.dtype, COSINE_TILE_COLUMNS * n_keys)
     has_pair = torch.isfinite(rho_out)
     rho_out = torch.where(has_pair, rho_out, math.nan)
     rho_in = torch.where(torch.isfinite(rho_in), rho_in, math.nan)
@@ -376,8 +430,9 @@ def _margins_core(
     return out
 
 
-# Per row of a chunk: the largest cosine block (under half of key x key) and about ten n x key planes.
-MARGINS_COST = RowCost(n_key=10, key_key=0.5)
+# Per row of a chunk: the unit vectors by rank, about ten n x key planes and one cosine tile
+# (COSINE_TILE_COLUMNS x key) with its reductions per column segment (at most as many again, twice).
+MARGINS_COST = RowCost(key_d=1, n_key=10, key=3 * COSINE_TILE_COLUMNS)
 
 
 def selection_margins(
@@ -394,10 +449,11 @@ def selection_margins(
     Measured reading of section 3.4: a_i = alpha_i ||v_i|| and the cosines are
     those of the given value vectors. Keys are sorted as the engine sorts
     them (`tl_geometry.engine.context.selection_order`); key 0 is the sink.
-    rho_out needs the cosines of every (outside, inside) pair: they are
-    formed block by block below the grid's staircase (about half of key x key
-    per row, never at once), and rows are processed in chunks within about
-    ``memory_budget_mib`` MiB. The readings chosen where the paper
+    rho_out needs the cosines of every (outside, inside) pair and rho_in
+    those of the selected pairs: they are formed in tiles, for the pairs
+    below the grid's largest N among the keys the row sees (about half of
+    key x key per row, never at once), and rows are processed in chunks
+    within about ``memory_budget_mib`` MiB. The readings chosen where the paper
     is ambiguous are listed in the module docstring.
 
     Args:
@@ -449,16 +505,22 @@ def chunk_margins(chunk: SelectionChunk) -> dict[str, Tensor]:
     query sees it); a row without one has no Delta_0 term.
     """
     n_rows, n_keys = chunk.alpha.shape
-    hidden = torch.arange(n_keys, device=chunk.order.device) >= chunk.n_visible.unsqueeze(-1)
-    norms = torch.linalg.vector_norm(chunk.values, dim=-1)
-    a = torch.gather(chunk.alpha * norms, 1, chunk.order).masked_fill(hidden, 0.0)
+    # Hidden keys sort last: the ranks past the most keys a row of the chunk sees are hidden in every row, and
+    # carry nothing (a sliding-window layer's rows see a few hundred of a long context's keys).
+    seen = int(chunk.n_visible.max())
+    order = chunk.order[:, :seen]
+    hidden = torch.arange(seen, device=order.device) >= chunk.n_visible.unsqueeze(-1)
+    values = chunk.value_source[chunk.batch[:, None], order, chunk.value_head[:, None]].to(chunk.alpha.dtype)
+    norms = torch.linalg.vector_norm(values, dim=-1)
+    a = (torch.gather(chunk.alpha, 1, order) * norms).masked_fill(hidden, 0.0)
     # A zero vector has no direction: its cosines are 0 (its a_i is 0 too).
-    unit = chunk.values / torch.where(norms > 0, norms, 1.0).unsqueeze(-1)
-    unit = torch.gather(unit, 1, chunk.order.unsqueeze(-1).expand_as(unit)).masked_fill(hidden.unsqueeze(-1), 0.0)
-    sink = torch.zeros(n_rows, n_keys, dtype=torch.bool, device=a.device)
+    unit = values.div_(torch.where(norms > 0, norms, 1.0).unsqueeze(-1)).masked_fill_(hidden.unsqueeze(-1), 0.0)
+    sink = torch.zeros(n_rows, seen, dtype=torch.bool, device=a.device)
     rows = torch.arange(n_rows, device=a.device)
-    sink[rows, chunk.sink_rank().clamp(max=n_keys - 1)] = chunk.has_sink
-    return _margins_core(a, sink, chunk.n_visible, chunk.grid, unit=unit)
+    sink[rows, chunk.sink_rank().clamp(max=seen - 1)] = chunk.has_sink
+    out = _margins_core(a, sink, chunk.n_visible, chunk.grid, unit=unit)
+    out["gap_in"] = torch.nn.functional.pad(out["gap_in"], (0, n_keys - seen), value=math.nan)
+    return out
 
 
 def _p_minus(xi: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
