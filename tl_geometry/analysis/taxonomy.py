@@ -590,7 +590,10 @@ class HeadTaxonomy:
         return None
 
     def subtype_text(self, layer: int, head: int) -> str | None:
-        """`subtype` with its evidence, e.g. ``"lag 63: top rest key in 81 % of rows, weight 0.52, output 0.40"``; an uncertain sub-type reads ``"uncertain: previous-token: ..."``."""
+        """`subtype` with its evidence, e.g. ``"lag 63: top rest key in 81 % of rows, weight 0.52, output 0.40"``.
+
+        An uncertain sub-type reads ``"uncertain: previous-token: ...; every floor holds with probability 0.68"``.
+        """
         sub, maybe = self.subtype(layer, head), self.subtype_uncertain(layer, head)
         if sub is None and maybe is None:
             return None
@@ -634,7 +637,8 @@ class HeadTaxonomy:
         )
 
     def table(self) -> list[dict[str, Any]]:
-        """One row per head: layer, head, label, subtype, subtype_uncertain, literal, runner_up, margin, each role's probability."""
+        """One row per head: layer, head, label, subtype, subtype_uncertain, literal, runner_up, margin and each role's
+        probability."""
         rows = []
         for i, layer in enumerate(self.layers):
             for j, head in enumerate(self.heads):
