@@ -38,14 +38,13 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from tl_geometry.interventions.control_cache import ControlRankCache
-
 from tl_geometry._hashing import MASK32, hash32
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.capture.windows import attention_windows, visible_keys
 from tl_geometry.config import resolve_indices
 from tl_geometry.engine.context import selection_order
 from tl_geometry.errors import GeometryError
+from tl_geometry.interventions.control_cache import ControlRankCache
 
 Mode = Literal["renormalise", "delete"]
 InterventionRanking = Literal["attention", "contribution", "random"]
