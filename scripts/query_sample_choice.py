@@ -24,27 +24,10 @@ import time
 from pathlib import Path
 
 import tl_geometry as tg
-from tl_geometry.analysis.taxonomy import UNCERTAIN, agreement, taxonomy_from_result
+from tl_geometry.analysis.taxonomy import UNCERTAIN, agreement, subtype_agreement, taxonomy_from_result
 
 HALVES_TARGET = 0.986
 UNCERTAIN_TARGET = 0.07
-
-
-def subtype_agreement(groups: list) -> tuple[int, int, int, int]:
-    """Over the six pairs of groups: (same, both name one), (same, either names one), per (head, pair)."""
-    same_both = both = same_either = either = 0
-    for a in range(len(groups)):
-        for b in range(a + 1, len(groups)):
-            for layer in groups[a].layers:
-                for head in groups[a].heads:
-                    sa, sb = groups[a].subtype(layer, head), groups[b].subtype(layer, head)
-                    if sa is not None or sb is not None:
-                        either += 1
-                        same_either += sa == sb
-                    if sa is not None and sb is not None:
-                        both += 1
-                        same_both += sa == sb
-    return same_both, both, same_either, either
 
 
 def measure(model, windows: list, n_queries: int, save: Path | None = None) -> dict:
@@ -97,9 +80,10 @@ def main() -> None:
     for n_queries in args.sizes:
         row = measure(model, windows, n_queries, args.save)
         rows.append(row)
-        sb, b, se, e = row["subtypes"]
+        sub = row["subtypes"]
         print(f"| {n_queries} | {100 * row['halves']:.1f} % | {row['halves_heads']} | {row['uncertain']} of {row['heads']} "
-              f"({100 * row['uncertain'] / row['heads']:.1f} %) | {sb} of {b} | {se} of {e} | {row['seconds']:.0f} |", flush=True)
+              f"({100 * row['uncertain'] / row['heads']:.1f} %) | {sub.same_both} of {sub.both} | {sub.same_either} of {sub.either} | "
+              f"{row['seconds']:.0f} |", flush=True)
     if any(r["n_queries"] == 8 for r in rows):
         print(f"\nThe rule picks n_queries = {choose(rows)}.")
 

@@ -44,6 +44,7 @@ from tl_geometry.analysis.taxonomy import (
     UNCERTAIN,
     agreement,
     role_counts,
+    subtype_agreement,
     taxonomy_from_result,
     threshold_sensitivity,
 )
@@ -93,30 +94,11 @@ def study(name: str, n_windows: int, context: int, reseed: bool = True) -> None:
              "lag k > 1": sum(s is not None and s.startswith("lag") for s in subs),
              "secondary sink": sum(s is not None and s.startswith("secondary sink") for s in subs)}  # fmt: skip
     print("- sub-types: " + ", ".join(f"{k} {v}" for k, v in kinds.items()))
-    group_roles = [taxonomy_from_result(g) for g in groups]
-    same_both = both_named = same_either = either_named = same_sure = sure_named = 0
-    for a in range(4):
-        for b in range(a + 1, 4):
-            for layer in roles.layers:
-                for head in roles.heads:
-                    sa, sb = group_roles[a].subtype(layer, head), group_roles[b].subtype(layer, head)
-                    unsure = (group_roles[a].subtype_uncertain(layer, head) is not None
-                              or group_roles[b].subtype_uncertain(layer, head) is not None)  # fmt: skip
-                    if sa is not None or sb is not None:
-                        either_named += 1
-                        same_either += sa == sb
-                        if not unsure:
-                            sure_named += 1
-                            same_sure += sa == sb
-                    if sa is not None and sb is not None:
-                        both_named += 1
-                        same_both += sa == sb
-    unsure_counts = [sum(g.subtype_uncertain(layer, head) is not None for layer in roles.layers for head in roles.heads)
-                     for g in group_roles]  # fmt: skip
-    print(f"- sub-types across four disjoint groups of {quarter} windows (six pairs): the same in {same_both} of "
-          f"{both_named} (head, pair)s where both name one, {same_sure} of {sure_named} where either names one and "
-          f"neither is uncertain (the rule's count), {same_either} of {either_named} where either names one; "
-          f"uncertain sub-types per group: {', '.join(map(str, unsure_counts))}; on the whole input: "
+    sub = subtype_agreement([taxonomy_from_result(g) for g in groups])
+    print(f"- sub-types across four disjoint groups of {quarter} windows (six pairs): the same in {sub.same_both} of "
+          f"{sub.both} (head, pair)s where both name one, {sub.same_sure} of {sub.sure} where either names one and "
+          f"neither is uncertain (the rule's count), {sub.same_either} of {sub.either} where either names one; "
+          f"uncertain sub-types per group: {', '.join(map(str, sub.uncertain))}; on the whole input: "
           f"{sum(roles.subtype_uncertain(layer, head) is not None for layer in roles.layers for head in roles.heads)}")
     probability = roles.probabilities.amax(-1)
     print(f"- probability of the label: median {float(probability.median()):.2f}; "

@@ -653,3 +653,44 @@ def test_a_result_without_the_lag_spread_judges_sub_types_on_means(built, tmp_pa
     on_means = subtypes_from_features(found.features, found.config)
     assert torch.equal(found.subtypes.kind, on_means.kind)
     assert "lacks" in found.describe(0, 3)
+
+
+@pytest.mark.model
+def test_subtype_agreement_counts_as_a_loop_over_pairs(built):
+    """Three taxonomies with sub-types drawn at random (named, uncertain or none per head), against a loop over
+    every pair of them and every head of what each names."""
+    from tl_geometry.analysis.taxonomy import subtype_agreement
+
+    found = taxonomy_from_result(built)
+    gen = torch.Generator().manual_seed(3)
+    variants = []
+    for _ in range(3):
+        draw = torch.randint(0, 3, found.labels.shape, generator=gen)  # 0 none, 1 named, 2 uncertain
+        lag = torch.randint(1, 3, found.labels.shape, generator=gen)
+        subtypes = dataclasses.replace(
+            found.subtypes, kind=torch.where(draw == 1, SUBTYPE_KINDS.index("lag"), 0),
+            candidate=torch.full_like(draw, SUBTYPE_KINDS.index("lag")), lag=lag, uncertain=draw == 2,
+        )  # fmt: skip
+        labels = torch.full_like(found.labels, REGIMES.index("content"))
+        variants.append(dataclasses.replace(found, subtypes=subtypes, labels=labels))
+    got = subtype_agreement(variants)
+    heads = [(l, h) for l in found.layers for h in found.heads]
+    names = [{lh: v.subtype(*lh) for lh in heads} for v in variants]
+    unsure = [{lh: v.subtype_uncertain(*lh) is not None for lh in heads} for v in variants]
+    want = dict.fromkeys(("same_both", "both", "same_sure", "sure", "same_either", "either"), 0)
+    for i in range(3):
+        for j in range(i + 1, 3):
+            for lh in heads:
+                a, b = names[i][lh], names[j][lh]
+                if a is not None or b is not None:
+                    want["either"] += 1
+                    want["same_either"] += a == b
+                    if not (unsure[i][lh] or unsure[j][lh]):
+                        want["sure"] += 1
+                        want["same_sure"] += a == b
+                if a is not None and b is not None:
+                    want["both"] += 1
+                    want["same_both"] += a == b
+    assert {k: getattr(got, k) for k in want} == want
+    assert got.uncertain == tuple(sum(u.values()) for u in unsure)
+    assert want["either"] > want["sure"] > 0 and want["both"] > 0 and want["either"] > want["same_either"]  # each branch taken

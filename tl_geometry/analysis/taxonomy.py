@@ -87,6 +87,7 @@ most probable role where it beats the runner-up by ``margin``, else
 ``"uncertain"`` (the two candidates are in ``probabilities`` and ``runner_up``).
 """
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -906,9 +907,53 @@ def agreement(first: HeadTaxonomy, second: HeadTaxonomy) -> tuple[float, int]:
     return (float((first.labels[both] == second.labels[both]).double().mean()) if n else math.nan), n
 
 
+@dataclass(frozen=True)
+class SubtypeAgreement:
+    """Sub-types across taxonomies of disjoint document groups, counted over (head, pair of taxonomies).
+
+    Attributes:
+        same_both, both: where both name a sub-type: how many name the same one, of how many.
+        same_sure, sure: where either names one and neither's is uncertain (as `agreement` counts the heads
+            both label): the same, of how many.
+        same_either, either: where either names one: the same, of how many.
+        uncertain: per taxonomy, the heads whose sub-type is uncertain.
+    """
+
+    same_both: int
+    both: int
+    same_sure: int
+    sure: int
+    same_either: int
+    either: int
+    uncertain: tuple[int, ...]
+
+
+def subtype_agreement(taxonomies: Sequence[HeadTaxonomy]) -> SubtypeAgreement:
+    """How the sub-types of taxonomies of disjoint document groups agree, over every pair of them."""
+    counts = dict.fromkeys(("same_both", "both", "same_sure", "sure", "same_either", "either"), 0)
+    heads = [(layer, head) for layer in taxonomies[0].layers for head in taxonomies[0].heads]
+    for first, second in itertools.combinations(taxonomies, 2):
+        for layer, head in heads:
+            a, b = first.subtype(layer, head), second.subtype(layer, head)
+            if a is None and b is None:
+                continue
+            same = a == b
+            unsure = first.subtype_uncertain(layer, head) is not None or second.subtype_uncertain(layer, head) is not None
+            counts["either"] += 1
+            counts["same_either"] += same
+            if not unsure:
+                counts["sure"] += 1
+                counts["same_sure"] += same
+            if a is not None and b is not None:
+                counts["both"] += 1
+                counts["same_both"] += same
+    uncertain = tuple(sum(t.subtype_uncertain(layer, head) is not None for layer, head in heads) for t in taxonomies)
+    return SubtypeAgreement(**counts, uncertain=uncertain)
+
+
 __all__: Sequence[str] = (
     "ROLES", "REGIMES", "NAMED", "LITERAL_ROLES", "SUBTYPE_KINDS", "Role", "Regime", "LiteralRole", "TaxonomyConfig",
     "HeadTaxonomy", "QueryTaxonomy", "Subtypes", "SensitivityRow", "role_of", "literal_role_of", "subtypes_from_features",
     "labels_from_probabilities", "taxonomy_from_result", "replicate_roles",
-    "threshold_sensitivity", "classify_queries", "role_counts", "agreement",
+    "threshold_sensitivity", "classify_queries", "role_counts", "agreement", "SubtypeAgreement", "subtype_agreement",
 )  # fmt: skip
