@@ -52,6 +52,17 @@ HELD_OUT = {  # nothing is chosen on these: other seeds and other generating par
     "skewed": Population(seed=303, value_norm_cv=(0.02, 0.06), sink_over_base=(10.0, 1000.0), curve_shape=1.0,
                          positive_shape=2.5, curve_cv=(0.03, 0.07), norm_noise=0.25),
 }  # fmt: skip
+THRESHOLD_TUNING = Population(seed=43, at_threshold=0.25)  # the set intervals' z was chosen here: heads at the lines
+FRESH = {  # held out from that choice: new seeds and parameters, each with heads at the lines (`near_thresholds`)
+    "crowded": Population(seed=4301, heads=8, at_threshold=0.4, threshold_spread=0.5, threshold_documents=32,
+                          norm_noise=0.25, positions=384, positive_shape=3.0, curve_shape=1.5, curve_noise=0.07,
+                          role_noise=1.2, curve_cv=(0.02, 0.08), phase_share=(0.35, 0.95), sink_over_base=(40.0, 250.0)),
+    "sparse": Population(seed=4302, heads=5, at_threshold=0.15, threshold_spread=2.0, threshold_documents=8,
+                         norm_noise=0.15, positions=192, positive_shape=5.0, curve_shape=3.0, curve_noise=0.05,
+                         role_noise=0.9, curve_cv=(0.01, 0.06), phase_share=(0.3, 0.9), sink_over_base=(20.0, 500.0)),
+    "on the line": Population(seed=4303, at_threshold=0.2, threshold_spread=0.1, norm_noise=0.22, positions=320,
+                              positive_shape=3.5),
+}  # fmt: skip
 STUDIES = 400
 SMALL, MID, LARGE = (GRID >= 2) & (GRID <= 4), (GRID >= 8) & (GRID <= 16), GRID >= 32
 AT3 = int(np.flatnonzero(GRID == 3)[0])
