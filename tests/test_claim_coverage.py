@@ -97,7 +97,8 @@ def _role_truths(m: dict[str, np.ndarray], documents: int, population: Populatio
     roles = study_roles(m, documents, population)
     depth = np.arange(roles.shape[0])[:, None] / (roles.shape[0] - 1) * np.ones(roles.shape)
     mean_depth = {r: depth[roles == r].mean() if (roles == r).any() else math.nan for r in ("retriever", "reset", "mixer")}
-    step = min(mean_depth["reset"] - mean_depth["retriever"], mean_depth["mixer"] - mean_depth["reset"])
+    steps = (mean_depth["reset"] - mean_depth["retriever"], mean_depth["mixer"] - mean_depth["reset"])
+    step = math.nan if any(map(math.isnan, steps)) else min(steps)  # min() would drop a NaN in second place
     others = (roles == "reset") | (roles == "mixer")
 
     def at(member, metric, mask):
@@ -246,6 +247,18 @@ def test_every_claim_with_an_interval_is_covered():
     table = claims(simulate_study(true_means(), np.random.default_rng(5)))
     assert set(table.index) <= set(COVERED)
     assert not any(math.isnan(estimate(table, key)[1]) for key in COVERED), table.interval.to_dict()
+
+
+def test_the_depth_steps_truth_is_absent_when_any_role_lacks_heads():
+    # The truth of roles by depth is -1 when any of Retriever, Reset and Mixer has no head, as the claim's statistic
+    # is: checked with each role emptied in turn (the first truth, min(a, nan) = a, missed an empty Mixer).
+    means = true_means()
+    for emptied, into in (("retriever", "reset"), ("reset", "mixer"), ("mixer", "reset")):
+        roles = study_roles(means)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(f"{__name__}.study_roles", lambda *a, **k: np.where(roles == emptied, into, roles))
+            assert true_values(means)["regimes_by_depth"] == -1.0, emptied
+    assert true_values(means)["regimes_by_depth"] > 0  # all three present: a step
 
 
 def test_disattenuation_moves_the_correlation_towards_the_truth():
