@@ -288,7 +288,8 @@ def test_the_claims_intervals_cover_their_true_values_out_of_sample():
     """Pooled over two held-out populations at 16 and 32 documents, each claim's own interval covers its true
     value in 90-98 % of the studies (a nominal 95 % interval; the methods were chosen on another population),
     except the claims whose interval says it is uncertain (its declared ``uncertain``: under 90 % in some
-    held-out cell of the benchmark)."""
+    held-out cell of the benchmark). A set interval (``per_head_z``) is conservative by construction: only its
+    lower edge is checked (docs/claims.md, "Set intervals")."""
     pooled = {key: [0, 0] for key in COVERED}
     for name in CHECKED:
         for documents in (16, 32):
@@ -297,8 +298,10 @@ def test_the_claims_intervals_cover_their_true_values_out_of_sample():
                 pooled[key][1] += cell[1]
     for key, (covered, n) in pooled.items():
         assert n == 4 * CHECKED_STUDIES, (key, n)
-        if _declared_intervals()[key].uncertain is None:
-            assert HELD_OUT_TARGET[0] <= covered / n <= HELD_OUT_TARGET[1], (key, covered / n)
+        declared = _declared_intervals()[key]
+        if declared.uncertain is None:
+            high = 1.0 if declared.per_head_z is not None else HELD_OUT_TARGET[1]
+            assert HELD_OUT_TARGET[0] <= covered / n <= high, (key, covered / n)
 
 
 def test_an_uncertain_interval_says_so():
