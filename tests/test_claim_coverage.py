@@ -261,6 +261,29 @@ def test_the_depth_steps_truth_is_absent_when_any_role_lacks_heads():
     assert true_values(means)["regimes_by_depth"] > 0  # all three present: a step
 
 
+def test_heads_are_placed_at_the_lines():
+    # THRESHOLD_TUNING's placement (docs/claims.md, "Set intervals tuned where heads sit at the lines"), from the
+    # rule's words: 6 of 24 heads per claim within one standard error of 16 documents of its line; every field the
+    # placement does not touch as the same population without it draws it.
+    population = THRESHOLD_TUNING
+    placed, plain = true_means(population), true_means(dataclasses.replace(population, at_threshold=0.0))
+    n, sigma, positions = 16, population.norm_noise, population.positions
+    curve = placed["value_norm_by_position"][..., 1:]
+    cv = curve.std(-1) / curve.mean(-1)
+    cv_se = math.sqrt(sigma**2 / (n * positions) + sigma**4 / (2 * 0.05**2 * positions * n * (n - 1)))
+    assert (abs(cv - 0.05) <= cv_se * (1 + 1e-9)).sum() >= 6
+    log_ratio = np.log(placed["profile_p_sink"] / placed["profile_p_base"] / 100)
+    at_lines = ((abs(log_ratio) <= math.sqrt(2 / (population.positive_shape * n)) + 1e-12)
+                & (abs(placed["profile_has_plateau"] - 0.5) <= 0.125) & (abs(placed["profile_has_recency"] - 0.5) <= 0.125))
+    assert at_lines.sum() >= 6  # the placed six, and any drawn there by chance
+    moved = {name for name in plain if not np.array_equal(plain[name], placed[name])}
+    assert moved <= {"value_norm_by_position", "profile_p_base", "profile_has_plateau", "profile_has_recency",
+                     "align_self_excess", "shift_self_raw", "shift_sink_raw", "top_rest_share"}, moved
+    roles_moved = sum(not np.isclose(plain[k], placed[k]).all() for k in ("align_self_excess", "shift_self_raw",
+                                                                            "top_rest_share"))
+    assert roles_moved >= 1
+
+
 def test_disattenuation_moves_the_correlation_towards_the_truth():
     """Precision's head means carry the documents' noise (reliability about 0.7 here): their correlation with
     rho_0 is pulled towards 0. Over 100 simulated studies the claim's value (disattenuated) lies closer to the
