@@ -241,7 +241,8 @@ def set_interval_tables(tuning_studies: int, held_out_studies: int, keys: tuple[
         wide = {choice: [cells[n, d][choice][key] for n in names for d in (16, 32)] for choice in ("chosen", "set")}
         print(f"- {key}, z = {chosen_set[key].per_head_z:g}: {adopted(wide['set'], wide['chosen'])}")
     others = [key for key in COVERED if key not in keys]
-    print(f"\nThe other claims' own intervals on the same studies (an observation: {held_out_studies} studies per cell)")
+    print("\nThe other claims' own intervals on the same studies (an observation: "
+          f"{held_out_studies} studies per cell)")
     print("| claim | " + " | ".join(f"{n} {d}" for n in names for d in COUNTS) + " | range at 16-32 |")
     print("|---|" + "---|" * (len(names) * len(COUNTS)) + "---|")
     for key in others:
@@ -254,12 +255,12 @@ def set_interval_tables(tuning_studies: int, held_out_studies: int, keys: tuple[
 def adopted(picked: list[tuple[int, int, int]], current: list[tuple[int, int, int]]) -> str:
     """The adoption rule (docs/claims.md, "Set intervals"), from the cells at 16-32 documents of the picked z's set
     interval and of the current interval on the same studies."""
-    low, high = min(map(share, picked)), max(map(share, picked))
+    low, high, before = min(map(share, picked)), max(map(share, picked)), min(map(share, current))
     if not uncertain(picked):
         return f"adopted, no longer uncertain ({low:.2f}-{high:.2f})"
-    if low > min(map(share, current)):
-        return f"adopted, still uncertain ({low:.2f}-{high:.2f}; the current interval's lowest {min(map(share, current)):.2f})"
-    return f"not adopted: uncertain and its lowest cell {low:.2f} not above the current's {min(map(share, current)):.2f}"
+    if low > before:
+        return f"adopted, still uncertain ({low:.2f}-{high:.2f}; the current interval's lowest {before:.2f})"
+    return f"not adopted: uncertain and its lowest cell {low:.2f} not above the current's {before:.2f}"
 
 
 if __name__ == "__main__":

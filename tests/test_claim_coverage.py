@@ -273,8 +273,10 @@ def test_heads_are_placed_at_the_lines():
     cv_se = math.sqrt(sigma**2 / (n * positions) + sigma**4 / (2 * 0.05**2 * positions * n * (n - 1)))
     assert (abs(cv - 0.05) <= cv_se * (1 + 1e-9)).sum() >= 6
     log_ratio = np.log(placed["profile_p_sink"] / placed["profile_p_base"] / 100)
+    phase_se = math.sqrt(0.25 / n)
     at_lines = ((abs(log_ratio) <= math.sqrt(2 / (population.positive_shape * n)) + 1e-12)
-                & (abs(placed["profile_has_plateau"] - 0.5) <= 0.125) & (abs(placed["profile_has_recency"] - 0.5) <= 0.125))
+                & (abs(placed["profile_has_plateau"] - 0.5) <= phase_se)
+                & (abs(placed["profile_has_recency"] - 0.5) <= phase_se))
     assert at_lines.sum() >= 6  # the placed six, and any drawn there by chance
     moved = {name for name in plain if not np.array_equal(plain[name], placed[name])}
     assert moved <= {"value_norm_by_position", "profile_p_base", "profile_has_plateau", "profile_has_recency",

@@ -1264,8 +1264,8 @@ CLAIMS = ClaimRegistry((
         "Figure 4, section 3.3", "a consistent four-phase structure, sink two orders of magnitude above content",
         "expected share of heads with the sink, plateau and recency phases (oscillation optional)",
         Thresholds(">=", 0.5, 0.2), _four_phase_profile,
-        # the set interval at z = 0.5, phases by the exact binomial, re-chosen where heads sit at the lines (docs/claims.md,
-        # "Set intervals tuned where heads sit at the lines"): 0.72-0.99 held out and seen
+        # the set interval at z = 0.5, phases by the exact binomial, re-chosen where heads sit at the lines
+        # (docs/claims.md, "Set intervals tuned where heads sit at the lines"): 0.72-0.99 held out and seen
         IntervalChoice("percentile", expanded=False, uncertain=(0.72, 0.99), per_head_z=0.5), ASSUMPTIONS_OPTION,
         min_documents=2,  # with the set interval: 1.00 at 2 (0.63 at 2 with the bootstrap interval alone)
         docs_name="Assumption 3: four-phase profile",
