@@ -30,6 +30,10 @@ joined with the set interval at every per-head z of ``SET_ZS`` on the tuning set
 studies); `pick` chooses z there, and only then are the held-out populations run with that z beside the current
 interval (``SET_HELD_OUT_STUDIES`` studies per cell, or ``studies``), with `uncertain`'s verdict for each.
 
+``--at-thresholds``: the same for the z re-chosen where heads sit at the lines (docs/claims.md, "Set intervals tuned
+where heads sit at the lines"): tuned on ``THRESHOLD_TUNING`` over ``AT_THRESHOLD_ZS``, held out on ``FRESH`` and
+reported on ``HELD_OUT`` (seen), with the adoption rule's verdict per claim.
+
 ``--remeasure``: the held-out cells of ``REMEASURED`` (the two claims that
 missed 0.90 by under one binomial standard error with 100 studies) measured
 again with ``REMEASURE_STUDIES`` studies, the same seeded studies and more
@@ -38,7 +42,8 @@ standard error and the verdict of `uncertain`, a rule written before these
 cells were re-measured.
 
     PYTHONPATH=. python benchmarks/bench_coverage.py [studies]
-        [--tuning-only | --held-out-only | --grouped-only | --remeasure | --set-intervals [--claim=KEY ...]]
+        [--tuning-only | --held-out-only | --grouped-only | --remeasure
+         | --set-intervals | --at-thresholds [--claim=KEY ...]]
         [--population=NAME ...]  (held-out populations to run; default all)
 """
 
@@ -46,9 +51,12 @@ import math
 import sys
 import time
 
+from tests.fixtures import Population
 from tests.test_claim_coverage import (
     COVERED,
+    FRESH,
     HELD_OUT,
+    THRESHOLD_TUNING,
     TUNING,
     TUNING_DOCUMENTS,
     chosen,
@@ -70,6 +78,7 @@ REMEASURED = (("large_n_return", "skewed", 16), ("sink_recall_correlation", "ske
 SET_CLAIMS = ("stable_norms", "regimes_by_depth", "four_phase_profile")  # heads judged against thresholds
 SET_ZS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)  # the per-head z the rule picks from (on the tuning set only)
 SET_TUNING_STUDIES = 300
+AT_THRESHOLD_ZS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)  # the z re-chosen on THRESHOLD_TUNING (--at-thresholds)
 SET_HELD_OUT_STUDIES = 100
 
 
@@ -179,16 +188,19 @@ def remeasured_table(studies: int) -> None:
               f"({standard_error(many):.3f}) | {'yes' if uncertain([many]) else 'no'} |")
 
 
-def set_interval_tables(tuning_studies: int, held_out_studies: int, keys: tuple[str, ...], names: list[str]) -> None:
+def set_interval_tables(tuning_studies: int, held_out_studies: int, keys: tuple[str, ...], names: list[str],
+                        tuning: Population = TUNING, zs: tuple[float, ...] = SET_ZS,
+                        populations: dict[str, Population] = HELD_OUT) -> None:
     """The set intervals (docs/claims.md, "Set intervals"), for the claims ``keys``: each claim's declared bootstrap
-    interval joined with the set interval at every z of ``SET_ZS`` on the tuning set (``tuning_studies`` studies);
-    `pick` chooses z there, by the rule written before this was run; then, with that z only, the held-out
-    populations ``names`` at ``COUNTS`` (and ``GROUPED_DOCUMENTS`` for stable norms by curve), ``held_out_studies``
-    studies per cell, beside the claim's current interval on the same studies, with `uncertain`'s verdict."""
+    interval joined with the set interval at every z of ``zs`` on the ``tuning`` population (``tuning_studies``
+    studies); `pick` chooses z there, by the rule written before this was run; then, with that z only, the
+    ``populations`` named ``names`` at ``COUNTS`` (and ``GROUPED_DOCUMENTS`` for stable norms by curve),
+    ``held_out_studies`` studies per cell, beside the claim's current interval on the same studies, with
+    `uncertain`'s verdict and the adoption rule's (`adopted`)."""
     start = time.perf_counter()
-    found = coverage(TUNING, TUNING_DOCUMENTS, tuning_studies, set_choices(keys, SET_ZS))
+    found = coverage(tuning, TUNING_DOCUMENTS, tuning_studies, set_choices(keys, zs))
     print(f"set intervals, tuning: {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    print(f"\nSet intervals on the tuning set (population seed {TUNING.seed}, {TUNING_DOCUMENTS} documents, "
+    print(f"\nSet intervals on the tuning set (population seed {tuning.seed}, {TUNING_DOCUMENTS} documents, "
           f"{tuning_studies} studies): coverage of each claim's bootstrap interval joined with the set interval at z")
     names_z = [name for name in found if name != "chosen"]
     print(f"| claim | current | {' | '.join(names_z)} | rule's pick |\n|---|---|{'---|' * len(names_z)}---|")
@@ -210,7 +222,7 @@ def set_interval_tables(tuning_studies: int, held_out_studies: int, keys: tuple[
             if not wanted:
                 continue
             start = time.perf_counter()
-            cells[name, documents] = coverage(HELD_OUT[name], documents, held_out_studies,
+            cells[name, documents] = coverage(populations[name], documents, held_out_studies,
                                               {"set": {k: chosen_set[k] for k in wanted}})
             print(f"set intervals held out {name}, {documents} documents: {time.perf_counter() - start:.0f} s",
                   file=sys.stderr)
@@ -224,12 +236,42 @@ def set_interval_tables(tuning_studies: int, held_out_studies: int, keys: tuple[
             text = " | ".join(f"{share(c):.2f}" + (f" ({c[2]})" if c[2] else "") for c in row)
             print(f"| {key} | {label} | {text} | {min(map(share, wide)):.2f}-{max(map(share, wide)):.2f} | "
                   f"{min(eight):.2f}-{max(eight):.2f} | {'yes' if uncertain(wide) else 'no'} | {grouped} |")
+    print("\nAdoption (the rule written before the run):")
+    for key in keys:
+        wide = {choice: [cells[n, d][choice][key] for n in names for d in (16, 32)] for choice in ("chosen", "set")}
+        print(f"- {key}, z = {chosen_set[key].per_head_z:g}: {adopted(wide['set'], wide['chosen'])}")
+    others = [key for key in COVERED if key not in keys]
+    print("\nThe other claims' own intervals on the same studies (an observation: "
+          f"{held_out_studies} studies per cell)")
+    print("| claim | " + " | ".join(f"{n} {d}" for n in names for d in COUNTS) + " | range at 16-32 |")
+    print("|---|" + "---|" * (len(names) * len(COUNTS)) + "---|")
+    for key in others:
+        row = [cells[n, d]["chosen"][key] for n in names for d in COUNTS]
+        wide = [share(cells[n, d]["chosen"][key]) for n in names for d in (16, 32)]
+        text = " | ".join(f"{share(c):.2f}" + (f" ({c[2]})" if c[2] else "") for c in row)
+        print(f"| {key} | {text} | {min(wide):.2f}-{max(wide):.2f} |")
+
+
+def adopted(picked: list[tuple[int, int, int]], current: list[tuple[int, int, int]]) -> str:
+    """The adoption rule (docs/claims.md, "Set intervals"), from the cells at 16-32 documents of the picked z's set
+    interval and of the current interval on the same studies."""
+    low, high, before = min(map(share, picked)), max(map(share, picked)), min(map(share, current))
+    if not uncertain(picked):
+        return f"adopted, no longer uncertain ({low:.2f}-{high:.2f})"
+    if low > before:
+        return f"adopted, still uncertain ({low:.2f}-{high:.2f}; the current interval's lowest {before:.2f})"
+    return f"not adopted: uncertain and its lowest cell {low:.2f} not above the current's {before:.2f}"
 
 
 if __name__ == "__main__":
     arguments = [a for a in sys.argv[1:] if not a.startswith("--")]
     count = int(arguments[0]) if arguments else STUDIES
     populations = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--population=")] or list(HELD_OUT)
+    if "--at-thresholds" in sys.argv:  # the fresh populations, then the seen ones
+        claims_ = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--claim=")] or list(SET_CLAIMS)
+        set_interval_tables(SET_TUNING_STUDIES, count if arguments else SET_HELD_OUT_STUDIES, tuple(claims_),
+                            [*FRESH, *HELD_OUT], THRESHOLD_TUNING, AT_THRESHOLD_ZS, {**FRESH, **HELD_OUT})
+        sys.exit()
     if "--set-intervals" in sys.argv:
         claims_ = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--claim=")] or list(SET_CLAIMS)
         set_interval_tables(SET_TUNING_STUDIES, count if arguments else SET_HELD_OUT_STUDIES, tuple(claims_),

@@ -208,6 +208,7 @@ STUDY_DOCUMENTS = 16  # the report's default corpus: 16 windows
 STUDY_REPLICATES = 200  # GeometryConfig's default n_bootstrap
 STUDY_LAYERS, STUDY_HEADS = 4, 6
 STUDY_GRID = np.array([1, 2, 3, 4, 8, 16, 32, 64])
+CV_LINE, SINK_LINE, PHASE_LINE = 0.05, 100.0, 0.5  # the claims' lines (stable norms, the four-phase profile)
 STUDY_CURVES = ("precision", "recall", "excess_precision", "excess_recall", "bound_precision_upper",
                 "bound_recall_upper", "bound_precision_lower", "bound_recall_lower")
 
@@ -236,6 +237,9 @@ class Population:
     curve_cv: tuple[float, float] = (0.01, 0.08)  # the expected norm-by-position curve's CV over non-sink positions
     positions: int = 256  # the curve's non-sink positions
     norm_noise: float = 0.2  # a document's norms around the curve (CV of a gamma; real runs: about 0.2)
+    at_threshold: float = 0.0  # per claim judged against a threshold, the share of heads placed at its line ...
+    threshold_spread: float = 1.0  # ... uniformly within this many standard errors of it ...
+    threshold_documents: int = STUDY_DOCUMENTS  # ... those of a study of this many documents (`near_thresholds`)
 
 
 def true_means(seed: "int | Population" = 0) -> dict[str, np.ndarray]:
@@ -252,7 +256,7 @@ def true_means(seed: "int | Population" = 0) -> dict[str, np.ndarray]:
     recall = u + 0.05 + 0.5 * (rho0[..., None] - 0.35) * np.linspace(1, 0.2, len(STUDY_GRID)) + rng.normal(
         0, 0.03, (*shape, len(STUDY_GRID)))
     chance = np.array([1.0, 0.6, 0.45, 0.38, 0.3, 0.3, 0.42, 0.65])
-    return {
+    means = {
         "rho0": rho0,
         "decay_mae": rng.uniform(*population.decay_mae, shape),
         "sink_norm_ratio": rng.uniform(*population.sink_norm_ratio, shape),
@@ -265,8 +269,65 @@ def true_means(seed: "int | Population" = 0) -> dict[str, np.ndarray]:
         "bound_recall_lower": np.zeros((*shape, len(STUDY_GRID))),
         **profile_means(rng, shape, population),
         **role_means(rng, shape),
-        "value_norm_by_position": norm_curves(curves.uniform(*population.curve_cv, shape), curves, population.positions),
+        "value_norm_by_position": curves.uniform(*population.curve_cv, shape),  # the CVs, made curves below
     }  # fmt: skip
+    if population.at_threshold > 0:  # its own stream: the populations without it are drawn as before
+        near_thresholds(means, np.random.default_rng((population.seed, 43)), population)
+    means["value_norm_by_position"] = norm_curves(means["value_norm_by_position"], curves, population.positions)
+    return means
+
+
+def near_thresholds(means: dict[str, np.ndarray], rng: np.random.Generator, population: Population) -> None:
+    """Place, in ``means`` (``value_norm_by_position`` still the heads' curve CVs), a share ``at_threshold`` of the
+    heads at each line that a claim judges heads against, each within ``threshold_spread`` standard errors of it
+    (uniform), the standard errors of the head's estimate in a study of ``threshold_documents`` documents. Per
+    claim, its own heads drawn without replacement:
+
+    - stable norms by curve: the curve's CV at 0.05 + u s, with s = sqrt(sigma^2 / (n P) + sigma^4 / (2 c^2 P n
+      (n - 1))) the pairwise CV's standard error to first order (sigma the norms' noise, P positions, c = 0.05);
+    - the four-phase profile: all three conditions at their lines: the sink-to-plateau ratio 100 exp(u1 s) with
+      s = sqrt(2 / (k n)) (the log ratio of two means of n gamma draws of shape k), the plateau's and the
+      recency's shares of documents 1/2 + u s with s = sqrt(1/4 / n) (a binomial share at 1/2);
+    - roles: among the heads whose role (the rules on the true means) is decided by one feature past a line,
+      that feature at the line: a Retriever's align_self_excess, a Mixer's shifts (+shift, -shift), a Content
+      head's top_rest_share, each at max(minimum, z x its standard error) + u x its standard error (Reset is
+      what is left when no line is passed: it has no line of its own).
+    """
+    n, spread = population.threshold_documents, population.threshold_spread
+    shape = means["rho0"].shape
+    heads = int(round(population.at_threshold * math.prod(shape)))
+
+    def chosen(pool: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # heads of the flat pool, and their offsets u
+        picked = rng.choice(pool, size=min(heads, len(pool)), replace=False)
+        return np.unravel_index(picked, shape), rng.uniform(-spread, spread, len(picked))
+
+    everyone = np.arange(math.prod(shape))
+    sigma, positions, line = population.norm_noise, population.positions, CV_LINE
+    cv_se = math.sqrt(sigma**2 / (n * positions) + sigma**4 / (2 * line**2 * positions * n * (n - 1)))
+    at, u = chosen(everyone)
+    means["value_norm_by_position"][at] = line + u * cv_se
+
+    at, u = chosen(everyone)
+    ratio = SINK_LINE * np.exp(u * math.sqrt(2 / (population.positive_shape * n)))
+    means["profile_p_base"][at] = means["profile_p_sink"][at] / ratio
+    for phase in ("profile_has_plateau", "profile_has_recency"):
+        means[phase][at] = np.clip(PHASE_LINE + rng.uniform(-spread, spread, len(u)) * math.sqrt(0.25 / n), 0, 1)
+
+    config = TaxonomyConfig()
+    roles = study_roles(means, n, population).ravel()
+    se = {name: population.role_noise * ROLE_NOISE[name] / math.sqrt(n) for name in ROLE_NOISE}
+    at, u = chosen(np.flatnonzero(roles != "reset"))
+    for index, offset in zip(zip(*at), u, strict=True):
+        role = roles[np.ravel_multi_index(index, shape)]
+        if role == "retriever":
+            name, least, z = "align_self_excess", config.align_min, config.z_align
+        elif role == "mixer":
+            name, least, z = "shift_self_raw", config.shift_min, config.z_shift
+        else:  # content
+            name, least, z = "top_rest_share", config.concentrated, 0.0
+        means[name][index] = max(least, z * se[name]) + offset * se[name]
+        if role == "mixer":
+            means["shift_sink_raw"][index] = -means[name][index]
 
 
 def norm_curves(cv: np.ndarray, rng: np.random.Generator, positions: int = 256) -> np.ndarray:
