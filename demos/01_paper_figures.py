@@ -175,7 +175,7 @@ print(f"corr(R(r_min, N), rho_0): peak {pearson[peak]:.2f} at N={grid[peak]}; "
 # %% [markdown]
 # ## Figures 7, 8, 10, 11: the head roles
 #
-# Each head gets a role by the rules of `tl_geometry.analysis.taxonomy`: the
+# Each head gets a role by the rules of `tl_geometry.analysis.head_roles`: the
 # paper's Retriever, Mixer and Reset, plus Content (a specific earlier token
 # dominates the output, as in previous-token and induction heads), or
 # "uncertain" when the bootstrap does not decide (see the page "Head roles for

@@ -35,7 +35,7 @@ import torch
 from transformer_lens.head_detector import detect_head
 
 import tl_geometry as tg
-from tl_geometry.analysis.taxonomy import NAMED, ROLES
+from tl_geometry.analysis.head_roles import NAMED, ROLES
 from tl_geometry.report import plots
 
 SMALL = os.environ.get("TL_GEOMETRY_DEMO_SMALL") == "1"

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import tl_geometry as tg
-from tl_geometry.analysis.taxonomy import UNCERTAIN, agreement, subtype_agreement, taxonomy_from_result
+from tl_geometry.analysis.head_roles import UNCERTAIN, agreement, subtype_agreement, taxonomy_from_result
 
 HALVES_TARGET = 0.986
 UNCERTAIN_TARGET = 0.07

@@ -11,7 +11,7 @@ import argparse
 import time
 
 import tl_geometry as tg
-from tl_geometry.analysis.taxonomy import role_counts, taxonomy_from_result
+from tl_geometry.analysis.head_roles import role_counts, taxonomy_from_result
 from tl_geometry.diagnostics.taxonomy import ROLE_FEATURES
 
 

@@ -38,7 +38,7 @@ import torch
 
 import tl_geometry as tg
 from tl_geometry.analysis.mixture import MIXTURE_FEATURES, mixture_bic, role_feature_matrix
-from tl_geometry.analysis.taxonomy import (
+from tl_geometry.analysis.head_roles import (
     LITERAL_ROLES,
     REGIMES,
     UNCERTAIN,

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.reference import reference_role
-from tl_geometry.analysis.taxonomy import ROLES, TaxonomyConfig
+from tl_geometry.analysis.head_roles import ROLES, TaxonomyConfig
 from tl_geometry.cli import build_parser, config_from_args
 from tl_geometry.config import GeometryConfig
 from tl_geometry.diagnostics.fields import FieldSpec

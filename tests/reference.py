@@ -9,7 +9,7 @@ import math
 import numpy as np
 import torch
 
-from tl_geometry.analysis.taxonomy import ROLES
+from tl_geometry.analysis.head_roles import ROLES
 
 
 def reference_order(alpha: torch.Tensor, values: torch.Tensor, visible: list[int], ranking: str) -> list[int]:

@@ -328,7 +328,7 @@ def test_regimes_by_depth_set_interval_joins_every_possible_assignment_with_the_
     import itertools
 
     from tests.test_set_intervals import reference_depth_step
-    from tl_geometry.analysis.taxonomy import ROLES
+    from tl_geometry.analysis.head_roles import ROLES
 
     result = simulate_study(true_means(), np.random.default_rng(5))
     probabilities, draws = _roles_in_layers(result, ("retriever", "reset", "mixer"), n_replicates=200, flip=0.05,
@@ -822,7 +822,7 @@ def _roles_in_layers(result, order, n_replicates=50, flip=0.0, seed=0):
     """Probabilities and replicate roles of heads built in ``order`` by depth: first layer order[0] (one head
     order[1]), last layer order[2] (one head order[1]), order[1] in between; each replicate moves a head to a
     random role with probability ``flip``."""
-    from tl_geometry.analysis.taxonomy import ROLES
+    from tl_geometry.analysis.head_roles import ROLES
 
     n_layers, n_heads = len(result.layers), len(result.heads)
     names = [[order[1]] * n_heads for _ in range(n_layers)]
@@ -840,7 +840,7 @@ def _roles_in_layers(result, order, n_replicates=50, flip=0.0, seed=0):
 def _depth_steps(probabilities):
     """The smaller of the steps Reset - Retriever and Mixer - Reset of the roles' mean layer depths (0 first, 1
     last), each head weighted by its role probability; -1 where a role has under one expected head."""
-    from tl_geometry.analysis.taxonomy import ROLES
+    from tl_geometry.analysis.head_roles import ROLES
 
     p = _np(probabilities)
     depth = np.arange(p.shape[0])[:, None] / max(1, p.shape[0] - 1) * np.ones(p.shape[:2])
@@ -886,7 +886,7 @@ def test_regimes_by_depth_with_uncertain_roles_does_not_hold(result):
 
 def test_regimes_by_depth_reads_the_taxonomy(result):
     """By default the result's own taxonomy; a taxonomy given as ``roles`` (other thresholds) is the one read."""
-    from tl_geometry.analysis.taxonomy import TaxonomyConfig, taxonomy_from_result
+    from tl_geometry.analysis.head_roles import TaxonomyConfig, taxonomy_from_result
 
     row = claims(result).loc["regimes_by_depth"]
     assert row.value == pytest.approx(_depth_steps(taxonomy_from_result(result).probabilities), abs=1e-12)
@@ -988,7 +988,7 @@ def _role_result(curves_by_role, roles, grid):
 
 def _fixed_roles(roles):
     """Roles known for sure (one-hot), every one of 20 replicates agreeing: ``claims(..., roles=...)``."""
-    from tl_geometry.analysis.taxonomy import ROLES
+    from tl_geometry.analysis.head_roles import ROLES
 
     index = torch.tensor([[ROLES.index(r) for r in row] for row in roles])
     return RoleWeights(torch.nn.functional.one_hot(index, len(ROLES)).double(), index.expand(20, -1, -1))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests import tiny_models as tm
-from tl_geometry.analysis.taxonomy import SensitivityRow
+from tl_geometry.analysis.head_roles import SensitivityRow
 from tl_geometry.report.roles import roles_html
 from tl_geometry.roles.prompt_sets import check_known_mechanisms, detector_scores, repeated_random_tokens
 
@@ -56,7 +56,7 @@ def test_detector_scores_match_the_reference():
 
 @pytest.mark.model
 def test_the_check_measures_scores_and_roles_in_one_pass_as_two_separate_runs_would(capsys):
-    from tl_geometry.analysis.taxonomy import taxonomy_from_result
+    from tl_geometry.analysis.head_roles import taxonomy_from_result
     from tl_geometry.capture.hooks import run_with_geometry_hooks
     from tl_geometry.roles.prompt_sets import natural_text
     from tl_geometry.config import GeometryConfig

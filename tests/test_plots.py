@@ -14,7 +14,7 @@ from tl_geometry.analysis import REGIMES
 from tl_geometry.report import plots
 from tl_geometry.analysis.sink import sink_recall_correlation
 from tl_geometry.analysis.summaries import mean_over_heads
-from tl_geometry.analysis.taxonomy import taxonomy_from_result
+from tl_geometry.analysis.head_roles import taxonomy_from_result
 from tl_geometry.theory.synthetic import toy_2d
 
 

@@ -5,7 +5,7 @@ and value vectors before the geometry hooks read them: every query row of
 every document gets the weights and values of the role, so the run goes
 through the query sample, the two-stage bootstrap and the rules as a real
 one does. The reference rules below are written from the module docstring of
-`tl_geometry.analysis.taxonomy` (the paper's sentences, section 4.2), in plain
+`tl_geometry.analysis.head_roles` (the paper's sentences, section 4.2), in plain
 Python one head at a time; they share only the thresholds with the package.
 
 Mutants and the test that catches each (run by hand, or shown inside the test):
@@ -37,9 +37,9 @@ from tests.reference import (
     reference_subtype,
     reference_subtype_probability,
 )
-from tl_geometry.analysis import taxonomy as taxonomy_module
+from tl_geometry.analysis import head_roles as taxonomy_module
 from tl_geometry.analysis.mechanisms import CONFIRMED, agreement
-from tl_geometry.analysis.taxonomy import (
+from tl_geometry.analysis.head_roles import (
     LITERAL_ROLES,
     REGIMES,
     ROLES,
@@ -659,7 +659,7 @@ def test_a_result_without_the_lag_spread_judges_sub_types_on_means(built, tmp_pa
 def test_subtype_agreement_counts_as_a_loop_over_pairs(built):
     """Three taxonomies with sub-types drawn at random (named, uncertain or none per head), against a loop over
     every pair of them and every head of what each names."""
-    from tl_geometry.analysis.taxonomy import subtype_agreement
+    from tl_geometry.analysis.head_roles import subtype_agreement
 
     found = taxonomy_from_result(built)
     gen = torch.Generator().manual_seed(3)

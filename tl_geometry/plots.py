@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 from tl_geometry.analysis.ablation import RoleAblation
 from tl_geometry.analysis.interventions import EffectiveSetSize, GeometryFunctionCorrelation
 from tl_geometry.analysis.sink import sink_recall_correlation
-from tl_geometry.analysis.taxonomy import HeadTaxonomy, taxonomy_from_result
+from tl_geometry.analysis.head_roles import HeadTaxonomy, taxonomy_from_result
 from tl_geometry.diagnostics.selection import PRECISION
 from tl_geometry.errors import GeometryError
 from tl_geometry.report import ablation as _ablation

@@ -4,7 +4,7 @@
 """
 
 from tl_geometry.analysis.sink import SinkRecallCorrelation, sink_recall_correlation
-from tl_geometry.analysis.taxonomy import (
+from tl_geometry.analysis.head_roles import (
     REGIMES,
     ROLES,
     HeadTaxonomy,

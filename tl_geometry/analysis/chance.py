@@ -15,7 +15,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.analysis.summaries import mean_over_heads
-from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy
+from tl_geometry.analysis.head_roles import REGIMES, HeadTaxonomy
 from tl_geometry.diagnostics.chance import CHANCE_OF, EXCESS_OF
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.selection import PRECISION

@@ -5,7 +5,7 @@ documents per head, as the run measured them), compared with two thresholds
 taken from the paper's wording. Nothing here recomputes what the run
 measured: the statistics are means, shares and correlations over
 heads of the result's fields, and the taxonomy of the result
-(`tl_geometry.analysis.taxonomy`, section 4.2).
+(`tl_geometry.analysis.head_roles`, section 4.2).
 
 Verdict rule (the same for every claim):
 
@@ -148,7 +148,7 @@ from tl_geometry.analysis.set_intervals import (
     shares_judged,
 )
 from tl_geometry.analysis.summaries import mean_over_heads
-from tl_geometry.analysis.taxonomy import ROLES, HeadTaxonomy, replicate_roles, taxonomy_from_result
+from tl_geometry.analysis.head_roles import ROLES, HeadTaxonomy, replicate_roles, taxonomy_from_result
 from tl_geometry.diagnostics.assumptions import (
     DECAY_MAE,
     PROFILE_HAS_OSCILLATION,
@@ -898,7 +898,7 @@ class RoleWeights:
 
     Attributes:
         probabilities: each head's probability of each role ``[layer, head_index, role]`` (``ROLES`` order of
-            `tl_geometry.analysis.taxonomy`); one-hot for roles known for sure.
+            `tl_geometry.analysis.head_roles`); one-hot for roles known for sure.
         replicates: each bootstrap replicate's role of every head ``[replicate, layer, head_index]`` (an index
             into ``ROLES``; -1 undefined), from which the role claims' intervals come; None: no interval.
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import Tensor
 
-from tl_geometry.analysis.taxonomy import CONTENT, HeadTaxonomy
+from tl_geometry.analysis.head_roles import CONTENT, HeadTaxonomy
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.display import Summary, head_name, plural
 

@@ -1,6 +1,6 @@
 """The short summary a `HeadTaxonomy` prints and shows in a notebook (its ``__repr__`` and ``_repr_html_``).
 
-Kept out of `tl_geometry.analysis.taxonomy` (the rules) so that the summary
+Kept out of `tl_geometry.analysis.head_roles` (the rules) so that the summary
 can change without touching them.
 """
 
@@ -13,7 +13,7 @@ from tl_geometry.results.display import Summary, plural, ranges, short_list
 
 def taxonomy_summary(taxonomy: Any) -> Summary:
     """Heads per label, the most and least certain heads, and what to call next, in at most 25 lines."""
-    from tl_geometry.analysis.taxonomy import REGIMES, UNCERTAIN
+    from tl_geometry.analysis.head_roles import REGIMES, UNCERTAIN
 
     labels = taxonomy.labels
     counts = torch.bincount(labels.flatten(), minlength=len(REGIMES)).tolist()

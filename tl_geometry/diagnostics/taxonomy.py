@@ -19,7 +19,7 @@ ranking, ties by increasing key index). Per row:
 - for Figure 10, ||y_i|| and cos(v_i, v_L) by key position (counted from the
   sink) for the last analysed query of each sequence, NaN at keys it does not see.
 
-The role features (read by `tl_geometry.analysis.taxonomy`), per row, with
+The role features (read by `tl_geometry.analysis.head_roles`), per row, with
 o = sum of y_i over the visible keys (the head's output before W_O):
 
 - composition: the shares of the sink, of the query's own token and of the

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from tl_geometry.analysis.envelopes import upper_envelope_facts
 from tl_geometry.analysis.summaries import EFFECTIVE_MASS, at_each_head, by_query_position, effective_n
-from tl_geometry.analysis.taxonomy import NAMED, REGIMES, ROLES, HeadTaxonomy
+from tl_geometry.analysis.head_roles import NAMED, REGIMES, ROLES, HeadTaxonomy
 from tl_geometry.diagnostics.assumptions import ATTENTION_PROFILE
 from tl_geometry.diagnostics.bounds import (
     BOUND_PRECISION_LOWER,

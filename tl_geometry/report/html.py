@@ -29,7 +29,7 @@ from tl_geometry.analysis.claims import sample_warning
 from tl_geometry.analysis.mechanisms import PromptSetCheck
 from tl_geometry.analysis.sink import sink_recall_correlation
 from tl_geometry.analysis.summaries import effective_n, mean_over_heads
-from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy, taxonomy_from_result, threshold_sensitivity
+from tl_geometry.analysis.head_roles import REGIMES, HeadTaxonomy, taxonomy_from_result, threshold_sensitivity
 from tl_geometry.atomic_io import Unit, commit_unit
 from tl_geometry.diagnostics.registry import REGISTRY
 from tl_geometry.diagnostics.selection import ATTENTION_MASS, PRECISION, RECALL
@@ -161,7 +161,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         "figure-8",
         "Figure 8: roles by depth",
-        "How many heads of each layer have each role, by the rules of tl_geometry.analysis.taxonomy; green is "
+        "How many heads of each layer have each role, by the rules of tl_geometry.analysis.head_roles; green is "
         "Content (not in the paper: a specific earlier token), grey is uncertain (the most probable role does not "
         "beat the runner-up by the margin). The paper (Llama-2-7B) finds Retrievers in the first two layers, Reset "
         "heads early and Mixers from the lower-middle layers on.",

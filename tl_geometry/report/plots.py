@@ -46,7 +46,7 @@ from tl_geometry.results.result import GeometryResult
 from tl_geometry.results.table import FieldName, field_name
 from tl_geometry.analysis.sink import SinkRecallCorrelation
 from tl_geometry.theory.synthetic import Toy2D
-from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy
+from tl_geometry.analysis.head_roles import REGIMES, HeadTaxonomy
 from tl_geometry.analysis.summaries import at_n, mean_over_heads, spread_over_heads
 from tl_geometry.analysis.chance import chance_by_regime
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 from tl_geometry.analysis.ablation import RoleAblation
 from tl_geometry.analysis.mechanisms import DetectorAgreement, PromptSetCheck
-from tl_geometry.analysis.taxonomy import LITERAL_ROLES, REGIMES, HeadTaxonomy, SensitivityRow, role_counts
+from tl_geometry.analysis.head_roles import LITERAL_ROLES, REGIMES, HeadTaxonomy, SensitivityRow, role_counts
 from tl_geometry.report.ablation import ablation_figure
 from tl_geometry.results.display import head_name, plural
 

@@ -1,6 +1,6 @@
 """Head roles on a model: `classify_heads`, prompt sets whose mechanism is known, and two published measures.
 
-The roles are read from a result by `tl_geometry.analysis.taxonomy`; this package runs the model for them.
+The roles are read from a result by `tl_geometry.analysis.head_roles`; this package runs the model for them.
 """
 
 from tl_geometry.roles.classify import classify_heads, detect_regime

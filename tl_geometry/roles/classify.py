@@ -1,6 +1,6 @@
 """Head roles on a model: the run behind `classify_heads` and `detect_regime`.
 
-`tl_geometry.analysis.taxonomy` reads a result; this module runs the model
+`tl_geometry.analysis.head_roles` reads a result; this module runs the model
 (with the ``"taxonomy"`` diagnostic added to the run's config) and hands the
 result to it. Prompt sets whose mechanism the field knows, to check the roles
 against, are `tl_geometry.roles.prompt_sets`.
@@ -13,7 +13,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from tl_geometry.analysis.taxonomy import NAMED, HeadTaxonomy, TaxonomyConfig, taxonomy_from_result
+from tl_geometry.analysis.head_roles import NAMED, HeadTaxonomy, TaxonomyConfig, taxonomy_from_result
 from tl_geometry.capture.held_models import is_held_model
 from tl_geometry.capture.hooks import run_with_geometry_hooks
 from tl_geometry.capture.tokens import HookableModel, check_model

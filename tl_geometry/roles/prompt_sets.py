@@ -25,7 +25,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from tl_geometry.analysis.mechanisms import DETECTORS, PromptSetCheck
-from tl_geometry.analysis.taxonomy import TaxonomyConfig, taxonomy_from_result
+from tl_geometry.analysis.head_roles import TaxonomyConfig, taxonomy_from_result
 from tl_geometry.capture.hook_names import pattern_hook
 from tl_geometry.capture.hooks import run_with_geometry_hooks
 from tl_geometry.capture.tokens import HookableModel, check_model, input_device
