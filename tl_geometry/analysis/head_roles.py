@@ -544,13 +544,13 @@ class HeadTaxonomy:
     config: TaxonomyConfig = field(default_factory=TaxonomyConfig)
     missing: tuple[str, ...] = ()
 
-    def __repr__(self) -> str:  # a summary, not every tensor (see tl_geometry.analysis.taxonomy_summary)
-        from tl_geometry.analysis.taxonomy_summary import taxonomy_summary
+    def __repr__(self) -> str:  # a summary, not every tensor (see tl_geometry.analysis.head_roles_summary)
+        from tl_geometry.analysis.head_roles_summary import taxonomy_summary
 
         return taxonomy_summary(self).text()
 
     def _repr_html_(self) -> str:
-        from tl_geometry.analysis.taxonomy_summary import taxonomy_summary
+        from tl_geometry.analysis.head_roles_summary import taxonomy_summary
 
         return taxonomy_summary(self).html()
 
