@@ -12,7 +12,7 @@ import time
 
 import tl_geometry as tg
 from tl_geometry.analysis.head_roles import role_counts, taxonomy_from_result
-from tl_geometry.diagnostics.taxonomy import ROLE_FEATURES
+from tl_geometry.diagnostics.role_features import ROLE_FEATURES
 
 
 def main() -> None:

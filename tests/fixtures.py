@@ -19,7 +19,7 @@ from tl_geometry.analysis.head_roles import ROLES, TaxonomyConfig
 from tl_geometry.cli import build_parser, config_from_args
 from tl_geometry.config import GeometryConfig
 from tl_geometry.diagnostics.fields import FieldSpec
-from tl_geometry.diagnostics.taxonomy import ROLE_CURVES, ROLE_FEATURES
+from tl_geometry.diagnostics.role_features import ROLE_CURVES, ROLE_FEATURES
 from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.results.bootstrap import document_weights
 from tl_geometry.results.result import REQUIRED_FIELDS, GeometryResult

@@ -976,7 +976,7 @@ def test_sink_precision_correlation_on_hand_built_results(slope, expected):
 
 def _role_result(curves_by_role, roles, grid):
     """A hand-built result whose heads (``roles``, ``[layer, head]`` role names) carry their role's P and R curves."""
-    from tl_geometry.diagnostics.taxonomy import ROLE_FEATURES
+    from tl_geometry.diagnostics.role_features import ROLE_FEATURES
 
     shape = (*np.shape(roles), len(grid))
     precision, recall = np.zeros(shape), np.zeros(shape)
@@ -1086,7 +1086,7 @@ def _simulated(key: str, holds: bool) -> GeometryResult:
     """A simulated study of 16 noisy documents whose true means make ``key`` hold (or fail) clearly: the other
     fields as ``true_means`` draws them."""
     from tests.fixtures import STUDY_GRID, norm_curves, study_roles
-    from tl_geometry.diagnostics.taxonomy import ROLE_FEATURES
+    from tl_geometry.diagnostics.role_features import ROLE_FEATURES
 
     m = true_means()
     shape = m["rho0"].shape

@@ -182,7 +182,7 @@ def _window_context(window: int) -> SelectionContext:
 
 def test_a_window_past_the_sink_leaves_no_sink_and_nan_sink_quantities():
     from tl_geometry.diagnostics.bounds import DIAGNOSTIC as bounds
-    from tl_geometry.diagnostics.taxonomy import DIAGNOSTIC as taxonomy
+    from tl_geometry.diagnostics.role_features import DIAGNOSTIC as taxonomy
 
     context = _window_context(window=3)
     (chunk,) = list(context.chunks())

@@ -11,8 +11,8 @@ from tests.live_bytes import LiveBytes
 from tl_geometry.diagnostics.assumptions import DIAGNOSTIC as assumptions
 from tl_geometry.diagnostics.assumptions import value_statistics_bytes
 from tl_geometry.diagnostics.profile_fit import fit_attention_profile, fit_bytes_per_row
-from tl_geometry.diagnostics.taxonomy import DIAGNOSTIC as taxonomy
-from tl_geometry.diagnostics.taxonomy import position_features_bytes
+from tl_geometry.diagnostics.role_features import DIAGNOSTIC as taxonomy
+from tl_geometry.diagnostics.role_features import position_features_bytes
 from tl_geometry.engine.context import SelectionContext
 
 N_BATCH, N_HEADS, N_KV, N_KEYS, D_HEAD = 6, 9, 3, 257, 64  # SmolLM2's heads; 257 keys: the longest FFT per key

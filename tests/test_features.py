@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from tests import tiny_models as tm
 from tl_geometry.capture.hooks import run_with_geometry_hooks
-from tl_geometry.diagnostics.taxonomy import CURVE_FEATURES, POSITION_FEATURES, SCALAR_FEATURES, TAXONOMY_FEATURES, row_features
-from tl_geometry.diagnostics.taxonomy import DIAGNOSTIC as TAXONOMY
+from tl_geometry.diagnostics.role_features import CURVE_FEATURES, POSITION_FEATURES, SCALAR_FEATURES, TAXONOMY_FEATURES, row_features
+from tl_geometry.diagnostics.role_features import DIAGNOSTIC as TAXONOMY
 from tl_geometry.engine.context import SelectionContext
 from tl_geometry.engine.metrics import selection_metrics
 

@@ -55,7 +55,7 @@ from tl_geometry.analysis.head_roles import (
 )
 from tl_geometry.capture.hooks import run_with_geometry_hooks
 from tl_geometry.config import GeometryConfig
-from tl_geometry.diagnostics.taxonomy import LITERAL_FEATURES, ROLE_FEATURES, SUBTYPE_FEATURES, TAXONOMY_FEATURES
+from tl_geometry.diagnostics.role_features import LITERAL_FEATURES, ROLE_FEATURES, SUBTYPE_FEATURES, TAXONOMY_FEATURES
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.roles.classify import classify_heads, detect_regime

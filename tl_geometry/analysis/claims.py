@@ -165,7 +165,7 @@ from tl_geometry.diagnostics.bounds import BOUND_PRECISION_LOWER, ENVELOPE_OF
 from tl_geometry.diagnostics.chance import EXCESS_PRECISION, EXCESS_RECALL
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.selection import PRECISION, RECALL
-from tl_geometry.diagnostics.taxonomy import ROLE_FEATURES
+from tl_geometry.diagnostics.role_features import ROLE_FEATURES
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.results.stats import GROWING_ROWS

@@ -1,6 +1,6 @@
 """Head roles: the paper's Retriever / Mixer / Reset (section 4.2), plus Content, with probabilities and sub-types.
 
-The rules read the role features of `tl_geometry.diagnostics.taxonomy`, measured
+The rules read the role features of `tl_geometry.diagnostics.role_features`, measured
 on a seeded sample of query positions per sequence and averaged over the
 sample and the documents. For one query row, o = sum_i alpha_i v_i is the
 head's output before W_O, y_i = alpha_i v_i, L the query's own position and
@@ -99,7 +99,7 @@ from torch import Tensor
 
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.selection import PRECISION, RECALL, S_NORM
-from tl_geometry.diagnostics.taxonomy import (
+from tl_geometry.diagnostics.role_features import (
     ALIGN_SELF_EXCESS,
     ATTENTION_AT_LAG,
     CONTRIBUTION_BY_POSITION,

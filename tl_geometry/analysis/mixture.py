@@ -16,7 +16,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from tl_geometry.diagnostics.taxonomy import (
+from tl_geometry.diagnostics.role_features import (
     ALIGN_SELF_EXCESS,
     SHARE_SELF,
     SHARE_SINK,

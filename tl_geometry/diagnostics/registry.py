@@ -73,7 +73,7 @@ _BUILT_IN = (
     "tl_geometry.diagnostics.selection",
     "tl_geometry.diagnostics.assumptions",
     "tl_geometry.diagnostics.bounds",
-    "tl_geometry.diagnostics.taxonomy",
+    "tl_geometry.diagnostics.role_features",
     "tl_geometry.diagnostics.chance",
 )
 

@@ -38,7 +38,7 @@ from tl_geometry.diagnostics.chance import (
     EXCESS_RECALL,
 )
 from tl_geometry.diagnostics.selection import ATTENTION_MASS, PRECISION, RECALL
-from tl_geometry.diagnostics.taxonomy import CONTRIBUTION_BY_POSITION, COS_LAST_BY_POSITION
+from tl_geometry.diagnostics.role_features import CONTRIBUTION_BY_POSITION, COS_LAST_BY_POSITION
 from tl_geometry.results.result import GeometryResult
 
 HEATMAPS = ("heatmap-precision", "heatmap-recall")

@@ -33,7 +33,7 @@ from tl_geometry.diagnostics.chance import CHANCE_OF, CHANCE_PRECISION_FLOOR
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.profile_fit import MIN_POSITIONS, ProfileFit
 from tl_geometry.diagnostics.selection import PRECISION, RECALL, S_NORM
-from tl_geometry.diagnostics.taxonomy import (
+from tl_geometry.diagnostics.role_features import (
     CONTRIBUTION_BY_POSITION,
     COS_LAST_BY_POSITION,
     EXCESS_COS_SELF,
