@@ -37,7 +37,7 @@ import sys
 import torch
 
 import tl_geometry as tg
-from tl_geometry.report import plots
+from tl_geometry.report import paper_figures as plots
 from tl_geometry.analysis.summaries import mean_over_heads
 from tl_geometry.theory.synthetic import toy_2d
 

@@ -36,7 +36,7 @@ from transformer_lens.head_detector import detect_head
 
 import tl_geometry as tg
 from tl_geometry.analysis.head_roles import NAMED, ROLES
-from tl_geometry.report import plots
+from tl_geometry.report import paper_figures as plots
 
 SMALL = os.environ.get("TL_GEOMETRY_DEMO_SMALL") == "1"
 

@@ -25,7 +25,7 @@ from tests import tiny_models as tm
 from tl_geometry import GeometryConfig, GeometryError, GeometryResult, run_with_geometry_hooks
 from tl_geometry.results.pictures import SelectionPicture
 from tl_geometry.report import html as report
-from tl_geometry.report import plots
+from tl_geometry.report import paper_figures as plots
 from tl_geometry.results.accumulators import Accumulator
 
 ATOL = 1e-5

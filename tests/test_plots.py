@@ -11,7 +11,7 @@ from tests import tiny_models as tm
 from tests.fixtures import simulate_study, true_means
 from tl_geometry import GeometryConfig, GeometryError, classify_heads, run_with_geometry_hooks
 from tl_geometry.analysis import REGIMES
-from tl_geometry.report import plots
+from tl_geometry.report import paper_figures as plots
 from tl_geometry.analysis.sink import sink_recall_correlation
 from tl_geometry.analysis.summaries import mean_over_heads
 from tl_geometry.analysis.head_roles import taxonomy_from_result

@@ -11,7 +11,7 @@
 Each function takes a `tl_geometry.GeometryResult` (and what it needs to
 choose, such as a head or an N) and computes what the figure draws from it
 (the head roles, the sink correlation) before drawing; the drawing itself is
-`tl_geometry.report.plots`, whose functions take those objects directly.
+`tl_geometry.report.paper_figures`, whose functions take those objects directly.
 Figures of interventions take what `tl_geometry.interventions` returns.
 """
 
@@ -27,7 +27,7 @@ from tl_geometry.diagnostics.selection import PRECISION
 from tl_geometry.errors import GeometryError
 from tl_geometry.report import ablation as _ablation
 from tl_geometry.report import intervention_plots as _interventions
-from tl_geometry.report import plots as _draw
+from tl_geometry.report import paper_figures as _draw
 from tl_geometry.results.interventions import InterventionResult
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.results.table import FieldName

@@ -34,7 +34,7 @@ from tl_geometry.atomic_io import Unit, commit_unit
 from tl_geometry.diagnostics.registry import REGISTRY
 from tl_geometry.diagnostics.selection import ATTENTION_MASS, PRECISION, RECALL
 from tl_geometry.errors import GeometryError
-from tl_geometry.report import plots
+from tl_geometry.report import paper_figures as plots
 from tl_geometry.report.explorer import HEATMAPS, default_n_index, explorer_html, explorer_script
 from tl_geometry.report.roles import ABLATIONS_ID, ABLATIONS_TITLE, roles_html
 from tl_geometry.report.scorecard import scorecard_html

@@ -15,7 +15,7 @@ from tl_geometry.analysis.interventions import (
     GeometryFunctionCorrelation,
     dnll_curve,
 )
-from tl_geometry.report.plots import fit_cells
+from tl_geometry.report.paper_figures import fit_cells
 from tl_geometry.results.display import head_name, plural
 from tl_geometry.results.interventions import ALL, InterventionResult
 

@@ -166,7 +166,7 @@ class GeometryResult(StatisticsTable):
                                     f"{self.config.ranking}")
 
     def picture(self, layer: int, head: int) -> SelectionPicture:
-        """The kept selection picture of one head (draw it with `tl_geometry.report.plots.selection_picture`).
+        """The kept selection picture of one head (draw it with `tl_geometry.report.paper_figures.selection_picture`).
 
         Raises:
             GeometryError: the run kept no picture of this head (the message
