@@ -27,7 +27,7 @@ MOVED = {
     "attention_windows": "tl_geometry.capture.windows",
     "detect_regime": "tl_geometry.roles",
     "default_n_grid": "tl_geometry.engine.grid",
-    "SelectionPicture": "tl_geometry.results.pictures",
+    "SelectionPicture": "tl_geometry.results.selection_picture",
 }  # fmt: skip
 """Old top-level name -> the module it is imported from now."""
 

@@ -41,7 +41,7 @@ from tl_geometry.diagnostics.role_features import (
     S_NORM_WITHOUT_LAST,
     S_NORM_WITHOUT_SINK,
 )
-from tl_geometry.results.pictures import SelectionPicture
+from tl_geometry.results.selection_picture import SelectionPicture
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.results.table import FieldName, field_name
 from tl_geometry.analysis.sink import SinkRecallCorrelation

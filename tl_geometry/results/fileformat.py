@@ -3,7 +3,7 @@
 ``<stem>.npz``: ``n_grid``, the statistics ``<field>/<statistic>`` (see
 `tl_geometry.results.storage`), with per-query rows ``queries/<field>``
 and ``query_positions``, and with pictures ``pictures/<layer>.<head>/<array>``
-(`tl_geometry.results.pictures`); no pickle. ``<stem>.json``: format version, model
+(`tl_geometry.results.selection_picture`); no pickle. ``<stem>.json``: format version, model
 name, layers, heads, config, versions, documents, tokens, each field's
 declaration, trailing shape and replicates, the names of the per-query rows,
 each picture's scalars and sizes (``pictures``; files without it have none),
@@ -29,8 +29,8 @@ from tl_geometry.config import GeometryConfig
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.errors import GeometryError
 from tl_geometry.results import legacy
-from tl_geometry.results.pictures import ARRAYS as PICTURE_ARRAYS
-from tl_geometry.results.pictures import SelectionPicture
+from tl_geometry.results.selection_picture import ARRAYS as PICTURE_ARRAYS
+from tl_geometry.results.selection_picture import SelectionPicture
 from tl_geometry.results.storage import (
     MAX_RESULT_BYTES, announced_bytes, read_npz, sha256, stats_arrays, stats_from_arrays,
 )

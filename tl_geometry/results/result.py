@@ -54,7 +54,7 @@ from tl_geometry.errors import GeometryError
 from tl_geometry.results import fileformat, provenance
 from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.results.display import Summary, head_name, names, plural, ranges, short_list
-from tl_geometry.results.pictures import SelectionPicture, pick
+from tl_geometry.results.selection_picture import SelectionPicture, pick
 from tl_geometry.results.provenance import STAMPED, package_versions
 from tl_geometry.results.queries import check_rows, join_rows
 from tl_geometry.results.stats import FieldStats, same_values
