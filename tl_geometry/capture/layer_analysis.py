@@ -20,7 +20,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
-from tl_geometry.capture.pictures import PictureKeeper
+from tl_geometry.capture.picture_keeper import PictureKeeper
 from tl_geometry.capture.plan import RunPlan
 from tl_geometry.capture.reduction import SequenceReduction
 from tl_geometry.capture.tokens import PreparedTokens
