@@ -30,7 +30,7 @@ from tl_geometry.interventions.sweep import (
     intervention_sweep,
 )
 from tl_geometry.errors import GeometryError
-from tl_geometry.results.interventions import InterventionResult
+from tl_geometry.results.intervention_result import InterventionResult
 
 pytestmark = pytest.mark.model
 QUIET = dict(progress=False, n_bootstrap=16)

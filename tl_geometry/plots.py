@@ -28,7 +28,7 @@ from tl_geometry.errors import GeometryError
 from tl_geometry.report import ablation as _ablation
 from tl_geometry.report import intervention_plots as _interventions
 from tl_geometry.report import paper_figures as _draw
-from tl_geometry.results.interventions import InterventionResult
+from tl_geometry.results.intervention_result import InterventionResult
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.results.table import FieldName
 from tl_geometry.theory.synthetic import toy_2d

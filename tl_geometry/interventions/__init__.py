@@ -15,7 +15,7 @@ from tl_geometry.interventions.head_ablation import ablate_roles, ablation_hooks
 from tl_geometry.interventions.sweep import effective_set_size, intervention_sweep
 from tl_geometry.interventions.topn_attention import topn_hooks, topn_pattern_hook
 from tl_geometry.report.ablation import ablation_figure
-from tl_geometry.results.interventions import InterventionResult
+from tl_geometry.results.intervention_result import InterventionResult
 from tl_geometry.roles.published import published_measures
 
 __all__ = [

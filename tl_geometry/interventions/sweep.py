@@ -57,7 +57,7 @@ from tl_geometry.engine.inputs import check_mib
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.results.bootstrap import document_weights
-from tl_geometry.results.interventions import (
+from tl_geometry.results.intervention_result import (
     ALL,
     CLEAN_FIELD,
     InterventionResult,

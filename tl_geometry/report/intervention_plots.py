@@ -17,7 +17,7 @@ from tl_geometry.analysis.interventions import (
 )
 from tl_geometry.report.paper_figures import fit_cells
 from tl_geometry.results.display import head_name, plural
-from tl_geometry.results.interventions import ALL, InterventionResult
+from tl_geometry.results.intervention_result import ALL, InterventionResult
 
 _COLOURS = {"renormalise": "#1f77b4", "delete": "#d62728"}
 
