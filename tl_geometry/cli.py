@@ -355,7 +355,7 @@ def _intervene(args: argparse.Namespace) -> int:
         return _ablate_roles(args)
     import torch
 
-    from tl_geometry.analysis.interventions import geometry_vs_dnll
+    from tl_geometry.analysis.sweep_statistics import geometry_vs_dnll
     from tl_geometry.runs.corpus_run import analyze_corpus
     from tl_geometry.interventions.sweep import DEFAULT_SWEEP_GRID, effective_set_size, intervention_sweep
     from tl_geometry.diagnostics.selection import F_SCORE, PRECISION, RECALL

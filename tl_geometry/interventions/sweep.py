@@ -30,7 +30,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from tl_geometry.analysis.interventions import (
+from tl_geometry.analysis.sweep_statistics import (
     DEFAULT_TAUS,
     EffectiveSetSize,
     n_star_needs,
@@ -525,7 +525,7 @@ def effective_set_size(
     """N*_tau, the smallest N whose relative dNLL is at most tau, per model, layer or head, with bootstrap intervals.
 
     The search of the follow-up protocol (powers of two, bisection, +-3; see
-    `tl_geometry.analysis.interventions.search_n_star`) runs unit by unit: each
+    `tl_geometry.analysis.sweep_statistics.search_n_star`) runs unit by unit: each
     unit's sweep measures the N its own search asks for, in rounds, on the whole corpus.
 
     Args:

@@ -1,6 +1,6 @@
 """Figures of top-N interventions (plotly, drawing only): dNLL against N, N*_tau by layer and head, F_N against dNLL.
 
-The numbers come from `tl_geometry.analysis.interventions` (curves,
+The numbers come from `tl_geometry.analysis.sweep_statistics` (curves,
 effective set sizes, correlations); nothing here computes a statistic.
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from tl_geometry.analysis.interventions import (
+from tl_geometry.analysis.sweep_statistics import (
     EffectiveSetSize,
     GeometryFunctionCorrelation,
     dnll_curve,
