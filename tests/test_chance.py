@@ -164,7 +164,7 @@ def test_chance_fields_on_a_model_run_sit_on_the_metrics_rows():
 @pytest.mark.model
 def test_figures_draw_the_chance_band_and_excess_is_summarised():
     from tl_geometry import classify_heads
-    from tl_geometry.analysis.chance import excess_over_chance
+    from tl_geometry.analysis.chance_excess import excess_over_chance
     from tl_geometry.report import paper_figures as plots
 
     model = tm.make_model("bridge-llama")

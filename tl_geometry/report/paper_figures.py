@@ -48,7 +48,7 @@ from tl_geometry.analysis.sink import SinkRecallCorrelation
 from tl_geometry.theory.synthetic import Toy2D
 from tl_geometry.analysis.head_roles import REGIMES, HeadTaxonomy
 from tl_geometry.analysis.summaries import at_n, mean_over_heads, spread_over_heads
-from tl_geometry.analysis.chance import chance_by_regime
+from tl_geometry.analysis.chance_excess import chance_by_regime
 
 # Okabe & Ito (2008), safe for the common colour-vision deficiencies.
 BLUE, ORANGE, GREEN, VERMILLION, SKY, PURPLE, GREY = (
