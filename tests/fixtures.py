@@ -423,7 +423,7 @@ PRIVATE_UNITS: dict[tuple[str, str], str] = {
         "the stable-norms claim's estimator of a curve's CV with the documents' noise taken out: checked against "
         "the brute-force loop over pairs of documents and for bias over many draws, which the claim's one share "
         "of heads cannot show"),
-    ("tl_geometry.theory.bounds", "_cosine_extremes"): (
+    ("tl_geometry.theory.theorem_bounds", "_cosine_extremes"): (
         "the margins' cosine extremes over the pairs below the grid's staircase, tile by tile: checked against the "
         "pair-by-pair definition at every tile width down to one cosine, which the public selection_margins only "
         "reaches at the widths its memory budget picks"),

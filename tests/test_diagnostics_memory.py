@@ -103,7 +103,7 @@ def test_the_margins_of_long_rows_stay_within_their_declared_cost(window):
     L^2 / 2 per row; rows of a sliding window take about what their visible keys need."""
     from tl_geometry.engine.context import rows_context
     from tl_geometry.engine.grid import default_n_grid
-    from tl_geometry.theory.bounds import MARGINS_COST, chunk_margins
+    from tl_geometry.theory.theorem_bounds import MARGINS_COST, chunk_margins
 
     n_rows, n_keys, d_head = 2, 3000, 8
     gen = torch.Generator().manual_seed(2)

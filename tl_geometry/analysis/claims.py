@@ -170,7 +170,7 @@ from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.results.stats import GROWING_ROWS
 from tl_geometry.results.table import FieldName, field_name
-from tl_geometry.theory.bounds import upper_envelope_floor
+from tl_geometry.theory.theorem_bounds import upper_envelope_floor
 
 Verdict = Literal["holds", "partly", "does not hold", "too few documents", "not measured"]
 VERDICTS: tuple[str, ...] = get_args(Verdict)
