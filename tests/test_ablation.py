@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.tiny_models import KINDS, has_hooked_transformer, hook_counts, make_model, random_tokens, with_bos
-from tl_geometry.analysis.ablation import (
+from tl_geometry.analysis.role_ablation import (
     ROLE_LABELS,
     HeadGroup,
     bootstrap_interval,

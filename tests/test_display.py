@@ -198,7 +198,7 @@ def test_analysis_results_print_a_line_per_field(run):
 # ---------------------------------------------------------------- the other public result types: ablations, checks
 
 def test_role_ablation_summary_counts_the_verdicts_not_every_row():
-    from tl_geometry.analysis.ablation import AblationRow, HeadGroup, RoleAblation
+    from tl_geometry.analysis.role_ablation import AblationRow, HeadGroup, RoleAblation
 
     groups = tuple(HeadGroup(f"role {k}", "role", ((0, k),)) for k in range(40))
 

@@ -184,7 +184,7 @@ def test_png_when_the_one_session_fails_each_figure_is_rendered_alone(result, tm
 # ---------------------------------------------------------------- where the interventions sit, and the page's contents
 
 def _role_ablation():
-    from tl_geometry.analysis.ablation import AblationRow, HeadGroup, RoleAblation
+    from tl_geometry.analysis.role_ablation import AblationRow, HeadGroup, RoleAblation
 
     def row(group, ablation, dnll):
         return AblationRow(group=group, kind="role", task="natural", ablation=ablation, n_heads=2, layers="0:1, 1:1",

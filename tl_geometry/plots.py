@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
-from tl_geometry.analysis.ablation import RoleAblation
+from tl_geometry.analysis.role_ablation import RoleAblation
 from tl_geometry.analysis.sweep_statistics import EffectiveSetSize, GeometryFunctionCorrelation
 from tl_geometry.analysis.sink import sink_recall_correlation
 from tl_geometry.analysis.head_roles import HeadTaxonomy, taxonomy_from_result

@@ -5,11 +5,11 @@ head ablations by role against random head sets, with the published sink and dor
 
 The one path that changes the forward pass: the top-N ``hook_pattern`` hook (`topn_attention`), the sweep over N
 (`sweep`) and the head ablations (`head_ablation`) run here; their statistics are read from the result in
-`tl_geometry.analysis.sweep_statistics` and `tl_geometry.analysis.ablation`, and their figures are drawn in
+`tl_geometry.analysis.sweep_statistics` and `tl_geometry.analysis.role_ablation`, and their figures are drawn in
 `tl_geometry.report` (the page draws them too).
 """
 
-from tl_geometry.analysis.ablation import PublishedMeasures, RoleAblation
+from tl_geometry.analysis.role_ablation import PublishedMeasures, RoleAblation
 from tl_geometry.analysis.sweep_statistics import EffectiveSetSize, geometry_vs_dnll
 from tl_geometry.interventions.head_ablation import ablate_roles, ablation_hooks
 from tl_geometry.interventions.sweep import effective_set_size, intervention_sweep

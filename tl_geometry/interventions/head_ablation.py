@@ -20,8 +20,8 @@ Two losses, per document (window or prompt), clean and ablated:
   induction groups.
 
 Each group is compared with ``n_random`` random head sets of its size and
-layer distribution (`tl_geometry.analysis.ablation.random_head_sets`); the
-table (`tl_geometry.analysis.ablation.RoleAblation`) gives the group's
+layer distribution (`tl_geometry.analysis.role_ablation.random_head_sets`); the
+table (`tl_geometry.analysis.role_ablation.RoleAblation`) gives the group's
 change in loss with a document bootstrap interval, and the random band.
 The model is left as it was: hooks live only inside ``model.hooks(...)``
 and no weight is written, also when an error stops the run.
@@ -37,7 +37,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from tl_geometry.analysis.ablation import (
+from tl_geometry.analysis.role_ablation import (
     ABLATIONS,
     AblationRow,
     Head,
@@ -264,7 +264,7 @@ def ablate_roles(
         detectors: also ablate the heads the detectors of `tl_geometry.roles.prompt_sets` name: previous-token
             (score >= ``detector_threshold`` on the evaluated windows) and induction (on the repeated prompts).
         detector_threshold: the detector score a head needs to join a detector group.
-        subtypes: also one group per sub-type (see `tl_geometry.analysis.ablation.role_groups`).
+        subtypes: also one group per sub-type (see `tl_geometry.analysis.role_ablation.role_groups`).
         min_heads: leave out sub-type and detector groups with fewer heads.
         uncertain: also ablate the heads labelled "uncertain" as a group.
         n_bootstrap: document bootstrap replicates of each interval.
@@ -283,7 +283,7 @@ def ablate_roles(
     """
     model = as_hookable(model, tokenizer, compatibility_mode=True)
     check_model(model)
-    from tl_geometry.analysis.ablation import _check_taxonomy
+    from tl_geometry.analysis.role_ablation import _check_taxonomy
 
     _check_taxonomy(taxonomy)
     _check_taxonomy_fits(model, taxonomy)

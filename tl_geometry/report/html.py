@@ -24,7 +24,7 @@ from typing import NamedTuple
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from tl_geometry.analysis.ablation import RoleAblation
+from tl_geometry.analysis.role_ablation import RoleAblation
 from tl_geometry.analysis.claims import sample_warning
 from tl_geometry.analysis.mechanisms import PromptSetCheck
 from tl_geometry.analysis.sink import sink_recall_correlation

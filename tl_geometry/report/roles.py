@@ -4,7 +4,7 @@ what ablating each role costs the model (the test of the roles, placed beside th
 import html
 from collections.abc import Mapping, Sequence
 
-from tl_geometry.analysis.ablation import RoleAblation
+from tl_geometry.analysis.role_ablation import RoleAblation
 from tl_geometry.analysis.mechanisms import DetectorAgreement, PromptSetCheck
 from tl_geometry.analysis.head_roles import LITERAL_ROLES, REGIMES, HeadTaxonomy, SensitivityRow, role_counts
 from tl_geometry.report.ablation import ablation_figure
