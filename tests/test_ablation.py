@@ -276,7 +276,7 @@ def test_the_tasks_detectors_and_table_on_a_classified_tiny_model():
         assert sum(1 for r in result.rows if r.group == group.name) == 2 * len(group.tasks)
     assert all(r.low <= r.dnll <= r.high for r in result.rows)
     assert "| group | heads | task |" in result.to_markdown()
-    from tl_geometry.report.ablation import ablation_figure
+    from tl_geometry.report.ablation_figure import ablation_figure
 
     figure = ablation_figure(result)
     assert len(figure.data) >= 2

@@ -25,7 +25,7 @@ from tl_geometry.analysis.sink import sink_recall_correlation
 from tl_geometry.analysis.head_roles import HeadTaxonomy, taxonomy_from_result
 from tl_geometry.diagnostics.selection import PRECISION
 from tl_geometry.errors import GeometryError
-from tl_geometry.report import ablation as _ablation
+from tl_geometry.report import ablation_figure as _ablation
 from tl_geometry.report import intervention_plots as _interventions
 from tl_geometry.report import paper_figures as _draw
 from tl_geometry.results.intervention_result import InterventionResult

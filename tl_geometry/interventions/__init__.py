@@ -14,7 +14,7 @@ from tl_geometry.analysis.sweep_statistics import EffectiveSetSize, geometry_vs_
 from tl_geometry.interventions.head_ablation import ablate_roles, ablation_hooks
 from tl_geometry.interventions.sweep import effective_set_size, intervention_sweep
 from tl_geometry.interventions.topn_attention import topn_hooks, topn_pattern_hook
-from tl_geometry.report.ablation import ablation_figure
+from tl_geometry.report.ablation_figure import ablation_figure
 from tl_geometry.results.intervention_result import InterventionResult
 from tl_geometry.roles.published import published_measures
 

@@ -275,7 +275,7 @@ def ablate_roles(
 
     Returns:
         RoleAblation: ``.rows`` / ``.table()`` / ``.to_dataframe()`` / ``.to_markdown()``; draw it with
-        `tl_geometry.report.ablation.ablation_figure`.
+        `tl_geometry.report.ablation_figure.ablation_figure`.
 
     Raises:
         GeometryError: bad arguments, a taxonomy of another model, overlapping evaluated and mean windows, a
