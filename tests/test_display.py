@@ -219,7 +219,7 @@ def test_role_ablation_summary_counts_the_verdicts_not_every_row():
 
 
 def test_published_measures_and_a_prompt_set_check_print_short(run):
-    from tl_geometry.analysis.mechanisms import PromptSetCheck
+    from tl_geometry.analysis.detector_agreement import PromptSetCheck
     from tl_geometry.interventions import published_measures
 
     model, tokens, _ = run

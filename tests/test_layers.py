@@ -104,8 +104,8 @@ def test_every_part_is_on_a_layer(part):
 NAMED_BY_DECLARATION = ("analysis", "report", "cli.py")
 """The parts that name a field by its constant (``result.per_head(RHO0)``), never by a string literal."""
 # Strings that spell a field's name but mean something else: the attention-pattern detector "previous_token"
-# (`tl_geometry.analysis.mechanisms`, shown by the report's prompt-set checks), not the taxonomy's field.
-NOT_FIELDS = {"analysis/mechanisms.py": {"previous_token"}, "report/roles.py": {"previous_token"}}
+# (`tl_geometry.analysis.detector_agreement`, shown by the report's prompt-set checks), not the taxonomy's field.
+NOT_FIELDS = {"analysis/detector_agreement.py": {"previous_token"}, "report/roles.py": {"previous_token"}}
 
 
 def declared_names() -> set[str]:

@@ -38,7 +38,7 @@ from tests.reference import (
     reference_subtype_probability,
 )
 from tl_geometry.analysis import head_roles as taxonomy_module
-from tl_geometry.analysis.mechanisms import CONFIRMED, agreement
+from tl_geometry.analysis.detector_agreement import CONFIRMED, agreement
 from tl_geometry.analysis.head_roles import (
     LITERAL_ROLES,
     REGIMES,

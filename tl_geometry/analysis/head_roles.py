@@ -214,7 +214,7 @@ class TaxonomyConfig:
     concentrated: float = 0.3
     margin: float = 0.5
     subtype_rows: float = 0.25
-    subtype_attention: float = 0.3  # the detectors' cut, tl_geometry.analysis.mechanisms.CONFIRMED
+    subtype_attention: float = 0.3  # the detectors' cut, tl_geometry.analysis.detector_agreement.CONFIRMED
     subtype_output: float = 0.1
     subtype_peak: float = 2.0
     literal_align: float = 0.5

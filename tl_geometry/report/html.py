@@ -26,7 +26,7 @@ from plotly.offline import get_plotlyjs
 
 from tl_geometry.analysis.role_ablation import RoleAblation
 from tl_geometry.analysis.claims import sample_warning
-from tl_geometry.analysis.mechanisms import PromptSetCheck
+from tl_geometry.analysis.detector_agreement import PromptSetCheck
 from tl_geometry.analysis.sink import sink_recall_correlation
 from tl_geometry.analysis.summaries import effective_n, mean_over_heads
 from tl_geometry.analysis.head_roles import REGIMES, HeadTaxonomy, taxonomy_from_result, threshold_sensitivity

@@ -5,7 +5,7 @@ import html
 from collections.abc import Mapping, Sequence
 
 from tl_geometry.analysis.role_ablation import RoleAblation
-from tl_geometry.analysis.mechanisms import DetectorAgreement, PromptSetCheck
+from tl_geometry.analysis.detector_agreement import DetectorAgreement, PromptSetCheck
 from tl_geometry.analysis.head_roles import LITERAL_ROLES, REGIMES, HeadTaxonomy, SensitivityRow, role_counts
 from tl_geometry.report.ablation_figure import ablation_figure
 from tl_geometry.results.display import head_name, plural

@@ -24,7 +24,7 @@ from jaxtyping import Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from tl_geometry.analysis.mechanisms import DETECTORS, PromptSetCheck
+from tl_geometry.analysis.detector_agreement import DETECTORS, PromptSetCheck
 from tl_geometry.analysis.head_roles import TaxonomyConfig, taxonomy_from_result
 from tl_geometry.capture.hook_names import pattern_hook
 from tl_geometry.capture.hooks import run_with_geometry_hooks
