@@ -58,13 +58,19 @@ def test_an_unknown_name_is_an_attribute_error():
         tl_geometry.nothing_here  # noqa: B018
 
 
-# Module paths before capture/ was split by workflow, written out here as the promise kept (not read from
-# tl_geometry._compat, so that a path dropped from its table fails here).
+# Module paths before capture/ was split by workflow and module names were made unique, written out here as the
+# promise kept (not read from tl_geometry._compat, so that a path dropped from its table fails here).
 OLD_MODULE_PATHS = [
     "tl_geometry.text", "tl_geometry.capture.readers", "tl_geometry.capture.sources", "tl_geometry.capture.corpus",
     "tl_geometry.capture.checkpoint", "tl_geometry.capture.distributed", "tl_geometry.capture.device_check",
     "tl_geometry.capture.provenance", "tl_geometry.capture.roles", "tl_geometry.capture.published",
     "tl_geometry.capture.interventions", "tl_geometry.capture.sweep", "tl_geometry.capture.ablation",
+    # module names repeated across packages, renamed to say what they hold
+    "tl_geometry.analysis.taxonomy", "tl_geometry.analysis.taxonomy_summary",
+    "tl_geometry.diagnostics.taxonomy", "tl_geometry.report.plots", "tl_geometry.results.pictures",
+    "tl_geometry.capture.pictures", "tl_geometry.results.interventions", "tl_geometry.analysis.interventions",
+    "tl_geometry.analysis.chance", "tl_geometry.theory.bounds", "tl_geometry.analysis.ablation",
+    "tl_geometry.report.ablation", "tl_geometry.analysis.mechanisms",
 ]  # fmt: skip
 
 

@@ -46,8 +46,22 @@ OLD_MODULES = {
     "tl_geometry.capture.interventions": "tl_geometry.interventions.topn_attention",
     "tl_geometry.capture.sweep": "tl_geometry.interventions.sweep",
     "tl_geometry.capture.ablation": "tl_geometry.interventions.head_ablation",
+    # module names made unique (a search finds one place) and the head-role feature called "roles", 0.x
+    "tl_geometry.analysis.taxonomy": "tl_geometry.analysis.head_roles",
+    "tl_geometry.analysis.taxonomy_summary": "tl_geometry.analysis.head_roles_summary",
+    "tl_geometry.diagnostics.taxonomy": "tl_geometry.diagnostics.role_features",
+    "tl_geometry.report.plots": "tl_geometry.report.paper_figures",
+    "tl_geometry.results.pictures": "tl_geometry.results.selection_picture",
+    "tl_geometry.capture.pictures": "tl_geometry.capture.picture_keeper",
+    "tl_geometry.results.interventions": "tl_geometry.results.intervention_result",
+    "tl_geometry.analysis.interventions": "tl_geometry.analysis.sweep_statistics",
+    "tl_geometry.analysis.chance": "tl_geometry.analysis.chance_excess",
+    "tl_geometry.theory.bounds": "tl_geometry.theory.theorem_bounds",
+    "tl_geometry.analysis.ablation": "tl_geometry.analysis.role_ablation",
+    "tl_geometry.report.ablation": "tl_geometry.report.ablation_figure",
+    "tl_geometry.analysis.mechanisms": "tl_geometry.analysis.detector_agreement",
 }
-"""Old module path -> the module that holds its code now (when capture/ was split by workflow, 0.x)."""
+"""Old module path -> the module that holds its code now (capture/ split by workflow; module names made unique)."""
 
 
 class _OldModulePaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
