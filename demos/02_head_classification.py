@@ -21,7 +21,7 @@
 # a head whose output comes from a specific earlier token) each one has, with
 # what probability, and how well it separates its top keys (Precision and
 # Recall at small N). It ends with the patterns for using roles in an
-# analysis: filtering heads, comparing groups, and `detect_regime`, which
+# analysis: filtering heads, comparing groups, and `detect_role`, which
 # scores heads in the same shape as `detect_head`.
 #
 # Runs in under two minutes on 2 CPU cores (`TL_GEOMETRY_DEMO_SMALL=1` uses a
@@ -120,14 +120,14 @@ print(f"the top key of a Content head at the induction offset sits at lag {first
 # share of the bootstrap replicates over documents and query positions; with
 # this single prompt there is one document, so only the query positions vary),
 # `taxonomy.runner_up` and `taxonomy.margin` (the top probability minus the
-# runner-up's: below `TaxonomyConfig.margin` the head is `"uncertain"`), and
+# runner-up's: below `RoleConfig.margin` the head is `"uncertain"`), and
 # `taxonomy.features` (the shares of the output, the concentration of the rest,
 # the alignment with v_L over chance). `taxonomy.describe(layer, head)` says it
 # in one line. The docs page "Head roles for a circuit study" says what the
 # roles do and do not claim.
 
 # %%
-show(plots.regimes_by_layer(taxonomy))
+show(plots.roles_by_layer(taxonomy))
 show(plots.metric_heatmap(result, "recall", 2, names))
 layer, head = prev_heads[0]
 print(taxonomy.describe(layer, head))
@@ -139,7 +139,7 @@ print(taxonomy.describe(layer, head))
 # output, so they combine with it directly. Three common patterns:
 #
 # 1. **Filter**: the heads of one role, as the `{layer: [heads]}` dict that
-#    `detect_head`, `detect_regime` and `GeometryConfig(layers=..., heads=...)`
+#    `detect_head`, `detect_role` and `GeometryConfig(layers=..., heads=...)`
 #    style code accept.
 # 2. **Compare groups**: a metric's mean over the heads found by a behaviour
 #    against the rest.
@@ -148,7 +148,7 @@ print(taxonomy.describe(layer, head))
 
 # %%
 content: dict[int, list[int]] = {}
-for layer, head in (taxonomy.labels == tg.analysis.REGIMES.index("content")).nonzero().tolist():
+for layer, head in (taxonomy.labels == tg.analysis.ROLE_LABELS.index("content")).nonzero().tolist():
     content.setdefault(layer, []).append(head)
 print(f"{sum(map(len, content.values()))} Content heads in {len(content)} layers")
 
@@ -171,15 +171,15 @@ for index, role in enumerate(NAMED):
           f"induction {spearman(induction, score):+.2f}")
 
 # %% [markdown]
-# ## `detect_regime`: a drop-in for `detect_head`
+# ## `detect_role`: a drop-in for `detect_head`
 #
-# For code written around `detect_head`, `detect_regime(model, seq, role,
+# For code written around `detect_head`, `detect_role(model, seq, role,
 # heads)` returns a `[n_layers, n_heads]` map of the role's probability (NaN
 # for heads not asked for). Here it scores only the previous-token heads,
 # which runs only their layers, on the default query sample of the prompt.
 
 # %%
-content_probability = tg.roles.detect_regime(model, prompt, "content", heads=prev_heads)
+content_probability = tg.roles.detect_role(model, prompt, "content", heads=prev_heads)
 assert content_probability.shape == previous_token.shape
 for layer, head in prev_heads:
     print(f"L{layer}H{head}: previous-token {previous_token[layer, head]:.2f}, p(content) {content_probability[layer, head]:.2f}")

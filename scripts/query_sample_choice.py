@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import tl_geometry as tg
-from tl_geometry.analysis.head_roles import UNCERTAIN, agreement, subtype_agreement, taxonomy_from_result
+from tl_geometry.analysis.head_roles import UNCERTAIN, agreement, subtype_agreement, roles_from_result
 
 HALVES_TARGET = 0.986
 UNCERTAIN_TARGET = 0.07
@@ -42,13 +42,13 @@ def measure(model, windows: list, n_queries: int, save: Path | None = None) -> d
         if save is not None:
             group.save(save / f"q{n_queries}-group{i + 1}")
     first, second = tg.GeometryResult.merge(groups[:2]), tg.GeometryResult.merge(groups[2:])
-    roles = taxonomy_from_result(tg.GeometryResult.merge(groups))
-    share, both = agreement(taxonomy_from_result(first), taxonomy_from_result(second))
+    roles = roles_from_result(tg.GeometryResult.merge(groups))
+    share, both = agreement(roles_from_result(first), roles_from_result(second))
     uncertain = int((roles.labels == UNCERTAIN).sum())
     return {
         "n_queries": n_queries, "seconds": seconds, "halves": share, "halves_heads": both,
         "uncertain": uncertain, "heads": roles.labels.numel(),
-        "subtypes": subtype_agreement([taxonomy_from_result(g) for g in groups]),
+        "subtypes": subtype_agreement([roles_from_result(g) for g in groups]),
     }  # fmt: skip
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.reference import reference_role
-from tl_geometry.analysis.head_roles import ROLES, TaxonomyConfig
+from tl_geometry.analysis.head_roles import ROLES, RoleConfig
 from tl_geometry.cli import build_parser, config_from_args
 from tl_geometry.config import GeometryConfig
 from tl_geometry.diagnostics.fields import FieldSpec
@@ -337,7 +337,7 @@ def study_roles(means: dict[str, np.ndarray], documents: int = STUDY_DOCUMENTS,
     roles = np.empty(means["share_self"].shape, dtype=object)
     for index in np.ndindex(roles.shape):
         head = {name: float(v[index]) for name, v in means.items() if v.ndim == 2}
-        roles[index] = ROLES[reference_role(head, se, TaxonomyConfig())]
+        roles[index] = ROLES[reference_role(head, se, RoleConfig())]
     return roles
 
 

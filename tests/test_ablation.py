@@ -35,7 +35,7 @@ def available_kinds():
 
 
 class FakeTaxonomy:
-    """The stable part of HeadTaxonomy: layers, heads, label_names(), subtype()."""
+    """The stable part of HeadRoles: layers, heads, label_names(), subtype()."""
 
     def __init__(self, labels, subtypes=None, layers=(0, 1), heads=(0, 1, 2, 3)):
         self.layers, self.heads = tuple(layers), tuple(heads)
@@ -251,7 +251,7 @@ def test_bad_input_raises_naming_the_fix():
     wrong = FakeTaxonomy([["reset"] * 9] * 30, layers=range(30), heads=range(9))
     with pytest.raises(GeometryError, match=r"do not exist in model .*2 layers x 4 heads.*classify the heads of this model"):
         ablate_roles(model, wrong, **common)
-    with pytest.raises(GeometryError, match="expected a HeadTaxonomy"):
+    with pytest.raises(GeometryError, match="expected a HeadRoles"):
         ablate_roles(model, object(), **common)
     with pytest.raises(GeometryError, match="means: mean-ablation needs each head's mean z"):
         ablation_hooks([(0, 1)], "mean")

@@ -175,7 +175,7 @@ def test_figures_draw_the_chance_band_and_excess_is_summarised():
     names = {trace.name for trace in plots.head_curves(result, 1, 0).data}
     assert {"measured", "chance: random top-N sets", "floor N / L"} <= names
     assert any((name or "").startswith(plots.UPPER_NAME[:-1]) for name in names)  # its legend adds the share above it
-    names = {trace.name for trace in plots.precision_recall_by_regime(classify_heads(result), result).data}
+    names = {trace.name for trace in plots.precision_recall_by_role(classify_heads(result), result).data}
     assert "chance band (random top-N sets)" in names
     excess = excess_over_chance(result, "recall")
     torch.testing.assert_close(excess.excess, excess.measured - excess.chance)

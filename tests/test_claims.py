@@ -36,7 +36,7 @@ from tl_geometry.results.result import REQUIRED_FIELDS
 
 KEYS = ["stable_norms", "compressed_sink", "exponential_decay", "four_phase_profile", "small_n_separability",
         "large_n_return", "envelope_tightness", "sink_recall_correlation", "sink_precision_correlation",
-        "regimes_by_depth", "regime_tradeoffs"]  # fmt: skip
+        "roles_by_depth", "role_tradeoffs"]  # fmt: skip
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -333,8 +333,8 @@ def test_regimes_by_depth_set_interval_joins_every_possible_assignment_with_the_
     result = simulate_study(true_means(), np.random.default_rng(5))
     probabilities, draws = _roles_in_layers(result, ("retriever", "reset", "mixer"), n_replicates=200, flip=0.05,
                                            seed=3)
-    with _declared_with_set_interval("regimes_by_depth", 2.0):
-        row = claims(result, roles=RoleWeights(probabilities, draws)).loc["regimes_by_depth"]
+    with _declared_with_set_interval("roles_by_depth", 2.0):
+        row = claims(result, roles=RoleWeights(probabilities, draws)).loc["roles_by_depth"]
     layers, heads = probabilities.shape[:2]
     depth = [layer / (layers - 1) for layer in range(layers) for _ in range(heads)]
     depth_roles = [ROLES.index(r) for r in ("retriever", "reset", "mixer")]
@@ -347,10 +347,10 @@ def test_regimes_by_depth_set_interval_joins_every_possible_assignment_with_the_
     steps = [step(choice) for choice in itertools.product(*options)]
     reps = [step(d.flatten().tolist()) for d in draws]
     value = _depth_steps(probabilities)
-    with _declared_with_set_interval("regimes_by_depth", 2.0):
-        low, high = _claim_interval("regimes_by_depth", value, reps, result.n_documents,
+    with _declared_with_set_interval("roles_by_depth", 2.0):
+        low, high = _claim_interval("roles_by_depth", value, reps, result.n_documents,
                                     lambda z: (min(steps), max(steps)))
-        bootstrap = _claim_interval("regimes_by_depth", value, reps, result.n_documents, lambda z: (1.0, -1.0))
+        bootstrap = _claim_interval("roles_by_depth", value, reps, result.n_documents, lambda z: (1.0, -1.0))
     assert row.value == pytest.approx(value, abs=1e-12)
     assert (row.low, row.high) == pytest.approx((max(low, -1.0), min(high, 1.0)), abs=1e-9)
     assert (row.low, row.high) != pytest.approx(bootstrap, abs=1e-9)  # the set interval is wider on some side
@@ -366,10 +366,10 @@ def test_regimes_by_depth_past_the_enumeration_cap_bounds_every_assignment(monke
     probabilities, draws = _roles_in_layers(result, ("retriever", "reset", "mixer"), n_replicates=200, flip=0.05,
                                            seed=3)
     roles = RoleWeights(probabilities, draws)
-    with _declared_with_set_interval("regimes_by_depth", 2.0):
-        exact = claims(result, roles=roles).loc["regimes_by_depth"]
+    with _declared_with_set_interval("roles_by_depth", 2.0):
+        exact = claims(result, roles=roles).loc["roles_by_depth"]
         monkeypatch.setattr(set_intervals, "MAX_ASSIGNMENTS", 1)
-        bounded = claims(result, roles=roles).loc["regimes_by_depth"]
+        bounded = claims(result, roles=roles).loc["roles_by_depth"]
     assert bounded.low <= exact.low + 1e-12 and bounded.high >= exact.high - 1e-12
     assert -1.0 < bounded.low and bounded.high < 1.0
 
@@ -638,7 +638,7 @@ def test_a_result_without_a_diagnostic_shows_not_measured_with_the_option(result
                 "sink_recall_correlation"):
         assert table.loc[key, "verdict"] == "not measured"
         assert 'diagnostics=["assumptions"]' in table.loc[key, "option"]
-    assert 'diagnostics=["taxonomy"]' in table.loc["regimes_by_depth", "option"]
+    assert 'diagnostics=["taxonomy"]' in table.loc["roles_by_depth", "option"]
     assert 'diagnostics=["bounds"]' in table.loc["envelope_tightness", "option"]
     assert math.isnan(table.loc["envelope_tightness", "value"])
     assert 'diagnostics=["chance"]' in table.loc["small_n_separability", "option"]  # judged on the excess over chance
@@ -867,7 +867,7 @@ def test_regimes_by_depth_is_the_smaller_step_of_the_roles_mean_depths(roles, ex
     """The verdict follows the steps; a mutant with Reset and Mixer swapped in the order, or reading another
     role's probability, gives another verdict on the first three cases."""
     result = _role_result({r: (np.ones(2), np.ones(2)) for r in ("retriever", "reset", "mixer")}, roles, (1, 2))
-    row = claims(result, roles=_fixed_roles(roles)).loc["regimes_by_depth"]
+    row = claims(result, roles=_fixed_roles(roles)).loc["roles_by_depth"]
     assert row.value == pytest.approx(_depth_steps(_fixed_roles(roles).probabilities), abs=1e-12)
     assert row.verdict == expected
 
@@ -877,8 +877,8 @@ def test_regimes_by_depth_with_uncertain_roles_does_not_hold(result):
     verdicts = []
     for seed in range(10):
         roles = RoleWeights(*_roles_in_layers(result, ("retriever", "reset", "mixer"), flip=0.9, seed=seed))
-        row = claims(result, roles=roles).loc["regimes_by_depth"]
-        assert row.low < CLAIMS["regimes_by_depth"].thresholds.holds  # replicates out of order
+        row = claims(result, roles=roles).loc["roles_by_depth"]
+        assert row.low < CLAIMS["roles_by_depth"].thresholds.holds  # replicates out of order
         verdicts.append(row.verdict)
     assert "holds" not in verdicts
     # Mutant (run by hand, fails this test): the interval ignored, the ordered point estimate reads "holds".
@@ -886,17 +886,17 @@ def test_regimes_by_depth_with_uncertain_roles_does_not_hold(result):
 
 def test_regimes_by_depth_reads_the_taxonomy(result):
     """By default the result's own taxonomy; a taxonomy given as ``roles`` (other thresholds) is the one read."""
-    from tl_geometry.analysis.head_roles import TaxonomyConfig, taxonomy_from_result
+    from tl_geometry.analysis.head_roles import RoleConfig, roles_from_result
 
-    row = claims(result).loc["regimes_by_depth"]
-    assert row.value == pytest.approx(_depth_steps(taxonomy_from_result(result).probabilities), abs=1e-12)
-    other = taxonomy_from_result(result, TaxonomyConfig(z_align=0.0, align_min=0.0, z_shift=0.0, shift_min=0.0))
-    row = claims(result, roles=other).loc["regimes_by_depth"]
+    row = claims(result).loc["roles_by_depth"]
+    assert row.value == pytest.approx(_depth_steps(roles_from_result(result).probabilities), abs=1e-12)
+    other = roles_from_result(result, RoleConfig(z_align=0.0, align_min=0.0, z_shift=0.0, shift_min=0.0))
+    row = claims(result, roles=other).loc["roles_by_depth"]
     assert row.value == pytest.approx(_depth_steps(other.probabilities), abs=1e-12)
 
 
 def test_roles_that_are_not_roles_are_refused(result):
-    with pytest.raises(GeometryError, match="roles: expected a HeadTaxonomy"):
+    with pytest.raises(GeometryError, match="roles: expected a HeadRoles"):
         claims(result, roles="retriever")
     with pytest.raises(GeometryError, match=r"roles.probabilities: expected a tensor \[layer, head_index, 4\]"):
         RoleWeights(torch.ones(2, 3))
@@ -1017,7 +1017,7 @@ def test_regime_tradeoffs_on_hand_built_roles(curves, expected):
     """Three roles in one layer each: the value is the smallest margin of the three statements; a mutant
     swapping the precision and recall statements changes the first three cases."""
     roles = [["retriever"] * 3, ["reset"] * 3, ["mixer"] * 3]
-    row = claims(_role_result(curves, roles, TRADEOFF_GRID), roles=_fixed_roles(roles)).loc["regime_tradeoffs"]
+    row = claims(_role_result(curves, roles, TRADEOFF_GRID), roles=_fixed_roles(roles)).loc["role_tradeoffs"]
     assert row.verdict == expected[0] and row.value == pytest.approx(expected[1], abs=1e-6)
 
 
@@ -1116,13 +1116,13 @@ def _simulated(key: str, holds: bool) -> GeometryResult:
     elif key in ("sink_recall_correlation", "sink_precision_correlation"):
         metric = "recall" if key == "sink_recall_correlation" else "precision"
         m[metric][..., STUDY_GRID == 3] = (0.4 + (1 if holds else -1) * 0.5 * (m["rho0"] - 0.35))[..., None]
-    elif key == "regimes_by_depth":  # the heads sorted by role into layers in Figure 8's order, or reversed
+    elif key == "roles_by_depth":  # the heads sorted by role into layers in Figure 8's order, or reversed
         rank = {"retriever": 0, "reset": 1, "content": 1, "mixer": 2}
         order = np.argsort([rank[role] for role in study_roles(m).ravel()], kind="stable")
         order = order if holds else order[::-1]
         for name in ROLE_FEATURES:
             m[name] = m[name].ravel()[order].reshape(shape)
-    elif key == "regime_tradeoffs":  # Retriever's Recall above (below) the others' at large N, Precision below
+    elif key == "role_tradeoffs":  # Retriever's Recall above (below) the others' at large N, Precision below
         roles = study_roles(m)
         u = curve([1, 0.75, 0.62, 0.55, 0.42, 0.4, 0.5, 0.7])
         m["precision"], m["recall"] = u.copy(), u.copy()
@@ -1147,7 +1147,7 @@ def test_each_claim_holds_on_one_simulated_study_and_fails_on_another(key):
 def _tradeoff_cases():
     roles = [["retriever"] * 3, ["reset"] * 3, ["mixer"] * 3]
     for curves, expected in TRADEOFF_CASES:
-        row = claims(_role_result(curves, roles, TRADEOFF_GRID), roles=_fixed_roles(roles)).loc["regime_tradeoffs"]
+        row = claims(_role_result(curves, roles, TRADEOFF_GRID), roles=_fixed_roles(roles)).loc["role_tradeoffs"]
         assert row.verdict == expected[0] and row.value == pytest.approx(expected[1], abs=1e-6)
 
 
@@ -1194,10 +1194,10 @@ CLAIM_MUTANTS = [
     Mutant("Figure 11's precision and recall statements swapped",
            lambda patch: (replace_attribute(claims_module, "PRECISION", claims_module.RECALL)(patch),
                           replace_attribute(claims_module, "RECALL", claims_module.PRECISION)(patch)),
-           (_tradeoff_cases, _simulated_pair("regime_tradeoffs"))),
+           (_tradeoff_cases, _simulated_pair("role_tradeoffs"))),
     Mutant("Reset and Mixer swapped in Figure 8's order",
            replace_attribute(claims_module, "DEPTH_ORDER", ("retriever", "mixer", "reset")),
-           (_depth_cases, _simulated_pair("regimes_by_depth"))),
+           (_depth_cases, _simulated_pair("roles_by_depth"))),
     Mutant("the depth steps read another role's probability",
            replace_attribute(claims_module, "ROLES", _roles_shifted()),
            (_depth_cases,)),

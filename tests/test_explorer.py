@@ -17,7 +17,7 @@ import torch
 from tests import tiny_models as tm
 from tl_geometry import GeometryError, run_with_geometry_hooks
 from tl_geometry.analysis.summaries import at_each_head, by_query_position, effective_n
-from tl_geometry.analysis.head_roles import taxonomy_from_result
+from tl_geometry.analysis.head_roles import roles_from_result
 from tl_geometry.report import explorer
 from tl_geometry.results.result import REQUIRED_FIELDS
 
@@ -143,7 +143,7 @@ def _unpack(packed):
 
 
 def test_table_and_panel_data_equal_the_result(result):
-    taxonomy = taxonomy_from_result(result)
+    taxonomy = roles_from_result(result)
     data = explorer.explorer_data(result, taxonomy)
     json.dumps(data, allow_nan=False)  # strict JSON: NaN became null
     eff = effective_n(result)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from tests import tiny_models as tm
 from tl_geometry.capture.hooks import run_with_geometry_hooks
-from tl_geometry.diagnostics.role_features import CURVE_FEATURES, POSITION_FEATURES, SCALAR_FEATURES, TAXONOMY_FEATURES, row_features
+from tl_geometry.diagnostics.role_features import CURVE_FEATURES, POSITION_FEATURES, SCALAR_FEATURES, ROLE_DIAGNOSTIC_FIELDS, row_features
 from tl_geometry.diagnostics.role_features import DIAGNOSTIC as TAXONOMY
 from tl_geometry.engine.context import SelectionContext
 from tl_geometry.engine.metrics import selection_metrics
@@ -134,7 +134,7 @@ def test_taxonomy_features_of_every_valid_query_row_and_the_last_query_by_positi
     seen = set()
     for chunk in context.chunks():
         out = TAXONOMY.rows(chunk, TAXONOMY.Settings())
-        assert set(out) == set(TAXONOMY_FEATURES) - set(POSITION_FEATURES)  # role features: tests/test_role_features.py
+        assert set(out) == set(ROLE_DIAGNOSTIC_FIELDS) - set(POSITION_FEATURES)  # role features: tests/test_role_features.py
         for r, (b, h, q) in enumerate(zip(chunk.batch.tolist(), chunk.head.tolist(), chunk.query.tolist(), strict=True)):
             assert context.query_valid[b, q], (b, q)  # only valid queries become rows
             seen.add((b, h, q))
@@ -160,7 +160,7 @@ def test_taxonomy_features_of_every_valid_query_row_and_the_last_query_by_positi
             torch.testing.assert_close(positions["contribution_by_position"][b, h], torch.tensor(contribution, dtype=torch.float64), equal_nan=True)
             torch.testing.assert_close(positions["cos_last_by_position"][b, h], torch.tensor(cos, dtype=torch.float64), equal_nan=True)
     assert positions["contribution_by_position"].shape == (batch, heads, keys)
-    assert set(TAXONOMY_FEATURES) == {spec.name for spec in TAXONOMY.fields}
+    assert set(ROLE_DIAGNOSTIC_FIELDS) == {spec.name for spec in TAXONOMY.fields}
 
 
 @pytest.mark.model
@@ -172,7 +172,7 @@ def test_features_through_the_hooks_do_not_depend_on_batching():
     together = run_with_geometry_hooks(model, texts, **config)
     alone = [run_with_geometry_hooks(model, [text], **config) for text in texts]
     for i, one in enumerate(alone):
-        for name in set(TAXONOMY_FEATURES) - set(POSITION_FEATURES):
+        for name in set(ROLE_DIAGNOSTIC_FIELDS) - set(POSITION_FEATURES):
             alone_rows = one.queries[name][0]
             torch.testing.assert_close(together.queries[name][i], alone_rows, equal_nan=True, msg=name)
     # The per-position features belong to each sequence's last query: one sequence per run gives its own

@@ -56,7 +56,7 @@ def test_detector_scores_match_the_reference():
 
 @pytest.mark.model
 def test_the_check_measures_scores_and_roles_in_one_pass_as_two_separate_runs_would(capsys):
-    from tl_geometry.analysis.head_roles import taxonomy_from_result
+    from tl_geometry.analysis.head_roles import roles_from_result
     from tl_geometry.capture.hooks import run_with_geometry_hooks
     from tl_geometry.roles.prompt_sets import natural_text
     from tl_geometry.config import GeometryConfig
@@ -84,7 +84,7 @@ def test_the_check_measures_scores_and_roles_in_one_pass_as_two_separate_runs_wo
         if period is not None:
             config = config.with_overrides(query_positions=list(range(period + 1, 2 * period + 1)),
                                            settings={"taxonomy": {"queries": "analysed"}})
-        alone = taxonomy_from_result(run_with_geometry_hooks(model, tokens, config=config))
+        alone = roles_from_result(run_with_geometry_hooks(model, tokens, config=config))
         torch.testing.assert_close(checks[name].taxonomy.probabilities, alone.probabilities, msg=name)
 
 

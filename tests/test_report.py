@@ -246,10 +246,10 @@ def test_interventions_come_after_the_summary_and_role_ablations_beside_the_role
 
 
 def test_the_ablation_page_shows_the_roles_with_their_ablations(result):
-    from tl_geometry.analysis.head_roles import taxonomy_from_result
+    from tl_geometry.analysis.head_roles import roles_from_result
 
     ablation = _role_ablation()
-    page = report.ablation_page(taxonomy_from_result(result), ablation, {"windows": "2 x 16 tokens"})
+    page = report.ablation_page(roles_from_result(result), ablation, {"windows": "2 x 16 tokens"})
     ids, links = _ids_and_links(page)
     assert links == ["head-roles", "role-ablations"] and set(links) <= ids
     assert page.index("<section id='head-roles'>") < page.index("<section id='role-ablations'>") < page.index(

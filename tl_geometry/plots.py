@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 from tl_geometry.analysis.role_ablation import RoleAblation
 from tl_geometry.analysis.sweep_statistics import EffectiveSetSize, GeometryFunctionCorrelation
 from tl_geometry.analysis.sink import sink_recall_correlation
-from tl_geometry.analysis.head_roles import HeadTaxonomy, taxonomy_from_result
+from tl_geometry.analysis.head_roles import HeadRoles, roles_from_result
 from tl_geometry.diagnostics.selection import PRECISION
 from tl_geometry.errors import GeometryError
 from tl_geometry.report import ablation_figure as _ablation
@@ -42,10 +42,10 @@ OF_A_RESULT: dict[str, str | None] = {
     "metric_heatmap": None,
     "head_curves": None,
     "sink_recall": "assumptions",
-    "regime_diagnostics": "taxonomy",
-    "regimes_by_layer": "taxonomy",
-    "contributions_by_regime": "taxonomy",
-    "precision_recall_by_regime": "taxonomy",
+    "role_diagnostics": "taxonomy",
+    "roles_by_layer": "taxonomy",
+    "contributions_by_role": "taxonomy",
+    "precision_recall_by_role": "taxonomy",
 }
 """The figures of a GeometryResult, each with the diagnostic whose fields it needs (None: every run has them)."""
 
@@ -67,8 +67,8 @@ def _diagnostics(result: GeometryResult) -> set[str]:
     return available(result)
 
 
-def _roles(result: GeometryResult | HeadTaxonomy, figure: str) -> HeadTaxonomy:
-    return result if isinstance(result, HeadTaxonomy) else taxonomy_from_result(_result(result, figure))
+def _roles(result: GeometryResult | HeadRoles, figure: str) -> HeadRoles:
+    return result if isinstance(result, HeadRoles) else roles_from_result(_result(result, figure))
 
 
 def available(result: GeometryResult) -> list[str]:
@@ -138,24 +138,24 @@ def sink_recall(result: GeometryResult, over: str = "heads") -> go.Figure:
     return _draw.sink_recall(sink_recall_correlation(_result(result, "sink_recall"), over=over))
 
 
-def regime_diagnostics(result: GeometryResult | HeadTaxonomy) -> go.Figure:
+def role_diagnostics(result: GeometryResult | HeadRoles) -> go.Figure:
     """Figure 7: ||s(N)||, its leave-one-out norms and the alignments, for an example head of each role."""
-    return _draw.regime_diagnostics(_roles(result, "regime_diagnostics"))
+    return _draw.role_diagnostics(_roles(result, "role_diagnostics"))
 
 
-def regimes_by_layer(result: GeometryResult | HeadTaxonomy) -> go.Figure:
+def roles_by_layer(result: GeometryResult | HeadRoles) -> go.Figure:
     """Figure 8: how many heads of each role every analysed layer has."""
-    return _draw.regimes_by_layer(_roles(result, "regimes_by_layer"))
+    return _draw.roles_by_layer(_roles(result, "roles_by_layer"))
 
 
-def contributions_by_regime(result: GeometryResult | HeadTaxonomy) -> go.Figure:
+def contributions_by_role(result: GeometryResult | HeadRoles) -> go.Figure:
     """Figure 10: ||alpha_i v_i|| by key position for an example head of each role."""
-    return _draw.contributions_by_regime(_roles(result, "contributions_by_regime"))
+    return _draw.contributions_by_role(_roles(result, "contributions_by_role"))
 
 
-def precision_recall_by_regime(result: GeometryResult) -> go.Figure:
+def precision_recall_by_role(result: GeometryResult) -> go.Figure:
     """Figure 11: mean Precision and Recall against N over the heads of each role, with their chance levels."""
-    return _draw.precision_recall_by_regime(taxonomy_from_result(_result(result, "precision_recall_by_regime")), result)
+    return _draw.precision_recall_by_role(roles_from_result(_result(result, "precision_recall_by_role")), result)
 
 
 def dnll_vs_n(sweep: InterventionResult, *, layer: int | None = None, head: int | None = None,
@@ -183,17 +183,17 @@ def role_ablation(ablation: RoleAblation) -> go.Figure:
 __all__ = [
     "attention_profile",
     "available",
-    "contributions_by_regime",
+    "contributions_by_role",
     "cosine_decay",
     "dnll_vs_n",
     "effective_set_size",
     "geometry_vs_dnll",
     "head_curves",
     "metric_heatmap",
-    "precision_recall_by_regime",
+    "precision_recall_by_role",
     "precision_recall_vs_n",
-    "regime_diagnostics",
-    "regimes_by_layer",
+    "role_diagnostics",
+    "roles_by_layer",
     "report_figures",
     "role_ablation",
     "selection_picture",

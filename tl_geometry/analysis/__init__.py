@@ -5,22 +5,22 @@
 
 from tl_geometry.analysis.sink import SinkRecallCorrelation, sink_recall_correlation
 from tl_geometry.analysis.head_roles import (
-    REGIMES,
+    ROLE_LABELS,
     ROLES,
-    HeadTaxonomy,
-    Regime,
-    TaxonomyConfig,
+    HeadRoles,
+    RoleLabel,
+    RoleConfig,
     classify_queries,
     threshold_sensitivity,
 )
 
 __all__ = [
-    "REGIMES",
+    "ROLE_LABELS",
     "ROLES",
-    "HeadTaxonomy",
-    "Regime",
+    "HeadRoles",
+    "RoleLabel",
     "SinkRecallCorrelation",
-    "TaxonomyConfig",
+    "RoleConfig",
     "classify_queries",
     "sink_recall_correlation",
     "threshold_sensitivity",

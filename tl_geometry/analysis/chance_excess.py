@@ -15,7 +15,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.analysis.summaries import mean_over_heads
-from tl_geometry.analysis.head_roles import REGIMES, HeadTaxonomy
+from tl_geometry.analysis.head_roles import ROLE_LABELS, HeadRoles
 from tl_geometry.diagnostics.chance import CHANCE_OF, EXCESS_OF
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.selection import PRECISION
@@ -88,11 +88,11 @@ def excess_over_chance(result: GeometryResult, metric: FieldName = PRECISION, le
     )
 
 
-def chance_by_regime(
-    result: GeometryResult, taxonomy: HeadTaxonomy, metric: FieldName = PRECISION
+def chance_by_role(
+    result: GeometryResult, taxonomy: HeadRoles, metric: FieldName = PRECISION
 ) -> Float[Tensor, "regime n"]:
-    """Mean random-control level of P (or R) over the heads of each of ``REGIMES`` (Figure 11's chance lines)."""
+    """Mean random-control level of P (or R) over the heads of each of ``ROLE_LABELS`` (Figure 11's chance lines)."""
     curve = result.per_head(CHANCE_OF[_checked(result, metric)])
-    member = torch.nn.functional.one_hot(taxonomy.labels, len(REGIMES)).bool()  # [layer, head, regime]
+    member = torch.nn.functional.one_hot(taxonomy.labels, len(ROLE_LABELS)).bool()  # [layer, head, regime]
     masked = torch.where(member.unsqueeze(-1), curve.unsqueeze(-2), torch.full((), math.nan, dtype=curve.dtype))
     return torch.nanmean(masked.flatten(0, 1), dim=0)

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import Tensor
 
-from tl_geometry.analysis.head_roles import CONTENT, HeadTaxonomy
+from tl_geometry.analysis.head_roles import CONTENT, HeadRoles
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.display import Summary, head_name, plural
 
@@ -63,7 +63,7 @@ class DetectorAgreement:
         return len(self.confirmed) / len(self.detected) if self.detected else math.nan
 
 
-def agreement(taxonomy: HeadTaxonomy, scores: Tensor, subtype: str, threshold: float = CONFIRMED) -> DetectorAgreement:
+def agreement(taxonomy: HeadRoles, scores: Tensor, subtype: str, threshold: float = CONFIRMED) -> DetectorAgreement:
     """Heads ``taxonomy`` names ``subtype`` and heads a detector's ``scores`` ``[layer, head]`` confirm.
 
     The taxonomy may come from other prompts than the scores (e.g. the
@@ -90,7 +90,7 @@ class PromptSetCheck:
 
     name: str
     scores: dict[str, Tensor]
-    taxonomy: HeadTaxonomy
+    taxonomy: HeadRoles
     period: int | None
     n_prompts: int | None = None
 
@@ -130,7 +130,7 @@ class PromptSetCheck:
         return sum(self.taxonomy.subtype(layer, head) == want for layer, head in self.top_heads(detector, k))
 
     def agreement(
-        self, detector: str, taxonomy: HeadTaxonomy | None = None, threshold: float = CONFIRMED
+        self, detector: str, taxonomy: HeadRoles | None = None, threshold: float = CONFIRMED
     ) -> DetectorAgreement:
         """Precision and recall: the heads named with ``detector``'s sub-type and those its score here confirms.
 

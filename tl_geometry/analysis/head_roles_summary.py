@@ -1,4 +1,4 @@
-"""The short summary a `HeadTaxonomy` prints and shows in a notebook (its ``__repr__`` and ``_repr_html_``).
+"""The short summary a `HeadRoles` prints and shows in a notebook (its ``__repr__`` and ``_repr_html_``).
 
 Kept out of `tl_geometry.analysis.head_roles` (the rules) so that the summary
 can change without touching them.
@@ -13,21 +13,21 @@ from tl_geometry.results.display import Summary, plural, ranges, short_list
 
 def taxonomy_summary(taxonomy: Any) -> Summary:
     """Heads per label, the most and least certain heads, and what to call next, in at most 25 lines."""
-    from tl_geometry.analysis.head_roles import REGIMES, UNCERTAIN
+    from tl_geometry.analysis.head_roles import ROLE_LABELS, UNCERTAIN
 
     labels = taxonomy.labels
-    counts = torch.bincount(labels.flatten(), minlength=len(REGIMES)).tolist()
+    counts = torch.bincount(labels.flatten(), minlength=len(ROLE_LABELS)).tolist()
     n_layers, n_heads = len(taxonomy.layers), len(taxonomy.heads)
     rows = [
         ("heads", f"{plural(n_layers, 'layer')} x {plural(n_heads, 'head')} (layers {ranges(taxonomy.layers)}; "
                   f"heads {ranges(taxonomy.heads)})"),
         ("N grid", f"{plural(len(taxonomy.n_grid), 'value')}: {short_list(taxonomy.n_grid.tolist())}"),
-        ("labels", ", ".join(f"{plural(c, REGIMES[k] + ' head')}" for k, c in enumerate(counts) if c)),
+        ("labels", ", ".join(f"{plural(c, ROLE_LABELS[k] + ' head')}" for k, c in enumerate(counts) if c)),
     ]
     # The surest head of each named label, so that a reader has one to look at per role.
     margin = taxonomy.margin.nan_to_num(-1.0)
     examples = []
-    for k, regime in enumerate(REGIMES):
+    for k, regime in enumerate(ROLE_LABELS):
         if k == UNCERTAIN or not counts[k]:
             continue
         flat = torch.where(labels.flatten() == k, margin.flatten(), -2.0).argmax()
@@ -41,6 +41,6 @@ def taxonomy_summary(taxonomy: Any) -> Summary:
     rows += [
         ("read", f"taxonomy.describe({layer}, {head}); taxonomy.table() (one row per head); "
                  "taxonomy.counts_by_layer()"),
-        ("next", "taxonomy.curves_by_regime('precision'); the report's head-roles section"),
+        ("next", "taxonomy.curves_by_role('precision'); the report's head-roles section"),
     ]
-    return Summary("HeadTaxonomy", tuple(rows))
+    return Summary("HeadRoles", tuple(rows))

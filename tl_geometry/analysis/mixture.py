@@ -120,5 +120,5 @@ def mixture_bic(
 
 
 def role_feature_matrix(features: dict[str, Tensor]) -> Float[Tensor, "head feature"]:
-    """The ``MIXTURE_FEATURES`` of every head (a HeadTaxonomy's ``features``), one row per head."""
+    """The ``MIXTURE_FEATURES`` of every head (a HeadRoles's ``features``), one row per head."""
     return torch.stack([features[name].double().flatten() for name in MIXTURE_FEATURES], dim=1)

@@ -3,8 +3,8 @@
 `tl_geometry.interventions.head_ablation.ablate_roles` runs the model; this module holds
 what needs no model:
 
-- `role_groups`: the heads of each role class (a HeadTaxonomy label) and of
-  each sub-type (`HeadTaxonomy.subtype`, an opaque string), as
+- `role_groups`: the heads of each role class (a HeadRoles label) and of
+  each sub-type (`HeadRoles.subtype`, an opaque string), as
   ``(layer, head)`` tuples;
 - `random_head_sets`: seeded random sets with exactly the group's size and
   layer distribution (in each layer, as many heads as the group has there,
@@ -61,7 +61,7 @@ class HeadGroup:
 def _check_taxonomy(taxonomy: Any) -> None:
     if not all(hasattr(taxonomy, name) for name in ("layers", "heads", "label_names", "subtype")):
         raise GeometryError(
-            f"taxonomy: expected a HeadTaxonomy (from tg.classify_heads(result)), got {type(taxonomy).__name__}"
+            f"taxonomy: expected a HeadRoles (from tg.classify_heads(result)), got {type(taxonomy).__name__}"
         )
 
 
@@ -69,7 +69,7 @@ def role_groups(taxonomy: Any, *, subtypes: bool = True, min_heads: int = 1, unc
     """One group per role label present (retriever, mixer, reset, content, uncertain) and per sub-type.
 
     Args:
-        taxonomy: a HeadTaxonomy (read through ``layers``, ``heads``, ``label_names()`` and ``subtype()``).
+        taxonomy: a HeadRoles (read through ``layers``, ``heads``, ``label_names()`` and ``subtype()``).
         subtypes: also one group per distinct sub-type string (whatever label its heads have).
         min_heads: leave out sub-type groups with fewer heads than this (every role class present is kept).
         uncertain: also the group of heads labelled "uncertain" (not a role; its heads are still in the sub-types).

@@ -111,13 +111,13 @@ ROLE_CURVES = ("excess_cos_sink", "excess_cos_self")
 LAG_FEATURES = ("top_rest_at_lag", "attention_at_lag", "output_share_at_lag")
 EARLY_FEATURES = ("early_top_rest", "early_position", "early_attention", "early_output_share")
 SUBTYPE_FEATURES = LAG_FEATURES + EARLY_FEATURES
-# Lags a sub-type can name (TaxonomySettings.reach): a fixed width, so that every row counts at every lag
+# Lags a sub-type can name (RoleSettings.reach): a fixed width, so that every row counts at every lag
 # whatever the batch's length.
 DEFAULT_REACH = 64
-# Keys at positions 1..DEFAULT_EARLY-1 after the sink are early (TaxonomySettings.early).
+# Keys at positions 1..DEFAULT_EARLY-1 after the sink are early (RoleSettings.early).
 DEFAULT_EARLY = 16
 # Every name the taxonomy diagnostic declares; classify_heads checks a result for these.
-TAXONOMY_FEATURES = (
+ROLE_DIAGNOSTIC_FIELDS = (
     CURVE_FEATURES + SCALAR_FEATURES + POSITION_FEATURES + ROLE_FEATURES + ROLE_EXTRAS + ROLE_CURVES + SUBTYPE_FEATURES
 )
 
@@ -373,7 +373,7 @@ QuerySample = Literal["sample", "analysed"]
 
 
 @dataclass(frozen=True)
-class TaxonomySettings:
+class RoleSettings:
     """Settings of the taxonomy diagnostic.
 
     Attributes:
@@ -430,8 +430,8 @@ COS_S_LAST_MIXED = FieldSpec("cos_s_last_mixed", "cos(s(N), v_L), NaN where the 
 CONTRIBUTION_SINK = FieldSpec("contribution_sink", "||alpha_sink v_sink||")
 CONTRIBUTION_LAST = FieldSpec("contribution_last", "||alpha_L v_L||")
 CONTRIBUTION_REST = FieldSpec("contribution_rest", "||sum of alpha_i v_i over the other visible keys||")
-TAXONOMY_ATTENTION_SINK = FieldSpec("taxonomy_attention_sink", "attention weight on the sink")
-TAXONOMY_ATTENTION_LAST = FieldSpec("taxonomy_attention_last", "attention weight on the query's own token")
+ROLE_ATTENTION_SINK = FieldSpec("taxonomy_attention_sink", "attention weight on the sink")
+ROLE_ATTENTION_LAST = FieldSpec("taxonomy_attention_last", "attention weight on the query's own token")
 CONTRIBUTION_BY_POSITION = FieldSpec("contribution_by_position", "||alpha_i v_i|| by key position (last analysed query)", ("position",), queries="last", documents="mean")  # fmt: skip
 COS_LAST_BY_POSITION = FieldSpec("cos_last_by_position", "cos(v_i, v_L) by key position (last analysed query)", ("position",), queries="last", documents="mean")  # fmt: skip
 # The role rules' inputs: replicates by default, resampling documents and the query rows within them.
@@ -465,14 +465,14 @@ EXCESS_COS_SINK = FieldSpec("excess_cos_sink", "cos(s(N), v_sink) minus its expe
 EXCESS_COS_SELF = FieldSpec("excess_cos_self", "cos(s(N), v_L) minus its expectation over random N-subsets", ("n",))
 
 
-class TaxonomyDiagnostic(Diagnostic):
+class RoleDiagnostic(Diagnostic):
     name = "taxonomy"
-    Settings = TaxonomySettings
+    Settings = RoleSettings
     # Per row: the random rankings' places and bins (the alignment's chance level), key x control each.
     cost = RowCost(key_d=ROLE_CONTROLS)
     fields = (
         S_NORM_WITHOUT_SINK, S_NORM_WITHOUT_LAST, COS_S_SINK, COS_S_LAST, COS_S_SINK_MIXED, COS_S_LAST_MIXED,
-        CONTRIBUTION_SINK, CONTRIBUTION_LAST, CONTRIBUTION_REST, TAXONOMY_ATTENTION_SINK, TAXONOMY_ATTENTION_LAST,
+        CONTRIBUTION_SINK, CONTRIBUTION_LAST, CONTRIBUTION_REST, ROLE_ATTENTION_SINK, ROLE_ATTENTION_LAST,
         CONTRIBUTION_BY_POSITION, COS_LAST_BY_POSITION, SHARE_SINK, SHARE_SELF, SHARE_REST, REST_EFFECTIVE_SHARE,
         TOP_REST_SHARE, PREVIOUS_TOKEN, ALIGN_SINK_EXCESS, ALIGN_SELF_EXCESS, SHIFT_SINK_RAW, SHIFT_SELF_RAW, LOO_SINK,
         LOO_SELF, REST_EFFECTIVE_KEYS, SHIFT_SINK, SHIFT_SELF, CONTRIBUTION_TOP_REST, COS_SINK_RAW, COS_SELF_RAW,
@@ -513,4 +513,4 @@ def position_features_bytes(n_heads: int, n_keys: int, d_head: int, dtype: torch
     return 4 * max(4, dtype.itemsize) * n_heads * n_keys * d_head
 
 
-DIAGNOSTIC = TaxonomyDiagnostic()
+DIAGNOSTIC = RoleDiagnostic()

@@ -250,7 +250,7 @@ def ablate_roles(
     Args:
         model: a TransformerLens model (HookedTransformer or TransformerBridge), a ``transformers`` causal LM
             or an nnsight ``LanguageModel`` (wrapped once, `tl_geometry.capture.held_models`); left as it was.
-        taxonomy: its HeadTaxonomy (``tg.classify_heads(result)``); groups come from its labels and sub-types.
+        taxonomy: its HeadRoles (``tg.classify_heads(result)``); groups come from its labels and sub-types.
         n_windows: the evaluated natural-text windows: the first ``n_windows`` windows of ``context`` tokens
             (BOS first) of the default text (``tg.default_text()``).
         context: tokens per evaluated window.

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from tl_geometry.analysis.envelopes import upper_envelope_facts
 from tl_geometry.analysis.summaries import EFFECTIVE_MASS, at_each_head, by_query_position, effective_n
-from tl_geometry.analysis.head_roles import NAMED, REGIMES, ROLES, HeadTaxonomy
+from tl_geometry.analysis.head_roles import NAMED, ROLE_LABELS, ROLES, HeadRoles
 from tl_geometry.diagnostics.assumptions import ATTENTION_PROFILE
 from tl_geometry.diagnostics.bounds import (
     BOUND_PRECISION_LOWER,
@@ -100,7 +100,7 @@ def _note(diagnostic: str) -> str:
     return f"needs the {diagnostic!r} diagnostic: analyse with diagnostics including {diagnostic!r} (the tl-geometry default)"
 
 
-def default_head(result: GeometryResult, taxonomy: HeadTaxonomy | None) -> tuple[int, int]:
+def default_head(result: GeometryResult, taxonomy: HeadRoles | None) -> tuple[int, int]:
     """Indices of the head shown first: the example head of the first role that has one, else the first head."""
     if taxonomy is not None:
         examples = taxonomy.example_heads()
@@ -117,7 +117,7 @@ def default_n_index(result: GeometryResult) -> int:
     return grid.index(4) if 4 in grid else 0
 
 
-def explorer_data(result: GeometryResult, taxonomy: HeadTaxonomy | None = None) -> dict[str, Any]:
+def explorer_data(result: GeometryResult, taxonomy: HeadRoles | None = None) -> dict[str, Any]:
     """What the head panel and the table show, as JSON-ready nested lists ``[layer][head_index]...``.
 
     Returns:
@@ -205,7 +205,7 @@ def explorer_data(result: GeometryResult, taxonomy: HeadTaxonomy | None = None) 
                             "query_positions='all' or a list (tl-geometry --keep-queries --queries all).")
     return {
         "layers": list(result.layers), "heads": list(result.heads), "grid": result.n_grid.tolist(),
-        "mass": EFFECTIVE_MASS, "named": list(NAMED), "roles": list(ROLES), "regimes": list(REGIMES),
+        "mass": EFFECTIVE_MASS, "named": list(NAMED), "roles": list(ROLES), "regimes": list(ROLE_LABELS),
         "curves": curves, "rows": rows, "table": table, "queries": queries, "notes": notes,
         "selected": list(default_head(result, taxonomy)), "n_index": default_n_index(result),
     }  # fmt: skip
@@ -221,7 +221,7 @@ def _json_for_script(data: dict[str, Any]) -> str:
     return json.dumps(data, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
 
 
-def explorer_html(result: GeometryResult, taxonomy: HeadTaxonomy | None, heatmaps: str) -> str:
+def explorer_html(result: GeometryResult, taxonomy: HeadRoles | None, heatmaps: str) -> str:
     """The explorer section: the N slider, the heatmaps (``heatmaps``: their drawn HTML), the head panel, the table."""
     data = explorer_data(result, taxonomy)
     options = "\n".join(

@@ -29,7 +29,7 @@ from tl_geometry.analysis.claims import sample_warning
 from tl_geometry.analysis.detector_agreement import PromptSetCheck
 from tl_geometry.analysis.sink import sink_recall_correlation
 from tl_geometry.analysis.summaries import effective_n, mean_over_heads
-from tl_geometry.analysis.head_roles import REGIMES, HeadTaxonomy, taxonomy_from_result, threshold_sensitivity
+from tl_geometry.analysis.head_roles import ROLE_LABELS, HeadRoles, roles_from_result, threshold_sensitivity
 from tl_geometry.atomic_io import Unit, commit_unit
 from tl_geometry.diagnostics.registry import REGISTRY
 from tl_geometry.diagnostics.selection import ATTENTION_MASS, PRECISION, RECALL
@@ -55,7 +55,7 @@ class Figure:
     key: str
     title: str
     how_to_read: str
-    draw: Callable[[GeometryResult, HeadTaxonomy | None], go.Figure] | None
+    draw: Callable[[GeometryResult, HeadRoles | None], go.Figure] | None
     needs: str | None = None  # the diagnostic whose fields the figure draws
 
 
@@ -72,7 +72,7 @@ def available(result: GeometryResult) -> set[str]:
     }
 
 
-def _names(taxonomy: HeadTaxonomy | None) -> list[list[str]] | None:
+def _names(taxonomy: HeadRoles | None) -> list[list[str]] | None:
     return None if taxonomy is None else taxonomy.label_names()
 
 
@@ -155,7 +155,7 @@ FIGURES: tuple[Figure, ...] = (
         "||s(N)|| and the norms left when the sink or the last token is removed; a Retriever drops without the last "
         "token, a sink-dominated Reset head without the sink. Bottom: alignment of s(N) with the sink v_0 and the "
         "last token v_L over random sets of the same weights; in a Mixer it moves from v_0 to v_L as N grows.",
-        lambda result, taxonomy: plots.regime_diagnostics(taxonomy),
+        lambda result, taxonomy: plots.role_diagnostics(taxonomy),
         needs="taxonomy",
     ),
     Figure(
@@ -165,7 +165,7 @@ FIGURES: tuple[Figure, ...] = (
         "Content (not in the paper: a specific earlier token), grey is uncertain (the most probable role does not "
         "beat the runner-up by the margin). The paper (Llama-2-7B) finds Retrievers in the first two layers, Reset "
         "heads early and Mixers from the lower-middle layers on.",
-        lambda result, taxonomy: plots.regimes_by_layer(taxonomy),
+        lambda result, taxonomy: plots.roles_by_layer(taxonomy),
         needs="taxonomy",
     ),
     Figure(
@@ -181,21 +181,21 @@ FIGURES: tuple[Figure, ...] = (
         "||alpha_i v_i|| of every key for the final query of the example heads, coloured by the cosine of v_i "
         "with the last token's value: Retrievers are dominated by the last token, Reset heads by the sink or by "
         "many keys at once, Content heads by a few earlier keys.",
-        lambda result, taxonomy: plots.contributions_by_regime(taxonomy),
+        lambda result, taxonomy: plots.contributions_by_role(taxonomy),
         needs="taxonomy",
     ),
     Figure(
         "figure-11",
         "Figure 11: Precision and Recall by regime",
         "Mean Precision(r_max) and Recall(r_min) against N over the heads of each role.",
-        lambda result, taxonomy: plots.precision_recall_by_regime(taxonomy, result),
+        lambda result, taxonomy: plots.precision_recall_by_role(taxonomy, result),
         needs="taxonomy",
     ),
 )
 
 
 def summary_rows(
-    result: GeometryResult, details: Mapping[str, str], taxonomy: HeadTaxonomy | None = None
+    result: GeometryResult, details: Mapping[str, str], taxonomy: HeadRoles | None = None
 ) -> list[tuple[str, str]]:
     """The summary table: model, text, settings, versions and key figures."""
     precision, recall = mean_over_heads(result, PRECISION), mean_over_heads(result, RECALL)
@@ -216,7 +216,7 @@ def summary_rows(
     ]
     if taxonomy is not None:
         counts = taxonomy.counts_by_layer().sum(0).tolist()
-        rows.append(("head regimes", ", ".join(f"{regime}: {count}" for regime, count in zip(REGIMES, counts))))
+        rows.append(("head regimes", ", ".join(f"{regime}: {count}" for regime, count in zip(ROLE_LABELS, counts))))
     rows.append(("versions", ", ".join(f"{k} {v}" for k, v in result.versions.items())))
     return rows
 
@@ -225,7 +225,7 @@ class Rendered(NamedTuple):
     """The figures drawn for a result, its taxonomy when the result carries the features, and
     a note for every figure not drawn (which option would draw it)."""
 
-    taxonomy: HeadTaxonomy | None
+    taxonomy: HeadRoles | None
     figures: list[tuple[Figure, go.Figure]]
     notes: Sequence[tuple[Figure, str]] = ()
 
@@ -246,7 +246,7 @@ def missing_note(figure: Figure, asked: Sequence[str] = ()) -> str:
 def render_figures(result: GeometryResult) -> Rendered:
     """Every figure the result supports, drawn (some need the fields of a diagnostic), and notes for the rest."""
     present = available(result)
-    taxonomy = taxonomy_from_result(result) if "taxonomy" in present else None
+    taxonomy = roles_from_result(result) if "taxonomy" in present else None
     drawable = [f for f in FIGURES if f.draw is not None and (f.needs is None or f.needs in present)]
     figures = [(f, f.draw(result, taxonomy)) for f in drawable]
     notes = [(f, missing_note(f, result.config.diagnostics)) for f in FIGURES if f not in drawable]
@@ -427,7 +427,7 @@ def render_html(
 """
 
 
-def ablation_page(roles: HeadTaxonomy, ablation: RoleAblation, details: Mapping[str, str] | None = None) -> str:
+def ablation_page(roles: HeadRoles, ablation: RoleAblation, details: Mapping[str, str] | None = None) -> str:
     """A page of the roles and, inside their section, what ablating each costs the model (plotly.js embedded once):
     ``tl-geometry intervene --ablate-roles`` writes it as ``ablation.html``."""
     rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"

@@ -46,9 +46,9 @@ from tl_geometry.results.result import GeometryResult
 from tl_geometry.results.table import FieldName, field_name
 from tl_geometry.analysis.sink import SinkRecallCorrelation
 from tl_geometry.theory.synthetic import Toy2D
-from tl_geometry.analysis.head_roles import REGIMES, HeadTaxonomy
+from tl_geometry.analysis.head_roles import ROLE_LABELS, HeadRoles
 from tl_geometry.analysis.summaries import at_n, mean_over_heads, spread_over_heads
-from tl_geometry.analysis.chance_excess import chance_by_regime
+from tl_geometry.analysis.chance_excess import chance_by_role
 
 # Okabe & Ito (2008), safe for the common colour-vision deficiencies.
 BLUE, ORANGE, GREEN, VERMILLION, SKY, PURPLE, GREY = (
@@ -60,7 +60,7 @@ BLUE, ORANGE, GREEN, VERMILLION, SKY, PURPLE, GREY = (
     "#CC79A7",
     "#7F7F7F",
 )
-REGIME_COLOURS = {"retriever": BLUE, "mixer": ORANGE, "reset": PURPLE, "content": GREEN, "uncertain": GREY}
+ROLE_COLOURS = {"retriever": BLUE, "mixer": ORANGE, "reset": PURPLE, "content": GREEN, "uncertain": GREY}
 TEMPLATE = "plotly_white"
 
 
@@ -124,7 +124,7 @@ def metric_heatmap(
         metric: a per-sequence field of the result, e.g. ``"precision"``, ``"recall"``, ``"f_score"``.
         n: the selection size N (must be on the result's grid).
         regimes: optional ``[layer, head_index]`` regime names (e.g. from a
-            HeadTaxonomy) shown on hover.
+            HeadRoles) shown on hover.
 
     Returns:
         A heatmap whose hover shows layer, head, value and regime.
@@ -272,12 +272,12 @@ def _example_head_label(where: tuple[int, int] | None, regime: str) -> str:
     return f"{regime}: none" if where is None else f"{regime}: layer {where[0]}, head {where[1]}"
 
 
-def regime_diagnostics(taxonomy: HeadTaxonomy) -> go.Figure:
+def role_diagnostics(taxonomy: HeadRoles) -> go.Figure:
     """Figure 7: for one example head per regime, ||s(N)|| and its leave-one-out norms (top)
     and the alignment of s(N) with the sink v_0 and the last token v_L over chance (bottom), against N."""
     examples = taxonomy.example_heads()
-    fig = make_subplots(rows=2, cols=len(REGIMES), shared_xaxes=True, vertical_spacing=0.12,
-                        subplot_titles=[_example_head_label(examples[r], r) for r in REGIMES] + [""] * len(REGIMES))
+    fig = make_subplots(rows=2, cols=len(ROLE_LABELS), shared_xaxes=True, vertical_spacing=0.12,
+                        subplot_titles=[_example_head_label(examples[r], r) for r in ROLE_LABELS] + [""] * len(ROLE_LABELS))
     grid = taxonomy.n_grid.tolist()
     lines = (
         (1, S_NORM, "||s(N)||", "solid"),
@@ -286,7 +286,7 @@ def regime_diagnostics(taxonomy: HeadTaxonomy) -> go.Figure:
         (2, EXCESS_COS_SINK, "cos(s(N), v_0) over chance", "solid"),
         (2, EXCESS_COS_SELF, "cos(s(N), v_L) over chance", "dash"),
     )
-    for col, regime in enumerate(REGIMES, start=1):
+    for col, regime in enumerate(ROLE_LABELS, start=1):
         where = examples[regime]
         if where is None:
             continue
@@ -294,7 +294,7 @@ def regime_diagnostics(taxonomy: HeadTaxonomy) -> go.Figure:
         for row, spec, label, dash in lines:
             fig.add_trace(
                 go.Scatter(x=grid, y=taxonomy.features[spec.name][layer, head].tolist(), mode="lines", name=label,
-                           line={"color": REGIME_COLOURS[regime], "dash": dash}, showlegend=False, legendgroup=spec.name,
+                           line={"color": ROLE_COLOURS[regime], "dash": dash}, showlegend=False, legendgroup=spec.name,
                            hovertemplate=label + " = %{y:.3g} at N = %{x}<extra></extra>"),
                 row=row, col=col,
             )
@@ -313,12 +313,12 @@ def regime_diagnostics(taxonomy: HeadTaxonomy) -> go.Figure:
     return fig
 
 
-def regimes_by_layer(taxonomy: HeadTaxonomy) -> go.Figure:
+def roles_by_layer(taxonomy: HeadRoles) -> go.Figure:
     """Figure 8: how many heads of each regime every layer has (stacked)."""
     counts = taxonomy.counts_by_layer()
     fig = go.Figure(
-        [go.Bar(x=list(taxonomy.layers), y=counts[:, i].tolist(), name=regime, marker_color=REGIME_COLOURS[regime])
-         for i, regime in enumerate(REGIMES)]
+        [go.Bar(x=list(taxonomy.layers), y=counts[:, i].tolist(), name=regime, marker_color=ROLE_COLOURS[regime])
+         for i, regime in enumerate(ROLE_LABELS)]
     )
     fig.update_layout(barmode="stack")
     fig.update_xaxes(title="layer", type="category", range=[-0.5, len(taxonomy.layers) - 0.5])
@@ -326,11 +326,11 @@ def regimes_by_layer(taxonomy: HeadTaxonomy) -> go.Figure:
     return _style(fig, "Head regimes by depth")
 
 
-def contributions_by_regime(taxonomy: HeadTaxonomy) -> go.Figure:
+def contributions_by_role(taxonomy: HeadRoles) -> go.Figure:
     """Figure 10: ||alpha_i v_i|| by key position for an example head of each regime, coloured by cos(v_i, v_L)."""
     examples = taxonomy.example_heads()
-    fig = make_subplots(rows=1, cols=len(REGIMES), subplot_titles=[_example_head_label(examples[r], r) for r in REGIMES])
-    for col, regime in enumerate(REGIMES, start=1):
+    fig = make_subplots(rows=1, cols=len(ROLE_LABELS), subplot_titles=[_example_head_label(examples[r], r) for r in ROLE_LABELS])
+    for col, regime in enumerate(ROLE_LABELS, start=1):
         where = examples[regime]
         if where is None:
             continue
@@ -343,8 +343,8 @@ def contributions_by_regime(taxonomy: HeadTaxonomy) -> go.Figure:
             go.Scatter(x=positive.nonzero().flatten().tolist(), y=size[positive].tolist(), mode="markers",
                        name=regime + _left_off(zeros, "with ||alpha_i v_i|| = 0"), showlegend=zeros > 0,
                        marker={"color": cosine[positive].tolist(), "colorscale": "RdBu", "cmin": -1, "cmax": 1, "size": 5,
-                               "colorbar": {"title": "cos(v_i, v_L)"} if col == len(REGIMES) else None,
-                               "showscale": col == len(REGIMES)},
+                               "colorbar": {"title": "cos(v_i, v_L)"} if col == len(ROLE_LABELS) else None,
+                               "showscale": col == len(ROLE_LABELS)},
                        hovertemplate="position %{x}<br>||alpha_i v_i|| = %{y:.3g}<extra></extra>"),
             row=1, col=col,
         )
@@ -354,7 +354,7 @@ def contributions_by_regime(taxonomy: HeadTaxonomy) -> go.Figure:
     return _style(fig, "Contributions of each key to the head output, by regime")
 
 
-def precision_recall_by_regime(taxonomy: HeadTaxonomy, result: GeometryResult | None = None) -> go.Figure:
+def precision_recall_by_role(taxonomy: HeadRoles, result: GeometryResult | None = None) -> go.Figure:
     """Figure 11: mean Precision(r_max) and Recall(r_min) against N for the heads of each regime.
 
     With a ``result`` run with the ``"chance"`` diagnostic, each regime's
@@ -364,23 +364,23 @@ def precision_recall_by_regime(taxonomy: HeadTaxonomy, result: GeometryResult | 
     grid = taxonomy.n_grid.tolist()
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Precision P(r_max, N)", "Recall R(r_min, N)"))
     for col, metric in enumerate((PRECISION, RECALL), start=1):
-        curves = taxonomy.curves_by_regime(metric)
+        curves = taxonomy.curves_by_role(metric)
         if result is not None and CHANCE_OF[metric].name in result.fields:
-            chance = chance_by_regime(result, taxonomy, metric)
+            chance = chance_by_role(result, taxonomy, metric)
             top, bottom = torch.nan_to_num(chance, nan=-math.inf).amax(0), torch.nan_to_num(chance, nan=math.inf).amin(0)
             fig.add_trace(go.Scatter(x=grid, y=top.tolist(), mode="lines", line={"width": 0}, showlegend=False, hoverinfo="skip"),
                           row=1, col=col)
             fig.add_trace(go.Scatter(x=grid, y=bottom.tolist(), fill="tonexty", fillcolor="rgba(127,127,127,0.2)",
                                      mode="lines", line={"width": 0}, name="chance band (random top-N sets)",
                                      showlegend=col == 1, hoverinfo="skip"), row=1, col=col)
-            for i, regime in enumerate(REGIMES):
+            for i, regime in enumerate(ROLE_LABELS):
                 fig.add_trace(go.Scatter(x=grid, y=chance[i].tolist(), mode="lines", name=f"{regime}: chance",
-                                         line={"color": REGIME_COLOURS[regime], "dash": "dot", "width": 1},
+                                         line={"color": ROLE_COLOURS[regime], "dash": "dot", "width": 1},
                                          showlegend=col == 1), row=1, col=col)
-        for i, regime in enumerate(REGIMES):
+        for i, regime in enumerate(ROLE_LABELS):
             fig.add_trace(
                 go.Scatter(x=grid, y=curves[i].tolist(), mode="lines+markers", name=regime,
-                           line={"color": REGIME_COLOURS[regime]}, showlegend=col == 1),
+                           line={"color": ROLE_COLOURS[regime]}, showlegend=col == 1),
                 row=1, col=col,
             )
         _n_axes(fig, grid, row=1, col=col)

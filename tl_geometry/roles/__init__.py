@@ -3,14 +3,14 @@
 The roles are read from a result by `tl_geometry.analysis.head_roles`; this package runs the model for them.
 """
 
-from tl_geometry.roles.classify import classify_heads, detect_regime
+from tl_geometry.roles.classify import classify_heads, detect_role
 from tl_geometry.roles.prompt_sets import check_known_mechanisms, detector_scores, natural_text, repeated_random_tokens
 from tl_geometry.roles.published import published_measures
 
 __all__ = [
     "check_known_mechanisms",
     "classify_heads",
-    "detect_regime",
+    "detect_role",
     "detector_scores",
     "natural_text",
     "published_measures",

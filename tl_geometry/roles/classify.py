@@ -1,4 +1,4 @@
-"""Head roles on a model: the run behind `classify_heads` and `detect_regime`.
+"""Head roles on a model: the run behind `classify_heads` and `detect_role`.
 
 `tl_geometry.analysis.head_roles` reads a result; this module runs the model
 (with the ``"taxonomy"`` diagnostic added to the run's config) and hands the
@@ -13,7 +13,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from tl_geometry.analysis.head_roles import NAMED, HeadTaxonomy, TaxonomyConfig, taxonomy_from_result
+from tl_geometry.analysis.head_roles import NAMED, HeadRoles, RoleConfig, roles_from_result
 from tl_geometry.capture.held_models import is_held_model
 from tl_geometry.capture.hooks import run_with_geometry_hooks
 from tl_geometry.capture.tokens import HookableModel, check_model
@@ -22,7 +22,7 @@ from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
 
 
-def with_taxonomy(config: GeometryConfig | None) -> GeometryConfig:
+def with_roles(config: GeometryConfig | None) -> GeometryConfig:
     """``config`` (default ``GeometryConfig()``) with the ``"taxonomy"`` diagnostic among its diagnostics."""
     if config is None:
         return GeometryConfig(diagnostics=("taxonomy",))
@@ -36,7 +36,7 @@ def with_taxonomy(config: GeometryConfig | None) -> GeometryConfig:
 def classify_heads(
     result_or_model: Any, tokens: Any = None, config: GeometryConfig | None = None, *, taxonomy: Any = None,
     tokenizer: Any = None,
-) -> HeadTaxonomy:
+) -> HeadRoles:
     """The role of every analysed head (Retriever, Mixer, Reset, Content or uncertain), with its probabilities.
 
     Args:
@@ -47,44 +47,44 @@ def classify_heads(
         tokens: for a model: token ids ``[batch, pos]``, a string or a list of
             strings; each sequence is one document of the bootstrap.
         config: for a model: the GeometryConfig of the run (``"taxonomy"`` is added).
-        taxonomy: the TaxonomyConfig (thresholds); default ``TaxonomyConfig()``.
+        taxonomy: the RoleConfig (thresholds); default ``RoleConfig()``.
         tokenizer: for a ``transformers`` or nnsight model, its tokenizer (as in `run_with_geometry_hooks`).
 
     Returns:
-        HeadTaxonomy: ``labels`` ``[layer, head_index]`` indexing ``REGIMES``,
+        HeadRoles: ``labels`` ``[layer, head_index]`` indexing ``ROLE_LABELS``,
         ``probabilities`` ``[layer, head_index, role]``.
     """
-    if taxonomy is not None and not isinstance(taxonomy, TaxonomyConfig):
-        raise GeometryError(f"taxonomy: expected a TaxonomyConfig or None, got {type(taxonomy).__name__}")
+    if taxonomy is not None and not isinstance(taxonomy, RoleConfig):
+        raise GeometryError(f"taxonomy: expected a RoleConfig or None, got {type(taxonomy).__name__}")
     if isinstance(result_or_model, GeometryResult):
         if tokens is not None or config is not None or tokenizer is not None:
             raise GeometryError(
                 "tokens/config/tokenizer: only used with a model; the GeometryResult is already computed, call "
                 "classify_heads(result) alone"
             )
-        return taxonomy_from_result(result_or_model, taxonomy)
+        return roles_from_result(result_or_model, taxonomy)
     if isinstance(result_or_model, HookableModel) or is_held_model(result_or_model):
         if tokens is None:
             raise GeometryError(
                 "tokens: required when classify_heads gets a model; pass text or token ids, "
                 "e.g. classify_heads(model, 'some text')"
             )
-        result = run_with_geometry_hooks(result_or_model, tokens, config=with_taxonomy(config), tokenizer=tokenizer)
-        return taxonomy_from_result(result, taxonomy)
+        result = run_with_geometry_hooks(result_or_model, tokens, config=with_roles(config), tokenizer=tokenizer)
+        return roles_from_result(result, taxonomy)
     raise GeometryError(
         f"result_or_model: expected a GeometryResult, a TransformerLens model, a transformers causal LM or an "
         f"nnsight LanguageModel, got {type(result_or_model).__name__}"
     )
 
 
-def detect_regime(
+def detect_role(
     model: Any,
     seq: Any,
     regime: str,
     heads: list[tuple[int, int]] | dict[int, list[int]] | None = None,
     *,
     config: GeometryConfig | None = None,
-    taxonomy: TaxonomyConfig | None = None,
+    taxonomy: RoleConfig | None = None,
 ) -> Float[Tensor, "n_layers n_heads"]:
     """Every head's probability of one role, shaped like ``transformer_lens.head_detector.detect_head``.
 
@@ -95,7 +95,7 @@ def detect_regime(
         heads: as in ``detect_head``: a list of (layer, head) or a dict
             layer -> heads; other heads are NaN. Default: every head.
         config: the GeometryConfig of the run.
-        taxonomy: the TaxonomyConfig.
+        taxonomy: the RoleConfig.
 
     Returns:
         The bootstrap probability of the role per head, ``[n_layers, n_heads]``.
@@ -115,7 +115,7 @@ def detect_regime(
     if not pairs:
         raise GeometryError("heads: got no heads; pass None for every head")
     overrides = {"layers": sorted({p[0] for p in pairs}), "heads": sorted({p[1] for p in pairs})}
-    found = classify_heads(model, seq, with_taxonomy(config).with_overrides(**overrides), taxonomy=taxonomy)
+    found = classify_heads(model, seq, with_roles(config).with_overrides(**overrides), taxonomy=taxonomy)
     scores = torch.full((n_layers, n_heads), math.nan)
     layer_at = torch.tensor([found.layers.index(layer) for layer, _ in pairs])
     head_at = torch.tensor([found.heads.index(head) for _, head in pairs])

@@ -25,7 +25,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from tl_geometry.analysis.detector_agreement import DETECTORS, PromptSetCheck
-from tl_geometry.analysis.head_roles import TaxonomyConfig, taxonomy_from_result
+from tl_geometry.analysis.head_roles import RoleConfig, roles_from_result
 from tl_geometry.capture.hook_names import pattern_hook
 from tl_geometry.capture.hooks import run_with_geometry_hooks
 from tl_geometry.capture.tokens import HookableModel, check_model, input_device
@@ -33,7 +33,7 @@ from tl_geometry.config import GeometryConfig
 from tl_geometry.corpus_input.plain_text import default_text
 from tl_geometry.corpus_input.token_windows import text_windows
 from tl_geometry.errors import GeometryError
-from tl_geometry.roles.classify import with_taxonomy
+from tl_geometry.roles.classify import with_roles
 
 
 def repeated_random_tokens(model: HookableModel, n_prompts: int = 8, period: int = 64, seed: int = 0) -> Int[Tensor, "prompt pos"]:
@@ -113,7 +113,7 @@ def check_known_mechanisms(
     context: int = 256,
     period: int = 64,
     config: GeometryConfig | None = None,
-    taxonomy: TaxonomyConfig | None = None,
+    taxonomy: RoleConfig | None = None,
     seed: int = 0,
     progress: bool = False,
 ) -> dict[str, PromptSetCheck]:
@@ -134,7 +134,7 @@ def check_known_mechanisms(
     Returns:
         ``{"natural": PromptSetCheck, "repeated": PromptSetCheck}``.
     """
-    base = with_taxonomy(config)
+    base = with_roles(config)
     n_ctx = getattr(model.cfg, "n_ctx", None)
     if n_ctx:  # a model with a short context gets prompts that fit it
         context, period = min(context, int(n_ctx)), min(period, (int(n_ctx) - 1) // 2)
@@ -154,6 +154,6 @@ def check_known_mechanisms(
             hooks, scores = _detector_hooks(model, tokens, t)
             with model.hooks(fwd_hooks=hooks):
                 result = run_with_geometry_hooks(model, tokens, config=run_config.with_overrides(capture="pattern"))
-            out[name] = PromptSetCheck(name, scores, taxonomy_from_result(result, taxonomy), t, int(tokens.shape[0]))
+            out[name] = PromptSetCheck(name, scores, roles_from_result(result, taxonomy), t, int(tokens.shape[0]))
             bar.update()
     return out
