@@ -93,14 +93,14 @@ print("induction heads:     ", [(h, round(induction[h].item(), 2)) for h in indu
 # The queries analysed are the positions of the second copy, where induction
 # happens (positions are counted from the first real token; 0 is the sink).
 # By default the taxonomy measures its features on a seeded sample of query
-# positions spread over each sequence; `settings={"taxonomy": {"queries":
+# positions spread over each sequence; `settings={"roles": {"queries":
 # "analysed"}}` measures them on the analysed queries instead, here the second
-# copy. `diagnostics=["taxonomy"]` computes the role features in the same pass.
+# copy. `diagnostics=["roles"]` computes the role features in the same pass.
 
 # %%
 second_copy = list(range(first_copy + 1, n_tokens))
-result = tg.run_with_geometry_hooks(model, tokens, query_positions=second_copy, diagnostics=["taxonomy"],
-                                    settings={"taxonomy": {"queries": "analysed"}})
+result = tg.run_with_geometry_hooks(model, tokens, query_positions=second_copy, diagnostics=["roles"],
+                                    settings={"roles": {"queries": "analysed"}})
 taxonomy = tg.classify_heads(result)
 names = taxonomy.label_names()
 grid = result.n_grid.tolist()
@@ -194,8 +194,8 @@ for layer, head in prev_heads:
 # forward pass, not a head's role.
 
 # %%
-per_query = tg.run_with_geometry_hooks(model, tokens, query_positions=second_copy, diagnostics=["taxonomy"],
-                                       keep_queries=True, settings={"taxonomy": {"queries": "analysed"}})
+per_query = tg.run_with_geometry_hooks(model, tokens, query_positions=second_copy, diagnostics=["roles"],
+                                       keep_queries=True, settings={"roles": {"queries": "analysed"}})
 queries = tg.analysis.classify_queries(per_query)
 layer, head = induction_heads[0] if induction_heads else prev_heads[0]
 print(f"L{layer}H{head} at each query of the second copy:",

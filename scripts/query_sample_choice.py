@@ -32,7 +32,7 @@ UNCERTAIN_TARGET = 0.07
 
 def measure(model, windows: list, n_queries: int, save: Path | None = None) -> dict:
     """Halves agreement, uncertain share and sub-type agreement of one query-sample size."""
-    config = tg.GeometryConfig(diagnostics=["taxonomy"], settings={"taxonomy": {"n_queries": n_queries}})
+    config = tg.GeometryConfig(diagnostics=["roles"], settings={"roles": {"n_queries": n_queries}})
     quarter = len(windows) // 4
     start = time.perf_counter()
     groups = [tg.analyze_corpus(model, windows[i * quarter : (i + 1) * quarter], config, batch_size=1, progress=False)

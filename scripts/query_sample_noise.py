@@ -26,7 +26,7 @@ def main() -> None:
     roles = {}
     for n_queries in (8, 32):
         start = time.perf_counter()
-        config = tg.GeometryConfig(diagnostics=["taxonomy"]).with_overrides(settings={"taxonomy": {"n_queries": n_queries}})
+        config = tg.GeometryConfig(diagnostics=["roles"]).with_overrides(settings={"roles": {"n_queries": n_queries}})
         result = tg.analyze_corpus(model, windows, config, batch_size=1, progress=False)
         roles[n_queries] = roles_from_result(result)
         print(f"{n_queries} queries per window: {time.perf_counter() - start:.0f} s, {role_counts(roles[n_queries])}", flush=True)

@@ -6,7 +6,7 @@ needs its package and about 6 GB):
     PYTHONPATH=. python scripts/role_study.py [smollm2-135m] [gemma3-270m] [--windows 16] [--context 1024]
 
 For each model, on the report's default input (``--windows`` windows of
-``--context`` tokens of the bundled text) with the ``"taxonomy"`` diagnostic
+``--context`` tokens of the bundled text) with the ``"roles"`` diagnostic
 and its default query sample:
 
 - the labels: counts by role, the share of "uncertain" heads, and that every
@@ -62,12 +62,12 @@ def study(name: str, n_windows: int, context: int, reseed: bool = True) -> None:
     save = os.environ.get("STUDY_SAVE")
     model = tg.load_model(name, progress=False)
     windows = tg.text_windows(model, tg.default_text(), context=context, n_windows=n_windows)
-    config = tg.GeometryConfig(diagnostics=["taxonomy"])
+    config = tg.GeometryConfig(diagnostics=["roles"])
     half, quarter = n_windows // 2, n_windows // 4
     groups = [_analyse(model, windows[i * quarter : (i + 1) * quarter], config, save, f"{name}-group{i + 1}") for i in range(4)]
     first, second = tg.GeometryResult.merge(groups[:2]), tg.GeometryResult.merge(groups[2:])
     full = tg.GeometryResult.merge(groups)
-    reseeded = (_analyse(model, windows, config.with_overrides(settings={"taxonomy": {"seed": 1}}), save, f"{name}-seed1")
+    reseeded = (_analyse(model, windows, config.with_overrides(settings={"roles": {"seed": 1}}), save, f"{name}-seed1")
                 if reseed else None)
     roles = roles_from_result(full)
     n_heads = roles.labels.numel()

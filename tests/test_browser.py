@@ -143,7 +143,7 @@ def test_a_result_without_diagnostics_shows_notes_instead(result, tmp_path):
     try:
         open_page(browser, index.as_uri())
         notes = _value(browser, "return document.getElementById('head-notes').textContent;")
-        for option in ("'chance'", "'bounds'", "'assumptions'", "'taxonomy'", "keep_queries=True"):
+        for option in ("'chance'", "'bounds'", "'assumptions'", "'roles'", "keep_queries=True"):
             assert option in notes
         missing = _value(browser, "return [...document.querySelectorAll('section.not-drawn')].map(s => s.id);")
         expected = {f"section-{f.key}" for f in FIGURES if f.needs is not None or f.draw is None}

@@ -169,7 +169,7 @@ def test_figures_draw_the_chance_band_and_excess_is_summarised():
 
     model = tm.make_model("bridge-llama")
     tokens = tm.with_bos(tm.random_tokens(4, 12))
-    result = run_with_geometry_hooks(model, tokens, diagnostics=["chance", "bounds", "taxonomy"], n_grid=[1, 2, 4, 8])
+    result = run_with_geometry_hooks(model, tokens, diagnostics=["chance", "bounds", "roles"], n_grid=[1, 2, 4, 8])
     names = {trace.name for trace in plots.precision_recall_vs_n(result).data}
     assert {"chance: random top-N sets (mean)", "floor N / L", plots.LOWER_NAME} <= names
     names = {trace.name for trace in plots.head_curves(result, 1, 0).data}

@@ -638,7 +638,7 @@ def test_a_result_without_a_diagnostic_shows_not_measured_with_the_option(result
                 "sink_recall_correlation"):
         assert table.loc[key, "verdict"] == "not measured"
         assert 'diagnostics=["assumptions"]' in table.loc[key, "option"]
-    assert 'diagnostics=["taxonomy"]' in table.loc["roles_by_depth", "option"]
+    assert 'diagnostics=["roles"]' in table.loc["roles_by_depth", "option"]
     assert 'diagnostics=["bounds"]' in table.loc["envelope_tightness", "option"]
     assert math.isnan(table.loc["envelope_tightness", "value"])
     assert 'diagnostics=["chance"]' in table.loc["small_n_separability", "option"]  # judged on the excess over chance

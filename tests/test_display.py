@@ -39,7 +39,7 @@ def check_summary(obj: object, *must: str) -> str:
 def run():
     model = tiny_bridge()
     tokens = with_bos(random_tokens(2, 20))
-    return model, tokens, tg.run_with_geometry_hooks(model, tokens, diagnostics=["taxonomy", "assumptions"],
+    return model, tokens, tg.run_with_geometry_hooks(model, tokens, diagnostics=["roles", "assumptions"],
                                                     keep_queries=True)
 
 

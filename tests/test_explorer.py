@@ -192,8 +192,8 @@ def test_missing_parts_name_the_option_that_adds_them(result):
     plain = dataclasses.replace(result, stats={k: v for k, v in result.stats.items() if k in REQUIRED_FIELDS})
     notes = explorer.explorer_data(plain, None)["notes"]
     assert "'chance'" in notes["chance"] and "'bounds'" in notes["bounds"]
-    assert "'assumptions'" in notes["attention"] and "'taxonomy'" in notes["contributions"]
-    assert "'taxonomy'" in notes["regime"] and "attention_mass" in notes["effective_n"]
+    assert "'assumptions'" in notes["attention"] and "'roles'" in notes["contributions"]
+    assert "'roles'" in notes["regime"] and "attention_mass" in notes["effective_n"]
 
 
 @pytest.mark.parametrize("hostile", ["</script><script>alert(1)</script>", "<!--<script>", "</SCRIPT >&lt;"])

@@ -52,8 +52,8 @@ def reference_row(alpha, values, visible, grid) -> dict[str, list[float] | float
         contribution_sink=float(y[sink].norm()),
         contribution_last=float(y[last].norm()),
         contribution_rest=float(rest.norm()),
-        taxonomy_attention_sink=float(alpha[sink]),
-        taxonomy_attention_last=float(alpha[last]),
+        role_attention_sink=float(alpha[sink]),
+        role_attention_last=float(alpha[last]),
     )
     return out
 
@@ -168,7 +168,7 @@ def test_features_through_the_hooks_do_not_depend_on_batching():
     model = tm.make_model("bridge-llama")
     texts = ["the cat sat on the mat and ran", "a dog", "one two three four five six seven"]
     # The features on the analysed queries (kept per query); the default query sample has tests/test_taxonomy.py.
-    config = dict(diagnostics=["taxonomy"], n_grid=[1, 2, 4, 8], keep_queries=True, settings={"taxonomy": {"queries": "analysed"}})
+    config = dict(diagnostics=["roles"], n_grid=[1, 2, 4, 8], keep_queries=True, settings={"roles": {"queries": "analysed"}})
     together = run_with_geometry_hooks(model, texts, **config)
     alone = [run_with_geometry_hooks(model, [text], **config) for text in texts]
     for i, one in enumerate(alone):

@@ -80,10 +80,10 @@ def test_the_check_measures_scores_and_roles_in_one_pass_as_two_separate_runs_wo
         for detector, expected in want.items():
             torch.testing.assert_close(checks[name].scores[detector], expected, equal_nan=True, msg=f"{name} {detector}",
                                        atol=1e-6, rtol=1e-6)
-        config = GeometryConfig(diagnostics=("taxonomy",), capture="pattern")
+        config = GeometryConfig(diagnostics=("roles",), capture="pattern")
         if period is not None:
             config = config.with_overrides(query_positions=list(range(period + 1, 2 * period + 1)),
-                                           settings={"taxonomy": {"queries": "analysed"}})
+                                           settings={"roles": {"queries": "analysed"}})
         alone = roles_from_result(run_with_geometry_hooks(model, tokens, config=config))
         torch.testing.assert_close(checks[name].taxonomy.probabilities, alone.probabilities, msg=name)
 

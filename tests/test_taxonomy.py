@@ -156,7 +156,7 @@ EXPECTED = {"retriever": "retriever", "sink": "reset", "broad": "reset", "previo
 def built(gpt2):
     tokens = tm.with_bos(tm.random_tokens(N_DOC, POS - 1))
     with gpt2.hooks(fwd_hooks=building_hooks(ROLES_BUILT, N_DOC, POS)):
-        return run_with_geometry_hooks(gpt2, tokens, diagnostics=["taxonomy"], n_bootstrap=100)
+        return run_with_geometry_hooks(gpt2, tokens, diagnostics=["roles"], n_bootstrap=100)
 
 
 @settings(max_examples=200, deadline=None)
@@ -289,8 +289,8 @@ def test_a_shifting_mixer_and_an_induction_head(gpt2):
     second_copy = list(range(PERIOD + 1, pos))
     with gpt2.hooks(fwd_hooks=mixer_and_induction_hooks(N_DOC, pos)):
         result = run_with_geometry_hooks(
-            gpt2, tokens, diagnostics=["taxonomy"], layers=[0], query_positions=second_copy,
-            settings={"taxonomy": {"queries": "analysed"}},
+            gpt2, tokens, diagnostics=["roles"], layers=[0], query_positions=second_copy,
+            settings={"roles": {"queries": "analysed"}},
         )  # fmt: skip
     found = roles_from_result(result)
     labels = found.label_names()[0]
@@ -401,7 +401,7 @@ def test_summaries_and_sensitivity(built):
 @pytest.mark.model
 def test_merge_and_batching_leave_the_probabilities_unchanged(gpt2):
     tokens = tm.with_bos(tm.random_tokens(6, 30, seed=3))
-    config = GeometryConfig(diagnostics=["taxonomy"], n_bootstrap=50)
+    config = GeometryConfig(diagnostics=["roles"], n_bootstrap=50)
     whole = run_with_geometry_hooks(gpt2, tokens, config=config)
     parts = GeometryResult.merge([run_with_geometry_hooks(gpt2, tokens[i : i + 2], config=config) for i in (0, 2, 4)])
     for name in ROLE_FEATURES:  # a result rounds these replicate sums to float16 (results/stats.py, half_rounded):
@@ -412,22 +412,22 @@ def test_merge_and_batching_leave_the_probabilities_unchanged(gpt2):
         largest = float(torch.cat([a, b]).abs().nan_to_num().max())
         assert float((a - b).abs().nan_to_num().max()) <= 3 * 2**-11 * largest, name
     assert torch.equal(roles_from_result(whole).labels, roles_from_result(parts).labels)
-    other_seed = run_with_geometry_hooks(gpt2, tokens, config=config.with_overrides(settings={"taxonomy": {"seed": 1}}))
+    other_seed = run_with_geometry_hooks(gpt2, tokens, config=config.with_overrides(settings={"roles": {"seed": 1}}))
     assert not torch.equal(whole.per_head("share_self"), other_seed.per_head("share_self"))  # the sample moved
 
 
 @pytest.mark.model
 def test_per_query_roles(gpt2):
     tokens = tm.with_bos(tm.random_tokens(2, 20, seed=4))
-    result = run_with_geometry_hooks(gpt2, tokens, diagnostics=["taxonomy"], query_positions="all", keep_queries=True,
-                                     settings={"taxonomy": {"queries": "analysed"}})  # fmt: skip
+    result = run_with_geometry_hooks(gpt2, tokens, diagnostics=["roles"], query_positions="all", keep_queries=True,
+                                     settings={"roles": {"queries": "analysed"}})  # fmt: skip
     per_query = classify_queries(result)
     assert per_query.labels.shape[:3] == (2, tm.N_LAYERS, tm.N_HEADS)
     assert per_query.at(0, 0) == [[None] * tm.N_HEADS] * tm.N_LAYERS  # the sink sees only itself
     assert all(label in ROLES for row in per_query.at(0, 10) for label in row)
     with pytest.raises(GeometryError, match="kept no query at position 999"):
         per_query.at(0, 999)
-    sampled = run_with_geometry_hooks(gpt2, tokens, diagnostics=["taxonomy"], keep_queries=True)
+    sampled = run_with_geometry_hooks(gpt2, tokens, diagnostics=["roles"], keep_queries=True)
     with pytest.raises(GeometryError, match="queries': 'analysed'"):
         classify_queries(sampled)
 
@@ -435,7 +435,7 @@ def test_per_query_roles(gpt2):
 @pytest.mark.model
 def test_errors_and_old_results(gpt2, built):
     plain = run_with_geometry_hooks(gpt2, tm.with_bos(tm.random_tokens(1, 8)), n_grid=[1, 2])
-    with pytest.raises(GeometryError, match="lacks the taxonomy features .* diagnostics=\\['taxonomy'\\]"):
+    with pytest.raises(GeometryError, match="lacks the taxonomy features .* diagnostics=\\['roles'\\]"):
         classify_heads(plain)
     old = dataclasses.replace(built, stats={k: v for k, v in built.stats.items() if k not in ROLE_FEATURES})
     assert any(name in old.fields for name in ROLE_DIAGNOSTIC_FIELDS)

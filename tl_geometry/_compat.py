@@ -13,6 +13,8 @@ import warnings
 from types import ModuleType
 from typing import Any
 
+from tl_geometry._renamed import RENAMED
+
 MOVED = {
     **dict.fromkeys(["CorpusReport", "Window", "WindowStream", "read_text_files", "window_documents"],
                     "tl_geometry.corpus"),
@@ -29,7 +31,7 @@ MOVED = {
     "default_n_grid": "tl_geometry.engine.grid",
     "SelectionPicture": "tl_geometry.results.selection_picture",
 }  # fmt: skip
-"""Old top-level name -> the module it is imported from now."""
+"""Old top-level name -> the module it is imported from now (under its name in `RENAMED` where it was renamed)."""
 
 
 OLD_MODULES = {
@@ -104,7 +106,7 @@ def moved(name: str) -> Any:
         return importlib.import_module(OLD_MODULES[f"tl_geometry.{name}"])
     if name not in MOVED:
         raise AttributeError(f"module 'tl_geometry' has no attribute {name!r}")
-    home = MOVED[name]
-    warnings.warn(f"tl_geometry.{name} is deprecated; import it from {home} (from {home} import {name})",
+    home, now = MOVED[name], RENAMED.get(name, name)  # a head-role name was renamed as well as moved
+    warnings.warn(f"tl_geometry.{name} is deprecated; import it from {home} (from {home} import {now})",
                   DeprecationWarning, stacklevel=3)
-    return getattr(importlib.import_module(home), name)
+    return getattr(importlib.import_module(home), now)

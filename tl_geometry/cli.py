@@ -112,7 +112,7 @@ def _add_analysis_options(run: argparse.ArgumentParser) -> None:
     analysis.add_argument("--ranking", choices=get_args(Ranking), default="attention", help="top-N score (default: attention)")
     analysis.add_argument("--distance", choices=get_args(Distance), default="euclidean", help="D_i (default: euclidean)")
     analysis.add_argument("--diagnostics", type=_diagnostics_argument, default=None,
-                          help="'all', 'none' or names like assumptions,taxonomy (default: every one that applies "
+                          help="'all', 'none' or names like assumptions,roles (default: every one that applies "
                           "to the other options; the bounds need --distance euclidean)")
     analysis.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP,
                           help=f"Poisson-bootstrap replicates over documents (default: {DEFAULT_BOOTSTRAP}; 0: none)")
@@ -631,7 +631,7 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"{key}: {details[key]}")
     if args.command == "report":
         mechanisms = None
-        if "taxonomy" in result.config.diagnostics and args.mechanism_prompts > 0:
+        if "roles" in result.config.diagnostics and args.mechanism_prompts > 0:
             from tl_geometry.roles.prompt_sets import check_known_mechanisms
 
             mechanisms = check_known_mechanisms(model, n_prompts=args.mechanism_prompts, progress=not args.quiet)

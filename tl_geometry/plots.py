@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
+from tl_geometry._renamed import old_names
 from tl_geometry.analysis.role_ablation import RoleAblation
 from tl_geometry.analysis.sweep_statistics import EffectiveSetSize, GeometryFunctionCorrelation
 from tl_geometry.analysis.sink import sink_recall_correlation
@@ -42,10 +43,10 @@ OF_A_RESULT: dict[str, str | None] = {
     "metric_heatmap": None,
     "head_curves": None,
     "sink_recall": "assumptions",
-    "role_diagnostics": "taxonomy",
-    "roles_by_layer": "taxonomy",
-    "contributions_by_role": "taxonomy",
-    "precision_recall_by_role": "taxonomy",
+    "role_diagnostics": "roles",
+    "roles_by_layer": "roles",
+    "contributions_by_role": "roles",
+    "precision_recall_by_role": "roles",
 }
 """The figures of a GeometryResult, each with the diagnostic whose fields it needs (None: every run has them)."""
 
@@ -201,3 +202,5 @@ __all__ = [
     "toy_selection",
     "value_norms",
 ]
+
+__getattr__ = old_names(__name__, globals())  # the names they had before (tl_geometry._renamed)

@@ -3,6 +3,7 @@
 (`tl_geometry.claims` is at the top level; ``tl_geometry.analysis.claims`` is its module.)
 """
 
+from tl_geometry._renamed import old_names
 from tl_geometry.analysis.sink import SinkRecallCorrelation, sink_recall_correlation
 from tl_geometry.analysis.head_roles import (
     ROLE_LABELS,
@@ -25,3 +26,5 @@ __all__ = [
     "sink_recall_correlation",
     "threshold_sensitivity",
 ]
+
+__getattr__ = old_names(__name__, globals())  # the names they had before (tl_geometry._renamed)

@@ -14,6 +14,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from tl_geometry._renamed import old_names
 from tl_geometry.analysis.summaries import mean_over_heads
 from tl_geometry.analysis.head_roles import ROLE_LABELS, HeadRoles
 from tl_geometry.diagnostics.chance import CHANCE_OF, EXCESS_OF
@@ -96,3 +97,5 @@ def chance_by_role(
     member = torch.nn.functional.one_hot(taxonomy.labels, len(ROLE_LABELS)).bool()  # [layer, head, regime]
     masked = torch.where(member.unsqueeze(-1), curve.unsqueeze(-2), torch.full((), math.nan, dtype=curve.dtype))
     return torch.nanmean(masked.flatten(0, 1), dim=0)
+
+__getattr__ = old_names(__name__, globals())  # the names they had before (tl_geometry._renamed)

@@ -125,6 +125,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from tl_geometry._renamed import old_names
 from tl_geometry.analysis.claim_registry import LEVEL, ClaimRegistry, IntervalChoice, PaperClaim, Thresholds
 from tl_geometry.analysis.correlation import (
     Disattenuated,
@@ -205,7 +206,7 @@ TOO_FEW = "too few documents"
 
 ASSUMPTIONS = 'diagnostics=["assumptions"]'
 ASSUMPTIONS_OPTION = ASSUMPTIONS + " (command line: --diagnostics assumptions)"
-ROLES_OPTION = 'diagnostics=["taxonomy"] (command line: --diagnostics taxonomy)'
+ROLES_OPTION = 'diagnostics=["roles"] (command line: --diagnostics roles)'
 BOUNDS_OPTION = 'diagnostics=["bounds"] with distance="euclidean" (command line: --diagnostics bounds)'
 CHANCE_OPTION = 'diagnostics=["chance"] (command line: --diagnostics chance)'
 MID_N_OPTION = ("an N grid with points between 8 and a quarter of its largest N, e.g. the default grid on windows of "
@@ -1452,4 +1453,7 @@ def __getattr__(name: str) -> Any:
         warnings.warn(f"tl_geometry.analysis.claims.{name} is deprecated: each claim is declared once in CLAIMS; "
                       f"use {instead}", DeprecationWarning, stacklevel=2)
         return table()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _old_names(name)
+
+
+_old_names = old_names(__name__, globals())  # TAXONOMY_OPTION, the name it had before (tl_geometry._renamed)

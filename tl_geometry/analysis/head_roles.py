@@ -97,6 +97,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from tl_geometry._renamed import old_names
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.selection import PRECISION, RECALL, S_NORM
 from tl_geometry.diagnostics.role_features import (
@@ -704,11 +705,11 @@ def _require_roles(result: GeometryResult) -> None:
         raise GeometryError(
             f"result: it was analysed by an older taxonomy diagnostic that did not measure the role features "
             f"{missing} (composition shares, alignment over chance and the raw alignment shifts), so its heads "
-            "cannot be given roles; analyse the model again with diagnostics=['taxonomy']"
+            "cannot be given roles; analyse the model again with diagnostics=['roles']"
         )
     raise GeometryError(
-        f"result: the GeometryResult lacks the taxonomy features {missing}; run it with diagnostics=['taxonomy'] "
-        "(e.g. run_with_geometry_hooks(model, tokens, diagnostics=['taxonomy'])) or call "
+        f"result: the GeometryResult lacks the taxonomy features {missing}; run it with diagnostics=['roles'] "
+        "(e.g. run_with_geometry_hooks(model, tokens, diagnostics=['roles'])) or call "
         "tl_geometry.classify_heads(model, tokens)"
     )
 
@@ -740,7 +741,7 @@ def _probabilities(result: GeometryResult, config: RoleConfig) -> Tensor:
 
 
 def roles_from_result(result: GeometryResult, config: RoleConfig | None = None) -> HeadRoles:
-    """The role of every head of a result computed with the ``"taxonomy"`` diagnostic (no model runs)."""
+    """The role of every head of a result computed with the ``"roles"`` diagnostic (no model runs)."""
     config = config or RoleConfig()
     if not isinstance(config, RoleConfig):
         raise GeometryError(f"config: expected a RoleConfig or None, got {type(config).__name__}")
@@ -867,8 +868,8 @@ def classify_queries(result: GeometryResult, config: RoleConfig | None = None) -
     no probability: read them as a description of that forward pass.
 
     Args:
-        result: analysed with ``diagnostics=["taxonomy"]``, ``keep_queries=True``
-            and ``settings={"taxonomy": {"queries": "analysed"}}`` (so that the
+        result: analysed with ``diagnostics=["roles"]``, ``keep_queries=True``
+            and ``settings={"roles": {"queries": "analysed"}}`` (so that the
             features are measured on the kept queries), and the
             ``query_positions`` of interest.
         config: the thresholds (default ``RoleConfig()``).
@@ -878,14 +879,14 @@ def classify_queries(result: GeometryResult, config: RoleConfig | None = None) -
     if result.queries is None or result.query_positions is None:
         raise GeometryError(
             "result: keeps no per-query rows; analyse with keep_queries=True, e.g. run_with_geometry_hooks("
-            "model, prompts, diagnostics=['taxonomy'], keep_queries=True, query_positions='all', "
-            "settings={'taxonomy': {'queries': 'analysed'}})"
+            "model, prompts, diagnostics=['roles'], keep_queries=True, query_positions='all', "
+            "settings={'roles': {'queries': 'analysed'}})"
         )
     missing = [name for name in ROLE_FEATURES if _stored(result, name) not in result.queries]
     if missing:
         raise GeometryError(
             f"result: its per-query rows lack the role features {missing}: the taxonomy measured its own query "
-            "sample; analyse with settings={'taxonomy': {'queries': 'analysed'}} and keep_queries=True"
+            "sample; analyse with settings={'roles': {'queries': 'analysed'}} and keep_queries=True"
         )
     se = {name: t.unsqueeze(0).unsqueeze(-1) for name, t in _standard_errors(result).items()}
     rows = {name: result.queries[_stored(result, name)] for name in ROLE_FEATURES}  # [doc, layer, head, query]
@@ -957,3 +958,5 @@ __all__: Sequence[str] = (
     "labels_from_probabilities", "roles_from_result", "replicate_roles",
     "threshold_sensitivity", "classify_queries", "role_counts", "agreement", "SubtypeAgreement", "subtype_agreement",
 )  # fmt: skip
+
+__getattr__ = old_names(__name__, globals())  # the names they had before (tl_geometry._renamed)

@@ -74,6 +74,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from tl_geometry._renamed import old_names
 from tl_geometry.diagnostics.chance import control_orders
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.registry import Diagnostic
@@ -91,8 +92,8 @@ SCALAR_FEATURES = (
     "contribution_sink",
     "contribution_last",
     "contribution_rest",
-    "taxonomy_attention_sink",
-    "taxonomy_attention_last",
+    "role_attention_sink",
+    "role_attention_last",
 )
 POSITION_FEATURES = ("contribution_by_position", "cos_last_by_position")
 # What the role rules read: one value per row, kept with two-stage bootstrap replicates (documents, then
@@ -165,8 +166,8 @@ def chunk_features(
         "contribution_sink": torch.linalg.vector_norm(y_sink, dim=-1).masked_fill(~has_sink, math.nan),
         "contribution_last": torch.linalg.vector_norm(y_last, dim=-1),
         "contribution_rest": torch.linalg.vector_norm(rest, dim=-1),
-        "taxonomy_attention_sink": chunk.alpha[rows, sink].masked_fill(~has_sink, math.nan),
-        "taxonomy_attention_last": chunk.alpha[rows, last],
+        "role_attention_sink": chunk.alpha[rows, sink].masked_fill(~has_sink, math.nan),
+        "role_attention_last": chunk.alpha[rows, last],
     }
     out.update({name: t.masked_fill(single, math.nan) for name, t in scalars.items()})
     rest = rest_keys(chunk)
@@ -405,19 +406,19 @@ class RoleSettings:
     def __post_init__(self) -> None:
         if self.queries not in get_args(QuerySample):
             raise GeometryError(
-                f"settings['taxonomy'].queries: expected one of {get_args(QuerySample)}, got {self.queries!r}"
+                f"settings['roles'].queries: expected one of {get_args(QuerySample)}, got {self.queries!r}"
             )
         if isinstance(self.n_queries, bool) or not isinstance(self.n_queries, int) or self.n_queries < 1:
             raise GeometryError(
-                f"settings['taxonomy'].n_queries: expected a positive integer (query positions sampled per "
+                f"settings['roles'].n_queries: expected a positive integer (query positions sampled per "
                 f"sequence), got {self.n_queries!r}"
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
-            raise GeometryError(f"settings['taxonomy'].seed: expected an integer in [0, 2^32), got {self.seed!r}")
+            raise GeometryError(f"settings['roles'].seed: expected an integer in [0, 2^32), got {self.seed!r}")
         for name, what in (("reach", "the lags a sub-type can name"), ("early", "keys after the sink that are early")):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 2:
-                raise GeometryError(f"settings['taxonomy'].{name}: expected an integer >= 2 ({what}), got {value!r}")
+                raise GeometryError(f"settings['roles'].{name}: expected an integer >= 2 ({what}), got {value!r}")
 
 
 # The declarations, by name: ``result.per_head(SHARE_SINK)`` reads a field as ``result.per_head("share_sink")``.
@@ -430,8 +431,8 @@ COS_S_LAST_MIXED = FieldSpec("cos_s_last_mixed", "cos(s(N), v_L), NaN where the 
 CONTRIBUTION_SINK = FieldSpec("contribution_sink", "||alpha_sink v_sink||")
 CONTRIBUTION_LAST = FieldSpec("contribution_last", "||alpha_L v_L||")
 CONTRIBUTION_REST = FieldSpec("contribution_rest", "||sum of alpha_i v_i over the other visible keys||")
-ROLE_ATTENTION_SINK = FieldSpec("taxonomy_attention_sink", "attention weight on the sink")
-ROLE_ATTENTION_LAST = FieldSpec("taxonomy_attention_last", "attention weight on the query's own token")
+ROLE_ATTENTION_SINK = FieldSpec("role_attention_sink", "attention weight on the sink")
+ROLE_ATTENTION_LAST = FieldSpec("role_attention_last", "attention weight on the query's own token")
 CONTRIBUTION_BY_POSITION = FieldSpec("contribution_by_position", "||alpha_i v_i|| by key position (last analysed query)", ("position",), queries="last", documents="mean")  # fmt: skip
 COS_LAST_BY_POSITION = FieldSpec("cos_last_by_position", "cos(v_i, v_L) by key position (last analysed query)", ("position",), queries="last", documents="mean")  # fmt: skip
 # The role rules' inputs: replicates by default, resampling documents and the query rows within them.
@@ -466,7 +467,8 @@ EXCESS_COS_SELF = FieldSpec("excess_cos_self", "cos(s(N), v_L) minus its expecta
 
 
 class RoleDiagnostic(Diagnostic):
-    name = "taxonomy"
+    name = "roles"
+    former_names = ("taxonomy",)  # its name until the head-role feature took one word
     Settings = RoleSettings
     # Per row: the random rankings' places and bins (the alignment's chance level), key x control each.
     cost = RowCost(key_d=ROLE_CONTROLS)
@@ -479,6 +481,7 @@ class RoleDiagnostic(Diagnostic):
         EXCESS_COS_SINK, EXCESS_COS_SELF, TOP_REST_AT_LAG, ATTENTION_AT_LAG, OUTPUT_SHARE_AT_LAG, EARLY_TOP_REST,
         EARLY_POSITION, EARLY_ATTENTION, EARLY_OUTPUT_SHARE,
     )
+    former_fields = {"taxonomy_attention_sink": ROLE_ATTENTION_SINK, "taxonomy_attention_last": ROLE_ATTENTION_LAST}
 
     def rows(self, chunk: SelectionChunk, settings: Any) -> dict[str, Tensor]:
         return chunk_features(chunk, settings.seed, settings.reach, settings.early)
@@ -514,3 +517,5 @@ def position_features_bytes(n_heads: int, n_keys: int, d_head: int, dtype: torch
 
 
 DIAGNOSTIC = RoleDiagnostic()
+
+__getattr__ = old_names(__name__, globals())  # the names they had before (tl_geometry._renamed)

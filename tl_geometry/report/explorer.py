@@ -50,7 +50,7 @@ CURVES = (
     BOUND_PRECISION_REALISED, BOUND_RECALL_REALISED,
 )  # fmt: skip
 # Per-position views of each sequence's last analysed query (mean over documents), and their diagnostic.
-ROWS = {ATTENTION_PROFILE: "assumptions", CONTRIBUTION_BY_POSITION: "taxonomy", COS_LAST_BY_POSITION: "taxonomy"}
+ROWS = {ATTENTION_PROFILE: "assumptions", CONTRIBUTION_BY_POSITION: "roles", COS_LAST_BY_POSITION: "roles"}
 # The per-head table's columns, each read at the head's effective N.
 AT_EFFECTIVE_N = (PRECISION, RECALL, EXCESS_PRECISION, EXCESS_RECALL, CHANCE_PRECISION, CHANCE_RECALL)
 DIGITS = 4
@@ -153,7 +153,7 @@ def explorer_data(result: GeometryResult, taxonomy: HeadRoles | None = None) -> 
     if ATTENTION_PROFILE.name not in fields:
         notes["attention"] = "No attention row: it " + _note("assumptions") + "."
     if CONTRIBUTION_BY_POSITION.name not in fields:
-        notes["contributions"] = "No contributions by position: they " + _note("taxonomy") + "."
+        notes["contributions"] = "No contributions by position: they " + _note("roles") + "."
 
     shape = (len(result.layers), len(result.heads))
     nan = torch.full(shape, math.nan, dtype=torch.float64)
@@ -180,7 +180,7 @@ def explorer_data(result: GeometryResult, taxonomy: HeadRoles | None = None) -> 
             notes["confidence"] = ("No role probabilities: the run kept no bootstrap replicates (n_bootstrap=0); "
                                    "analyse with the default n_bootstrap=200 (tl-geometry --bootstrap 200).")
     else:
-        notes["regime"] = "No regime: it " + _note("taxonomy") + "."
+        notes["regime"] = "No regime: it " + _note("roles") + "."
 
     queries = None
     if result.queries is not None and PRECISION.name in result.queries:

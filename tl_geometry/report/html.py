@@ -156,7 +156,7 @@ FIGURES: tuple[Figure, ...] = (
         "token, a sink-dominated Reset head without the sink. Bottom: alignment of s(N) with the sink v_0 and the "
         "last token v_L over random sets of the same weights; in a Mixer it moves from v_0 to v_L as N grows.",
         lambda result, taxonomy: plots.role_diagnostics(taxonomy),
-        needs="taxonomy",
+        needs="roles",
     ),
     Figure(
         "figure-8",
@@ -166,7 +166,7 @@ FIGURES: tuple[Figure, ...] = (
         "beat the runner-up by the margin). The paper (Llama-2-7B) finds Retrievers in the first two layers, Reset "
         "heads early and Mixers from the lower-middle layers on.",
         lambda result, taxonomy: plots.roles_by_layer(taxonomy),
-        needs="taxonomy",
+        needs="roles",
     ),
     Figure(
         "figure-9",
@@ -182,14 +182,14 @@ FIGURES: tuple[Figure, ...] = (
         "with the last token's value: Retrievers are dominated by the last token, Reset heads by the sink or by "
         "many keys at once, Content heads by a few earlier keys.",
         lambda result, taxonomy: plots.contributions_by_role(taxonomy),
-        needs="taxonomy",
+        needs="roles",
     ),
     Figure(
         "figure-11",
         "Figure 11: Precision and Recall by regime",
         "Mean Precision(r_max) and Recall(r_min) against N over the heads of each role.",
         lambda result, taxonomy: plots.precision_recall_by_role(taxonomy, result),
-        needs="taxonomy",
+        needs="roles",
     ),
 )
 
@@ -246,7 +246,7 @@ def missing_note(figure: Figure, asked: Sequence[str] = ()) -> str:
 def render_figures(result: GeometryResult) -> Rendered:
     """Every figure the result supports, drawn (some need the fields of a diagnostic), and notes for the rest."""
     present = available(result)
-    taxonomy = roles_from_result(result) if "taxonomy" in present else None
+    taxonomy = roles_from_result(result) if "roles" in present else None
     drawable = [f for f in FIGURES if f.draw is not None and (f.needs is None or f.needs in present)]
     figures = [(f, f.draw(result, taxonomy)) for f in drawable]
     notes = [(f, missing_note(f, result.config.diagnostics)) for f in FIGURES if f not in drawable]

@@ -19,6 +19,7 @@ import torch
 from plotly.subplots import make_subplots
 from torch import Tensor
 
+from tl_geometry._renamed import old_names
 from tl_geometry.errors import GeometryError
 from tl_geometry.diagnostics.assumptions import (
     ATTENTION_PROFILE,
@@ -665,3 +666,5 @@ def selection_picture(picture: SelectionPicture, n: int, slider: Sequence[int] =
         fig.update_layout(sliders=[{"active": shown.index(n), "steps": steps, "currentvalue": {"prefix": "N = "},
                                     "pad": {"t": 60}}])
     return fig
+
+__getattr__ = old_names(__name__, globals())  # the names they had before (tl_geometry._renamed)

@@ -144,7 +144,7 @@ def roles_html(
     run them) inside it, after the roles and their check against known mechanisms."""
     if roles is None:
         return ("<section id='head-roles'><h2>What kind of head is each one?</h2><p class='note'>No roles: analyse with "
-                "the 'taxonomy' diagnostic (the tl-geometry default).</p>"
+                "the 'roles' diagnostic (the tl-geometry default).</p>"
                 + (ablations_html(ablation) if ablation is not None else "") + "</section>")
     counts = role_counts(roles)
     n_heads = roles.labels.numel()

@@ -299,6 +299,7 @@ class Accumulator:
                 f"accumulator state: expected version {STATE_VERSION}, got {found!r}; it was written by another "
                 "tl_geometry version, start the run again"
             )
+        state = _fields_as_now(state)
         mine, theirs = self.layout(), state["layout"]
         for key, value in mine.items():
             if theirs.get(key) != value:
@@ -414,3 +415,18 @@ def interleave_rows(parts: Sequence[QueryRows]) -> QueryRows:
     keys = [(j, rank) for rank, (_, p) in enumerate(parts) for j in range(p.shape[0])]
     index = torch.tensor(sorted(range(len(keys)), key=keys.__getitem__), dtype=torch.long)
     return {name: t[index] for name, t in rows.items()}, positions[index]
+
+
+def _fields_as_now(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A `Accumulator.state_dict` with each field stored under a former name (`Diagnostic.former_fields`) renamed to
+    its name now, so that a checkpoint written before a field was renamed resumes."""
+    from tl_geometry.diagnostics.registry import REGISTRY  # imported late: the registry loads every diagnostic
+
+    now = REGISTRY.current_field
+    layout = dict(state["layout"])
+    layout["fields"] = [[now(name), *rest] for name, *rest in layout["fields"]]
+    layout["replicate_fields"] = sorted(now(name) for name in layout["replicate_fields"])
+    queries = state["queries"]
+    if queries is not None:
+        queries = {**queries, "values": {now(name): t for name, t in queries["values"].items()}}
+    return {**state, "layout": layout, "stats": {now(name): s for name, s in state["stats"].items()}, "queries": queries}

@@ -305,7 +305,7 @@ class GeometryResult(StatisticsTable):
         rows += [
             ("read", f"result.sel('precision', layer={layer}, head={head}, n={n}); result.precision is "
                      "[layer, head, n]; result.to_dataframe()" + (f"; result.ci({kept[0]!r})" if kept else "")),
-            ("next", "tl_geometry.claims(result); tl_geometry.classify_heads(result) (with diagnostics=['taxonomy']); "
+            ("next", "tl_geometry.claims(result); tl_geometry.classify_heads(result) (with diagnostics=['roles']); "
                      "result.save(path)"),
         ]
         return Summary(f"GeometryResult of {self.model_name}", tuple(rows))

@@ -1,7 +1,7 @@
 """Head roles on a model: the run behind `classify_heads` and `detect_role`.
 
 `tl_geometry.analysis.head_roles` reads a result; this module runs the model
-(with the ``"taxonomy"`` diagnostic added to the run's config) and hands the
+(with the ``"roles"`` diagnostic added to the run's config) and hands the
 result to it. Prompt sets whose mechanism the field knows, to check the roles
 against, are `tl_geometry.roles.prompt_sets`.
 """
@@ -13,6 +13,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_geometry._renamed import old_names
 from tl_geometry.analysis.head_roles import NAMED, HeadRoles, RoleConfig, roles_from_result
 from tl_geometry.capture.held_models import is_held_model
 from tl_geometry.capture.hooks import run_with_geometry_hooks
@@ -23,13 +24,13 @@ from tl_geometry.results.result import GeometryResult
 
 
 def with_roles(config: GeometryConfig | None) -> GeometryConfig:
-    """``config`` (default ``GeometryConfig()``) with the ``"taxonomy"`` diagnostic among its diagnostics."""
+    """``config`` (default ``GeometryConfig()``) with the ``"roles"`` diagnostic among its diagnostics."""
     if config is None:
-        return GeometryConfig(diagnostics=("taxonomy",))
+        return GeometryConfig(diagnostics=("roles",))
     if not isinstance(config, GeometryConfig):
         raise GeometryError(f"config: expected a GeometryConfig or None, got {type(config).__name__}")
-    if "taxonomy" not in config.diagnostics:
-        config = config.with_overrides(diagnostics=(*config.diagnostics, "taxonomy"))
+    if "roles" not in config.diagnostics:
+        config = config.with_overrides(diagnostics=(*config.diagnostics, "roles"))
     return config
 
 
@@ -40,13 +41,13 @@ def classify_heads(
     """The role of every analysed head (Retriever, Mixer, Reset, Content or uncertain), with its probabilities.
 
     Args:
-        result_or_model: a GeometryResult computed with ``"taxonomy"`` in its
+        result_or_model: a GeometryResult computed with ``"roles"`` in its
             diagnostics, or a model (then ``tokens`` is required): a
             TransformerLens model, a ``transformers`` causal LM or an nnsight
             ``LanguageModel`` (wrapped as `run_with_geometry_hooks` wraps it).
         tokens: for a model: token ids ``[batch, pos]``, a string or a list of
             strings; each sequence is one document of the bootstrap.
-        config: for a model: the GeometryConfig of the run (``"taxonomy"`` is added).
+        config: for a model: the GeometryConfig of the run (``"roles"`` is added).
         taxonomy: the RoleConfig (thresholds); default ``RoleConfig()``.
         tokenizer: for a ``transformers`` or nnsight model, its tokenizer (as in `run_with_geometry_hooks`).
 
@@ -122,3 +123,5 @@ def detect_role(
     wanted = torch.tensor(pairs)
     scores[wanted[:, 0], wanted[:, 1]] = found.probabilities[layer_at, head_at, NAMED.index(regime)].float()
     return scores
+
+__getattr__ = old_names(__name__, globals())  # the names they had before (tl_geometry._renamed)

@@ -121,7 +121,7 @@ def check_known_mechanisms(
 
     On natural text the roles come from the default query sample; on the
     repeated prompts from every query of the second copy (where induction
-    can act), ``settings={"taxonomy": {"queries": "analysed"}}``. Prompts are
+    can act), ``settings={"roles": {"queries": "analysed"}}``. Prompts are
     cut to the model's context (``cfg.n_ctx``) where it is shorter.
     One forward pass per set computes both the detector scores and the roles
     (the pattern path: the detectors read the whole attention pattern), so
@@ -142,7 +142,7 @@ def check_known_mechanisms(
     repeated = repeated_random_tokens(model, n_prompts, period, seed)
     second_copy = list(range(period + 1, 2 * period + 1))
     on_repeated = base.with_overrides(
-        query_positions=second_copy, settings={**dict(base.settings), "taxonomy": {"queries": "analysed"}}
+        query_positions=second_copy, settings={**dict(base.settings), "roles": {"queries": "analysed"}}
     )
     out = {}
     sets = (("natural", natural, base, None), ("repeated", repeated, on_repeated, period))

@@ -27,6 +27,7 @@ import torch
 
 from tl_geometry.atomic_io import atomic_path
 from tl_geometry.capture.tokens import PreparedTokens
+from tl_geometry.config import recorded_as_now
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.runs.distributed import Ranks
@@ -83,6 +84,13 @@ def shard_fingerprint(batches: Sequence[PreparedTokens]) -> str:
     return digest.hexdigest()
 
 
+def _identity_as_now(saved: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's identity with its config as it reads now (a diagnostic's former name as its name now)."""
+    if not isinstance(saved.get("config"), dict):
+        return saved
+    return {**saved, "config": recorded_as_now(saved["config"])}
+
+
 def _differences(saved: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[str]:
     out = []
     for key in sorted(set(saved) | set(now)):
@@ -131,7 +139,7 @@ class Checkpoint:
             raise GeometryError(
                 f"checkpoint {self.path}: not a {FORMAT} file; delete it to start the run over, or choose another path"
             )
-        differences = _differences(json.loads(state["identity"]), self.identity)
+        differences = _differences(_identity_as_now(json.loads(state["identity"])), self.identity)
         if differences:
             raise GeometryError(
                 f"checkpoint {self.path}: written by a run with different arguments: {'; '.join(differences)}. "
