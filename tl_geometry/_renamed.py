@@ -29,7 +29,6 @@ RENAMED = {
     "regimes_by_layer": "roles_by_layer",
     "contributions_by_regime": "contributions_by_role",
     "precision_recall_by_regime": "precision_recall_by_role",
-    "curves_by_regime": "curves_by_role",
     "chance_by_regime": "chance_by_role",
 }
 """Old public name -> its name now (the same object, in the same module)."""

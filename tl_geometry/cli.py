@@ -72,10 +72,16 @@ def _picture_argument(text: str) -> tuple[int, int]:
 
 
 def _diagnostics_argument(text: str) -> str | list[str]:
-    """``all``, ``none`` or comma-separated diagnostic names."""
+    """``all``, ``none`` or comma-separated diagnostic names (a former name, such as ``taxonomy``, with a notice)."""
+    from tl_geometry.diagnostics.registry import REGISTRY
+
     if text in ("all", "none"):
         return "all" if text == "all" else []
-    return [part.strip() for part in text.split(",") if part.strip()]
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    for name in names:
+        if (now := REGISTRY.current_name(name)) != name:  # on stderr: a console shows no DeprecationWarning
+            print(f"tl-geometry: warning: --diagnostics {name} is deprecated; it is now called {now}", file=sys.stderr)
+    return [REGISTRY.current_name(name) for name in names]
 
 
 def _windows_argument(text: str) -> int | None:

@@ -1349,19 +1349,19 @@ CLAIMS = ClaimRegistry((
         docs_paper="Figure 8, section 4.2",
         docs_statistic="the smaller of the steps Reset - Retriever and Mixer - Reset of the roles' mean depths (0 first "
             "layer, 1 last), each head weighted by its probability of the role",
-        reads_roles=True, figure="roles_by_depth",
+        reads_roles=True, figure="roles_by_depth", formerly=("regimes_by_depth",),
     ),
     PaperClaim(
-        "role_tradeoffs", "Head regimes show complementary precision-recall trade-offs", "Figure 11, A.4",
+        "role_tradeoffs", "Head roles show complementary precision-recall trade-offs", "Figure 11, A.4",
         "Retriever higher Recall at large N but lower Precision; Reset U-shaped (both improve at large N)",
         "smallest margin of Figure 11's three statements on the probability-weighted role curves",
         Thresholds(">=", 0.02, 0.0), _role_tradeoffs, IntervalChoice("shifted"), ROLES_OPTION, min_documents=2,
-        docs_name="Regimes trade precision against recall",
+        docs_name="Roles trade precision against recall",
         docs_paper="Figure 11, appendix A.4",
         docs_statistic="the smallest margin of three statements on the probability-weighted role curves: Retriever's "
             "Recall minus the other roles' at large N; the other roles' Precision minus Retriever's at large "
             "N; the smaller of Reset's rises of P and R from mid to large N",
-        reads_roles=True, figure="role_curves",
+        reads_roles=True, figure="role_curves", formerly=("regime_tradeoffs",),
     ),
 ))  # fmt: skip
 """The paper's claims, in its order: the scorecard, `compare`, the report and the docs read them here."""
