@@ -119,7 +119,7 @@ def test_the_n_slider_drives_the_heatmaps(page, result):
 
 def test_the_heads_table_sorts_and_selects(page, result):
     columns = _value(page, "return [...document.querySelectorAll('#heads-table th')].map(th => th.textContent);")
-    assert columns[:5] == ["layer", "head", "regime", "probability", "runner-up"] and "P at eff. N" in columns
+    assert columns[:5] == ["layer", "head", "role", "probability", "runner-up"] and "P at eff. N" in columns
     k = columns.index("P at eff. N")
     _value(page, f"document.querySelectorAll('#heads-table th')[{k}].click(); return null;")
     values = _value(page, f"return [...document.querySelectorAll('#heads-table tbody tr')].map(tr => tr.cells[{k}].dataset.value);")

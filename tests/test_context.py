@@ -277,7 +277,7 @@ def test_fields_are_read_by_declaration_or_by_name():
     assert result.spec(RECALL) == RECALL and result.count(PRECISION).sum() > 0
 
 
-@pytest.mark.parametrize("module", ["selection", "assumptions", "chance", "bounds", "roles"])
+@pytest.mark.parametrize("module", ["selection", "assumptions", "chance", "bounds", "role_features"])
 def test_every_field_of_a_diagnostic_is_exported_as_a_constant(module):
     """``from tl_geometry.diagnostics.<module> import RHO0`` and the like: each declaration is a module constant
     (or in an exported tuple of them, e.g. the profile fit's), so a reader can name a field by it."""
@@ -292,7 +292,7 @@ def test_every_field_of_a_diagnostic_is_exported_as_a_constant(module):
     assert not missing and found.DIAGNOSTIC.fields, missing
 
 
-@pytest.mark.parametrize("module", ["selection", "assumptions", "chance", "bounds", "roles"])
+@pytest.mark.parametrize("module", ["selection", "assumptions", "chance", "bounds", "role_features"])
 def test_each_field_constant_is_named_after_its_field(module):
     """``RHO0`` declares ``"rho0"``: a constant read where its field is meant names that field (and the profile
     fit's constants, unpacked from PROFILE_FIT, follow `ProfileFit`'s order)."""

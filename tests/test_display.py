@@ -86,7 +86,7 @@ def test_intervention_result_summary_leaves_out_the_replicates(run):
 def test_taxonomy_summary_counts_every_head():
     result = simulate_study(true_means(), np.random.default_rng(0))
     taxonomy = tg.classify_heads(result)
-    text = check_summary(taxonomy, "4 layers x 6 heads", "taxonomy.describe(0, 0)")
+    text = check_summary(taxonomy, "4 layers x 6 heads", "roles.describe(0, 0)")
     counted = sum(int(n) for n in re.findall(r"(\d+) \w+ heads?\b", text.split("labels", 1)[1].split("\n")[0]))
     assert counted == len(taxonomy.layers) * len(taxonomy.heads)
 

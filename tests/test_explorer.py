@@ -156,7 +156,7 @@ def test_table_and_panel_data_equal_the_result(result):
                 got = table[f"{name}_at_effective_n"][i][j]
                 want = values[i, j, GRID.index(int(eff[i, j]))].item()
                 assert got == pytest.approx(want, abs=1e-4, rel=1e-3)  # 4 significant digits
-    assert table["regime"] == taxonomy.label_names()
+    assert table["role"] == taxonomy.label_names()
     torch.testing.assert_close(torch.tensor(data["curves"]["chance_precision"], dtype=torch.float64),
                                result.per_head("chance_precision"), rtol=1e-3, atol=1e-4)  # fmt: skip
     profile = result.per_head("attention_profile")
@@ -193,7 +193,7 @@ def test_missing_parts_name_the_option_that_adds_them(result):
     notes = explorer.explorer_data(plain, None)["notes"]
     assert "'chance'" in notes["chance"] and "'bounds'" in notes["bounds"]
     assert "'assumptions'" in notes["attention"] and "'roles'" in notes["contributions"]
-    assert "'roles'" in notes["regime"] and "attention_mass" in notes["effective_n"]
+    assert "'roles'" in notes["role"] and "attention_mass" in notes["effective_n"]
 
 
 @pytest.mark.parametrize("hostile", ["</script><script>alert(1)</script>", "<!--<script>", "</SCRIPT >&lt;"])

@@ -24,13 +24,13 @@ def result():
     return run_with_geometry_hooks(model, tm.with_bos(tm.random_tokens(3, 30)), n_grid=[1, 2, 4, 8, 31])
 
 
-def test_heatmap_shows_the_metric_at_n_with_regimes_on_hover(result):
-    regimes = [["mixer"] * len(result.heads) for _ in result.layers]
-    fig = plots.metric_heatmap(result, "recall", n=2, regimes=regimes)
+def test_heatmap_shows_the_metric_at_n_with_roles_on_hover(result):
+    roles = [["mixer"] * len(result.heads) for _ in result.layers]
+    fig = plots.metric_heatmap(result, "recall", n=2, roles=roles)
     heat = fig.data[0]
     assert torch.allclose(torch.tensor(heat.z), result.recall[..., 1].float(), equal_nan=True)
     assert list(heat.y) == list(result.layers) and list(heat.x) == list(result.heads)
-    assert "regime: mixer" in heat.customdata[0][0]
+    assert "role: mixer" in heat.customdata[0][0]
     assert fig.layout.yaxis.title.text == "layer" and fig.layout.xaxis.title.text == "head"
     assert "N = 2" in fig.layout.title.text
 

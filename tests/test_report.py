@@ -48,7 +48,7 @@ def test_the_report_reads_which_diagnostics_ran_from_the_config(result):
     needing = {f.key for f in report.FIGURES if f.needs is not None}
     # Every field there, but the config names no diagnostic: the figures that need one are not drawn.
     unnamed = dataclasses.replace(result, config=dataclasses.replace(result.config, diagnostics=()))
-    assert report.render_figures(unnamed).taxonomy is None
+    assert report.render_figures(unnamed).roles is None
     assert _not_drawn(report.render_html(unnamed)) >= needing
     # Named, but the fields are gone (an older version's result, or stripped): the note says that instead.
     stripped = dataclasses.replace(result, stats={k: v for k, v in result.stats.items() if k in REQUIRED_FIELDS})
@@ -82,7 +82,7 @@ def test_the_first_screen_says_the_sample_is_too_small(result):
 
 def test_page_embeds_plotly_once_and_shows_every_figure(result):
     page = report.render_html(result, {"text": "random tokens"})
-    assert "<th>head regimes</th>" in page
+    assert "<th>head roles</th>" in page
     assert page.count("<script") >= 1 and page.count("plotly.js v") == 1  # the library, embedded once
     for figure in report.FIGURES:
         assert html.escape(figure.how_to_read[:40]) in page

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from tests import tiny_models as tm
 from tests.fixtures import cli_config
@@ -31,6 +32,7 @@ RENAMED = [
     ("tl_geometry.analysis.head_roles", "taxonomy_from_result", "roles_from_result"),
     ("tl_geometry.analysis.head_roles", "Regime", "RoleLabel"),
     ("tl_geometry.analysis.head_roles", "REGIMES", "ROLE_LABELS"),
+    ("tl_geometry.analysis.head_roles_summary", "taxonomy_summary", "roles_summary"),
     ("tl_geometry.analysis.chance_excess", "chance_by_regime", "chance_by_role"),
     ("tl_geometry.analysis.claims", "TAXONOMY_OPTION", "ROLES_OPTION"),
     ("tl_geometry.roles", "detect_regime", "detect_role"),
@@ -76,6 +78,37 @@ def test_a_name_that_never_existed_is_still_an_attribute_error():
 
     with pytest.raises(AttributeError, match="has no attribute 'NoSuchTaxonomy'"):
         head_roles.NoSuchTaxonomy  # noqa: B018
+
+
+@pytest.mark.model
+def test_old_keywords_methods_and_attributes_read_as_the_new_ones_with_a_warning():
+    from tl_geometry import GeometryError, classify_heads
+    from tl_geometry.analysis.detector_agreement import PromptSetCheck
+    from tl_geometry.analysis.head_roles import RoleConfig
+    from tl_geometry.plots import metric_heatmap
+
+    result = roles_result(seed=0)
+    rules = RoleConfig(margin=0.2)
+    with pytest.warns(DeprecationWarning, match=r"^classify_heads\(taxonomy=\.\.\.\) is deprecated; the keyword is now "
+                                                r"role_config \(classify_heads\(role_config=\.\.\.\)\)$"):
+        old = classify_heads(result, taxonomy=rules)
+    new = classify_heads(result, role_config=rules)
+    assert old.config == new.config == rules and torch.equal(old.labels, new.labels)
+    with pytest.raises(GeometryError, match=r"^classify_heads: pass role_config= alone \(taxonomy= is its former name\)$"):
+        classify_heads(result, taxonomy=rules, role_config=rules)
+    with pytest.warns(DeprecationWarning, match=r"^HeadRoles\.curves_by_regime is deprecated; it is now "
+                                                r"HeadRoles\.curves_by_role$"):
+        curves = new.curves_by_regime("recall")
+    assert torch.equal(curves.nan_to_num(-7.0), new.curves_by_role("recall").nan_to_num(-7.0))
+    with pytest.raises(AttributeError, match="'HeadRoles' object has no attribute 'curves_by_nothing'"):
+        new.curves_by_nothing  # noqa: B018
+    names = new.label_names()
+    with pytest.warns(DeprecationWarning, match=r"^metric_heatmap\(regimes=\.\.\.\) is deprecated"):
+        old_figure = metric_heatmap(result, "recall", 1, regimes=names)
+    assert old_figure.data[0].customdata == metric_heatmap(result, "recall", 1, roles=names).data[0].customdata
+    check = PromptSetCheck("natural", {}, new, None)
+    with pytest.warns(DeprecationWarning, match=r"^PromptSetCheck\.taxonomy is deprecated; it is now PromptSetCheck\.roles$"):
+        assert check.taxonomy is check.roles is new
 
 
 # ---- the diagnostic "taxonomy" is "roles" ----

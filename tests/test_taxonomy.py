@@ -435,11 +435,11 @@ def test_per_query_roles(gpt2):
 @pytest.mark.model
 def test_errors_and_old_results(gpt2, built):
     plain = run_with_geometry_hooks(gpt2, tm.with_bos(tm.random_tokens(1, 8)), n_grid=[1, 2])
-    with pytest.raises(GeometryError, match="lacks the taxonomy features .* diagnostics=\\['roles'\\]"):
+    with pytest.raises(GeometryError, match="lacks the role features .* diagnostics=\\['roles'\\]"):
         classify_heads(plain)
     old = dataclasses.replace(built, stats={k: v for k, v in built.stats.items() if k not in ROLE_FEATURES})
     assert any(name in old.fields for name in ROLE_DIAGNOSTIC_FIELDS)
-    with pytest.raises(GeometryError, match="older taxonomy diagnostic .* analyse the model again"):
+    with pytest.raises(GeometryError, match="older role diagnostic .* analyse the model again"):
         roles_from_result(old)
     # A result of the version before: its Mixer on the excess shifts (that version's rule), no sub-type, and it
     # says so; its labels are those of the earlier rules (the reference with the excess shifts in their place).
@@ -458,7 +458,7 @@ def test_errors_and_old_results(gpt2, built):
         assert int(found.point[layer, head]) == reference_role(f, {k: float(v[layer, head]) for k, v in se.items()}, found.config)
     from tl_geometry.report.html import render_figures
 
-    assert render_figures(old).taxonomy is None  # the report of an old result draws the rest and says why not
+    assert render_figures(old).roles is None  # the report of an old result draws the rest and says why not
     with pytest.raises(GeometryError, match="tokens: required when classify_heads gets a model"):
         classify_heads(gpt2)
     with pytest.raises(GeometryError, match="only used with a model"):

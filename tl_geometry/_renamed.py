@@ -2,8 +2,9 @@
 
 The feature went by four words (taxonomy, roles, regime, mechanisms); a user now meets one. A module whose
 public names were renamed sets ``__getattr__ = old_names(__name__, globals())``: an old name (a key of `RENAMED`)
-then reads as the same object as its new name, with a DeprecationWarning naming the new one. Imports nothing
-from the package, so every floor can use it.
+then reads as the same object as its new name, with a DeprecationWarning naming the new one; a class whose methods
+were renamed does the same with `old_attribute`, and a function whose keywords were with `renamed_keyword`.
+Imports nothing from the package, so every floor can use it.
 """
 
 import warnings
@@ -30,6 +31,8 @@ RENAMED = {
     "contributions_by_regime": "contributions_by_role",
     "precision_recall_by_regime": "precision_recall_by_role",
     "chance_by_regime": "chance_by_role",
+    "curves_by_regime": "curves_by_role",
+    "taxonomy_summary": "roles_summary",
 }
 """Old public name -> its name now (the same object, in the same module)."""
 
@@ -50,3 +53,30 @@ def old_names(module: str, namespace: dict[str, Any]) -> Callable[[str], Any]:
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
 
     return __getattr__
+
+
+
+
+def old_attribute(owner: Any, name: str) -> Any:
+    """For a class's ``__getattr__``: the attribute once called ``name`` (a method renamed), with a warning."""
+    new = RENAMED.get(name)
+    if new is None or not hasattr(type(owner), new):
+        raise AttributeError(f"{type(owner).__name__!r} object has no attribute {name!r}")
+    kind = type(owner).__name__
+    warnings.warn(f"{kind}.{name} is deprecated; it is now {kind}.{new}", DeprecationWarning, stacklevel=3)
+    return getattr(owner, new)
+
+def renamed_keyword(function: str, old: str, new: str, old_value: Any, new_value: Any,
+                    error: Callable[[str], Exception]) -> Any:
+    """The value of keyword ``new``, or of ``old`` (its former name) with a DeprecationWarning naming ``new``.
+
+    None where neither was given; ``error`` (the caller's exception type: this module imports nothing of the
+    package) is raised where both were.
+    """
+    if old_value is None:
+        return new_value
+    if new_value is not None:
+        raise error(f"{function}: pass {new}= alone ({old}= is its former name)")
+    warnings.warn(f"{function}({old}=...) is deprecated; the keyword is now {new} ({function}({new}=...))",
+                  DeprecationWarning, stacklevel=3)
+    return old_value

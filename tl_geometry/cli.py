@@ -448,10 +448,10 @@ def _ablate_roles(args: argparse.Namespace) -> int:
                             "needs at least 2 (evaluated, then mean z); pass more text or a smaller --context")
     half = min(args.windows, len(windows) // 2)
     tokens, mean_tokens = torch.stack(windows[:half]), torch.stack(windows[half : 2 * half])
-    taxonomy = classify_heads(model, tokens, config_from_args(args))
+    roles = classify_heads(model, tokens, config_from_args(args))
     n_ctx = getattr(model.cfg, "n_ctx", None)
     period = min(64, (int(n_ctx) - 1) // 2) if n_ctx else 64  # repeated prompts fit a short context
-    result = ablate_roles(model, taxonomy, tokens=tokens, mean_tokens=mean_tokens, n_random=args.random_sets, period=period,
+    result = ablate_roles(model, roles, tokens=tokens, mean_tokens=mean_tokens, n_random=args.random_sets, period=period,
                           n_bootstrap=max(args.bootstrap, 100), seed=args.seed, batch_size=args.batch_size,
                           progress=not quiet)
     if not _is_main_process():
@@ -460,7 +460,7 @@ def _ablate_roles(args: argparse.Namespace) -> int:
     markdown = result.to_markdown()
     for name, write in (("ablation.csv", lambda path: result.to_dataframe().to_csv(path, index=False)),
                         ("ablation.md", lambda path: path.write_text(markdown + "\n")),
-                        ("ablation.html", lambda path: path.write_text(ablation_page(taxonomy, result, {
+                        ("ablation.html", lambda path: path.write_text(ablation_page(roles, result, {
                             "windows": f"{half} x {args.context} tokens (roles and ablations; the next {half} give "
                                        "the mean z)"})))):
         with atomic_path(args.out / name) as tmp:

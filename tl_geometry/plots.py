@@ -16,10 +16,11 @@ Figures of interventions take what `tl_geometry.interventions` returns.
 """
 
 from collections.abc import Sequence
+from typing import Any
 
 import plotly.graph_objects as go
 
-from tl_geometry._renamed import old_names
+from tl_geometry._renamed import old_names, renamed_keyword
 from tl_geometry.analysis.role_ablation import RoleAblation
 from tl_geometry.analysis.sweep_statistics import EffectiveSetSize, GeometryFunctionCorrelation
 from tl_geometry.analysis.sink import sink_recall_correlation
@@ -123,9 +124,11 @@ def precision_recall_vs_n(result: GeometryResult) -> go.Figure:
 
 
 def metric_heatmap(result: GeometryResult, metric: FieldName = PRECISION, n: int = 4,
-                   regimes: Sequence[Sequence[str]] | None = None) -> go.Figure:
-    """Any ``[layer, head_index, n]`` field at one N, layers down and heads across (``regimes`` on hover)."""
-    return _draw.metric_heatmap(_result(result, "metric_heatmap"), metric, n, regimes)
+                   roles: Sequence[Sequence[str]] | None = None, *, regimes: Any = None) -> go.Figure:
+    """Any ``[layer, head_index, n]`` field at one N, layers down and heads across (``roles`` on hover;
+    ``regimes``, its former name, is deprecated)."""
+    roles = renamed_keyword("metric_heatmap", "regimes", "roles", regimes, roles, GeometryError)
+    return _draw.metric_heatmap(_result(result, "metric_heatmap"), metric, n, roles)
 
 
 def head_curves(result: GeometryResult, layer: int | None = None, head: int | None = None) -> go.Figure:

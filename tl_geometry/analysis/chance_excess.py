@@ -90,11 +90,11 @@ def excess_over_chance(result: GeometryResult, metric: FieldName = PRECISION, le
 
 
 def chance_by_role(
-    result: GeometryResult, taxonomy: HeadRoles, metric: FieldName = PRECISION
+    result: GeometryResult, roles: HeadRoles, metric: FieldName = PRECISION
 ) -> Float[Tensor, "regime n"]:
     """Mean random-control level of P (or R) over the heads of each of ``ROLE_LABELS`` (Figure 11's chance lines)."""
     curve = result.per_head(CHANCE_OF[_checked(result, metric)])
-    member = torch.nn.functional.one_hot(taxonomy.labels, len(ROLE_LABELS)).bool()  # [layer, head, regime]
+    member = torch.nn.functional.one_hot(roles.labels, len(ROLE_LABELS)).bool()  # [layer, head, regime]
     masked = torch.where(member.unsqueeze(-1), curve.unsqueeze(-2), torch.full((), math.nan, dtype=curve.dtype))
     return torch.nanmean(masked.flatten(0, 1), dim=0)
 

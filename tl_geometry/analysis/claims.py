@@ -1386,7 +1386,7 @@ def claim_list(result: object, roles: object = None) -> list[Claim]:
         source = lambda: roles  # noqa: E731
     else:
         raise GeometryError(f"roles: expected a HeadRoles (classify_heads, roles_from_result), RoleWeights or "
-                            f"None (the result's own taxonomy), got {type(roles).__name__}")
+                            f"None (the result's own roles), got {type(roles).__name__}")
     found = [(c, c.check(c, result, source) if c.reads_roles else c.check(c, result)) for c in CLAIMS.values()]
     return [judge_sample(claim, result.n_documents, declared) for declared, claim in found]
 

@@ -97,7 +97,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from tl_geometry._renamed import old_names
+from tl_geometry._renamed import old_attribute, old_names
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.selection import PRECISION, RECALL, S_NORM
 from tl_geometry.diagnostics.role_features import (
@@ -546,14 +546,14 @@ class HeadRoles:
     missing: tuple[str, ...] = ()
 
     def __repr__(self) -> str:  # a summary, not every tensor (see tl_geometry.analysis.head_roles_summary)
-        from tl_geometry.analysis.head_roles_summary import taxonomy_summary
+        from tl_geometry.analysis.head_roles_summary import roles_summary
 
-        return taxonomy_summary(self).text()
+        return roles_summary(self).text()
 
     def _repr_html_(self) -> str:
-        from tl_geometry.analysis.head_roles_summary import taxonomy_summary
+        from tl_geometry.analysis.head_roles_summary import roles_summary
 
-        return taxonomy_summary(self).html()
+        return roles_summary(self).html()
 
     def label_names(self) -> list[list[str]]:
         """The labels as names, ``[layer][head_index]``."""
@@ -652,6 +652,10 @@ class HeadRoles:
                 rows.append(row)
         return rows
 
+    def __getattr__(self, name: str) -> Any:
+        """``curves_by_regime`` and ``contributions_by_regime``: the former names of two methods, with a warning."""
+        return old_attribute(self, name)
+
     def curves_by_role(self, name: FieldName = PRECISION) -> Float[Tensor, "5 n"]:
         """Mean curve over the heads of each label (Figure 11), NaN for an empty one.
 
@@ -703,12 +707,12 @@ def _require_roles(result: GeometryResult) -> None:
         return
     if any(name in result.fields for name in ROLE_DIAGNOSTIC_FIELDS):
         raise GeometryError(
-            f"result: it was analysed by an older taxonomy diagnostic that did not measure the role features "
+            f"result: it was analysed by an older role diagnostic that did not measure the role features "
             f"{missing} (composition shares, alignment over chance and the raw alignment shifts), so its heads "
             "cannot be given roles; analyse the model again with diagnostics=['roles']"
         )
     raise GeometryError(
-        f"result: the GeometryResult lacks the taxonomy features {missing}; run it with diagnostics=['roles'] "
+        f"result: the GeometryResult lacks the role features {missing}; run it with diagnostics=['roles'] "
         "(e.g. run_with_geometry_hooks(model, tokens, diagnostics=['roles'])) or call "
         "tl_geometry.classify_heads(model, tokens)"
     )
@@ -885,7 +889,7 @@ def classify_queries(result: GeometryResult, config: RoleConfig | None = None) -
     missing = [name for name in ROLE_FEATURES if _stored(result, name) not in result.queries]
     if missing:
         raise GeometryError(
-            f"result: its per-query rows lack the role features {missing}: the taxonomy measured its own query "
+            f"result: its per-query rows lack the role features {missing}: the roles diagnostic measured its own query "
             "sample; analyse with settings={'roles': {'queries': 'analysed'}} and keep_queries=True"
         )
     se = {name: t.unsqueeze(0).unsqueeze(-1) for name, t in _standard_errors(result).items()}

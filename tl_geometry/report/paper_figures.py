@@ -1,9 +1,9 @@
 """Plotly figures of the paper, drawn from a GeometryResult (no computation here, only drawing).
 
-Every function takes a result (or a taxonomy) and returns a
+Every function takes a result (or its HeadRoles) and returns a
 ``plotly.graph_objects.Figure``. The look is shared: titles and axis labels
 say what is shown and in which units, log axes where the paper uses them, and
-a colour-blind-safe palette (Okabe-Ito) in which one regime always has one
+a colour-blind-safe palette (Okabe-Ito) in which one role always has one
 colour. Every value is drawn: a log axis only where its values are positive
 (Figure 2's positions start at the sink, 0, so that axis is linear; zeros
 elsewhere are left out and counted in the legend), ranges that hold what
@@ -116,7 +116,7 @@ def fit_cells(fig: go.Figure, n_rows: int, n_columns: int) -> None:
 
 
 def metric_heatmap(
-    result: GeometryResult, metric: FieldName = PRECISION, n: int = 4, regimes: Sequence[Sequence[str]] | None = None
+    result: GeometryResult, metric: FieldName = PRECISION, n: int = 4, roles: Sequence[Sequence[str]] | None = None
 ) -> go.Figure:
     """Any ``[layer, head_index, n]`` metric at one N, layers down and heads across.
 
@@ -124,15 +124,14 @@ def metric_heatmap(
         result: the analysis.
         metric: a per-sequence field of the result, e.g. ``"precision"``, ``"recall"``, ``"f_score"``.
         n: the selection size N (must be on the result's grid).
-        regimes: optional ``[layer, head_index]`` regime names (e.g. from a
-            HeadRoles) shown on hover.
+        roles: optional ``[layer, head_index]`` role names (e.g. ``HeadRoles.label_names()``) shown on hover.
 
     Returns:
-        A heatmap whose hover shows layer, head, value and regime.
+        A heatmap whose hover shows layer, head, value and role.
     """
     values = at_n(result, metric, n)
     metric = field_name(metric)
-    hover = [[f"regime: {regimes[i][j]}" if regimes is not None else "" for j in range(values.shape[1])]
+    hover = [[f"role: {roles[i][j]}" if roles is not None else "" for j in range(values.shape[1])]
              for i in range(values.shape[0])]
     fig = go.Figure(
         go.Heatmap(
@@ -273,13 +272,13 @@ def _example_head_label(where: tuple[int, int] | None, regime: str) -> str:
     return f"{regime}: none" if where is None else f"{regime}: layer {where[0]}, head {where[1]}"
 
 
-def role_diagnostics(taxonomy: HeadRoles) -> go.Figure:
-    """Figure 7: for one example head per regime, ||s(N)|| and its leave-one-out norms (top)
+def role_diagnostics(roles: HeadRoles) -> go.Figure:
+    """Figure 7: for one example head per role, ||s(N)|| and its leave-one-out norms (top)
     and the alignment of s(N) with the sink v_0 and the last token v_L over chance (bottom), against N."""
-    examples = taxonomy.example_heads()
+    examples = roles.example_heads()
     fig = make_subplots(rows=2, cols=len(ROLE_LABELS), shared_xaxes=True, vertical_spacing=0.12,
                         subplot_titles=[_example_head_label(examples[r], r) for r in ROLE_LABELS] + [""] * len(ROLE_LABELS))
-    grid = taxonomy.n_grid.tolist()
+    grid = roles.n_grid.tolist()
     lines = (
         (1, S_NORM, "||s(N)||", "solid"),
         (1, S_NORM_WITHOUT_SINK, "||s(N) without the sink||", "dashdot"),
@@ -291,53 +290,53 @@ def role_diagnostics(taxonomy: HeadRoles) -> go.Figure:
         where = examples[regime]
         if where is None:
             continue
-        layer, head = taxonomy.layers.index(where[0]), taxonomy.heads.index(where[1])
+        layer, head = roles.layers.index(where[0]), roles.heads.index(where[1])
         for row, spec, label, dash in lines:
             fig.add_trace(
-                go.Scatter(x=grid, y=taxonomy.features[spec.name][layer, head].tolist(), mode="lines", name=label,
+                go.Scatter(x=grid, y=roles.features[spec.name][layer, head].tolist(), mode="lines", name=label,
                            line={"color": ROLE_COLOURS[regime], "dash": dash}, showlegend=False, legendgroup=spec.name,
                            hovertemplate=label + " = %{y:.3g} at N = %{x}<extra></extra>"),
                 row=row, col=col,
             )
-    for row, spec, label, dash in lines:  # the legend: one neutral entry per line style (colour = regime)
+    for row, spec, label, dash in lines:  # the legend: one neutral entry per line style (colour = role)
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=f"{label} ({'top' if row == 1 else 'bottom'})",
                                  line={"color": "#444", "dash": dash}, legendgroup=spec.name), row=row, col=1)
     _n_axes(fig, grid)
     fig.update_xaxes(title="N (selected keys)", row=2)
     fig.update_yaxes(title="norm", row=1, col=1)
-    excess = [taxonomy.features[spec.name] for row, spec, _, _ in lines if row == 2]
+    excess = [roles.features[spec.name] for row, spec, _, _ in lines if row == 2]
     reach = max([1.0] + [float(t.nan_to_num(0).abs().max()) for t in excess])  # differences of cosines: up to 2
     fig.update_yaxes(title="cosine minus its random-set mean", range=[-1.05 * reach, 1.05 * reach], row=2)
-    fig = _style(fig, "Role diagnostics of one example head per label (colour: regime; line style: see legend)",
+    fig = _style(fig, "Role diagnostics of one example head per label (colour: role; line style: see legend)",
                  height=620)
     fig.update_layout(legend={"orientation": "h", "y": -0.15})
     return fig
 
 
-def roles_by_layer(taxonomy: HeadRoles) -> go.Figure:
-    """Figure 8: how many heads of each regime every layer has (stacked)."""
-    counts = taxonomy.counts_by_layer()
+def roles_by_layer(roles: HeadRoles) -> go.Figure:
+    """Figure 8: how many heads of each role every layer has (stacked)."""
+    counts = roles.counts_by_layer()
     fig = go.Figure(
-        [go.Bar(x=list(taxonomy.layers), y=counts[:, i].tolist(), name=regime, marker_color=ROLE_COLOURS[regime])
+        [go.Bar(x=list(roles.layers), y=counts[:, i].tolist(), name=regime, marker_color=ROLE_COLOURS[regime])
          for i, regime in enumerate(ROLE_LABELS)]
     )
     fig.update_layout(barmode="stack")
-    fig.update_xaxes(title="layer", type="category", range=[-0.5, len(taxonomy.layers) - 0.5])
+    fig.update_xaxes(title="layer", type="category", range=[-0.5, len(roles.layers) - 0.5])
     fig.update_yaxes(title="heads")
-    return _style(fig, "Head regimes by depth")
+    return _style(fig, "Head roles by depth")
 
 
-def contributions_by_role(taxonomy: HeadRoles) -> go.Figure:
-    """Figure 10: ||alpha_i v_i|| by key position for an example head of each regime, coloured by cos(v_i, v_L)."""
-    examples = taxonomy.example_heads()
+def contributions_by_role(roles: HeadRoles) -> go.Figure:
+    """Figure 10: ||alpha_i v_i|| by key position for an example head of each role, coloured by cos(v_i, v_L)."""
+    examples = roles.example_heads()
     fig = make_subplots(rows=1, cols=len(ROLE_LABELS), subplot_titles=[_example_head_label(examples[r], r) for r in ROLE_LABELS])
     for col, regime in enumerate(ROLE_LABELS, start=1):
         where = examples[regime]
         if where is None:
             continue
-        layer, head = taxonomy.layers.index(where[0]), taxonomy.heads.index(where[1])
-        size = taxonomy.features[CONTRIBUTION_BY_POSITION.name][layer, head]
-        cosine = taxonomy.features[COS_LAST_BY_POSITION.name][layer, head]
+        layer, head = roles.layers.index(where[0]), roles.heads.index(where[1])
+        size = roles.features[CONTRIBUTION_BY_POSITION.name][layer, head]
+        cosine = roles.features[COS_LAST_BY_POSITION.name][layer, head]
         positive = size > 0  # a log axis cannot show 0 (the legend says how many); NaN: positions not reached
         zeros = int((size <= 0).sum())
         fig.add_trace(
@@ -352,22 +351,22 @@ def contributions_by_role(taxonomy: HeadRoles) -> go.Figure:
     fig.update_xaxes(title="key position")
     fig.update_yaxes(type="log")
     fig.update_yaxes(title="||alpha_i v_i||", row=1, col=1)
-    return _style(fig, "Contributions of each key to the head output, by regime")
+    return _style(fig, "Contributions of each key to the head output, by role")
 
 
-def precision_recall_by_role(taxonomy: HeadRoles, result: GeometryResult | None = None) -> go.Figure:
-    """Figure 11: mean Precision(r_max) and Recall(r_min) against N for the heads of each regime.
+def precision_recall_by_role(roles: HeadRoles, result: GeometryResult | None = None) -> go.Figure:
+    """Figure 11: mean Precision(r_max) and Recall(r_min) against N for the heads of each role.
 
-    With a ``result`` run with the ``"chance"`` diagnostic, each regime's
+    With a ``result`` run with the ``"chance"`` diagnostic, each role's
     chance level (random top-N sets, mean over its heads) is drawn dotted in
-    its colour, and the range between the regimes' chance levels shaded grey.
+    its colour, and the range between the roles' chance levels shaded grey.
     """
-    grid = taxonomy.n_grid.tolist()
+    grid = roles.n_grid.tolist()
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Precision P(r_max, N)", "Recall R(r_min, N)"))
     for col, metric in enumerate((PRECISION, RECALL), start=1):
-        curves = taxonomy.curves_by_role(metric)
+        curves = roles.curves_by_role(metric)
         if result is not None and CHANCE_OF[metric].name in result.fields:
-            chance = chance_by_role(result, taxonomy, metric)
+            chance = chance_by_role(result, roles, metric)
             top, bottom = torch.nan_to_num(chance, nan=-math.inf).amax(0), torch.nan_to_num(chance, nan=math.inf).amin(0)
             fig.add_trace(go.Scatter(x=grid, y=top.tolist(), mode="lines", line={"width": 0}, showlegend=False, hoverinfo="skip"),
                           row=1, col=col)
@@ -387,7 +386,7 @@ def precision_recall_by_role(taxonomy: HeadRoles, result: GeometryResult | None 
         _n_axes(fig, grid, row=1, col=col)
         fig.update_xaxes(title="N (selected keys)", row=1, col=col)
         fig.update_yaxes(range=[0, 1.05], title=metric.name, row=1, col=col)
-    return _style(fig, "Precision and Recall by head regime")
+    return _style(fig, "Precision and Recall by head role")
 
 
 def _example(result: GeometryResult, layer: int | None, head: int | None) -> tuple[int, int]:

@@ -140,7 +140,7 @@ def roles_html(
     sensitivity: Sequence[SensitivityRow] = (),
     ablation: RoleAblation | None = None,
 ) -> str:
-    """The section, or a note saying which option adds it (no taxonomy features); the roles' ablations (or how to
+    """The section, or a note saying which option adds it (no roles features); the roles' ablations (or how to
     run them) inside it, after the roles and their check against known mechanisms."""
     if roles is None:
         return ("<section id='head-roles'><h2>What kind of head is each one?</h2><p class='note'>No roles: analyse with "

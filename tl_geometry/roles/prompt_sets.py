@@ -24,6 +24,7 @@ from jaxtyping import Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from tl_geometry._renamed import renamed_keyword
 from tl_geometry.analysis.detector_agreement import DETECTORS, PromptSetCheck
 from tl_geometry.analysis.head_roles import RoleConfig, roles_from_result
 from tl_geometry.capture.hook_names import pattern_hook
@@ -113,9 +114,10 @@ def check_known_mechanisms(
     context: int = 256,
     period: int = 64,
     config: GeometryConfig | None = None,
-    taxonomy: RoleConfig | None = None,
+    role_config: RoleConfig | None = None,
     seed: int = 0,
     progress: bool = False,
+    taxonomy: RoleConfig | None = None,
 ) -> dict[str, PromptSetCheck]:
     """Detector scores and roles on natural text and on repeated random tokens.
 
@@ -129,11 +131,14 @@ def check_known_mechanisms(
     ``n_prompts`` x (2 ``period`` + 1) tokens, with the role features of
     their rows; it grows linearly with ``n_prompts``
     (`benchmarks/bench_main_job.py` measures it beside a bare pass).
-    ``progress`` shows a bar over the two sets.
+    ``progress`` shows a bar over the two sets. ``role_config``: the rules' thresholds (``taxonomy``, its former
+    name, is deprecated).
 
     Returns:
         ``{"natural": PromptSetCheck, "repeated": PromptSetCheck}``.
     """
+    role_config = renamed_keyword("check_known_mechanisms", "taxonomy", "role_config", taxonomy, role_config,
+                                  GeometryError)
     base = with_roles(config)
     n_ctx = getattr(model.cfg, "n_ctx", None)
     if n_ctx:  # a model with a short context gets prompts that fit it
@@ -154,6 +159,6 @@ def check_known_mechanisms(
             hooks, scores = _detector_hooks(model, tokens, t)
             with model.hooks(fwd_hooks=hooks):
                 result = run_with_geometry_hooks(model, tokens, config=run_config.with_overrides(capture="pattern"))
-            out[name] = PromptSetCheck(name, scores, roles_from_result(result, taxonomy), t, int(tokens.shape[0]))
+            out[name] = PromptSetCheck(name, scores, roles_from_result(result, role_config), t, int(tokens.shape[0]))
             bar.update()
     return out
