@@ -92,8 +92,8 @@ print("induction heads:     ", [(h, round(induction[h].item(), 2)) for h in indu
 #
 # The queries analysed are the positions of the second copy, where induction
 # happens (positions are counted from the first real token; 0 is the sink).
-# By default the taxonomy measures its features on a seeded sample of query
-# positions spread over each sequence; `settings={"roles": {"queries":
+# By default the roles diagnostic measures its features on a seeded sample of
+# query positions spread over each sequence; `settings={"roles": {"queries":
 # "analysed"}}` measures them on the analysed queries instead, here the second
 # copy. `diagnostics=["roles"]` computes the role features in the same pass.
 
@@ -101,36 +101,36 @@ print("induction heads:     ", [(h, round(induction[h].item(), 2)) for h in indu
 second_copy = list(range(first_copy + 1, n_tokens))
 result = tg.run_with_geometry_hooks(model, tokens, query_positions=second_copy, diagnostics=["roles"],
                                     settings={"roles": {"queries": "analysed"}})
-taxonomy = tg.classify_heads(result)
-names = taxonomy.label_names()
+roles = tg.classify_heads(result)
+names = roles.label_names()
 grid = result.n_grid.tolist()
 at = {n: grid.index(n) for n in (2, 4)}  # at N = 1, P = R = 1 for every head
 
 print(f"{'head':>8} {'found as':>15} {'role':>10} {'sub-type':>16} {'p(role)':>8} {'P(N=2)':>7} {'R(N=2)':>7} {'R(N=4)':>7}")
 for label, heads in (("previous-token", prev_heads), ("induction", induction_heads)):
     for layer, head in heads:
-        p = taxonomy.probabilities[layer, head].max()
-        print(f"{f'L{layer}H{head}':>8} {label:>15} {names[layer][head]:>10} {taxonomy.subtype(layer, head) or '-':>16} "
-              f"{p:8.2f} {taxonomy.precision[layer, head, at[2]]:7.2f} {taxonomy.recall[layer, head, at[2]]:7.2f} "
-              f"{taxonomy.recall[layer, head, at[4]]:7.2f}")
+        p = roles.probabilities[layer, head].max()
+        print(f"{f'L{layer}H{head}':>8} {label:>15} {names[layer][head]:>10} {roles.subtype(layer, head) or '-':>16} "
+              f"{p:8.2f} {roles.precision[layer, head, at[2]]:7.2f} {roles.recall[layer, head, at[2]]:7.2f} "
+              f"{roles.recall[layer, head, at[4]]:7.2f}")
 print(f"the top key of a Content head at the induction offset sits at lag {first_copy - 1}")
 
 # %% [markdown]
-# The roles come with their evidence: `taxonomy.probabilities` (each role's
+# The roles come with their evidence: `roles.probabilities` (each role's
 # share of the bootstrap replicates over documents and query positions; with
 # this single prompt there is one document, so only the query positions vary),
-# `taxonomy.runner_up` and `taxonomy.margin` (the top probability minus the
+# `roles.runner_up` and `roles.margin` (the top probability minus the
 # runner-up's: below `RoleConfig.margin` the head is `"uncertain"`), and
-# `taxonomy.features` (the shares of the output, the concentration of the rest,
-# the alignment with v_L over chance). `taxonomy.describe(layer, head)` says it
+# `roles.features` (the shares of the output, the concentration of the rest,
+# the alignment with v_L over chance). `roles.describe(layer, head)` says it
 # in one line. The docs page "Head roles for a circuit study" says what the
 # roles do and do not claim.
 
 # %%
-show(plots.roles_by_layer(taxonomy))
+show(plots.roles_by_layer(roles))
 show(plots.metric_heatmap(result, "recall", 2, names))
 layer, head = prev_heads[0]
-print(taxonomy.describe(layer, head))
+print(roles.describe(layer, head))
 
 # %% [markdown]
 # ## Using labels and scores in an analysis
@@ -148,11 +148,11 @@ print(taxonomy.describe(layer, head))
 
 # %%
 content: dict[int, list[int]] = {}
-for layer, head in (taxonomy.labels == tg.analysis.ROLE_LABELS.index("content")).nonzero().tolist():
+for layer, head in (roles.labels == tg.analysis.ROLE_LABELS.index("content")).nonzero().tolist():
     content.setdefault(layer, []).append(head)
 print(f"{sum(map(len, content.values()))} Content heads in {len(content)} layers")
 
-recall_n2 = taxonomy.recall[..., at[2]]
+recall_n2 = roles.recall[..., at[2]]
 is_prev = torch.zeros_like(recall_n2, dtype=torch.bool)
 is_prev[tuple(torch.tensor(prev_heads).T)] = True
 print(f"Recall(r_min, N=2): previous-token heads {recall_n2[is_prev].mean():.2f}, "
@@ -166,7 +166,7 @@ def spearman(x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 for index, role in enumerate(NAMED):
-    score = taxonomy.probabilities[..., index].float()
+    score = roles.probabilities[..., index].float()
     print(f"rank corr with p({role:>9}): previous-token {spearman(previous_token, score):+.2f}, "
           f"induction {spearman(induction, score):+.2f}")
 
