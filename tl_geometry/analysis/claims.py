@@ -4,7 +4,7 @@ Every claim is reduced to one number read from the result (means over
 documents per head, as the run measured them), compared with two thresholds
 taken from the paper's wording. Nothing here recomputes what the run
 measured: the statistics are means, shares and correlations over
-heads of the result's fields, and the taxonomy of the result
+heads of the result's fields, and the roles of the result
 (`tl_geometry.analysis.head_roles`, section 4.2).
 
 Verdict rule (the same for every claim):
@@ -109,7 +109,7 @@ the uncorrected value moved to the value, in a bootstrap world as noisy as
 the real one (`shrunk_replicates`). The role claims'
 values weight heads by their role probabilities, the shares of the
 replicates that give each role; their replicates' statistics use each
-replicate's own roles: the result's taxonomy (`roles_from_result`), or
+replicate's own roles: the result's (`roles_from_result`), or
 the roles given to `claims` (``roles=``, a `HeadRoles` or `RoleWeights`).
 """
 
@@ -125,7 +125,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from tl_geometry._renamed import old_names
+from tl_geometry._renamed import old_names, renamed_keyword
 from tl_geometry.analysis.claim_registry import LEVEL, ClaimRegistry, IntervalChoice, PaperClaim, Thresholds
 from tl_geometry.analysis.correlation import (
     Disattenuated,
@@ -924,13 +924,15 @@ class RoleWeights:
                                 f"{getattr(self.replicates, 'shape', self.replicates)!r}; or None")
 
     @classmethod
-    def of(cls, result: GeometryResult, taxonomy: HeadRoles | None = None) -> "RoleWeights":
-        """The roles of ``taxonomy`` (default: the result's own, `roles_from_result`), with each bootstrap
-        replicate's roles by its rules; without replicates, the point roles one-hot and no interval."""
-        taxonomy = roles_from_result(result) if taxonomy is None else taxonomy
-        if bool(taxonomy.probabilities.isnan().all()):
-            return cls(torch.nn.functional.one_hot(taxonomy.point.clamp(min=0), len(ROLES)).double(), None)
-        return cls(taxonomy.probabilities.double(), replicate_roles(result, taxonomy.config))
+    def of(cls, result: GeometryResult, roles: HeadRoles | None = None, *, taxonomy: Any = None) -> "RoleWeights":
+        """The weights of ``roles`` (default: the result's own, `roles_from_result`; ``taxonomy=``, its former
+        name, is deprecated), with each bootstrap replicate's roles by its rules; without replicates, the point
+        roles one-hot and no interval."""
+        roles = renamed_keyword("RoleWeights.of", "taxonomy", "roles", taxonomy, roles, GeometryError)
+        roles = roles_from_result(result) if roles is None else roles
+        if bool(roles.probabilities.isnan().all()):
+            return cls(torch.nn.functional.one_hot(roles.point.clamp(min=0), len(ROLES)).double(), None)
+        return cls(roles.probabilities.double(), replicate_roles(result, roles.config))
 
 
 RoleSource = Callable[[], RoleWeights]
@@ -1379,7 +1381,7 @@ def claim_list(result: object, roles: object = None) -> list[Claim]:
             f"GeometryResult.load), got {type(result).__name__}"
         )
     if roles is None:
-        source: RoleSource = functools.cache(lambda: RoleWeights.of(result))  # the taxonomy is the costly part: once
+        source: RoleSource = functools.cache(lambda: RoleWeights.of(result))  # the roles are the costly part: once
     elif isinstance(roles, HeadRoles):
         source = functools.cache(lambda: RoleWeights.of(result, roles))
     elif isinstance(roles, RoleWeights):
@@ -1410,7 +1412,7 @@ def claims(result: object, roles: object = None) -> Any:
         result: a GeometryResult.
         roles: the head roles the role claims (Figures 8 and 11) weigh heads by: a `HeadRoles` (e.g.
             ``classify_heads(result, config)`` with other thresholds), `RoleWeights` (probabilities and
-            replicate roles of your own), or None (default): the result's taxonomy, `roles_from_result`.
+            replicate roles of your own), or None (default): the result's own, `roles_from_result`.
 
     Raises:
         GeometryError: ``result`` is not a GeometryResult, or ``roles`` is none of the above.

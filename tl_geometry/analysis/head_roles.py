@@ -519,7 +519,7 @@ class HeadRoles:
         n_grid: the selection sizes N, ``[n]``.
         layers, heads: the analysed layers and heads (axes of every tensor).
         config: the RoleConfig used.
-        missing: the taxonomy features the result lacks (one analysed by an
+        missing: the role features the result lacks (one analysed by an
             earlier version): without the raw shifts the Mixer is judged on
             the shifts of the excess over chance (that version's rule),
             without the sub-type features no sub-type is named, without the
@@ -900,9 +900,9 @@ def classify_queries(result: GeometryResult, config: RoleConfig | None = None) -
     )  # fmt: skip
 
 
-def role_counts(taxonomy: HeadRoles) -> dict[str, int]:
+def role_counts(roles: HeadRoles) -> dict[str, int]:
     """Heads per label over every layer, in ROLE_LABELS order."""
-    return dict(zip(ROLE_LABELS, taxonomy.counts_by_layer().sum(0).tolist()))
+    return dict(zip(ROLE_LABELS, roles.counts_by_layer().sum(0).tolist()))
 
 
 def agreement(first: HeadRoles, second: HeadRoles) -> tuple[float, int]:
@@ -914,14 +914,14 @@ def agreement(first: HeadRoles, second: HeadRoles) -> tuple[float, int]:
 
 @dataclass(frozen=True)
 class SubtypeAgreement:
-    """Sub-types across taxonomies of disjoint document groups, counted over (head, pair of taxonomies).
+    """Sub-types across the roles of disjoint document groups, counted over (head, pair of groups).
 
     Attributes:
         same_both, both: where both name a sub-type: how many name the same one, of how many.
         same_sure, sure: where either names one and neither's is uncertain (as `agreement` counts the heads
             both label): the same, of how many.
         same_either, either: where either names one: the same, of how many.
-        uncertain: per taxonomy, the heads whose sub-type is uncertain.
+        uncertain: per group, the heads whose sub-type is uncertain.
     """
 
     same_both: int
@@ -933,11 +933,11 @@ class SubtypeAgreement:
     uncertain: tuple[int, ...]
 
 
-def subtype_agreement(taxonomies: Sequence[HeadRoles]) -> SubtypeAgreement:
-    """How the sub-types of taxonomies of disjoint document groups agree, over every pair of them."""
+def subtype_agreement(groups: Sequence[HeadRoles]) -> SubtypeAgreement:
+    """How the sub-types of the roles of disjoint document groups agree, over every pair of them."""
     counts = dict.fromkeys(("same_both", "both", "same_sure", "sure", "same_either", "either"), 0)
-    heads = [(layer, head) for layer in taxonomies[0].layers for head in taxonomies[0].heads]
-    for first, second in itertools.combinations(taxonomies, 2):
+    heads = [(layer, head) for layer in groups[0].layers for head in groups[0].heads]
+    for first, second in itertools.combinations(groups, 2):
         for layer, head in heads:
             a, b = first.subtype(layer, head), second.subtype(layer, head)
             if a is None and b is None:
@@ -952,7 +952,7 @@ def subtype_agreement(taxonomies: Sequence[HeadRoles]) -> SubtypeAgreement:
             if a is not None and b is not None:
                 counts["both"] += 1
                 counts["same_both"] += same
-    uncertain = tuple(sum(t.subtype_uncertain(layer, head) is not None for layer, head in heads) for t in taxonomies)
+    uncertain = tuple(sum(t.subtype_uncertain(layer, head) is not None for layer, head in heads) for t in groups)
     return SubtypeAgreement(**counts, uncertain=uncertain)
 
 

@@ -42,7 +42,7 @@ class LayerAnalysis:
     out: dict[int, dict[str, Tensor]] = field(default_factory=dict)
     queries: dict[int, dict[str, Tensor]] = field(default_factory=dict)
     pictures: PictureKeeper | None = None  # with config.picture_heads: observes the selection diagnostic
-    # The taxonomy's own query rows (None: it reads the analysed queries; the plan names who reads them).
+    # The roles diagnostic's own query rows (None: it reads the analysed queries; the plan names who reads them).
     sample: PreparedTokens | None = None
     # Per-row Poisson weights [batch, query, replicate] of the rows the resampled fields are measured on.
     query_weights: Tensor | None = None

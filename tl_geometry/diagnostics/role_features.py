@@ -1,4 +1,4 @@
-"""The features behind the Retriever / Mixer / Reset taxonomy (paper section 4.2, Figures 7 and 10).
+"""The features behind the head roles, Retriever / Mixer / Reset (paper section 4.2, Figures 7 and 10).
 
 For one query row, L is the query's own position (the last visible key) and
 the sink is the sequence's first real token where the query can see it;
@@ -51,7 +51,7 @@ o = sum of y_i over the visible keys (the head's output before W_O):
   where c(N) is the mean of cos(S_c(N), v) over ``ROLE_CONTROLS`` random
   rankings c of the visible keys, S_c(N) the sum of y_i over the first N keys
   of ranking c (the same weights, a random set; the rankings are the chance
-  diagnostic's, nested across N and seeded by the taxonomy's seed). The mean
+  diagnostic's, nested across N and seeded by the roles diagnostic's seed). The mean
   of a cosine, not the cosine of mean sums: where every y_i points the same
   way, a random set is as aligned as the top-N set and the excess is 0. The
   row's mean excess over
@@ -84,7 +84,7 @@ from tl_geometry.errors import GeometryError
 # Query positions sampled per sequence for the role features (docs: how to read a head, the stability figure).
 DEFAULT_QUERY_SAMPLE = 8
 # Random rankings per row for the alignment's chance level: one is unbiased, and the excess is averaged over
-# every sampled row of every document (docs: Head roles, what the taxonomy costs).
+# every sampled row of every document (docs: Head roles, what the roles diagnostic costs).
 ROLE_CONTROLS = 1
 
 CURVE_FEATURES = ("s_norm_without_sink", "s_norm_without_last", "cos_s_sink", "cos_s_last", "cos_s_sink_mixed", "cos_s_last_mixed")
@@ -117,7 +117,7 @@ SUBTYPE_FEATURES = LAG_FEATURES + EARLY_FEATURES
 DEFAULT_REACH = 64
 # Keys at positions 1..DEFAULT_EARLY-1 after the sink are early (RoleSettings.early).
 DEFAULT_EARLY = 16
-# Every name the taxonomy diagnostic declares; classify_heads checks a result for these.
+# Every name the roles diagnostic declares; classify_heads checks a result for these.
 ROLE_DIAGNOSTIC_FIELDS = (
     CURVE_FEATURES + SCALAR_FEATURES + POSITION_FEATURES + ROLE_FEATURES + ROLE_EXTRAS + ROLE_CURVES + SUBTYPE_FEATURES
 )
@@ -352,7 +352,7 @@ def row_features(
     reach: int = DEFAULT_REACH,
     early: int = DEFAULT_EARLY,
 ) -> dict[str, Tensor]:
-    """The taxonomy features of independent query rows; the sink is each row's first visible key.
+    """The role features of independent query rows; the sink is each row's first visible key.
 
     Returns:
         ``CURVE_FEATURES`` as ``[row, n]`` and ``SCALAR_FEATURES`` as ``[row]``.
@@ -375,7 +375,7 @@ QuerySample = Literal["sample", "analysed"]
 
 @dataclass(frozen=True)
 class RoleSettings:
-    """Settings of the taxonomy diagnostic.
+    """Settings of the roles diagnostic.
 
     Attributes:
         queries: ``"sample"`` (default): the features are measured on a seeded
