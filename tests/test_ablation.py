@@ -336,7 +336,7 @@ def test_crosstab_counts_each_role_among_sink_and_dormant_heads():
             want = sum(1 for i in range(2) for j in range(4) if names[i][j] == label and bool(flags[i, j]))
             assert table[key][label] == want
     assert sum(table["all"].values()) == 8 and 0 < sum(table["dormant"].values()) < 8
-    with pytest.raises(GeometryError, match="measure the heads the taxonomy classified"):
+    with pytest.raises(GeometryError, match="measure the heads the roles classified"):
         found.crosstab(FakeTaxonomy([["reset"] * 4], layers=(0,)))
 
 

@@ -463,7 +463,7 @@ def test_errors_and_old_results(gpt2, built):
         classify_heads(gpt2)
     with pytest.raises(GeometryError, match="only used with a model"):
         classify_heads(plain, "a b")
-    with pytest.raises(GeometryError, match="taxonomy: expected a RoleConfig or None, got dict"):
+    with pytest.raises(GeometryError, match="role_config: expected a RoleConfig or None, got dict"):
         classify_heads(gpt2, "a b", taxonomy={})
     with pytest.raises(GeometryError, match="regime: expected one of .*, got 'uncertain'"):
         detect_role(gpt2, "a b", "uncertain")

@@ -45,7 +45,7 @@ The rules, in order; the first that holds gives the role:
 4. Content (not in the paper): the rest dominates and is concentrated: its top
    key holds at least ``concentrated`` of the rest's weight. Previous-token heads,
    induction and copy heads attend to one specific earlier token, which none
-   of the paper's regimes describes.
+   of the paper's roles describes.
 
 A head whose share_self is largest but not aligned beyond chance falls
 through to rules 3-4 (its sink and rest decide).
@@ -79,7 +79,7 @@ v_L) at least ``literal_align``. Reset: ||alpha_0 v_0|| at least
 ``comparable`` times the largest other, or the rest broadly spread (as in
 rule 3), and s(N) sink-biased: the mean raw cos(s(N), v_0) above cos(s(N),
 v_L), which stays below ``literal_align``. Otherwise ``"none"``: none of the
-paper's regimes. These are point labels (no probabilities).
+paper's roles. These are point labels (no probabilities).
 
 Probabilities: the share of bootstrap replicates whose feature means give
 each role (the z-scores keep the head's standard errors). The label is the
@@ -136,7 +136,7 @@ from tl_geometry.results.result import GeometryResult
 from tl_geometry.results.table import FieldName, field_name
 
 Role = Literal["retriever", "mixer", "reset", "content"]
-"""A head role: the paper's three regimes and Content (a specific earlier token)."""
+"""A head role: the paper's three (its "regimes") and Content (a specific earlier token)."""
 ROLES: tuple[str, ...] = get_args(Role)
 """The four roles, in probability order: ``HeadRoles.probabilities[..., i]`` is ROLES[i]."""
 RoleLabel = Literal["retriever", "mixer", "reset", "content", "uncertain"]
@@ -148,7 +148,7 @@ NAMED: tuple[str, ...] = ROLES
 UNCERTAIN = ROLE_LABELS.index("uncertain")
 MIXER, RETRIEVER, RESET, CONTENT = (ROLES.index(r) for r in ("mixer", "retriever", "reset", "content"))
 LiteralRole = Literal["retriever", "mixer", "reset", "none"]
-"""The paper's rules read literally: its three regimes, or "none" where no rule holds."""
+"""The paper's rules read literally: its three roles, or "none" where no rule holds."""
 LITERAL_ROLES: tuple[str, ...] = get_args(LiteralRole)
 SubtypeKind = Literal["none", "lag", "sink"]
 """What a sub-type names: nothing, a fixed lag behind the query, or a secondary sink (an early key)."""
@@ -678,24 +678,24 @@ class HeadRoles:
     def example_heads(self) -> dict[str, tuple[int, int] | None]:
         """Per label, the (layer, head) with the largest probability of it (None if no head has the label)."""
         out: dict[str, tuple[int, int] | None] = {}
-        for index, regime in enumerate(ROLE_LABELS):
+        for index, role in enumerate(ROLE_LABELS):
             score = self.margin if index == UNCERTAIN else self.probabilities[..., index]
             if index == UNCERTAIN:
                 score = -score  # the closest call
             score = torch.where(self.labels == index, score.double().nan_to_num(-1e9), -math.inf)
             row, col = divmod(int(score.argmax()), score.shape[1])
-            out[regime] = (self.layers[row], self.heads[col]) if bool(self.labels[row, col] == index) else None
+            out[role] = (self.layers[row], self.heads[col]) if bool(self.labels[row, col] == index) else None
         return out
 
     def contributions_by_role(self) -> dict[str, Float[Tensor, " key"] | None]:
         """||alpha_i v_i|| by key position of each label's example head (Figure 10), None if it is empty."""
         out: dict[str, Tensor | None] = {}
-        for regime, where in self.example_heads().items():
+        for role, where in self.example_heads().items():
             if where is None or CONTRIBUTION_BY_POSITION.name not in self.features:
-                out[regime] = None
+                out[role] = None
             else:
                 layer, head = self.layers.index(where[0]), self.heads.index(where[1])
-                out[regime] = self.features[CONTRIBUTION_BY_POSITION.name][layer, head]
+                out[role] = self.features[CONTRIBUTION_BY_POSITION.name][layer, head]
         return out
 
 

@@ -28,12 +28,12 @@ def roles_summary(roles: Any) -> Summary:
     # The surest head of each named label, so that a reader has one to look at per role.
     margin = roles.margin.nan_to_num(-1.0)
     examples = []
-    for k, regime in enumerate(ROLE_LABELS):
+    for k, role in enumerate(ROLE_LABELS):
         if k == UNCERTAIN or not counts[k]:
             continue
         flat = torch.where(labels.flatten() == k, margin.flatten(), -2.0).argmax()
         i, j = divmod(int(flat), n_heads)
-        examples.append(f"{regime} {roles.layers[i]}.{roles.heads[j]} (margin {float(margin[i, j]):.2f})")
+        examples.append(f"{role} {roles.layers[i]}.{roles.heads[j]} (margin {float(margin[i, j]):.2f})")
     if examples:
         rows.append(("surest", "; ".join(examples)))
     rows.append(("features", f"{len(roles.features)} role features (roles.features), "

@@ -1,6 +1,6 @@
-"""Does the data show regimes at all? Gaussian mixtures over the heads' role features, compared by BIC.
+"""Does the data show the roles at all? Gaussian mixtures over the heads' role features, compared by BIC.
 
-The paper posits three regimes. A mixture of k Gaussians (full covariance)
+The paper posits three roles (its "regimes"). A mixture of k Gaussians (full covariance)
 fitted to the per-head features for k = 1..6, each by EM from several
 k-means++ starts, and the Bayesian information criterion
 BIC = -2 log L + p ln(n) (p free parameters, n heads) says how many groups the

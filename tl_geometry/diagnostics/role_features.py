@@ -61,7 +61,7 @@ o = sum of y_i over the visible keys (the head's output before W_O):
   alone left out (as for the ``_mixed`` cosines).
 
 Rows that see a single key (sink and last token coincide) carry no
-information about the regime and are NaN. Where a query cannot see the sink
+information about the role and are NaN. Where a query cannot see the sink
 (a sliding window that has moved past it), every sink quantity is NaN.
 """
 

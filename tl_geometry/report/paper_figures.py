@@ -268,8 +268,8 @@ def _left_off(count: int, what: str) -> str:
     return f" ({count} {'key' if count == 1 else 'keys'} {what} not drawn on the log axis)" if count else ""
 
 
-def _example_head_label(where: tuple[int, int] | None, regime: str) -> str:
-    return f"{regime}: none" if where is None else f"{regime}: layer {where[0]}, head {where[1]}"
+def _example_head_label(where: tuple[int, int] | None, role: str) -> str:
+    return f"{role}: none" if where is None else f"{role}: layer {where[0]}, head {where[1]}"
 
 
 def role_diagnostics(roles: HeadRoles) -> go.Figure:
@@ -286,15 +286,15 @@ def role_diagnostics(roles: HeadRoles) -> go.Figure:
         (2, EXCESS_COS_SINK, "cos(s(N), v_0) over chance", "solid"),
         (2, EXCESS_COS_SELF, "cos(s(N), v_L) over chance", "dash"),
     )
-    for col, regime in enumerate(ROLE_LABELS, start=1):
-        where = examples[regime]
+    for col, role in enumerate(ROLE_LABELS, start=1):
+        where = examples[role]
         if where is None:
             continue
         layer, head = roles.layers.index(where[0]), roles.heads.index(where[1])
         for row, spec, label, dash in lines:
             fig.add_trace(
                 go.Scatter(x=grid, y=roles.features[spec.name][layer, head].tolist(), mode="lines", name=label,
-                           line={"color": ROLE_COLOURS[regime], "dash": dash}, showlegend=False, legendgroup=spec.name,
+                           line={"color": ROLE_COLOURS[role], "dash": dash}, showlegend=False, legendgroup=spec.name,
                            hovertemplate=label + " = %{y:.3g} at N = %{x}<extra></extra>"),
                 row=row, col=col,
             )
@@ -317,8 +317,8 @@ def roles_by_layer(roles: HeadRoles) -> go.Figure:
     """Figure 8: how many heads of each role every layer has (stacked)."""
     counts = roles.counts_by_layer()
     fig = go.Figure(
-        [go.Bar(x=list(roles.layers), y=counts[:, i].tolist(), name=regime, marker_color=ROLE_COLOURS[regime])
-         for i, regime in enumerate(ROLE_LABELS)]
+        [go.Bar(x=list(roles.layers), y=counts[:, i].tolist(), name=role, marker_color=ROLE_COLOURS[role])
+         for i, role in enumerate(ROLE_LABELS)]
     )
     fig.update_layout(barmode="stack")
     fig.update_xaxes(title="layer", type="category", range=[-0.5, len(roles.layers) - 0.5])
@@ -330,8 +330,8 @@ def contributions_by_role(roles: HeadRoles) -> go.Figure:
     """Figure 10: ||alpha_i v_i|| by key position for an example head of each role, coloured by cos(v_i, v_L)."""
     examples = roles.example_heads()
     fig = make_subplots(rows=1, cols=len(ROLE_LABELS), subplot_titles=[_example_head_label(examples[r], r) for r in ROLE_LABELS])
-    for col, regime in enumerate(ROLE_LABELS, start=1):
-        where = examples[regime]
+    for col, role in enumerate(ROLE_LABELS, start=1):
+        where = examples[role]
         if where is None:
             continue
         layer, head = roles.layers.index(where[0]), roles.heads.index(where[1])
@@ -341,7 +341,7 @@ def contributions_by_role(roles: HeadRoles) -> go.Figure:
         zeros = int((size <= 0).sum())
         fig.add_trace(
             go.Scatter(x=positive.nonzero().flatten().tolist(), y=size[positive].tolist(), mode="markers",
-                       name=regime + _left_off(zeros, "with ||alpha_i v_i|| = 0"), showlegend=zeros > 0,
+                       name=role + _left_off(zeros, "with ||alpha_i v_i|| = 0"), showlegend=zeros > 0,
                        marker={"color": cosine[positive].tolist(), "colorscale": "RdBu", "cmin": -1, "cmax": 1, "size": 5,
                                "colorbar": {"title": "cos(v_i, v_L)"} if col == len(ROLE_LABELS) else None,
                                "showscale": col == len(ROLE_LABELS)},
@@ -373,14 +373,14 @@ def precision_recall_by_role(roles: HeadRoles, result: GeometryResult | None = N
             fig.add_trace(go.Scatter(x=grid, y=bottom.tolist(), fill="tonexty", fillcolor="rgba(127,127,127,0.2)",
                                      mode="lines", line={"width": 0}, name="chance band (random top-N sets)",
                                      showlegend=col == 1, hoverinfo="skip"), row=1, col=col)
-            for i, regime in enumerate(ROLE_LABELS):
-                fig.add_trace(go.Scatter(x=grid, y=chance[i].tolist(), mode="lines", name=f"{regime}: chance",
-                                         line={"color": ROLE_COLOURS[regime], "dash": "dot", "width": 1},
+            for i, role in enumerate(ROLE_LABELS):
+                fig.add_trace(go.Scatter(x=grid, y=chance[i].tolist(), mode="lines", name=f"{role}: chance",
+                                         line={"color": ROLE_COLOURS[role], "dash": "dot", "width": 1},
                                          showlegend=col == 1), row=1, col=col)
-        for i, regime in enumerate(ROLE_LABELS):
+        for i, role in enumerate(ROLE_LABELS):
             fig.add_trace(
-                go.Scatter(x=grid, y=curves[i].tolist(), mode="lines+markers", name=regime,
-                           line={"color": ROLE_COLOURS[regime]}, showlegend=col == 1),
+                go.Scatter(x=grid, y=curves[i].tolist(), mode="lines+markers", name=role,
+                           line={"color": ROLE_COLOURS[role]}, showlegend=col == 1),
                 row=1, col=col,
             )
         _n_axes(fig, grid, row=1, col=col)
