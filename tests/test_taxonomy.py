@@ -465,7 +465,7 @@ def test_errors_and_old_results(gpt2, built):
         classify_heads(plain, "a b")
     with pytest.raises(GeometryError, match="role_config: expected a RoleConfig or None, got dict"):
         classify_heads(gpt2, "a b", taxonomy={})
-    with pytest.raises(GeometryError, match="regime: expected one of .*, got 'uncertain'"):
+    with pytest.raises(GeometryError, match="role: expected one of .*, got 'uncertain'"):
         detect_role(gpt2, "a b", "uncertain")
     for kwargs, message in (({"margin": 2.0}, "margin: expected a number in [0, 1], got 2.0"),
                             ({"z_align": -1.0}, "z_align: expected a number of standard errors >= 0, got -1.0"),
