@@ -464,7 +464,7 @@ def test_errors_and_old_results(gpt2, built):
     with pytest.raises(GeometryError, match="only used with a model"):
         classify_heads(plain, "a b")
     with pytest.raises(GeometryError, match="role_config: expected a RoleConfig or None, got dict"):
-        classify_heads(gpt2, "a b", taxonomy={})
+        classify_heads(gpt2, "a b", role_config={})
     with pytest.raises(GeometryError, match="role: expected one of .*, got 'uncertain'"):
         detect_role(gpt2, "a b", "uncertain")
     for kwargs, message in (({"margin": 2.0}, "margin: expected a number in [0, 1], got 2.0"),
