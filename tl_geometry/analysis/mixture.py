@@ -1,8 +1,8 @@
 """Does the data show the roles at all? Gaussian mixtures over the heads' role features, compared by BIC.
 
-The paper posits three roles (its "regimes"). A mixture of k Gaussians (full covariance)
-fitted to the per-head features for k = 1..6, each by EM from several
-k-means++ starts, and the Bayesian information criterion
+The paper posits three roles (its "regimes"). A mixture of k Gaussians
+(full covariance) fitted to the per-head features for k = 1..6, each by EM
+from several k-means++ starts, and the Bayesian information criterion
 BIC = -2 log L + p ln(n) (p free parameters, n heads) says how many groups the
 data support: the smallest BIC wins, and a difference below 10 is weak
 evidence. The features are standardised first (each to mean 0, variance 1).
