@@ -55,8 +55,6 @@ def old_names(module: str, namespace: dict[str, Any]) -> Callable[[str], Any]:
     return __getattr__
 
 
-
-
 def old_attribute(owner: Any, name: str) -> Any:
     """For a class's ``__getattr__``: the attribute once called ``name`` (a method renamed), with a warning."""
     new = RENAMED.get(name)
@@ -65,6 +63,7 @@ def old_attribute(owner: Any, name: str) -> Any:
     kind = type(owner).__name__
     warnings.warn(f"{kind}.{name} is deprecated; it is now {kind}.{new}", DeprecationWarning, stacklevel=3)
     return getattr(owner, new)
+
 
 def renamed_keyword(function: str, old: str, new: str, old_value: Any, new_value: Any,
                     error: Callable[[str], Exception]) -> Any:
