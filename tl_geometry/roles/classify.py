@@ -101,7 +101,8 @@ def detect_role(
             layer -> heads; other heads are NaN. Default: every head.
         config: the GeometryConfig of the run.
         role_config: the RoleConfig.
-        regime, taxonomy: deprecated: ``role``'s and ``role_config``'s former names.
+        regime: deprecated: ``role``'s former name.
+        taxonomy: deprecated: ``role_config``'s former name.
 
     Returns:
         The bootstrap probability of the role per head, ``[n_layers, n_heads]``.
