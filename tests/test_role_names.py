@@ -61,7 +61,10 @@ def test_an_old_name_is_the_new_object_with_a_warning_naming_it(module, old, new
     assert value is getattr(imported, new)
 
 
-def test_an_old_name_imports_from_its_old_module_path():
+def test_an_old_name_imports_from_its_old_module_path(monkeypatch):
+    import sys
+
+    monkeypatch.delitem(sys.modules, "tl_geometry.analysis.taxonomy", raising=False)  # imported earlier: afresh
     with pytest.warns(DeprecationWarning) as caught:
         from tl_geometry.analysis.taxonomy import HeadTaxonomy, taxonomy_from_result
     from tl_geometry.analysis.head_roles import HeadRoles, roles_from_result

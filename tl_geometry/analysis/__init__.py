@@ -4,24 +4,24 @@
 """
 
 from tl_geometry._renamed import old_names
-from tl_geometry.analysis.sink import SinkRecallCorrelation, sink_recall_correlation
 from tl_geometry.analysis.head_roles import (
     ROLE_LABELS,
     ROLES,
     HeadRoles,
-    RoleLabel,
     RoleConfig,
+    RoleLabel,
     classify_queries,
     threshold_sensitivity,
 )
+from tl_geometry.analysis.sink import SinkRecallCorrelation, sink_recall_correlation
 
 __all__ = [
-    "ROLE_LABELS",
     "ROLES",
+    "ROLE_LABELS",
     "HeadRoles",
+    "RoleConfig",
     "RoleLabel",
     "SinkRecallCorrelation",
-    "RoleConfig",
     "classify_queries",
     "sink_recall_correlation",
     "threshold_sensitivity",
