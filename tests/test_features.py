@@ -167,7 +167,7 @@ def test_taxonomy_features_of_every_valid_query_row_and_the_last_query_by_positi
 def test_features_through_the_hooks_do_not_depend_on_batching():
     model = tm.make_model("bridge-llama")
     texts = ["the cat sat on the mat and ran", "a dog", "one two three four five six seven"]
-    # The features on the analysed queries (kept per query); the default query sample has tests/test_taxonomy.py.
+    # The features on the analysed queries (kept per query); the default query sample has tests/test_head_roles.py.
     config = dict(diagnostics=["roles"], n_grid=[1, 2, 4, 8], keep_queries=True, settings={"roles": {"queries": "analysed"}})
     together = run_with_geometry_hooks(model, texts, **config)
     alone = [run_with_geometry_hooks(model, [text], **config) for text in texts]
