@@ -320,7 +320,7 @@ def _role_options(probabilities, z):
     return [[r for r, p in enumerate(row) if (p >= least and p > 0) or p == row.max()] for row in flat]
 
 
-def test_regimes_by_depth_set_interval_joins_every_possible_assignment_with_the_bootstrap():
+def test_roles_by_depth_set_interval_joins_every_possible_assignment_with_the_bootstrap():
     """Declared with a set interval (z = 2), the claim's interval is the hull of its bootstrap interval (each
     replicate's own roles) and the smallest to largest depth step over every assignment of one possible role to
     each head, from the definitions (a loop over the assignments). Heads in doubt make the set interval the wider
@@ -356,7 +356,7 @@ def test_regimes_by_depth_set_interval_joins_every_possible_assignment_with_the_
     assert (row.low, row.high) != pytest.approx(bootstrap, abs=1e-9)  # the set interval is wider on some side
 
 
-def test_regimes_by_depth_past_the_enumeration_cap_bounds_every_assignment(monkeypatch):
+def test_roles_by_depth_past_the_enumeration_cap_bounds_every_assignment(monkeypatch):
     """Too many heads in doubt to enumerate (the cap set to 1 here): the set interval comes from each role's range
     of mean depth on its own, which holds every assignment's step: it contains the enumerated extremes, and stays
     informative where every role keeps a head for sure."""
@@ -863,7 +863,7 @@ DEPTH_CASES = [  # roles by layer (three heads each): Figure 8's order, close to
 
 
 @pytest.mark.parametrize("roles, expected", DEPTH_CASES)
-def test_regimes_by_depth_is_the_smaller_step_of_the_roles_mean_depths(roles, expected):
+def test_roles_by_depth_is_the_smaller_step_of_the_roles_mean_depths(roles, expected):
     """The verdict follows the steps; a mutant with Reset and Mixer swapped in the order, or reading another
     role's probability, gives another verdict on the first three cases."""
     result = _role_result({r: (np.ones(2), np.ones(2)) for r in ("retriever", "reset", "mixer")}, roles, (1, 2))
@@ -872,7 +872,7 @@ def test_regimes_by_depth_is_the_smaller_step_of_the_roles_mean_depths(roles, ex
     assert row.verdict == expected
 
 
-def test_regimes_by_depth_with_uncertain_roles_does_not_hold(result):
+def test_roles_by_depth_with_uncertain_roles_does_not_hold(result):
     """Roles in the paper's order, but each replicate reassigns most heads at random: the interval says so."""
     verdicts = []
     for seed in range(10):
@@ -884,7 +884,7 @@ def test_regimes_by_depth_with_uncertain_roles_does_not_hold(result):
     # Mutant (run by hand, fails this test): the interval ignored, the ordered point estimate reads "holds".
 
 
-def test_regimes_by_depth_reads_the_taxonomy(result):
+def test_roles_by_depth_reads_the_result_s_roles(result):
     """By default the result's own taxonomy; a taxonomy given as ``roles`` (other thresholds) is the one read."""
     from tl_geometry.analysis.head_roles import RoleConfig, roles_from_result
 
@@ -1013,7 +1013,7 @@ TRADEOFF_CASES = [
 
 
 @pytest.mark.parametrize("curves, expected", TRADEOFF_CASES)
-def test_regime_tradeoffs_on_hand_built_roles(curves, expected):
+def test_role_tradeoffs_on_hand_built_roles(curves, expected):
     """Three roles in one layer each: the value is the smallest margin of the three statements; a mutant
     swapping the precision and recall statements changes the first three cases."""
     roles = [["retriever"] * 3, ["reset"] * 3, ["mixer"] * 3]
@@ -1153,7 +1153,7 @@ def _tradeoff_cases():
 
 def _depth_cases():
     for roles, expected in DEPTH_CASES:
-        test_regimes_by_depth_is_the_smaller_step_of_the_roles_mean_depths(roles, expected)
+        test_roles_by_depth_is_the_smaller_step_of_the_roles_mean_depths(roles, expected)
 
 
 def _simulated_pair(key):
@@ -1209,7 +1209,7 @@ CLAIM_MUTANTS = [
            (test_four_phase_set_interval_judges_each_condition_of_each_head,)),
     Mutant("the roles' set interval judging each head by its most probable role only",
            wrap_function(claims_module, "possible_roles", _most_probable_role_only),
-           (test_regimes_by_depth_set_interval_joins_every_possible_assignment_with_the_bootstrap,)),
+           (test_roles_by_depth_set_interval_joins_every_possible_assignment_with_the_bootstrap,)),
 ]
 
 

@@ -83,7 +83,7 @@ def test_intervention_result_summary_leaves_out_the_replicates(run):
     check_summary(model_sweep, "all layers at once x all heads at once", "none (n_bootstrap=0")
 
 
-def test_taxonomy_summary_counts_every_head():
+def test_roles_summary_counts_every_head():
     result = simulate_study(true_means(), np.random.default_rng(0))
     taxonomy = tg.classify_heads(result)
     text = check_summary(taxonomy, "4 layers x 6 heads", "roles.describe(0, 0)")

@@ -127,7 +127,7 @@ def layer_context(seed=0, batch=3, heads=2, queries=3, keys=7, d=4):
     return context, alpha
 
 
-def test_taxonomy_features_of_every_valid_query_row_and_the_last_query_by_position():
+def test_role_features_of_every_valid_query_row_and_the_last_query_by_position():
     context, alpha = layer_context()
     grid = context.grid.tolist()
     batch, heads, queries, keys = alpha.shape

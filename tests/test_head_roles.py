@@ -477,7 +477,7 @@ def test_errors_and_old_results(gpt2, built):
 
 
 @pytest.mark.model
-def test_detect_regime_has_detect_heads_shape(gpt2):
+def test_detect_role_has_detect_heads_shape(gpt2):
     text = "the cat sat on the mat and ran"
     found = classify_heads(gpt2, text)
     scores = detect_role(gpt2, text, "reset")

@@ -58,7 +58,7 @@ def taxonomy():
     return classify_heads(model, tm.with_bos(tm.random_tokens(3, 30)), GeometryConfig(n_grid=[1, 2, 4, 8, 31]))
 
 
-def test_regimes_by_layer_stacks_the_counts(taxonomy):
+def test_roles_by_layer_stacks_the_counts(taxonomy):
     fig = plots.roles_by_layer(taxonomy)
     assert [bar.name for bar in fig.data] == list(ROLE_LABELS)
     stacked = torch.tensor([list(bar.y) for bar in fig.data]).T
@@ -67,7 +67,7 @@ def test_regimes_by_layer_stacks_the_counts(taxonomy):
     assert [bar.marker.color for bar in fig.data] == [plots.ROLE_COLOURS[r] for r in ROLE_LABELS]
 
 
-def test_precision_recall_by_regime_draws_each_regime(taxonomy):
+def test_precision_recall_by_role_draws_each_role(taxonomy):
     fig = plots.precision_recall_by_role(taxonomy)
     assert len(fig.data) == 2 * len(ROLE_LABELS)
     for trace, expected in zip(fig.data[:len(ROLE_LABELS)], taxonomy.curves_by_role("precision"), strict=True):
@@ -75,7 +75,7 @@ def test_precision_recall_by_regime_draws_each_regime(taxonomy):
     assert fig.layout.xaxis.type == "log"
 
 
-def test_regime_diagnostics_and_contributions_show_the_example_heads(taxonomy):
+def test_role_diagnostics_and_contributions_show_the_example_heads(taxonomy):
     examples = taxonomy.example_heads()
     present = [r for r in ROLE_LABELS if examples[r] is not None]
     fig7 = plots.role_diagnostics(taxonomy)
