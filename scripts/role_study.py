@@ -123,8 +123,8 @@ def study(name: str, n_windows: int, context: int, reseed: bool = True) -> None:
             want = "previous-token" if detector == "previous_token" else f"lag {check.period - 1}"
             on_default = sum(roles.subtype(layer, head) == want for layer, head in top)
             print(f"\nRecall on the default input: {on_default} of 10 are named {want}.")
-            for where, taxonomy in (("these prompts", check.taxonomy), ("the default input", roles)):
-                found = check.agreement(detector, taxonomy)
+            for where, named in (("these prompts", check.roles), ("the default input", roles)):
+                found = check.agreement(detector, named)
                 print(f"Precision on {where}: {len(found.confirmed)} of the {len(found.named)} heads named {want} "
                       f"score >= {found.threshold} ({', '.join(f'{l}.{h}' for l, h in found.named)}); "
                       f"recall: {len(found.confirmed)} of the {len(found.detected)} heads scoring >= {found.threshold} "
@@ -132,13 +132,13 @@ def study(name: str, n_windows: int, context: int, reseed: bool = True) -> None:
 
     print("\nMean detector score by role on the default input's labels (natural prompts; repeated for induction)\n")
     print("| role | heads | previous-token | duplicate-token | induction | BOS |\n|---|---|---|---|---|---|")
-    for index, regime in enumerate(ROLE_LABELS):
+    for index, role in enumerate(ROLE_LABELS):
         member = roles.labels == index
         if not bool(member.any()):
             continue
         scores = [checks["natural"].scores[d][member].mean() for d in ("previous_token", "duplicate_token")]
         scores += [checks["repeated"].scores["induction"][member].mean(), checks["natural"].scores["bos"][member].mean()]
-        print(f"| {regime} | {int(member.sum())} | " + " | ".join(f"{float(s):.2f}" for s in scores) + " |")
+        print(f"| {role} | {int(member.sum())} | " + " | ".join(f"{float(s):.2f}" for s in scores) + " |")
 
     print("\nThreshold sensitivity (labels changed when one threshold moves by 10 %)\n")
     print("| threshold | moved to | labels changed | " + ", ".join(ROLE_LABELS) + " |\n|---|---|---|---|")
