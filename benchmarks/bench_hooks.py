@@ -18,9 +18,9 @@ separate processes moved the hooks' ratio between 0.89 and 1.25.
 
 Run: ``PYTHONPATH=. python benchmarks/bench_hooks.py [--rounds 3] [--repeats 3] [--context 1024]``.
 Modes: bare forward; hooks (selection metrics); all (metrics plus every
-diagnostic: Assumptions 1-3, bounds, taxonomy features, chance baselines);
+diagnostic: Assumptions 1-3, bounds, role features, chance baselines);
 all-but-chance (every diagnostic but the random controls); cache (the by-hand
-way); assumptions, bounds, taxonomy, chance (the metrics plus that one
+way); assumptions, bounds, roles, chance (the metrics plus that one
 diagnostic: the column "own x bare" is its cost beyond the metrics). The
 time the geometry adds is also clocked directly: inside the hooks, part by
 part (the selection context, each diagnostic), and around the model's
@@ -29,7 +29,7 @@ over the bare pass just before. A difference of two noisy passes, as "own x bare
 is, can even come out below zero on a shared machine; a clock around the
 work itself cannot, so that column is the steadier figure of the two.
 Targets: hooks (one shared selection context per layer) add at most 5 % to
-the bare forward time, all diagnostics at most 20 %, the taxonomy (with its
+the bare forward time, all diagnostics at most 20 %, the roles diagnostic (with its
 query sample for the head roles) at most 25 % on top of the hooks; the first two at most 5 % to its
 peak RSS. The second is missed by construction since the random controls
 came: see "What the diagnostics cost" in docs/scale.md.
@@ -44,8 +44,8 @@ import threading
 import time
 
 # One diagnostic on top of the metrics: its own cost is the difference with "hooks".
-ONE_DIAGNOSTIC = ("assumptions", "bounds", "taxonomy", "chance")
-ALL_BUT_CHANCE = ["assumptions", "bounds", "taxonomy"]
+ONE_DIAGNOSTIC = ("assumptions", "bounds", "roles", "chance")
+ALL_BUT_CHANCE = ["assumptions", "bounds", "roles"]
 MODES = ("bare", "hooks", "all", "all-but-chance", "cache", *ONE_DIAGNOSTIC)
 
 
@@ -148,7 +148,7 @@ def run_mode(mode: str, repeats: int, context: int) -> dict:
     def hooks(t):
         run_with_geometry_hooks(model, t, capture="pattern")
 
-    def all_diagnostics(t):  # Assumptions 1-3, bounds and taxonomy features in the same pass
+    def all_diagnostics(t):  # Assumptions 1-3, bounds and role features in the same pass
         run_with_geometry_hooks(model, t, diagnostics="all", capture="pattern")
 
     def cache(t):  # the by-hand way: cache every value and pattern, then the engine per layer
@@ -312,10 +312,10 @@ def main() -> None:
         print(f"targets for {mode}: time x{limit} (paired median) {'met' if time_ok else 'MISSED'}, "
               f"(clocked: x{clocked:.3f}, {'met' if clocked <= limit else 'MISSED'}), "
               f"peak memory x1.05 {'met' if mem_ok else 'MISSED'}")
-    if "taxonomy" in rows and "hooks" in rows:  # the roles' query sample: at most a quarter of a bare pass
-        own = ratio["taxonomy"] - ratio["hooks"]
-        clocked = _clocked_share(rows["taxonomy"]) - _clocked_share(rows["hooks"])
-        print(f"target for the taxonomy (its query sample, on top of the metrics): +0.25 x bare: paired "
+    if "roles" in rows and "hooks" in rows:  # the roles' query sample: at most a quarter of a bare pass
+        own = ratio["roles"] - ratio["hooks"]
+        clocked = _clocked_share(rows["roles"]) - _clocked_share(rows["hooks"])
+        print(f"target for the roles diagnostic (its query sample, on top of the metrics): +0.25 x bare: paired "
               f"{own:+.3f} {'met' if own <= 0.25 else 'MISSED'}, clocked {clocked:+.3f} {'met' if clocked <= 0.25 else 'MISSED'}")
 
 

@@ -3,7 +3,7 @@
 By default one window's worth of rows of SmolLM2-135M's shape (30 layers x
 9 heads, last query, 1024 keys, d_head 64, the default N grid), random
 attention and values; the margins of every chunk are computed by this
-tree's ``tl_geometry.theory.bounds.chunk_margins`` and by the same function
+tree's ``tl_geometry.theory.theorem_bounds.chunk_margins`` and by the same function
 of ``--rev`` (read with ``git show``), in turns, and the medians compared.
 Every field of the two is compared too (the largest difference is printed).
 
@@ -28,12 +28,12 @@ import torch
 
 from tl_geometry.engine.context import rows_context
 from tl_geometry.engine.grid import default_n_grid
-from tl_geometry.theory import bounds
+from tl_geometry.theory import theorem_bounds as bounds
 
 
 def module_at(rev: str) -> types.ModuleType:
     source = subprocess.run(
-        ["git", "show", f"{rev}:tl_geometry/theory/bounds.py"], capture_output=True, text=True, check=True
+        ["git", "show", f"{rev}:tl_geometry/theory/theorem_bounds.py"], capture_output=True, text=True, check=True
     ).stdout
     name = "tl_geometry.theory._bounds_at_rev"
     module = types.ModuleType(name)

@@ -30,7 +30,7 @@ import time
 import torch
 
 from tl_geometry import selection_metrics
-from tl_geometry.theory.bounds import (
+from tl_geometry.theory.theorem_bounds import (
     DEFAULT_KAPPA,
     SelectionMargins,
     assumption_margins,

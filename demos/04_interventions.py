@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 import tl_geometry as tg
-from tl_geometry.analysis.interventions import geometry_vs_dnll
+from tl_geometry.analysis.sweep_statistics import geometry_vs_dnll
 from tl_geometry.interventions.sweep import effective_set_size, intervention_sweep
 from tl_geometry.interventions.topn_attention import topn_hooks, topn_pattern_hook
 from tl_geometry.report.html import intervention_figures, write_report

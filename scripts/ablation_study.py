@@ -45,14 +45,14 @@ def main() -> None:
     start = time.time()
     model = tg.load_model(args.model, progress=False)
     windows = tg.text_windows(model, tg.default_text(), context=args.role_context, n_windows=args.role_windows)
-    taxonomy = tg.classify_heads(model, windows)
-    names = taxonomy.label_names()
-    n_heads = len(taxonomy.layers) * len(taxonomy.heads)
+    roles = tg.classify_heads(model, windows)
+    names = roles.label_names()
+    n_heads = len(roles.layers) * len(roles.heads)
     counts = {label: sum(row.count(label) for row in names) for label in ("retriever", "mixer", "reset", "content", "uncertain")}
     print(f"### {args.model}\n")
     print(f"Roles on {args.role_windows} windows x {args.role_context} tokens of the default text ({n_heads} heads): "
           + ", ".join(f"{k} {v}" for k, v in counts.items()) + ".\n")
-    result = ablate_roles(model, taxonomy, n_windows=args.windows, context=args.context, mean_windows=args.windows,
+    result = ablate_roles(model, roles, n_windows=args.windows, context=args.context, mean_windows=args.windows,
                              n_random=args.random, repeated_prompts=args.prompts, period=args.period, min_heads=args.min_heads,
                              uncertain=not args.no_uncertain,
                              batch_size=args.batch_size, progress=True)
@@ -64,8 +64,8 @@ def main() -> None:
           + ", ".join(sorted({f'{r.task} {r.clean:.3f}' for r in result.rows})) + " nats.\n")
     print(result.to_markdown())
     print()
-    label_of = {(layer, head): names[i][j] for i, layer in enumerate(taxonomy.layers)
-                for j, head in enumerate(taxonomy.heads)}
+    label_of = {(layer, head): names[i][j] for i, layer in enumerate(roles.layers)
+                for j, head in enumerate(roles.heads)}
     for group in result.groups:
         if group.kind != "role":
             labels = [label_of[head] for head in group.heads]
@@ -75,12 +75,12 @@ def main() -> None:
     print()
     thresholds = [float(t) for t in args.thresholds.split(",")]
     measures = published_measures(model, n_sequences=args.sequences, length=64, batch_size=args.batch_size)
-    table = measures.crosstab(taxonomy)
+    table = measures.crosstab(roles)
     print(f"First-token sink rate (Gu et al., epsilon = {measures.epsilon}, {measures.sequences} sequences x "
           f"{measures.length} tokens): {100 * measures.sink_rate:.1f} % of (sequence, layer, head); "
           f"{int(measures.sink_heads.sum())} of {n_heads} heads have a mean first-token score above epsilon. Output "
           f"norms (before W_O) against the layer's mean: smallest ratio {float(measures.norm_ratio.min()):.3f} "
-          f"(head {divmod(int(measures.norm_ratio.argmin()), len(taxonomy.heads))}), 5th percentile "
+          f"(head {divmod(int(measures.norm_ratio.argmin()), len(roles.heads))}), 5th percentile "
           f"{float(measures.norm_ratio.flatten().quantile(0.05)):.3f}.\n")
     labels = list(table["all"])
     header = "| heads | " + " | ".join(labels) + " | total |"
@@ -88,7 +88,7 @@ def main() -> None:
     rows = [("all", table["all"]), (f"sink (score > {measures.epsilon})", table["sink"])]
     for t in thresholds:
         m = dataclasses.replace(measures, dormant_threshold=t)  # the norms are measured once
-        rows.append((f"dormant (norm < {t:g} x layer mean)", m.crosstab(taxonomy)["dormant"]))
+        rows.append((f"dormant (norm < {t:g} x layer mean)", m.crosstab(roles)["dormant"]))
     for name, row in rows:
         print(f"| {name} | " + " | ".join(str(row[k]) for k in labels) + f" | {sum(row.values())} |")
     print(f"\n({time.time() - start:.0f} s on this machine)")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from tl_geometry.analysis.interventions import geometry_vs_dnll
+from tl_geometry.analysis.sweep_statistics import geometry_vs_dnll
 from tl_geometry.corpus_input.plain_text import default_text
 from tl_geometry.corpus_input.token_windows import window_documents
 from tl_geometry.interventions.sweep import effective_set_size, intervention_sweep

@@ -1,9 +1,9 @@
-"""The taxonomy's default query sample, chosen on windows the docs do not report.
+"""The roles diagnostic's default query sample, chosen on windows the docs do not report.
 
 The rule, written before any of these runs: on SmolLM2-135M, windows 17-32
 of 1024 tokens of the bundled text (the docs' figures use windows 1-16; the
-two sets share no token), analyse the taxonomy with ``n_queries`` 8, 16 and
-32 per window. The default is the smallest of them whose taxonomy on those 16
+two sets share no token), analyse the roles diagnostic with ``n_queries`` 8, 16 and
+32 per window. The default is the smallest of them whose roles on those 16
 windows reaches both of the issue's figures: the roles of windows 17-24 and
 25-32 agree on at least 98.6 % of the heads both label, and at most 7.0 % of
 the heads are uncertain on all 16. If none reaches both, it is the largest
@@ -13,7 +13,7 @@ printed beside them, not used by the rule.
 
     PYTHONPATH=. python scripts/query_sample_choice.py [--sizes 8 16 32] [--first 16] [--windows 16] [--save DIR]
 
-Each size is a taxonomy-only run of ``--windows`` windows, in four groups.
+Each size is a roles-only run of ``--windows`` windows, in four groups.
 On a machine shared with other work, run it with ``OMP_NUM_THREADS=1``: two
 threads that wait on each other's time slices made the same run ten times
 slower here.
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import tl_geometry as tg
-from tl_geometry.analysis.taxonomy import UNCERTAIN, agreement, subtype_agreement, taxonomy_from_result
+from tl_geometry.analysis.head_roles import UNCERTAIN, agreement, subtype_agreement, roles_from_result
 
 HALVES_TARGET = 0.986
 UNCERTAIN_TARGET = 0.07
@@ -32,7 +32,7 @@ UNCERTAIN_TARGET = 0.07
 
 def measure(model, windows: list, n_queries: int, save: Path | None = None) -> dict:
     """Halves agreement, uncertain share and sub-type agreement of one query-sample size."""
-    config = tg.GeometryConfig(diagnostics=["taxonomy"], settings={"taxonomy": {"n_queries": n_queries}})
+    config = tg.GeometryConfig(diagnostics=["roles"], settings={"roles": {"n_queries": n_queries}})
     quarter = len(windows) // 4
     start = time.perf_counter()
     groups = [tg.analyze_corpus(model, windows[i * quarter : (i + 1) * quarter], config, batch_size=1, progress=False)
@@ -42,13 +42,13 @@ def measure(model, windows: list, n_queries: int, save: Path | None = None) -> d
         if save is not None:
             group.save(save / f"q{n_queries}-group{i + 1}")
     first, second = tg.GeometryResult.merge(groups[:2]), tg.GeometryResult.merge(groups[2:])
-    roles = taxonomy_from_result(tg.GeometryResult.merge(groups))
-    share, both = agreement(taxonomy_from_result(first), taxonomy_from_result(second))
+    roles = roles_from_result(tg.GeometryResult.merge(groups))
+    share, both = agreement(roles_from_result(first), roles_from_result(second))
     uncertain = int((roles.labels == UNCERTAIN).sum())
     return {
         "n_queries": n_queries, "seconds": seconds, "halves": share, "halves_heads": both,
         "uncertain": uncertain, "heads": roles.labels.numel(),
-        "subtypes": subtype_agreement([taxonomy_from_result(g) for g in groups]),
+        "subtypes": subtype_agreement([roles_from_result(g) for g in groups]),
     }  # fmt: skip
 
 
@@ -74,7 +74,7 @@ def main() -> None:
     windows = tg.text_windows(model, tg.default_text(), context=args.context, n_windows=args.first + args.windows)
     windows = windows[args.first :]
     rows = []
-    print(f"SmolLM2-135M, windows {args.first + 1}-{args.first + args.windows} of {args.context} tokens, taxonomy only\n")
+    print(f"SmolLM2-135M, windows {args.first + 1}-{args.first + args.windows} of {args.context} tokens, the roles diagnostic only\n")
     print("| n_queries | halves agree | heads both label | uncertain | sub-types same (both name) | (either names) | seconds |")
     print("|---|---|---|---|---|---|---|")
     for n_queries in args.sizes:

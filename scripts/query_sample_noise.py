@@ -11,8 +11,8 @@ import argparse
 import time
 
 import tl_geometry as tg
-from tl_geometry.analysis.taxonomy import role_counts, taxonomy_from_result
-from tl_geometry.diagnostics.taxonomy import ROLE_FEATURES
+from tl_geometry.analysis.head_roles import role_counts, roles_from_result
+from tl_geometry.diagnostics.role_features import ROLE_FEATURES
 
 
 def main() -> None:
@@ -26,9 +26,9 @@ def main() -> None:
     roles = {}
     for n_queries in (8, 32):
         start = time.perf_counter()
-        config = tg.GeometryConfig(diagnostics=["taxonomy"]).with_overrides(settings={"taxonomy": {"n_queries": n_queries}})
+        config = tg.GeometryConfig(diagnostics=["roles"]).with_overrides(settings={"roles": {"n_queries": n_queries}})
         result = tg.analyze_corpus(model, windows, config, batch_size=1, progress=False)
-        roles[n_queries] = taxonomy_from_result(result)
+        roles[n_queries] = roles_from_result(result)
         print(f"{n_queries} queries per window: {time.perf_counter() - start:.0f} s, {role_counts(roles[n_queries])}", flush=True)
     for name in ROLE_FEATURES:
         few, many = roles[8].se[name], roles[32].se[name]

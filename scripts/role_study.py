@@ -6,7 +6,7 @@ needs its package and about 6 GB):
     PYTHONPATH=. python scripts/role_study.py [smollm2-135m] [gemma3-270m] [--windows 16] [--context 1024]
 
 For each model, on the report's default input (``--windows`` windows of
-``--context`` tokens of the bundled text) with the ``"taxonomy"`` diagnostic
+``--context`` tokens of the bundled text) with the ``"roles"`` diagnostic
 and its default query sample:
 
 - the labels: counts by role, the share of "uncertain" heads, and that every
@@ -38,14 +38,14 @@ import torch
 
 import tl_geometry as tg
 from tl_geometry.analysis.mixture import MIXTURE_FEATURES, mixture_bic, role_feature_matrix
-from tl_geometry.analysis.taxonomy import (
+from tl_geometry.analysis.head_roles import (
     LITERAL_ROLES,
-    REGIMES,
+    ROLE_LABELS,
     UNCERTAIN,
     agreement,
     role_counts,
     subtype_agreement,
-    taxonomy_from_result,
+    roles_from_result,
     threshold_sensitivity,
 )
 from tl_geometry.roles.prompt_sets import check_known_mechanisms
@@ -62,31 +62,31 @@ def study(name: str, n_windows: int, context: int, reseed: bool = True) -> None:
     save = os.environ.get("STUDY_SAVE")
     model = tg.load_model(name, progress=False)
     windows = tg.text_windows(model, tg.default_text(), context=context, n_windows=n_windows)
-    config = tg.GeometryConfig(diagnostics=["taxonomy"])
+    config = tg.GeometryConfig(diagnostics=["roles"])
     half, quarter = n_windows // 2, n_windows // 4
     groups = [_analyse(model, windows[i * quarter : (i + 1) * quarter], config, save, f"{name}-group{i + 1}") for i in range(4)]
     first, second = tg.GeometryResult.merge(groups[:2]), tg.GeometryResult.merge(groups[2:])
     full = tg.GeometryResult.merge(groups)
-    reseeded = (_analyse(model, windows, config.with_overrides(settings={"taxonomy": {"seed": 1}}), save, f"{name}-seed1")
+    reseeded = (_analyse(model, windows, config.with_overrides(settings={"roles": {"seed": 1}}), save, f"{name}-seed1")
                 if reseed else None)
-    roles = taxonomy_from_result(full)
+    roles = roles_from_result(full)
     n_heads = roles.labels.numel()
     counts = role_counts(roles)
     print(f"\n### {name}: {n_windows} windows of {context} tokens, {n_heads} heads\n")
-    print("| " + " | ".join(REGIMES) + " |\n|" + "---|" * len(REGIMES))
-    print("| " + " | ".join(str(counts[r]) for r in REGIMES) + " |\n")
+    print("| " + " | ".join(ROLE_LABELS) + " |\n|" + "---|" * len(ROLE_LABELS))
+    print("| " + " | ".join(str(counts[r]) for r in ROLE_LABELS) + " |\n")
     print(f"- uncertain: {counts['uncertain']} of {n_heads} ({100 * counts['uncertain'] / n_heads:.1f} %); "
           f"heads without a role or 'uncertain': {int(((roles.labels < 0) | (roles.labels > UNCERTAIN)).sum())}")
-    share, both = agreement(taxonomy_from_result(first), taxonomy_from_result(second))
+    share, both = agreement(roles_from_result(first), roles_from_result(second))
     print(f"- halves: windows 1-{half} and {half + 1}-{n_windows} agree on {100 * share:.1f} % of the {both} heads both label")
     if reseeded is not None:
-        share, both = agreement(roles, taxonomy_from_result(reseeded))
+        share, both = agreement(roles, roles_from_result(reseeded))
         print(f"- query sample: seed 0 and seed 1 agree on {100 * share:.1f} % of the {both} heads both label")
     literal = [n for row in roles.literal_names() for n in row]
     ours = [n for row in roles.label_names() for n in row]
     print("\nThe paper's rules read literally (norms, raw cosines) against ours: rows ours, columns literal\n")
     print("| ours | " + " | ".join(LITERAL_ROLES) + " |\n|" + "---|" * (len(LITERAL_ROLES) + 1))
-    for label in REGIMES:
+    for label in ROLE_LABELS:
         print(f"| {label} | " + " | ".join(str(sum(o == label and t == lit for o, t in zip(ours, literal))) for lit in LITERAL_ROLES) + " |")
     print(f"\n- Mixers: {ours.count('mixer')} ours, {literal.count('mixer')} read literally")
     subs = [roles.subtype(layer, head) for layer in roles.layers for head in roles.heads]
@@ -94,7 +94,7 @@ def study(name: str, n_windows: int, context: int, reseed: bool = True) -> None:
              "lag k > 1": sum(s is not None and s.startswith("lag") for s in subs),
              "secondary sink": sum(s is not None and s.startswith("secondary sink") for s in subs)}  # fmt: skip
     print("- sub-types: " + ", ".join(f"{k} {v}" for k, v in kinds.items()))
-    sub = subtype_agreement([taxonomy_from_result(g) for g in groups])
+    sub = subtype_agreement([roles_from_result(g) for g in groups])
     print(f"- sub-types across four disjoint groups of {quarter} windows (six pairs): the same in {sub.same_both} of "
           f"{sub.both} (head, pair)s where both name one, {sub.same_sure} of {sub.sure} where either names one and "
           f"neither is uncertain (the rule's count), {sub.same_either} of {sub.either} where either names one; "
@@ -123,8 +123,8 @@ def study(name: str, n_windows: int, context: int, reseed: bool = True) -> None:
             want = "previous-token" if detector == "previous_token" else f"lag {check.period - 1}"
             on_default = sum(roles.subtype(layer, head) == want for layer, head in top)
             print(f"\nRecall on the default input: {on_default} of 10 are named {want}.")
-            for where, taxonomy in (("these prompts", check.taxonomy), ("the default input", roles)):
-                found = check.agreement(detector, taxonomy)
+            for where, named in (("these prompts", check.roles), ("the default input", roles)):
+                found = check.agreement(detector, named)
                 print(f"Precision on {where}: {len(found.confirmed)} of the {len(found.named)} heads named {want} "
                       f"score >= {found.threshold} ({', '.join(f'{l}.{h}' for l, h in found.named)}); "
                       f"recall: {len(found.confirmed)} of the {len(found.detected)} heads scoring >= {found.threshold} "
@@ -132,16 +132,16 @@ def study(name: str, n_windows: int, context: int, reseed: bool = True) -> None:
 
     print("\nMean detector score by role on the default input's labels (natural prompts; repeated for induction)\n")
     print("| role | heads | previous-token | duplicate-token | induction | BOS |\n|---|---|---|---|---|---|")
-    for index, regime in enumerate(REGIMES):
+    for index, role in enumerate(ROLE_LABELS):
         member = roles.labels == index
         if not bool(member.any()):
             continue
         scores = [checks["natural"].scores[d][member].mean() for d in ("previous_token", "duplicate_token")]
         scores += [checks["repeated"].scores["induction"][member].mean(), checks["natural"].scores["bos"][member].mean()]
-        print(f"| {regime} | {int(member.sum())} | " + " | ".join(f"{float(s):.2f}" for s in scores) + " |")
+        print(f"| {role} | {int(member.sum())} | " + " | ".join(f"{float(s):.2f}" for s in scores) + " |")
 
     print("\nThreshold sensitivity (labels changed when one threshold moves by 10 %)\n")
-    print("| threshold | moved to | labels changed | " + ", ".join(REGIMES) + " |\n|---|---|---|---|")
+    print("| threshold | moved to | labels changed | " + ", ".join(ROLE_LABELS) + " |\n|---|---|---|---|")
     for row in threshold_sensitivity(full):
         print(f"| {row.threshold} | {row.value:.3g} | {row.changed} | {', '.join(map(str, row.counts))} |")
 

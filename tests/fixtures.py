@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from tests.reference import reference_role
-from tl_geometry.analysis.taxonomy import ROLES, TaxonomyConfig
+from tl_geometry.analysis.head_roles import ROLES, RoleConfig
 from tl_geometry.cli import build_parser, config_from_args
 from tl_geometry.config import GeometryConfig
 from tl_geometry.diagnostics.fields import FieldSpec
-from tl_geometry.diagnostics.taxonomy import ROLE_CURVES, ROLE_FEATURES
+from tl_geometry.diagnostics.role_features import ROLE_CURVES, ROLE_FEATURES
 from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.results.bootstrap import document_weights
 from tl_geometry.results.result import REQUIRED_FIELDS, GeometryResult
@@ -398,7 +398,7 @@ def study_roles(means: dict[str, np.ndarray], documents: int = STUDY_DOCUMENTS,
     roles = np.empty(means["share_self"].shape, dtype=object)
     for index in np.ndindex(roles.shape):
         head = {name: float(v[index]) for name, v in means.items() if v.ndim == 2}
-        roles[index] = ROLES[reference_role(head, se, TaxonomyConfig())]
+        roles[index] = ROLES[reference_role(head, se, RoleConfig())]
     return roles
 
 
@@ -484,7 +484,7 @@ PRIVATE_UNITS: dict[tuple[str, str], str] = {
         "the stable-norms claim's estimator of a curve's CV with the documents' noise taken out: checked against "
         "the brute-force loop over pairs of documents and for bias over many draws, which the claim's one share "
         "of heads cannot show"),
-    ("tl_geometry.theory.bounds", "_cosine_extremes"): (
+    ("tl_geometry.theory.theorem_bounds", "_cosine_extremes"): (
         "the margins' cosine extremes over the pairs below the grid's staircase, tile by tile: checked against the "
         "pair-by-pair definition at every tile width down to one cosine, which the public selection_margins only "
         "reaches at the widths its memory budget picks"),

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import torch
 
-from tl_geometry.analysis.taxonomy import ROLES
+from tl_geometry.analysis.head_roles import ROLES
 
 
 def reference_order(alpha: torch.Tensor, values: torch.Tensor, visible: list[int], ranking: str) -> list[int]:
@@ -195,7 +195,7 @@ def reference_shrunk(replicates, means, noise):
 
 def reference_role(f: dict, se: dict, cfg) -> int:
     """The role (index into ROLES) of one head's features ``f`` with standard errors ``se``, by the taxonomy's
-    rules as its module docstring states them (``cfg``: a TaxonomyConfig); -1 where the shares are undefined."""
+    rules as its module docstring states them (``cfg``: a RoleConfig); -1 where the shares are undefined."""
     sink = -math.inf if math.isnan(f["share_sink"]) else f["share_sink"]
     own, rest = f["share_self"], f["share_rest"]
     if math.isnan(own) or math.isnan(rest):

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.tiny_models import KINDS, has_hooked_transformer, hook_counts, make_model, random_tokens, with_bos
-from tl_geometry.analysis.ablation import (
+from tl_geometry.analysis.role_ablation import (
     ROLE_LABELS,
     HeadGroup,
     bootstrap_interval,
@@ -35,7 +35,7 @@ def available_kinds():
 
 
 class FakeTaxonomy:
-    """The stable part of HeadTaxonomy: layers, heads, label_names(), subtype()."""
+    """The stable part of HeadRoles: layers, heads, label_names(), subtype()."""
 
     def __init__(self, labels, subtypes=None, layers=(0, 1), heads=(0, 1, 2, 3)):
         self.layers, self.heads = tuple(layers), tuple(heads)
@@ -251,7 +251,7 @@ def test_bad_input_raises_naming_the_fix():
     wrong = FakeTaxonomy([["reset"] * 9] * 30, layers=range(30), heads=range(9))
     with pytest.raises(GeometryError, match=r"do not exist in model .*2 layers x 4 heads.*classify the heads of this model"):
         ablate_roles(model, wrong, **common)
-    with pytest.raises(GeometryError, match="expected a HeadTaxonomy"):
+    with pytest.raises(GeometryError, match="expected a HeadRoles"):
         ablate_roles(model, object(), **common)
     with pytest.raises(GeometryError, match="means: mean-ablation needs each head's mean z"):
         ablation_hooks([(0, 1)], "mean")
@@ -276,7 +276,7 @@ def test_the_tasks_detectors_and_table_on_a_classified_tiny_model():
         assert sum(1 for r in result.rows if r.group == group.name) == 2 * len(group.tasks)
     assert all(r.low <= r.dnll <= r.high for r in result.rows)
     assert "| group | heads | task |" in result.to_markdown()
-    from tl_geometry.report.ablation import ablation_figure
+    from tl_geometry.report.ablation_figure import ablation_figure
 
     figure = ablation_figure(result)
     assert len(figure.data) >= 2
@@ -336,7 +336,7 @@ def test_crosstab_counts_each_role_among_sink_and_dormant_heads():
             want = sum(1 for i in range(2) for j in range(4) if names[i][j] == label and bool(flags[i, j]))
             assert table[key][label] == want
     assert sum(table["all"].values()) == 8 and 0 < sum(table["dormant"].values()) < 8
-    with pytest.raises(GeometryError, match="measure the heads the taxonomy classified"):
+    with pytest.raises(GeometryError, match="measure the heads the roles classified"):
         found.crosstab(FakeTaxonomy([["reset"] * 4], layers=(0,)))
 
 

@@ -49,8 +49,8 @@ def test_an_old_top_level_name_still_imports_with_a_warning_naming_its_home(name
         return
     with pytest.warns(DeprecationWarning, match=rf"^tl_geometry\.{name} is deprecated; import it from ") as caught:
         old = getattr(tl_geometry, name)
-    home = re.search(r"import it from ([\w.]+)", str(caught[0].message)).group(1)
-    assert old is getattr(importlib.import_module(home), name)
+    home, now = re.search(r"import it from ([\w.]+) \(from [\w.]+ import (\w+)\)", str(caught[0].message)).groups()
+    assert old is getattr(importlib.import_module(home), now)
 
 
 def test_an_unknown_name_is_an_attribute_error():
@@ -58,13 +58,19 @@ def test_an_unknown_name_is_an_attribute_error():
         tl_geometry.nothing_here  # noqa: B018
 
 
-# Module paths before capture/ was split by workflow, written out here as the promise kept (not read from
-# tl_geometry._compat, so that a path dropped from its table fails here).
+# Module paths before capture/ was split by workflow and module names were made unique, written out here as the
+# promise kept (not read from tl_geometry._compat, so that a path dropped from its table fails here).
 OLD_MODULE_PATHS = [
     "tl_geometry.text", "tl_geometry.capture.readers", "tl_geometry.capture.sources", "tl_geometry.capture.corpus",
     "tl_geometry.capture.checkpoint", "tl_geometry.capture.distributed", "tl_geometry.capture.device_check",
     "tl_geometry.capture.provenance", "tl_geometry.capture.roles", "tl_geometry.capture.published",
     "tl_geometry.capture.interventions", "tl_geometry.capture.sweep", "tl_geometry.capture.ablation",
+    # module names repeated across packages, renamed to say what they hold
+    "tl_geometry.analysis.taxonomy", "tl_geometry.analysis.taxonomy_summary",
+    "tl_geometry.diagnostics.taxonomy", "tl_geometry.report.plots", "tl_geometry.results.pictures",
+    "tl_geometry.capture.pictures", "tl_geometry.results.interventions", "tl_geometry.analysis.interventions",
+    "tl_geometry.analysis.chance", "tl_geometry.theory.bounds", "tl_geometry.analysis.ablation",
+    "tl_geometry.report.ablation", "tl_geometry.analysis.mechanisms",
 ]  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""Margins and envelopes (tl_geometry.theory.bounds) against a slow float64 reference written from the paper and the docs.
+"""Margins and envelopes (tl_geometry.theory.theorem_bounds) against a slow float64 reference written from the paper and the docs.
 
 The checks that can fail are written as ``check_*`` functions of the bounds
 module, so that the mutation tests at the end can run them with a mutant
@@ -18,8 +18,8 @@ from tests import tiny_models as tm
 from tests.mutants import Mutant, assert_caught, wrap_function
 from tests.reference import reference_margins
 from tl_geometry import selection_metrics
-from tl_geometry.theory import bounds as BOUNDS
-from tl_geometry.theory.bounds import DEFAULT_KAPPA, assumption_margins, envelopes, lower_envelopes, selection_margins
+from tl_geometry.theory import theorem_bounds as BOUNDS
+from tl_geometry.theory.theorem_bounds import DEFAULT_KAPPA, assumption_margins, envelopes, lower_envelopes, selection_margins
 from tl_geometry.errors import GeometryError
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.capture.hooks import run_with_geometry_hooks

@@ -119,7 +119,7 @@ def test_the_n_slider_drives_the_heatmaps(page, result):
 
 def test_the_heads_table_sorts_and_selects(page, result):
     columns = _value(page, "return [...document.querySelectorAll('#heads-table th')].map(th => th.textContent);")
-    assert columns[:5] == ["layer", "head", "regime", "probability", "runner-up"] and "P at eff. N" in columns
+    assert columns[:5] == ["layer", "head", "role", "probability", "runner-up"] and "P at eff. N" in columns
     k = columns.index("P at eff. N")
     _value(page, f"document.querySelectorAll('#heads-table th')[{k}].click(); return null;")
     values = _value(page, f"return [...document.querySelectorAll('#heads-table tbody tr')].map(tr => tr.cells[{k}].dataset.value);")
@@ -143,7 +143,7 @@ def test_a_result_without_diagnostics_shows_notes_instead(result, tmp_path):
     try:
         open_page(browser, index.as_uri())
         notes = _value(browser, "return document.getElementById('head-notes').textContent;")
-        for option in ("'chance'", "'bounds'", "'assumptions'", "'taxonomy'", "keep_queries=True"):
+        for option in ("'chance'", "'bounds'", "'assumptions'", "'roles'", "keep_queries=True"):
             assert option in notes
         missing = _value(browser, "return [...document.querySelectorAll('section.not-drawn')].map(s => s.id);")
         expected = {f"section-{f.key}" for f in FIGURES if f.needs is not None or f.draw is None}

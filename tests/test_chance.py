@@ -164,18 +164,18 @@ def test_chance_fields_on_a_model_run_sit_on_the_metrics_rows():
 @pytest.mark.model
 def test_figures_draw_the_chance_band_and_excess_is_summarised():
     from tl_geometry import classify_heads
-    from tl_geometry.analysis.chance import excess_over_chance
-    from tl_geometry.report import plots
+    from tl_geometry.analysis.chance_excess import excess_over_chance
+    from tl_geometry.report import paper_figures as plots
 
     model = tm.make_model("bridge-llama")
     tokens = tm.with_bos(tm.random_tokens(4, 12))
-    result = run_with_geometry_hooks(model, tokens, diagnostics=["chance", "bounds", "taxonomy"], n_grid=[1, 2, 4, 8])
+    result = run_with_geometry_hooks(model, tokens, diagnostics=["chance", "bounds", "roles"], n_grid=[1, 2, 4, 8])
     names = {trace.name for trace in plots.precision_recall_vs_n(result).data}
     assert {"chance: random top-N sets (mean)", "floor N / L", plots.LOWER_NAME} <= names
     names = {trace.name for trace in plots.head_curves(result, 1, 0).data}
     assert {"measured", "chance: random top-N sets", "floor N / L"} <= names
     assert any((name or "").startswith(plots.UPPER_NAME[:-1]) for name in names)  # its legend adds the share above it
-    names = {trace.name for trace in plots.precision_recall_by_regime(classify_heads(result), result).data}
+    names = {trace.name for trace in plots.precision_recall_by_role(classify_heads(result), result).data}
     assert "chance band (random top-N sets)" in names
     excess = excess_over_chance(result, "recall")
     torch.testing.assert_close(excess.excess, excess.measured - excess.chance)

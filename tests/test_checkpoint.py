@@ -1,5 +1,6 @@
 """Resumable corpus runs: a killed run, started again, ends with exactly the uninterrupted result."""
 
+import json
 import signal
 import subprocess
 import sys
@@ -146,6 +147,72 @@ def test_checkpoint_of_other_arguments_is_refused(tmp_path, model, monkeypatch, 
     with pytest.raises(GeometryError, match=f"checkpoint {path}: written by a run with different arguments: .*{message}"):
         analyze_corpus(model, tokens, **kwargs)
     assert path.exists()  # refused, not overwritten
+
+
+def interrupted_checkpoint(path, model, monkeypatch, **settings) -> None:
+    """A checkpoint after 8 of the 16 windows, as Ctrl-C in batch 5 leaves it."""
+    interrupt_after(monkeypatch, 5)
+    with pytest.raises(KeyboardInterrupt):
+        analyze_corpus(model, corpus(), batch_size=2, progress=False, checkpoint=path, checkpoint_every=4, **settings)
+    monkeypatch.undo()
+
+
+def rewrite_checkpoint(path, change) -> None:
+    """Rewrite a checkpoint as an earlier version wrote it: ``change(identity, accumulator_state)`` edits both."""
+    state = torch.load(path, weights_only=True)
+    identity = json.loads(state["identity"])
+    change(identity, state["accumulator"])
+    state["identity"] = json.dumps(identity)
+    torch.save(state, path)
+
+
+def test_a_checkpoint_of_the_taxonomy_diagnostic_resumes_as_roles(tmp_path, model, monkeypatch):
+    """Written when the role diagnostic was "taxonomy" (config and its two taxonomy_attention_* fields), resumed by a
+    run that asks for "roles": the same result as an uninterrupted run."""
+    settings = {**SETTINGS, "diagnostics": ["roles"], "settings": {"roles": {"n_queries": 3}}}
+    whole = analyze_corpus(model, corpus(), batch_size=2, progress=False, **settings)
+    path = tmp_path / "run.ckpt"
+    interrupted_checkpoint(path, model, monkeypatch, **settings)
+    before = {"role_attention_sink": "taxonomy_attention_sink", "role_attention_last": "taxonomy_attention_last"}
+
+    def old_form(identity, accumulator):
+        config = identity["config"]
+        config["diagnostics"] = ["taxonomy" if name == "roles" else name for name in config["diagnostics"]]
+        config["settings"] = {"taxonomy" if name == "roles" else name: s for name, s in config["settings"].items()}
+        layout = accumulator["layout"]
+        layout["fields"] = [[before.get(name, name), *rest] for name, *rest in layout["fields"]]
+        layout["replicate_fields"] = sorted(before.get(name, name) for name in layout["replicate_fields"])
+        accumulator["stats"] = {before.get(name, name): s for name, s in accumulator["stats"].items()}
+        values = accumulator["queries"]["values"]
+        accumulator["queries"]["values"] = {before.get(name, name): t for name, t in values.items()}
+
+    rewrite_checkpoint(path, old_form)
+    saved = torch.load(path, weights_only=True)
+    assert "taxonomy" in json.loads(saved["identity"])["config"]["diagnostics"]
+    assert {"taxonomy_attention_sink", "taxonomy_attention_last"} <= set(saved["accumulator"]["stats"])
+    resumed = analyze_corpus(model, corpus(), batch_size=2, progress=False, checkpoint=path, **settings)
+    assert "role_attention_sink" in resumed.fields and "taxonomy_attention_sink" not in resumed.fields
+    assert_identical(resumed, whole)
+
+
+def test_a_checkpoint_that_recorded_the_path_taken_resumes_in_an_auto_run(tmp_path, model, uninterrupted, monkeypatch):
+    """Before the run plan, the config recorded the capture path ``capture="auto"`` took (``"rows"``, say): an auto run
+    that takes that path again resumes it; one asked for the other path does not."""
+    path = tmp_path / "run.ckpt"
+    interrupted_checkpoint(path, model, monkeypatch, **SETTINGS)
+    taken = uninterrupted.capture_taken
+    assert taken in ("rows", "pattern")
+
+    def old_form(identity, accumulator):
+        assert identity["config"]["capture"] == "auto"
+        identity["config"]["capture"] = taken
+
+    rewrite_checkpoint(path, old_form)
+    other = "pattern" if taken == "rows" else "rows"
+    with pytest.raises(GeometryError, match=rf"config\.capture \('{taken}' in the checkpoint, '{other}' now\)"):
+        analyze_corpus(model, corpus(), batch_size=2, progress=False, checkpoint=path, **SETTINGS, capture=other)
+    resumed = analyze_corpus(model, corpus(), batch_size=2, progress=False, checkpoint=path, **SETTINGS)
+    assert_identical(resumed, uninterrupted)
 
 
 def test_a_file_that_is_not_a_checkpoint_is_refused(tmp_path, model):

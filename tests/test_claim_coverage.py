@@ -68,7 +68,7 @@ SMALL, MID, LARGE = (GRID >= 2) & (GRID <= 4), (GRID >= 8) & (GRID <= 16), GRID 
 AT3 = int(np.flatnonzero(GRID == 3)[0])
 COVERED = ("compressed_sink", "exponential_decay", "stable_norms", "stable_norms_within", "four_phase_profile",
            "small_n_separability", "large_n_return", "envelope_tightness", "sink_recall_correlation",
-           "sink_precision_correlation", "regimes_by_depth", "regime_tradeoffs")  # fmt: skip
+           "sink_precision_correlation", "roles_by_depth", "role_tradeoffs")  # fmt: skip
 """Every interval checked: the claims' and one literal reading's with an interval of its own (stable norms read
 within sequences, whose statistic differs from the verdict's: `LITERAL`)."""
 LITERAL = {"stable_norms_within": "stable_norms"}  # interval key -> the claim whose literal reading it is
@@ -108,8 +108,8 @@ def _role_truths(m: dict[str, np.ndarray], documents: int, population: Populatio
     margins = [at(retriever, "recall", LARGE) - at(others, "recall", LARGE),
                at(others, "precision", LARGE) - at(retriever, "precision", LARGE),
                min(at(reset, x, LARGE) - at(reset, x, MID) for x in ("precision", "recall"))]
-    return {"regimes_by_depth": -1.0 if math.isnan(step) else float(step),
-            "regime_tradeoffs": float(min(-1.0 if math.isnan(x) else x for x in margins))}
+    return {"roles_by_depth": -1.0 if math.isnan(step) else float(step),
+            "role_tradeoffs": float(min(-1.0 if math.isnan(x) else x for x in margins))}
 
 
 def true_values(m: dict[str, np.ndarray], documents: int = STUDY_DOCUMENTS,

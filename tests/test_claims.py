@@ -36,7 +36,7 @@ from tl_geometry.results.result import REQUIRED_FIELDS
 
 KEYS = ["stable_norms", "compressed_sink", "exponential_decay", "four_phase_profile", "small_n_separability",
         "large_n_return", "envelope_tightness", "sink_recall_correlation", "sink_precision_correlation",
-        "regimes_by_depth", "regime_tradeoffs"]  # fmt: skip
+        "roles_by_depth", "role_tradeoffs"]  # fmt: skip
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -320,7 +320,7 @@ def _role_options(probabilities, z):
     return [[r for r, p in enumerate(row) if (p >= least and p > 0) or p == row.max()] for row in flat]
 
 
-def test_regimes_by_depth_set_interval_joins_every_possible_assignment_with_the_bootstrap():
+def test_roles_by_depth_set_interval_joins_every_possible_assignment_with_the_bootstrap():
     """Declared with a set interval (z = 2), the claim's interval is the hull of its bootstrap interval (each
     replicate's own roles) and the smallest to largest depth step over every assignment of one possible role to
     each head, from the definitions (a loop over the assignments). Heads in doubt make the set interval the wider
@@ -328,13 +328,13 @@ def test_regimes_by_depth_set_interval_joins_every_possible_assignment_with_the_
     import itertools
 
     from tests.test_set_intervals import reference_depth_step
-    from tl_geometry.analysis.taxonomy import ROLES
+    from tl_geometry.analysis.head_roles import ROLES
 
     result = simulate_study(true_means(), np.random.default_rng(5))
     probabilities, draws = _roles_in_layers(result, ("retriever", "reset", "mixer"), n_replicates=200, flip=0.05,
                                            seed=3)
-    with _declared_with_set_interval("regimes_by_depth", 2.0):
-        row = claims(result, roles=RoleWeights(probabilities, draws)).loc["regimes_by_depth"]
+    with _declared_with_set_interval("roles_by_depth", 2.0):
+        row = claims(result, roles=RoleWeights(probabilities, draws)).loc["roles_by_depth"]
     layers, heads = probabilities.shape[:2]
     depth = [layer / (layers - 1) for layer in range(layers) for _ in range(heads)]
     depth_roles = [ROLES.index(r) for r in ("retriever", "reset", "mixer")]
@@ -347,16 +347,16 @@ def test_regimes_by_depth_set_interval_joins_every_possible_assignment_with_the_
     steps = [step(choice) for choice in itertools.product(*options)]
     reps = [step(d.flatten().tolist()) for d in draws]
     value = _depth_steps(probabilities)
-    with _declared_with_set_interval("regimes_by_depth", 2.0):
-        low, high = _claim_interval("regimes_by_depth", value, reps, result.n_documents,
+    with _declared_with_set_interval("roles_by_depth", 2.0):
+        low, high = _claim_interval("roles_by_depth", value, reps, result.n_documents,
                                     lambda z: (min(steps), max(steps)))
-        bootstrap = _claim_interval("regimes_by_depth", value, reps, result.n_documents, lambda z: (1.0, -1.0))
+        bootstrap = _claim_interval("roles_by_depth", value, reps, result.n_documents, lambda z: (1.0, -1.0))
     assert row.value == pytest.approx(value, abs=1e-12)
     assert (row.low, row.high) == pytest.approx((max(low, -1.0), min(high, 1.0)), abs=1e-9)
     assert (row.low, row.high) != pytest.approx(bootstrap, abs=1e-9)  # the set interval is wider on some side
 
 
-def test_regimes_by_depth_past_the_enumeration_cap_bounds_every_assignment(monkeypatch):
+def test_roles_by_depth_past_the_enumeration_cap_bounds_every_assignment(monkeypatch):
     """Too many heads in doubt to enumerate (the cap set to 1 here): the set interval comes from each role's range
     of mean depth on its own, which holds every assignment's step: it contains the enumerated extremes, and stays
     informative where every role keeps a head for sure."""
@@ -366,10 +366,10 @@ def test_regimes_by_depth_past_the_enumeration_cap_bounds_every_assignment(monke
     probabilities, draws = _roles_in_layers(result, ("retriever", "reset", "mixer"), n_replicates=200, flip=0.05,
                                            seed=3)
     roles = RoleWeights(probabilities, draws)
-    with _declared_with_set_interval("regimes_by_depth", 2.0):
-        exact = claims(result, roles=roles).loc["regimes_by_depth"]
+    with _declared_with_set_interval("roles_by_depth", 2.0):
+        exact = claims(result, roles=roles).loc["roles_by_depth"]
         monkeypatch.setattr(set_intervals, "MAX_ASSIGNMENTS", 1)
-        bounded = claims(result, roles=roles).loc["regimes_by_depth"]
+        bounded = claims(result, roles=roles).loc["roles_by_depth"]
     assert bounded.low <= exact.low + 1e-12 and bounded.high >= exact.high - 1e-12
     assert -1.0 < bounded.low and bounded.high < 1.0
 
@@ -638,7 +638,7 @@ def test_a_result_without_a_diagnostic_shows_not_measured_with_the_option(result
                 "sink_recall_correlation"):
         assert table.loc[key, "verdict"] == "not measured"
         assert 'diagnostics=["assumptions"]' in table.loc[key, "option"]
-    assert 'diagnostics=["taxonomy"]' in table.loc["regimes_by_depth", "option"]
+    assert 'diagnostics=["roles"]' in table.loc["roles_by_depth", "option"]
     assert 'diagnostics=["bounds"]' in table.loc["envelope_tightness", "option"]
     assert math.isnan(table.loc["envelope_tightness", "value"])
     assert 'diagnostics=["chance"]' in table.loc["small_n_separability", "option"]  # judged on the excess over chance
@@ -822,7 +822,7 @@ def _roles_in_layers(result, order, n_replicates=50, flip=0.0, seed=0):
     """Probabilities and replicate roles of heads built in ``order`` by depth: first layer order[0] (one head
     order[1]), last layer order[2] (one head order[1]), order[1] in between; each replicate moves a head to a
     random role with probability ``flip``."""
-    from tl_geometry.analysis.taxonomy import ROLES
+    from tl_geometry.analysis.head_roles import ROLES
 
     n_layers, n_heads = len(result.layers), len(result.heads)
     names = [[order[1]] * n_heads for _ in range(n_layers)]
@@ -840,7 +840,7 @@ def _roles_in_layers(result, order, n_replicates=50, flip=0.0, seed=0):
 def _depth_steps(probabilities):
     """The smaller of the steps Reset - Retriever and Mixer - Reset of the roles' mean layer depths (0 first, 1
     last), each head weighted by its role probability; -1 where a role has under one expected head."""
-    from tl_geometry.analysis.taxonomy import ROLES
+    from tl_geometry.analysis.head_roles import ROLES
 
     p = _np(probabilities)
     depth = np.arange(p.shape[0])[:, None] / max(1, p.shape[0] - 1) * np.ones(p.shape[:2])
@@ -863,40 +863,40 @@ DEPTH_CASES = [  # roles by layer (three heads each): Figure 8's order, close to
 
 
 @pytest.mark.parametrize("roles, expected", DEPTH_CASES)
-def test_regimes_by_depth_is_the_smaller_step_of_the_roles_mean_depths(roles, expected):
+def test_roles_by_depth_is_the_smaller_step_of_the_roles_mean_depths(roles, expected):
     """The verdict follows the steps; a mutant with Reset and Mixer swapped in the order, or reading another
     role's probability, gives another verdict on the first three cases."""
     result = _role_result({r: (np.ones(2), np.ones(2)) for r in ("retriever", "reset", "mixer")}, roles, (1, 2))
-    row = claims(result, roles=_fixed_roles(roles)).loc["regimes_by_depth"]
+    row = claims(result, roles=_fixed_roles(roles)).loc["roles_by_depth"]
     assert row.value == pytest.approx(_depth_steps(_fixed_roles(roles).probabilities), abs=1e-12)
     assert row.verdict == expected
 
 
-def test_regimes_by_depth_with_uncertain_roles_does_not_hold(result):
+def test_roles_by_depth_with_uncertain_roles_does_not_hold(result):
     """Roles in the paper's order, but each replicate reassigns most heads at random: the interval says so."""
     verdicts = []
     for seed in range(10):
         roles = RoleWeights(*_roles_in_layers(result, ("retriever", "reset", "mixer"), flip=0.9, seed=seed))
-        row = claims(result, roles=roles).loc["regimes_by_depth"]
-        assert row.low < CLAIMS["regimes_by_depth"].thresholds.holds  # replicates out of order
+        row = claims(result, roles=roles).loc["roles_by_depth"]
+        assert row.low < CLAIMS["roles_by_depth"].thresholds.holds  # replicates out of order
         verdicts.append(row.verdict)
     assert "holds" not in verdicts
     # Mutant (run by hand, fails this test): the interval ignored, the ordered point estimate reads "holds".
 
 
-def test_regimes_by_depth_reads_the_taxonomy(result):
+def test_roles_by_depth_reads_the_result_s_roles(result):
     """By default the result's own taxonomy; a taxonomy given as ``roles`` (other thresholds) is the one read."""
-    from tl_geometry.analysis.taxonomy import TaxonomyConfig, taxonomy_from_result
+    from tl_geometry.analysis.head_roles import RoleConfig, roles_from_result
 
-    row = claims(result).loc["regimes_by_depth"]
-    assert row.value == pytest.approx(_depth_steps(taxonomy_from_result(result).probabilities), abs=1e-12)
-    other = taxonomy_from_result(result, TaxonomyConfig(z_align=0.0, align_min=0.0, z_shift=0.0, shift_min=0.0))
-    row = claims(result, roles=other).loc["regimes_by_depth"]
+    row = claims(result).loc["roles_by_depth"]
+    assert row.value == pytest.approx(_depth_steps(roles_from_result(result).probabilities), abs=1e-12)
+    other = roles_from_result(result, RoleConfig(z_align=0.0, align_min=0.0, z_shift=0.0, shift_min=0.0))
+    row = claims(result, roles=other).loc["roles_by_depth"]
     assert row.value == pytest.approx(_depth_steps(other.probabilities), abs=1e-12)
 
 
 def test_roles_that_are_not_roles_are_refused(result):
-    with pytest.raises(GeometryError, match="roles: expected a HeadTaxonomy"):
+    with pytest.raises(GeometryError, match="roles: expected a HeadRoles"):
         claims(result, roles="retriever")
     with pytest.raises(GeometryError, match=r"roles.probabilities: expected a tensor \[layer, head_index, 4\]"):
         RoleWeights(torch.ones(2, 3))
@@ -976,7 +976,7 @@ def test_sink_precision_correlation_on_hand_built_results(slope, expected):
 
 def _role_result(curves_by_role, roles, grid):
     """A hand-built result whose heads (``roles``, ``[layer, head]`` role names) carry their role's P and R curves."""
-    from tl_geometry.diagnostics.taxonomy import ROLE_FEATURES
+    from tl_geometry.diagnostics.role_features import ROLE_FEATURES
 
     shape = (*np.shape(roles), len(grid))
     precision, recall = np.zeros(shape), np.zeros(shape)
@@ -988,7 +988,7 @@ def _role_result(curves_by_role, roles, grid):
 
 def _fixed_roles(roles):
     """Roles known for sure (one-hot), every one of 20 replicates agreeing: ``claims(..., roles=...)``."""
-    from tl_geometry.analysis.taxonomy import ROLES
+    from tl_geometry.analysis.head_roles import ROLES
 
     index = torch.tensor([[ROLES.index(r) for r in row] for row in roles])
     return RoleWeights(torch.nn.functional.one_hot(index, len(ROLES)).double(), index.expand(20, -1, -1))
@@ -1013,11 +1013,11 @@ TRADEOFF_CASES = [
 
 
 @pytest.mark.parametrize("curves, expected", TRADEOFF_CASES)
-def test_regime_tradeoffs_on_hand_built_roles(curves, expected):
+def test_role_tradeoffs_on_hand_built_roles(curves, expected):
     """Three roles in one layer each: the value is the smallest margin of the three statements; a mutant
     swapping the precision and recall statements changes the first three cases."""
     roles = [["retriever"] * 3, ["reset"] * 3, ["mixer"] * 3]
-    row = claims(_role_result(curves, roles, TRADEOFF_GRID), roles=_fixed_roles(roles)).loc["regime_tradeoffs"]
+    row = claims(_role_result(curves, roles, TRADEOFF_GRID), roles=_fixed_roles(roles)).loc["role_tradeoffs"]
     assert row.verdict == expected[0] and row.value == pytest.approx(expected[1], abs=1e-6)
 
 
@@ -1086,7 +1086,7 @@ def _simulated(key: str, holds: bool) -> GeometryResult:
     """A simulated study of 16 noisy documents whose true means make ``key`` hold (or fail) clearly: the other
     fields as ``true_means`` draws them."""
     from tests.fixtures import STUDY_GRID, norm_curves, study_roles
-    from tl_geometry.diagnostics.taxonomy import ROLE_FEATURES
+    from tl_geometry.diagnostics.role_features import ROLE_FEATURES
 
     m = true_means()
     shape = m["rho0"].shape
@@ -1116,13 +1116,13 @@ def _simulated(key: str, holds: bool) -> GeometryResult:
     elif key in ("sink_recall_correlation", "sink_precision_correlation"):
         metric = "recall" if key == "sink_recall_correlation" else "precision"
         m[metric][..., STUDY_GRID == 3] = (0.4 + (1 if holds else -1) * 0.5 * (m["rho0"] - 0.35))[..., None]
-    elif key == "regimes_by_depth":  # the heads sorted by role into layers in Figure 8's order, or reversed
+    elif key == "roles_by_depth":  # the heads sorted by role into layers in Figure 8's order, or reversed
         rank = {"retriever": 0, "reset": 1, "content": 1, "mixer": 2}
         order = np.argsort([rank[role] for role in study_roles(m).ravel()], kind="stable")
         order = order if holds else order[::-1]
         for name in ROLE_FEATURES:
             m[name] = m[name].ravel()[order].reshape(shape)
-    elif key == "regime_tradeoffs":  # Retriever's Recall above (below) the others' at large N, Precision below
+    elif key == "role_tradeoffs":  # Retriever's Recall above (below) the others' at large N, Precision below
         roles = study_roles(m)
         u = curve([1, 0.75, 0.62, 0.55, 0.42, 0.4, 0.5, 0.7])
         m["precision"], m["recall"] = u.copy(), u.copy()
@@ -1147,13 +1147,13 @@ def test_each_claim_holds_on_one_simulated_study_and_fails_on_another(key):
 def _tradeoff_cases():
     roles = [["retriever"] * 3, ["reset"] * 3, ["mixer"] * 3]
     for curves, expected in TRADEOFF_CASES:
-        row = claims(_role_result(curves, roles, TRADEOFF_GRID), roles=_fixed_roles(roles)).loc["regime_tradeoffs"]
+        row = claims(_role_result(curves, roles, TRADEOFF_GRID), roles=_fixed_roles(roles)).loc["role_tradeoffs"]
         assert row.verdict == expected[0] and row.value == pytest.approx(expected[1], abs=1e-6)
 
 
 def _depth_cases():
     for roles, expected in DEPTH_CASES:
-        test_regimes_by_depth_is_the_smaller_step_of_the_roles_mean_depths(roles, expected)
+        test_roles_by_depth_is_the_smaller_step_of_the_roles_mean_depths(roles, expected)
 
 
 def _simulated_pair(key):
@@ -1194,10 +1194,10 @@ CLAIM_MUTANTS = [
     Mutant("Figure 11's precision and recall statements swapped",
            lambda patch: (replace_attribute(claims_module, "PRECISION", claims_module.RECALL)(patch),
                           replace_attribute(claims_module, "RECALL", claims_module.PRECISION)(patch)),
-           (_tradeoff_cases, _simulated_pair("regime_tradeoffs"))),
+           (_tradeoff_cases, _simulated_pair("role_tradeoffs"))),
     Mutant("Reset and Mixer swapped in Figure 8's order",
            replace_attribute(claims_module, "DEPTH_ORDER", ("retriever", "mixer", "reset")),
-           (_depth_cases, _simulated_pair("regimes_by_depth"))),
+           (_depth_cases, _simulated_pair("roles_by_depth"))),
     Mutant("the depth steps read another role's probability",
            replace_attribute(claims_module, "ROLES", _roles_shifted()),
            (_depth_cases,)),
@@ -1209,7 +1209,7 @@ CLAIM_MUTANTS = [
            (test_four_phase_set_interval_judges_each_condition_of_each_head,)),
     Mutant("the roles' set interval judging each head by its most probable role only",
            wrap_function(claims_module, "possible_roles", _most_probable_role_only),
-           (test_regimes_by_depth_set_interval_joins_every_possible_assignment_with_the_bootstrap,)),
+           (test_roles_by_depth_set_interval_joins_every_possible_assignment_with_the_bootstrap,)),
 ]
 
 

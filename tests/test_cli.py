@@ -66,7 +66,7 @@ def test_mechanism_prompts_0_leaves_the_check_out(tmp_path, monkeypatch):
     text = tmp_path / "story.txt"
     text.write_text(" ".join(f"Sentence number {i} is about attention heads." for i in range(20)))
     assert main(["report", "--text", str(text), "--windows", "1", "--context", "32", "--layers", "0", "--heads", "0",
-                 "--diagnostics", "taxonomy", "--bootstrap", "8", "--mechanism-prompts", "0", "--quiet",
+                 "--diagnostics", "roles", "--bootstrap", "8", "--mechanism-prompts", "0", "--quiet",
                  "--out", str(tmp_path / "no-check")]) == 0
     page = (tmp_path / "no-check" / "index.html").read_text()
     assert "What kind of head is each one?" in page and "Induction score" not in page and "No detector cross-tab" in page
@@ -116,7 +116,7 @@ def test_empty_text_file_is_refused(tmp_path):
         (("--queries", "0,7"), "query_positions", (0, 7)),
         (("--ranking", "contribution"), "ranking", "contribution"),
         (("--distance", "cosine"), "distance", "cosine"),
-        (("--diagnostics", "taxonomy,assumptions"), "diagnostics", ("assumptions", "taxonomy")),
+        (("--diagnostics", "roles,assumptions"), "diagnostics", ("assumptions", "roles")),
         (("--diagnostics", "none"), "diagnostics", ()),
         (("--n-grid", "1,2,4,8"), "n_grid", (1, 2, 4, 8)),
         (("--n-grid", "all"), "n_grid", "all"),

@@ -107,7 +107,7 @@ def test_a_callers_process_group_is_left_in_place(tmp_path):
 @pytest.mark.slow
 @pytest.mark.model
 def test_torchrun_two_processes_analyze_and_intervene_as_one(tmp_path, shared_default_model):
-    from tl_geometry.results.interventions import InterventionResult
+    from tl_geometry.results.intervention_result import InterventionResult
 
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)

@@ -90,9 +90,9 @@ def test_resolve_n_grid_modes():
     ("given", "expected"),
     [
         ((), ()),
-        ("taxonomy", ("taxonomy",)),
-        (["taxonomy", "assumptions"], ("assumptions", "taxonomy")),
-        ("all", ("assumptions", "bounds", "taxonomy", "chance")),
+        ("roles", ("roles",)),
+        (["roles", "assumptions"], ("assumptions", "roles")),
+        ("all", ("assumptions", "bounds", "roles", "chance")),
     ],
 )
 def test_diagnostics_are_normalised_to_canonical_order(given, expected):
@@ -102,7 +102,7 @@ def test_diagnostics_are_normalised_to_canonical_order(given, expected):
 @pytest.mark.parametrize(
     ("given", "message"),
     [
-        ("nope", "diagnostics: unknown name(s) ['nope']; choose from ('assumptions', 'bounds', 'taxonomy', 'chance'), 'all' or 'none'"),
+        ("nope", "diagnostics: unknown name(s) ['nope']; choose from ('assumptions', 'bounds', 'roles', 'chance'), 'all' or 'none'"),
         ([3], "diagnostics: unknown name(s) [3]"),
     ],
 )

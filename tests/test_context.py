@@ -118,9 +118,9 @@ def test_bounds_and_features_read_the_rows_and_ranking_of_the_metrics(distance):
     do not depend on the distance; the bounds are derived for the Euclidean one only (and refuse cosine)."""
     model = tm.make_model("bridge-llama", dtype=torch.float64)
     config = GeometryConfig(
-        diagnostics=["bounds", "taxonomy"] if distance == "euclidean" else ["taxonomy"], n_grid=GRID,
+        diagnostics=["bounds", "roles"] if distance == "euclidean" else ["roles"], n_grid=GRID,
         query_positions="all", ranking="contribution", distance=distance, keep_queries=True, n_bootstrap=0,
-        settings={"taxonomy": {"queries": "analysed"}},  # the features of the kept rows, not of the role sample
+        settings={"roles": {"queries": "analysed"}},  # the features of the kept rows, not of the role sample
         capture="pattern",  # the rows run_with_cache sees
     )  # fmt: skip
     text = TEXTS[2]
@@ -182,7 +182,7 @@ def _window_context(window: int) -> SelectionContext:
 
 def test_a_window_past_the_sink_leaves_no_sink_and_nan_sink_quantities():
     from tl_geometry.diagnostics.bounds import DIAGNOSTIC as bounds
-    from tl_geometry.diagnostics.taxonomy import DIAGNOSTIC as taxonomy
+    from tl_geometry.diagnostics.role_features import DIAGNOSTIC as taxonomy
 
     context = _window_context(window=3)
     (chunk,) = list(context.chunks())
@@ -190,7 +190,7 @@ def test_a_window_past_the_sink_leaves_no_sink_and_nan_sink_quantities():
     assert chunk.n_visible.tolist() == [3, 3]
     assert chunk.visible[1].tolist() == [False, False, False, True, True, True]
     feats = taxonomy.rows(chunk, taxonomy.Settings())
-    for name in ("contribution_sink", "taxonomy_attention_sink"):
+    for name in ("contribution_sink", "role_attention_sink"):
         assert not math.isnan(float(feats[name][0])) and math.isnan(float(feats[name][1])), name
     assert feats["cos_s_sink"][1].isnan().all() and not feats["cos_s_sink"][0, :3].isnan().any()
     margins = bounds.rows(chunk, bounds.Settings())
@@ -277,7 +277,7 @@ def test_fields_are_read_by_declaration_or_by_name():
     assert result.spec(RECALL) == RECALL and result.count(PRECISION).sum() > 0
 
 
-@pytest.mark.parametrize("module", ["selection", "assumptions", "chance", "bounds", "taxonomy"])
+@pytest.mark.parametrize("module", ["selection", "assumptions", "chance", "bounds", "role_features"])
 def test_every_field_of_a_diagnostic_is_exported_as_a_constant(module):
     """``from tl_geometry.diagnostics.<module> import RHO0`` and the like: each declaration is a module constant
     (or in an exported tuple of them, e.g. the profile fit's), so a reader can name a field by it."""
@@ -292,7 +292,7 @@ def test_every_field_of_a_diagnostic_is_exported_as_a_constant(module):
     assert not missing and found.DIAGNOSTIC.fields, missing
 
 
-@pytest.mark.parametrize("module", ["selection", "assumptions", "chance", "bounds", "taxonomy"])
+@pytest.mark.parametrize("module", ["selection", "assumptions", "chance", "bounds", "role_features"])
 def test_each_field_constant_is_named_after_its_field(module):
     """``RHO0`` declares ``"rho0"``: a constant read where its field is meant names that field (and the profile
     fit's constants, unpacked from PROFILE_FIT, follow `ProfileFit`'s order)."""

@@ -144,7 +144,7 @@ def sweep_of(documents: dict[str, np.ndarray], weights: np.ndarray, n_controls: 
     """An InterventionResult holding these per-document values ``[document, layer, head_index, *trailing]``."""
     import torch
 
-    from tl_geometry.results.interventions import InterventionResult, sweep_specs
+    from tl_geometry.results.intervention_result import InterventionResult, sweep_specs
     from tl_geometry.results.stats import FieldStats
 
     specs = {spec.name: spec for spec in sweep_specs(MODES, n_controls)}

@@ -24,7 +24,7 @@ _spec.loader.exec_module(render_outputs)
 # - the last printed digit of a decimal, by one unit: another CPU's vector width or another number of
 #   threads sums floats in another order, and a value near a rounding boundary then prints one unit
 #   higher or lower. Words, integers (counts, layers, N, percentages) and the number of digits must match.
-#   (Heads are written L16H0, as `HeadTaxonomy.describe` and the demos write them, and compared exactly.)
+#   (Heads are written L16H0, as `HeadRoles.describe` and the demos write them, and compared exactly.)
 TEMPORARY_FOLDER = re.compile(r"[^\s'\"]*/tmp[a-z0-9_]{8}(?=[/\s'\"]|$)")
 DECIMAL = re.compile(r"-?\d+\.\d+")
 

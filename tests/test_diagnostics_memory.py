@@ -11,8 +11,8 @@ from tests.live_bytes import LiveBytes
 from tl_geometry.diagnostics.assumptions import DIAGNOSTIC as assumptions
 from tl_geometry.diagnostics.assumptions import value_statistics_bytes
 from tl_geometry.diagnostics.profile_fit import fit_attention_profile, fit_bytes_per_row
-from tl_geometry.diagnostics.taxonomy import DIAGNOSTIC as taxonomy
-from tl_geometry.diagnostics.taxonomy import position_features_bytes
+from tl_geometry.diagnostics.role_features import DIAGNOSTIC as taxonomy
+from tl_geometry.diagnostics.role_features import position_features_bytes
 from tl_geometry.engine.context import SelectionContext
 
 N_BATCH, N_HEADS, N_KV, N_KEYS, D_HEAD = 6, 9, 3, 257, 64  # SmolLM2's heads; 257 keys: the longest FFT per key
@@ -103,7 +103,7 @@ def test_the_margins_of_long_rows_stay_within_their_declared_cost(window):
     L^2 / 2 per row; rows of a sliding window take about what their visible keys need."""
     from tl_geometry.engine.context import rows_context
     from tl_geometry.engine.grid import default_n_grid
-    from tl_geometry.theory.bounds import MARGINS_COST, chunk_margins
+    from tl_geometry.theory.theorem_bounds import MARGINS_COST, chunk_margins
 
     n_rows, n_keys, d_head = 2, 3000, 8
     gen = torch.Generator().manual_seed(2)

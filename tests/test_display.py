@@ -39,7 +39,7 @@ def check_summary(obj: object, *must: str) -> str:
 def run():
     model = tiny_bridge()
     tokens = with_bos(random_tokens(2, 20))
-    return model, tokens, tg.run_with_geometry_hooks(model, tokens, diagnostics=["taxonomy", "assumptions"],
+    return model, tokens, tg.run_with_geometry_hooks(model, tokens, diagnostics=["roles", "assumptions"],
                                                     keep_queries=True)
 
 
@@ -83,10 +83,10 @@ def test_intervention_result_summary_leaves_out_the_replicates(run):
     check_summary(model_sweep, "all layers at once x all heads at once", "none (n_bootstrap=0")
 
 
-def test_taxonomy_summary_counts_every_head():
+def test_roles_summary_counts_every_head():
     result = simulate_study(true_means(), np.random.default_rng(0))
     taxonomy = tg.classify_heads(result)
-    text = check_summary(taxonomy, "4 layers x 6 heads", "taxonomy.describe(0, 0)")
+    text = check_summary(taxonomy, "4 layers x 6 heads", "roles.describe(0, 0)")
     counted = sum(int(n) for n in re.findall(r"(\d+) \w+ heads?\b", text.split("labels", 1)[1].split("\n")[0]))
     assert counted == len(taxonomy.layers) * len(taxonomy.heads)
 
@@ -198,7 +198,7 @@ def test_analysis_results_print_a_line_per_field(run):
 # ---------------------------------------------------------------- the other public result types: ablations, checks
 
 def test_role_ablation_summary_counts_the_verdicts_not_every_row():
-    from tl_geometry.analysis.ablation import AblationRow, HeadGroup, RoleAblation
+    from tl_geometry.analysis.role_ablation import AblationRow, HeadGroup, RoleAblation
 
     groups = tuple(HeadGroup(f"role {k}", "role", ((0, k),)) for k in range(40))
 
@@ -219,7 +219,7 @@ def test_role_ablation_summary_counts_the_verdicts_not_every_row():
 
 
 def test_published_measures_and_a_prompt_set_check_print_short(run):
-    from tl_geometry.analysis.mechanisms import PromptSetCheck
+    from tl_geometry.analysis.detector_agreement import PromptSetCheck
     from tl_geometry.interventions import published_measures
 
     model, tokens, _ = run

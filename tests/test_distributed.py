@@ -125,7 +125,7 @@ def _sweeps(model):
 
 
 def test_two_gloo_processes_sweep_as_one(ranks_out):
-    from tl_geometry.results.interventions import InterventionResult
+    from tl_geometry.results.intervention_result import InterventionResult
 
     model = tm.make_model(KIND)
     sweep, n_star = _sweeps(model)

@@ -17,7 +17,7 @@ import torch
 from tests import tiny_models as tm
 from tl_geometry import GeometryError, run_with_geometry_hooks
 from tl_geometry.analysis.summaries import at_each_head, by_query_position, effective_n
-from tl_geometry.analysis.taxonomy import taxonomy_from_result
+from tl_geometry.analysis.head_roles import roles_from_result
 from tl_geometry.report import explorer
 from tl_geometry.results.result import REQUIRED_FIELDS
 
@@ -143,7 +143,7 @@ def _unpack(packed):
 
 
 def test_table_and_panel_data_equal_the_result(result):
-    taxonomy = taxonomy_from_result(result)
+    taxonomy = roles_from_result(result)
     data = explorer.explorer_data(result, taxonomy)
     json.dumps(data, allow_nan=False)  # strict JSON: NaN became null
     eff = effective_n(result)
@@ -156,7 +156,7 @@ def test_table_and_panel_data_equal_the_result(result):
                 got = table[f"{name}_at_effective_n"][i][j]
                 want = values[i, j, GRID.index(int(eff[i, j]))].item()
                 assert got == pytest.approx(want, abs=1e-4, rel=1e-3)  # 4 significant digits
-    assert table["regime"] == taxonomy.label_names()
+    assert table["role"] == taxonomy.label_names()
     torch.testing.assert_close(torch.tensor(data["curves"]["chance_precision"], dtype=torch.float64),
                                result.per_head("chance_precision"), rtol=1e-3, atol=1e-4)  # fmt: skip
     profile = result.per_head("attention_profile")
@@ -192,8 +192,8 @@ def test_missing_parts_name_the_option_that_adds_them(result):
     plain = dataclasses.replace(result, stats={k: v for k, v in result.stats.items() if k in REQUIRED_FIELDS})
     notes = explorer.explorer_data(plain, None)["notes"]
     assert "'chance'" in notes["chance"] and "'bounds'" in notes["bounds"]
-    assert "'assumptions'" in notes["attention"] and "'taxonomy'" in notes["contributions"]
-    assert "'taxonomy'" in notes["regime"] and "attention_mass" in notes["effective_n"]
+    assert "'assumptions'" in notes["attention"] and "'roles'" in notes["contributions"]
+    assert "'roles'" in notes["role"] and "attention_mass" in notes["effective_n"]
 
 
 @pytest.mark.parametrize("hostile", ["</script><script>alert(1)</script>", "<!--<script>", "</SCRIPT >&lt;"])

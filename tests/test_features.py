@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from tests import tiny_models as tm
 from tl_geometry.capture.hooks import run_with_geometry_hooks
-from tl_geometry.diagnostics.taxonomy import CURVE_FEATURES, POSITION_FEATURES, SCALAR_FEATURES, TAXONOMY_FEATURES, row_features
-from tl_geometry.diagnostics.taxonomy import DIAGNOSTIC as TAXONOMY
+from tl_geometry.diagnostics.role_features import CURVE_FEATURES, POSITION_FEATURES, SCALAR_FEATURES, ROLE_DIAGNOSTIC_FIELDS, row_features
+from tl_geometry.diagnostics.role_features import DIAGNOSTIC as TAXONOMY
 from tl_geometry.engine.context import SelectionContext
 from tl_geometry.engine.metrics import selection_metrics
 
@@ -52,8 +52,8 @@ def reference_row(alpha, values, visible, grid) -> dict[str, list[float] | float
         contribution_sink=float(y[sink].norm()),
         contribution_last=float(y[last].norm()),
         contribution_rest=float(rest.norm()),
-        taxonomy_attention_sink=float(alpha[sink]),
-        taxonomy_attention_last=float(alpha[last]),
+        role_attention_sink=float(alpha[sink]),
+        role_attention_last=float(alpha[last]),
     )
     return out
 
@@ -127,14 +127,14 @@ def layer_context(seed=0, batch=3, heads=2, queries=3, keys=7, d=4):
     return context, alpha
 
 
-def test_taxonomy_features_of_every_valid_query_row_and_the_last_query_by_position():
+def test_role_features_of_every_valid_query_row_and_the_last_query_by_position():
     context, alpha = layer_context()
     grid = context.grid.tolist()
     batch, heads, queries, keys = alpha.shape
     seen = set()
     for chunk in context.chunks():
         out = TAXONOMY.rows(chunk, TAXONOMY.Settings())
-        assert set(out) == set(TAXONOMY_FEATURES) - set(POSITION_FEATURES)  # role features: tests/test_role_features.py
+        assert set(out) == set(ROLE_DIAGNOSTIC_FIELDS) - set(POSITION_FEATURES)  # role features: tests/test_role_features.py
         for r, (b, h, q) in enumerate(zip(chunk.batch.tolist(), chunk.head.tolist(), chunk.query.tolist(), strict=True)):
             assert context.query_valid[b, q], (b, q)  # only valid queries become rows
             seen.add((b, h, q))
@@ -160,19 +160,19 @@ def test_taxonomy_features_of_every_valid_query_row_and_the_last_query_by_positi
             torch.testing.assert_close(positions["contribution_by_position"][b, h], torch.tensor(contribution, dtype=torch.float64), equal_nan=True)
             torch.testing.assert_close(positions["cos_last_by_position"][b, h], torch.tensor(cos, dtype=torch.float64), equal_nan=True)
     assert positions["contribution_by_position"].shape == (batch, heads, keys)
-    assert set(TAXONOMY_FEATURES) == {spec.name for spec in TAXONOMY.fields}
+    assert set(ROLE_DIAGNOSTIC_FIELDS) == {spec.name for spec in TAXONOMY.fields}
 
 
 @pytest.mark.model
 def test_features_through_the_hooks_do_not_depend_on_batching():
     model = tm.make_model("bridge-llama")
     texts = ["the cat sat on the mat and ran", "a dog", "one two three four five six seven"]
-    # The features on the analysed queries (kept per query); the default query sample has tests/test_taxonomy.py.
-    config = dict(diagnostics=["taxonomy"], n_grid=[1, 2, 4, 8], keep_queries=True, settings={"taxonomy": {"queries": "analysed"}})
+    # The features on the analysed queries (kept per query); the default query sample has tests/test_head_roles.py.
+    config = dict(diagnostics=["roles"], n_grid=[1, 2, 4, 8], keep_queries=True, settings={"roles": {"queries": "analysed"}})
     together = run_with_geometry_hooks(model, texts, **config)
     alone = [run_with_geometry_hooks(model, [text], **config) for text in texts]
     for i, one in enumerate(alone):
-        for name in set(TAXONOMY_FEATURES) - set(POSITION_FEATURES):
+        for name in set(ROLE_DIAGNOSTIC_FIELDS) - set(POSITION_FEATURES):
             alone_rows = one.queries[name][0]
             torch.testing.assert_close(together.queries[name][i], alone_rows, equal_nan=True, msg=name)
     # The per-position features belong to each sequence's last query: one sequence per run gives its own

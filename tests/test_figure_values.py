@@ -26,7 +26,7 @@ import pytest
 
 from tests import tiny_models as tm
 from tl_geometry import run_with_geometry_hooks
-from tl_geometry.analysis.interventions import geometry_vs_dnll, n_star_of
+from tl_geometry.analysis.sweep_statistics import geometry_vs_dnll, n_star_of
 from tl_geometry.interventions.sweep import intervention_sweep
 from tl_geometry.report.html import intervention_figures, render_figures, write_report
 

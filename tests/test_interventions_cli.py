@@ -7,7 +7,7 @@ import pytest
 
 from tests.fixtures import spy
 from tl_geometry.cli import main
-from tl_geometry.results.interventions import InterventionResult
+from tl_geometry.results.intervention_result import InterventionResult
 
 pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.usefixtures("shared_default_model")]
 

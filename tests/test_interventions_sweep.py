@@ -16,7 +16,7 @@ from tests.tiny_models import (
     tl_major_version,
     with_bos,
 )
-from tl_geometry.analysis.interventions import (
+from tl_geometry.analysis.sweep_statistics import (
     NeedsN,
     curve_oracle,
     n_star_of,
@@ -30,7 +30,7 @@ from tl_geometry.interventions.sweep import (
     intervention_sweep,
 )
 from tl_geometry.errors import GeometryError
-from tl_geometry.results.interventions import InterventionResult
+from tl_geometry.results.intervention_result import InterventionResult
 
 pytestmark = pytest.mark.model
 QUIET = dict(progress=False, n_bootstrap=16)
@@ -306,7 +306,7 @@ def test_spearman_against_the_definition():
 def test_geometry_against_dnll_and_the_report_figures(model, tokens, tmp_path):
     """rho per N is Spearman of the per-head means; the report gains the three figures."""
     from tl_geometry import run_with_geometry_hooks
-    from tl_geometry.analysis.interventions import geometry_vs_dnll
+    from tl_geometry.analysis.sweep_statistics import geometry_vs_dnll
     from tl_geometry.report.html import intervention_figures, write_report
 
     heads = intervention_sweep(model, tokens, [2, 4], scope="head", modes=("renormalise",), controls=0, **QUIET)

@@ -31,7 +31,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     ("engine",),  # ... over the top-N core
     ("corpus_input", "models"),  # text, files and token windows, no model run; models: loading
     ("atomic_io",),  # files written as one unit, folder locks, strict JSON
-    ("errors", "_types", "_version", "_hashing", "_wording"),  # no imports from the package
+    ("errors", "_types", "_version", "_hashing", "_wording", "_renamed"),  # no imports from the package
 ))  # fmt: skip
 
 
@@ -99,13 +99,39 @@ def test_every_part_is_on_a_layer(part):
     level_of(part)
 
 
+# ---- a module's name finds one file ----
+
+
+def repeated_module_names(package: Path = PACKAGE) -> dict[str, list[str]]:
+    """File names (``__init__.py`` aside) that more than one module of the package has, with their paths."""
+    paths: dict[str, list[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        if path.name != "__init__.py":
+            paths.setdefault(path.name, []).append(path.relative_to(package).as_posix())
+    return {name: where for name, where in paths.items() if len(where) > 1}
+
+
+def test_no_two_modules_share_a_name():
+    """A search for a module's file name finds one place (docs/architecture.md, "One room per workflow")."""
+    assert repeated_module_names() == {}
+
+
+def test_a_repeated_module_name_is_caught(tmp_path):
+    import shutil
+
+    copy = tmp_path / "tl_geometry"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "report" / "claims.py").write_text('"""A second claims.py."""\n')
+    assert repeated_module_names(copy) == {"claims.py": ["analysis/claims.py", "report/claims.py"]}
+
+
 # ---- fields are named by their declarations above the diagnostics ----
 
 NAMED_BY_DECLARATION = ("analysis", "report", "cli.py")
 """The parts that name a field by its constant (``result.per_head(RHO0)``), never by a string literal."""
 # Strings that spell a field's name but mean something else: the attention-pattern detector "previous_token"
-# (`tl_geometry.analysis.mechanisms`, shown by the report's prompt-set checks), not the taxonomy's field.
-NOT_FIELDS = {"analysis/mechanisms.py": {"previous_token"}, "report/roles.py": {"previous_token"}}
+# (`tl_geometry.analysis.detector_agreement`, shown by the report's prompt-set checks), not the role feature.
+NOT_FIELDS = {"analysis/detector_agreement.py": {"previous_token"}, "report/roles.py": {"previous_token"}}
 
 
 def declared_names() -> set[str]:

@@ -1,7 +1,7 @@
 """Selection pictures (``picture_heads``): Figure 1 on the model's data.
 
 The reference is written from the definitions (the Concepts page and
-`tl_geometry.results.pictures`' docstring), never from the package's helpers:
+`tl_geometry.results.selection_picture`' docstring), never from the package's helpers:
 plain hooks capture hook_v and hook_pattern, and for the pictured row (the last
 real query of the document with the smallest hash of its token ids) it
 computes in float64 y_i = alpha_i v_i over the visible keys, the top-N set
@@ -23,9 +23,9 @@ import torch
 
 from tests import tiny_models as tm
 from tl_geometry import GeometryConfig, GeometryError, GeometryResult, run_with_geometry_hooks
-from tl_geometry.results.pictures import SelectionPicture
+from tl_geometry.results.selection_picture import SelectionPicture
 from tl_geometry.report import html as report
-from tl_geometry.report import plots
+from tl_geometry.report import paper_figures as plots
 from tl_geometry.results.accumulators import Accumulator
 
 ATOL = 1e-5

@@ -10,11 +10,11 @@ import torch
 from tests import tiny_models as tm
 from tests.fixtures import simulate_study, true_means
 from tl_geometry import GeometryConfig, GeometryError, classify_heads, run_with_geometry_hooks
-from tl_geometry.analysis import REGIMES
-from tl_geometry.report import plots
+from tl_geometry.analysis import ROLE_LABELS
+from tl_geometry.report import paper_figures as plots
 from tl_geometry.analysis.sink import sink_recall_correlation
 from tl_geometry.analysis.summaries import mean_over_heads
-from tl_geometry.analysis.taxonomy import taxonomy_from_result
+from tl_geometry.analysis.head_roles import roles_from_result
 from tl_geometry.theory.synthetic import toy_2d
 
 
@@ -24,13 +24,13 @@ def result():
     return run_with_geometry_hooks(model, tm.with_bos(tm.random_tokens(3, 30)), n_grid=[1, 2, 4, 8, 31])
 
 
-def test_heatmap_shows_the_metric_at_n_with_regimes_on_hover(result):
-    regimes = [["mixer"] * len(result.heads) for _ in result.layers]
-    fig = plots.metric_heatmap(result, "recall", n=2, regimes=regimes)
+def test_heatmap_shows_the_metric_at_n_with_roles_on_hover(result):
+    roles = [["mixer"] * len(result.heads) for _ in result.layers]
+    fig = plots.metric_heatmap(result, "recall", n=2, roles=roles)
     heat = fig.data[0]
     assert torch.allclose(torch.tensor(heat.z), result.recall[..., 1].float(), equal_nan=True)
     assert list(heat.y) == list(result.layers) and list(heat.x) == list(result.heads)
-    assert "regime: mixer" in heat.customdata[0][0]
+    assert "role: mixer" in heat.customdata[0][0]
     assert fig.layout.yaxis.title.text == "layer" and fig.layout.xaxis.title.text == "head"
     assert "N = 2" in fig.layout.title.text
 
@@ -58,31 +58,31 @@ def taxonomy():
     return classify_heads(model, tm.with_bos(tm.random_tokens(3, 30)), GeometryConfig(n_grid=[1, 2, 4, 8, 31]))
 
 
-def test_regimes_by_layer_stacks_the_counts(taxonomy):
-    fig = plots.regimes_by_layer(taxonomy)
-    assert [bar.name for bar in fig.data] == list(REGIMES)
+def test_roles_by_layer_stacks_the_counts(taxonomy):
+    fig = plots.roles_by_layer(taxonomy)
+    assert [bar.name for bar in fig.data] == list(ROLE_LABELS)
     stacked = torch.tensor([list(bar.y) for bar in fig.data]).T
     assert torch.equal(stacked, taxonomy.counts_by_layer())
     assert (stacked.sum(1) == len(taxonomy.heads)).all()
-    assert [bar.marker.color for bar in fig.data] == [plots.REGIME_COLOURS[r] for r in REGIMES]
+    assert [bar.marker.color for bar in fig.data] == [plots.ROLE_COLOURS[r] for r in ROLE_LABELS]
 
 
-def test_precision_recall_by_regime_draws_each_regime(taxonomy):
-    fig = plots.precision_recall_by_regime(taxonomy)
-    assert len(fig.data) == 2 * len(REGIMES)
-    for trace, expected in zip(fig.data[:len(REGIMES)], taxonomy.curves_by_regime("precision"), strict=True):
+def test_precision_recall_by_role_draws_each_role(taxonomy):
+    fig = plots.precision_recall_by_role(taxonomy)
+    assert len(fig.data) == 2 * len(ROLE_LABELS)
+    for trace, expected in zip(fig.data[:len(ROLE_LABELS)], taxonomy.curves_by_role("precision"), strict=True):
         torch.testing.assert_close(torch.tensor(trace.y, dtype=torch.float64), expected.double(), equal_nan=True)
     assert fig.layout.xaxis.type == "log"
 
 
-def test_regime_diagnostics_and_contributions_show_the_example_heads(taxonomy):
+def test_role_diagnostics_and_contributions_show_the_example_heads(taxonomy):
     examples = taxonomy.example_heads()
-    present = [r for r in REGIMES if examples[r] is not None]
-    fig7 = plots.regime_diagnostics(taxonomy)
+    present = [r for r in ROLE_LABELS if examples[r] is not None]
+    fig7 = plots.role_diagnostics(taxonomy)
     curves = [t for t in fig7.data if t.showlegend is False]
     assert len(curves) == 5 * len(present)
-    assert all(t.line.color in plots.REGIME_COLOURS.values() for t in curves)
-    fig10 = plots.contributions_by_regime(taxonomy)
+    assert all(t.line.color in plots.ROLE_COLOURS.values() for t in curves)
+    fig10 = plots.contributions_by_role(taxonomy)
     assert len(fig10.data) == len(present)
     for trace in fig10.data:
         assert all(y is None or math.isnan(y) or y >= 0 for y in trace.y)
@@ -191,7 +191,7 @@ def test_figure_5_draws_the_realised_bound_and_names_the_theorem_envelope_with_i
 
 
 def test_figure_7_names_its_line_styles_in_the_legend_not_the_title(taxonomy):
-    fig = plots.regime_diagnostics(taxonomy)
+    fig = plots.role_diagnostics(taxonomy)
     legend = [t for t in fig.data if t.showlegend is not False]
     assert [t.name for t in legend] == [
         "||s(N)|| (top)", "||s(N) without the sink|| (top)", "||s(N) without the last token|| (top)",
@@ -204,11 +204,11 @@ def test_figure_7_names_its_line_styles_in_the_legend_not_the_title(taxonomy):
 
 
 def _every_figure_against_n(full):
-    taxonomy = taxonomy_from_result(full)
+    taxonomy = roles_from_result(full)
     return {
         "figure 5": plots.precision_recall_vs_n(full), "head curves": plots.head_curves(full, 1, 0),
         "figure 6": plots.sink_recall(sink_recall_correlation(full, n_bootstrap=50)),
-        "figure 7": plots.regime_diagnostics(taxonomy), "figure 11": plots.precision_recall_by_regime(taxonomy, full),
+        "figure 7": plots.role_diagnostics(taxonomy), "figure 11": plots.precision_recall_by_role(taxonomy, full),
         "figure 2": plots.value_norms(full),
     }  # fmt: skip
 
@@ -236,13 +236,13 @@ def test_the_plots_namespace_draws_each_figure_from_a_result(full):
     from tl_geometry.report.html import render_figures
 
     names = tg.plots.available(full)
-    assert {"value_norms", "sink_recall", "regimes_by_layer", "precision_recall_vs_n"} <= set(names)
+    assert {"value_norms", "sink_recall", "roles_by_layer", "precision_recall_vs_n"} <= set(names)
     assert "selection_picture" not in names  # no picture_heads in this run
-    taxonomy = taxonomy_from_result(full)
+    taxonomy = roles_from_result(full)
     same = {  # the namespace's figure against the drawing function given what it derives
         "value_norms": plots.value_norms(full),
-        "regimes_by_layer": plots.regimes_by_layer(taxonomy),
-        "precision_recall_by_regime": plots.precision_recall_by_regime(taxonomy, full),
+        "roles_by_layer": plots.roles_by_layer(taxonomy),
+        "precision_recall_by_role": plots.precision_recall_by_role(taxonomy, full),
         "sink_recall": plots.sink_recall(sink_recall_correlation(full)),
         "head_curves": plots.head_curves(full),
     }

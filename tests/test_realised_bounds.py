@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from tests import tiny_models as tm
 from tests.mutants import Mutant, assert_caught, replace_attribute
 from tl_geometry.capture.hooks import run_with_geometry_hooks
-from tl_geometry.theory import bounds as BOUNDS
-from tl_geometry.theory.bounds import envelopes, realised_upper_bounds, selection_margins, upper_envelope_floor
+from tl_geometry.theory import theorem_bounds as BOUNDS
+from tl_geometry.theory.theorem_bounds import envelopes, realised_upper_bounds, selection_margins, upper_envelope_floor
 
 
 def slow_row(alpha: torch.Tensor, values: torch.Tensor, n: int) -> dict[str, float]:

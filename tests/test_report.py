@@ -48,7 +48,7 @@ def test_the_report_reads_which_diagnostics_ran_from_the_config(result):
     needing = {f.key for f in report.FIGURES if f.needs is not None}
     # Every field there, but the config names no diagnostic: the figures that need one are not drawn.
     unnamed = dataclasses.replace(result, config=dataclasses.replace(result.config, diagnostics=()))
-    assert report.render_figures(unnamed).taxonomy is None
+    assert report.render_figures(unnamed).roles is None
     assert _not_drawn(report.render_html(unnamed)) >= needing
     # Named, but the fields are gone (an older version's result, or stripped): the note says that instead.
     stripped = dataclasses.replace(result, stats={k: v for k, v in result.stats.items() if k in REQUIRED_FIELDS})
@@ -82,7 +82,7 @@ def test_the_first_screen_says_the_sample_is_too_small(result):
 
 def test_page_embeds_plotly_once_and_shows_every_figure(result):
     page = report.render_html(result, {"text": "random tokens"})
-    assert "<th>head regimes</th>" in page
+    assert "<th>head roles</th>" in page
     assert page.count("<script") >= 1 and page.count("plotly.js v") == 1  # the library, embedded once
     for figure in report.FIGURES:
         assert html.escape(figure.how_to_read[:40]) in page
@@ -184,7 +184,7 @@ def test_png_when_the_one_session_fails_each_figure_is_rendered_alone(result, tm
 # ---------------------------------------------------------------- where the interventions sit, and the page's contents
 
 def _role_ablation():
-    from tl_geometry.analysis.ablation import AblationRow, HeadGroup, RoleAblation
+    from tl_geometry.analysis.role_ablation import AblationRow, HeadGroup, RoleAblation
 
     def row(group, ablation, dnll):
         return AblationRow(group=group, kind="role", task="natural", ablation=ablation, n_heads=2, layers="0:1, 1:1",
@@ -246,10 +246,10 @@ def test_interventions_come_after_the_summary_and_role_ablations_beside_the_role
 
 
 def test_the_ablation_page_shows_the_roles_with_their_ablations(result):
-    from tl_geometry.analysis.taxonomy import taxonomy_from_result
+    from tl_geometry.analysis.head_roles import roles_from_result
 
     ablation = _role_ablation()
-    page = report.ablation_page(taxonomy_from_result(result), ablation, {"windows": "2 x 16 tokens"})
+    page = report.ablation_page(roles_from_result(result), ablation, {"windows": "2 x 16 tokens"})
     ids, links = _ids_and_links(page)
     assert links == ["head-roles", "role-ablations"] and set(links) <= ids
     assert page.index("<section id='head-roles'>") < page.index("<section id='role-ablations'>") < page.index(

@@ -22,8 +22,8 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-import tl_geometry.diagnostics.taxonomy as taxonomy_module
-from tl_geometry.diagnostics.taxonomy import ROLE_CURVES, ROLE_EXTRAS, ROLE_FEATURES, SUBTYPE_FEATURES, row_features
+import tl_geometry.diagnostics.role_features as taxonomy_module
+from tl_geometry.diagnostics.role_features import ROLE_CURVES, ROLE_EXTRAS, ROLE_FEATURES, SUBTYPE_FEATURES, row_features
 
 REACH = 6  # lags the sub-type features measure in these tests (fewer than the keys, so some fall outside)
 EARLY = 2  # keys 1 after the sink are early, on rows at 4 or more past it

@@ -103,7 +103,7 @@ def package(tokens, gemma3):
     # Every diagnostic on: the whole pipeline must run on windowed layers, not only the metrics.
     # The taxonomy on the analysed (last) query, not its sample of positions, where the sink is still visible.
     return run_with_geometry_hooks(gemma3, tokens, layers=list(LAYERS), n_grid=list(N_GRID), diagnostics="all",
-                                   settings={"taxonomy": {"queries": "analysed"}})
+                                   settings={"roles": {"queries": "analysed"}})
 
 
 def test_the_default_run_reads_the_rows(package):
@@ -117,7 +117,7 @@ def test_the_last_query_of_a_local_layer_has_no_sink(package):
     the profile fit (whose position 0 is the sink) are NaN; on a global layer they are defined."""
     for index, layer in enumerate(LAYERS):
         local = layer in LOCAL_LAYERS
-        for name in ("contribution_sink", "taxonomy_attention_sink", "profile_error"):
+        for name in ("contribution_sink", "role_attention_sink", "profile_error"):
             assert bool(package.per_head(name)[index].isnan().all()) == local, (layer, name)
         assert not package.per_head("contribution_last")[index].isnan().any(), layer
 

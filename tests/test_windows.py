@@ -324,8 +324,8 @@ def test_the_hooks_drop_the_sink_where_the_window_has_passed_it(kind):
     tokens = tm.with_bos(tm.random_tokens(1, 11))  # 12 positions
     grid = [1, 2, 3, 4]  # reaches every window (3 or 4)
     result = run_with_geometry_hooks(
-        model, tokens, query_positions="all", diagnostics=["taxonomy", "assumptions"], keep_queries=True, n_grid=grid,
-        settings={"taxonomy": {"queries": "analysed"}},
+        model, tokens, query_positions="all", diagnostics=["roles", "assumptions"], keep_queries=True, n_grid=grid,
+        settings={"roles": {"queries": "analysed"}},
     )
     for layer, window in enumerate(windows):
         sink_term = result.queries["contribution_sink"][0, layer]  # [head, query]

@@ -13,6 +13,8 @@ import warnings
 from types import ModuleType
 from typing import Any
 
+from tl_geometry._renamed import RENAMED
+
 MOVED = {
     **dict.fromkeys(["CorpusReport", "Window", "WindowStream", "read_text_files", "window_documents"],
                     "tl_geometry.corpus"),
@@ -27,9 +29,9 @@ MOVED = {
     "attention_windows": "tl_geometry.capture.windows",
     "detect_regime": "tl_geometry.roles",
     "default_n_grid": "tl_geometry.engine.grid",
-    "SelectionPicture": "tl_geometry.results.pictures",
+    "SelectionPicture": "tl_geometry.results.selection_picture",
 }  # fmt: skip
-"""Old top-level name -> the module it is imported from now."""
+"""Old top-level name -> the module it is imported from now (under its name in `RENAMED` where it was renamed)."""
 
 
 OLD_MODULES = {
@@ -46,8 +48,22 @@ OLD_MODULES = {
     "tl_geometry.capture.interventions": "tl_geometry.interventions.topn_attention",
     "tl_geometry.capture.sweep": "tl_geometry.interventions.sweep",
     "tl_geometry.capture.ablation": "tl_geometry.interventions.head_ablation",
+    # module names made unique (a search finds one place) and the head-role feature called "roles", 0.x
+    "tl_geometry.analysis.taxonomy": "tl_geometry.analysis.head_roles",
+    "tl_geometry.analysis.taxonomy_summary": "tl_geometry.analysis.head_roles_summary",
+    "tl_geometry.diagnostics.taxonomy": "tl_geometry.diagnostics.role_features",
+    "tl_geometry.report.plots": "tl_geometry.report.paper_figures",
+    "tl_geometry.results.pictures": "tl_geometry.results.selection_picture",
+    "tl_geometry.capture.pictures": "tl_geometry.capture.picture_keeper",
+    "tl_geometry.results.interventions": "tl_geometry.results.intervention_result",
+    "tl_geometry.analysis.interventions": "tl_geometry.analysis.sweep_statistics",
+    "tl_geometry.analysis.chance": "tl_geometry.analysis.chance_excess",
+    "tl_geometry.theory.bounds": "tl_geometry.theory.theorem_bounds",
+    "tl_geometry.analysis.ablation": "tl_geometry.analysis.role_ablation",
+    "tl_geometry.report.ablation": "tl_geometry.report.ablation_figure",
+    "tl_geometry.analysis.mechanisms": "tl_geometry.analysis.detector_agreement",
 }
-"""Old module path -> the module that holds its code now (when capture/ was split by workflow, 0.x)."""
+"""Old module path -> the module that holds its code now (capture/ split by workflow; module names made unique)."""
 
 
 class _OldModulePaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -90,7 +106,7 @@ def moved(name: str) -> Any:
         return importlib.import_module(OLD_MODULES[f"tl_geometry.{name}"])
     if name not in MOVED:
         raise AttributeError(f"module 'tl_geometry' has no attribute {name!r}")
-    home = MOVED[name]
-    warnings.warn(f"tl_geometry.{name} is deprecated; import it from {home} (from {home} import {name})",
+    home, now = MOVED[name], RENAMED.get(name, name)  # a head-role name was renamed as well as moved
+    warnings.warn(f"tl_geometry.{name} is deprecated; import it from {home} (from {home} import {now})",
                   DeprecationWarning, stacklevel=3)
-    return getattr(importlib.import_module(home), name)
+    return getattr(importlib.import_module(home), now)

@@ -72,10 +72,16 @@ def _picture_argument(text: str) -> tuple[int, int]:
 
 
 def _diagnostics_argument(text: str) -> str | list[str]:
-    """``all``, ``none`` or comma-separated diagnostic names."""
+    """``all``, ``none`` or comma-separated diagnostic names (a former name, such as ``taxonomy``, with a notice)."""
+    from tl_geometry.diagnostics.registry import REGISTRY
+
     if text in ("all", "none"):
         return "all" if text == "all" else []
-    return [part.strip() for part in text.split(",") if part.strip()]
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    for name in names:
+        if (now := REGISTRY.current_name(name)) != name:  # on stderr: a console shows no DeprecationWarning
+            print(f"tl-geometry: warning: --diagnostics {name} is deprecated; it is now called {now}", file=sys.stderr)
+    return [REGISTRY.current_name(name) for name in names]
 
 
 def _windows_argument(text: str) -> int | None:
@@ -112,7 +118,7 @@ def _add_analysis_options(run: argparse.ArgumentParser) -> None:
     analysis.add_argument("--ranking", choices=get_args(Ranking), default="attention", help="top-N score (default: attention)")
     analysis.add_argument("--distance", choices=get_args(Distance), default="euclidean", help="D_i (default: euclidean)")
     analysis.add_argument("--diagnostics", type=_diagnostics_argument, default=None,
-                          help="'all', 'none' or names like assumptions,taxonomy (default: every one that applies "
+                          help="'all', 'none' or names like assumptions,roles (default: every one that applies "
                           "to the other options; the bounds need --distance euclidean)")
     analysis.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP,
                           help=f"Poisson-bootstrap replicates over documents (default: {DEFAULT_BOOTSTRAP}; 0: none)")
@@ -355,7 +361,7 @@ def _intervene(args: argparse.Namespace) -> int:
         return _ablate_roles(args)
     import torch
 
-    from tl_geometry.analysis.interventions import geometry_vs_dnll
+    from tl_geometry.analysis.sweep_statistics import geometry_vs_dnll
     from tl_geometry.runs.corpus_run import analyze_corpus
     from tl_geometry.interventions.sweep import DEFAULT_SWEEP_GRID, effective_set_size, intervention_sweep
     from tl_geometry.diagnostics.selection import F_SCORE, PRECISION, RECALL
@@ -442,10 +448,10 @@ def _ablate_roles(args: argparse.Namespace) -> int:
                             "needs at least 2 (evaluated, then mean z); pass more text or a smaller --context")
     half = min(args.windows, len(windows) // 2)
     tokens, mean_tokens = torch.stack(windows[:half]), torch.stack(windows[half : 2 * half])
-    taxonomy = classify_heads(model, tokens, config_from_args(args))
+    roles = classify_heads(model, tokens, config_from_args(args))
     n_ctx = getattr(model.cfg, "n_ctx", None)
     period = min(64, (int(n_ctx) - 1) // 2) if n_ctx else 64  # repeated prompts fit a short context
-    result = ablate_roles(model, taxonomy, tokens=tokens, mean_tokens=mean_tokens, n_random=args.random_sets, period=period,
+    result = ablate_roles(model, roles, tokens=tokens, mean_tokens=mean_tokens, n_random=args.random_sets, period=period,
                           n_bootstrap=max(args.bootstrap, 100), seed=args.seed, batch_size=args.batch_size,
                           progress=not quiet)
     if not _is_main_process():
@@ -454,7 +460,7 @@ def _ablate_roles(args: argparse.Namespace) -> int:
     markdown = result.to_markdown()
     for name, write in (("ablation.csv", lambda path: result.to_dataframe().to_csv(path, index=False)),
                         ("ablation.md", lambda path: path.write_text(markdown + "\n")),
-                        ("ablation.html", lambda path: path.write_text(ablation_page(taxonomy, result, {
+                        ("ablation.html", lambda path: path.write_text(ablation_page(roles, result, {
                             "windows": f"{half} x {args.context} tokens (roles and ablations; the next {half} give "
                                        "the mean z)"})))):
         with atomic_path(args.out / name) as tmp:
@@ -631,7 +637,7 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"{key}: {details[key]}")
     if args.command == "report":
         mechanisms = None
-        if "taxonomy" in result.config.diagnostics and args.mechanism_prompts > 0:
+        if "roles" in result.config.diagnostics and args.mechanism_prompts > 0:
             from tl_geometry.roles.prompt_sets import check_known_mechanisms
 
             mechanisms = check_known_mechanisms(model, n_prompts=args.mechanism_prompts, progress=not args.quiet)

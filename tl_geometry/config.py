@@ -100,7 +100,7 @@ class GeometryConfig:
             registered diagnostics (``tl_geometry.diagnostics.registry.REGISTRY``):
             ``"assumptions"`` (the paper's Assumptions 1-3: value norms,
             cosine decay, attention profile), ``"bounds"`` (the margins and
-            envelopes of Theorems 1-2), ``"taxonomy"`` (the features behind
+            envelopes of Theorems 1-2), ``"roles"`` (the features behind
             the Retriever / Mixer / Reset labels) and ``"chance"`` (what random
             top-N sets score, and the excess of P and R over it); ``"all"``
             for every one, ``"none"`` for none (as ``--diagnostics none``).
@@ -277,8 +277,34 @@ class GeometryConfig:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "GeometryConfig":
-        """Inverse of `to_json`; unknown keys raise GeometryError."""
-        return cls().with_overrides(**data)
+        """Inverse of `to_json`; unknown keys raise GeometryError. A diagnostic's former name reads as its name now."""
+        return cls().with_overrides(**recorded_as_now(data))
+
+
+def recorded_as_now(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A config as `GeometryConfig.to_json` recorded it, each diagnostic's former name (``"taxonomy"``) as it is now.
+
+    No warning: a saved result or checkpoint is read as it was written, and its reader cannot change it.
+    """
+    from tl_geometry.diagnostics.registry import REGISTRY
+
+    out = dict(data)
+    if isinstance(out.get("diagnostics"), list):
+        out["diagnostics"] = [REGISTRY.current_name(n) if isinstance(n, str) else n for n in out["diagnostics"]]
+    if isinstance(out.get("settings"), dict):
+        out["settings"] = {REGISTRY.current_name(k) if isinstance(k, str) else k: v for k, v in out["settings"].items()}
+    return out
+
+
+def _current(name: Any, where: str) -> Any:
+    """A diagnostic's name as it is now; a former name (``"taxonomy"``) with a DeprecationWarning naming the new one."""
+    from tl_geometry.diagnostics.registry import REGISTRY
+
+    current = REGISTRY.current_name(name) if isinstance(name, str) else name
+    if current != name:
+        warnings.warn(f"{where}: the diagnostic {name!r} is now called {current!r}; {name!r} is deprecated",
+                      DeprecationWarning, stacklevel=5)  # past this module's frames and the dataclass's __init__
+    return current
 
 
 def _picture_heads(value: Any) -> tuple[tuple[int, int], ...]:
@@ -310,9 +336,10 @@ def _diagnostics(value: Any) -> tuple[str, ...]:
     if value == "none":
         return ()
     if isinstance(value, str):
-        value = (value,)  # one name, e.g. diagnostics="taxonomy"
+        value = (value,)  # one name, e.g. diagnostics="roles"
     if not isinstance(value, Sequence):
         raise GeometryError(f"diagnostics: expected 'all', 'none' or a sequence of names from {allowed}, got {value!r}")
+    value = [_current(item, "diagnostics") for item in value]
     unknown = [item for item in value if item not in allowed]
     if unknown:
         raise GeometryError(f"diagnostics: unknown name(s) {unknown}; choose from {allowed}, 'all' or 'none'")
@@ -332,6 +359,7 @@ def _settings(value: Any) -> tuple[tuple[str, Any], ...]:
         )
     out = []
     for name, given in value.items():
+        name = _current(name, "settings")
         settings_type = REGISTRY.get(name).Settings
         if isinstance(given, settings_type):
             out.append((name, given))

@@ -11,24 +11,26 @@
 Each function takes a `tl_geometry.GeometryResult` (and what it needs to
 choose, such as a head or an N) and computes what the figure draws from it
 (the head roles, the sink correlation) before drawing; the drawing itself is
-`tl_geometry.report.plots`, whose functions take those objects directly.
+`tl_geometry.report.paper_figures`, whose functions take those objects directly.
 Figures of interventions take what `tl_geometry.interventions` returns.
 """
 
 from collections.abc import Sequence
+from typing import Any
 
 import plotly.graph_objects as go
 
-from tl_geometry.analysis.ablation import RoleAblation
-from tl_geometry.analysis.interventions import EffectiveSetSize, GeometryFunctionCorrelation
+from tl_geometry._renamed import old_names, renamed_keyword
+from tl_geometry.analysis.role_ablation import RoleAblation
+from tl_geometry.analysis.sweep_statistics import EffectiveSetSize, GeometryFunctionCorrelation
 from tl_geometry.analysis.sink import sink_recall_correlation
-from tl_geometry.analysis.taxonomy import HeadTaxonomy, taxonomy_from_result
+from tl_geometry.analysis.head_roles import HeadRoles, roles_from_result
 from tl_geometry.diagnostics.selection import PRECISION
 from tl_geometry.errors import GeometryError
-from tl_geometry.report import ablation as _ablation
+from tl_geometry.report import ablation_figure as _ablation
 from tl_geometry.report import intervention_plots as _interventions
-from tl_geometry.report import plots as _draw
-from tl_geometry.results.interventions import InterventionResult
+from tl_geometry.report import paper_figures as _draw
+from tl_geometry.results.intervention_result import InterventionResult
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.results.table import FieldName
 from tl_geometry.theory.synthetic import toy_2d
@@ -42,10 +44,10 @@ OF_A_RESULT: dict[str, str | None] = {
     "metric_heatmap": None,
     "head_curves": None,
     "sink_recall": "assumptions",
-    "regime_diagnostics": "taxonomy",
-    "regimes_by_layer": "taxonomy",
-    "contributions_by_regime": "taxonomy",
-    "precision_recall_by_regime": "taxonomy",
+    "role_diagnostics": "roles",
+    "roles_by_layer": "roles",
+    "contributions_by_role": "roles",
+    "precision_recall_by_role": "roles",
 }
 """The figures of a GeometryResult, each with the diagnostic whose fields it needs (None: every run has them)."""
 
@@ -67,8 +69,8 @@ def _diagnostics(result: GeometryResult) -> set[str]:
     return available(result)
 
 
-def _roles(result: GeometryResult | HeadTaxonomy, figure: str) -> HeadTaxonomy:
-    return result if isinstance(result, HeadTaxonomy) else taxonomy_from_result(_result(result, figure))
+def _roles(result: GeometryResult | HeadRoles, figure: str) -> HeadRoles:
+    return result if isinstance(result, HeadRoles) else roles_from_result(_result(result, figure))
 
 
 def available(result: GeometryResult) -> list[str]:
@@ -122,9 +124,11 @@ def precision_recall_vs_n(result: GeometryResult) -> go.Figure:
 
 
 def metric_heatmap(result: GeometryResult, metric: FieldName = PRECISION, n: int = 4,
-                   regimes: Sequence[Sequence[str]] | None = None) -> go.Figure:
-    """Any ``[layer, head_index, n]`` field at one N, layers down and heads across (``regimes`` on hover)."""
-    return _draw.metric_heatmap(_result(result, "metric_heatmap"), metric, n, regimes)
+                   roles: Sequence[Sequence[str]] | None = None, *, regimes: Any = None) -> go.Figure:
+    """Any ``[layer, head_index, n]`` field at one N, layers down and heads across (``roles`` on hover;
+    ``regimes``, its former name, is deprecated)."""
+    roles = renamed_keyword("metric_heatmap", "regimes", "roles", regimes, roles, GeometryError)
+    return _draw.metric_heatmap(_result(result, "metric_heatmap"), metric, n, roles)
 
 
 def head_curves(result: GeometryResult, layer: int | None = None, head: int | None = None) -> go.Figure:
@@ -138,24 +142,24 @@ def sink_recall(result: GeometryResult, over: str = "heads") -> go.Figure:
     return _draw.sink_recall(sink_recall_correlation(_result(result, "sink_recall"), over=over))
 
 
-def regime_diagnostics(result: GeometryResult | HeadTaxonomy) -> go.Figure:
+def role_diagnostics(result: GeometryResult | HeadRoles) -> go.Figure:
     """Figure 7: ||s(N)||, its leave-one-out norms and the alignments, for an example head of each role."""
-    return _draw.regime_diagnostics(_roles(result, "regime_diagnostics"))
+    return _draw.role_diagnostics(_roles(result, "role_diagnostics"))
 
 
-def regimes_by_layer(result: GeometryResult | HeadTaxonomy) -> go.Figure:
+def roles_by_layer(result: GeometryResult | HeadRoles) -> go.Figure:
     """Figure 8: how many heads of each role every analysed layer has."""
-    return _draw.regimes_by_layer(_roles(result, "regimes_by_layer"))
+    return _draw.roles_by_layer(_roles(result, "roles_by_layer"))
 
 
-def contributions_by_regime(result: GeometryResult | HeadTaxonomy) -> go.Figure:
+def contributions_by_role(result: GeometryResult | HeadRoles) -> go.Figure:
     """Figure 10: ||alpha_i v_i|| by key position for an example head of each role."""
-    return _draw.contributions_by_regime(_roles(result, "contributions_by_regime"))
+    return _draw.contributions_by_role(_roles(result, "contributions_by_role"))
 
 
-def precision_recall_by_regime(result: GeometryResult) -> go.Figure:
+def precision_recall_by_role(result: GeometryResult) -> go.Figure:
     """Figure 11: mean Precision and Recall against N over the heads of each role, with their chance levels."""
-    return _draw.precision_recall_by_regime(taxonomy_from_result(_result(result, "precision_recall_by_regime")), result)
+    return _draw.precision_recall_by_role(roles_from_result(_result(result, "precision_recall_by_role")), result)
 
 
 def dnll_vs_n(sweep: InterventionResult, *, layer: int | None = None, head: int | None = None,
@@ -183,17 +187,17 @@ def role_ablation(ablation: RoleAblation) -> go.Figure:
 __all__ = [
     "attention_profile",
     "available",
-    "contributions_by_regime",
+    "contributions_by_role",
     "cosine_decay",
     "dnll_vs_n",
     "effective_set_size",
     "geometry_vs_dnll",
     "head_curves",
     "metric_heatmap",
-    "precision_recall_by_regime",
+    "precision_recall_by_role",
     "precision_recall_vs_n",
-    "regime_diagnostics",
-    "regimes_by_layer",
+    "role_diagnostics",
+    "roles_by_layer",
     "report_figures",
     "role_ablation",
     "selection_picture",
@@ -201,3 +205,5 @@ __all__ = [
     "toy_selection",
     "value_norms",
 ]
+
+__getattr__ = old_names(__name__, globals())  # the names they had before (tl_geometry._renamed)

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tl_geometry import selection_metrics
-from tl_geometry.theory.bounds import envelopes, lower_envelopes, selection_margins
+from tl_geometry.theory.theorem_bounds import envelopes, lower_envelopes, selection_margins
 
 
 @st.composite

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from tests import tiny_models as tm
 from tl_geometry.errors import GeometryError
 from tl_geometry.interventions.sweep import intervention_sweep
-from tl_geometry.results.interventions import InterventionResult
+from tl_geometry.results.intervention_result import InterventionResult
 from tl_geometry.results.result import GeometryResult
 from tests.fixtures import make_result
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tl_geometry.config import GeometryConfig
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.results.accumulators import Accumulator
-from tl_geometry.results.pictures import SelectionPicture
+from tl_geometry.results.selection_picture import SelectionPicture
 from tl_geometry.results.result import GeometryResult
 
 GRID = torch.tensor([1, 2])

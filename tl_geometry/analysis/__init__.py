@@ -3,25 +3,28 @@
 (`tl_geometry.claims` is at the top level; ``tl_geometry.analysis.claims`` is its module.)
 """
 
-from tl_geometry.analysis.sink import SinkRecallCorrelation, sink_recall_correlation
-from tl_geometry.analysis.taxonomy import (
-    REGIMES,
+from tl_geometry._renamed import old_names
+from tl_geometry.analysis.head_roles import (
+    ROLE_LABELS,
     ROLES,
-    HeadTaxonomy,
-    Regime,
-    TaxonomyConfig,
+    HeadRoles,
+    RoleConfig,
+    RoleLabel,
     classify_queries,
     threshold_sensitivity,
 )
+from tl_geometry.analysis.sink import SinkRecallCorrelation, sink_recall_correlation
 
 __all__ = [
-    "REGIMES",
     "ROLES",
-    "HeadTaxonomy",
-    "Regime",
+    "ROLE_LABELS",
+    "HeadRoles",
+    "RoleConfig",
+    "RoleLabel",
     "SinkRecallCorrelation",
-    "TaxonomyConfig",
     "classify_queries",
     "sink_recall_correlation",
     "threshold_sensitivity",
 ]
+
+__getattr__ = old_names(__name__, globals())  # the names they had before (tl_geometry._renamed)

@@ -17,6 +17,7 @@ keyed by its name.
 """
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -114,6 +115,7 @@ class PaperClaim:
         reads_roles: the statistic weights heads by their roles.
         figure: what the claim's evidence is (`FigureKind`), for the figures that draw it.
         figure_axis: the axis title of a ``"per_head"`` figure (what one head's value is).
+        formerly: the keys it had before; ``CLAIMS[former_key]`` still reads it, with a DeprecationWarning.
     """
 
     key: str
@@ -136,6 +138,7 @@ class PaperClaim:
     reads_roles: bool = False
     figure: str = "curves"
     figure_axis: str = ""
+    formerly: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.figure not in get_args(FigureKind):
@@ -196,7 +199,15 @@ class ClaimRegistry(Mapping[str, PaperClaim]):
             raise GeometryError(f"claims[{key!r}]: expected a PaperClaim with key {key!r}, got {declared!r:.80}")
         self._claims[key] = declared
 
+    def current_key(self, key: str) -> str:
+        """``key``, or the key now of the claim that had ``key`` before (`PaperClaim.formerly`)."""
+        return next((c.key for c in self._claims.values() if key in c.formerly), key)
+
     def __getitem__(self, key: str) -> PaperClaim:
+        if key not in self._claims and (now := self.current_key(key)) != key:
+            warnings.warn(f"claim {key!r} is now called {now!r}; {key!r} is deprecated", DeprecationWarning,
+                          stacklevel=2)
+            key = now
         if key not in self._claims:
             raise GeometryError(f"claims: unknown claim {key!r}; the claims are {list(self._claims)}")
         return self._claims[key]

@@ -4,8 +4,8 @@ Every claim is reduced to one number read from the result (means over
 documents per head, as the run measured them), compared with two thresholds
 taken from the paper's wording. Nothing here recomputes what the run
 measured: the statistics are means, shares and correlations over
-heads of the result's fields, and the taxonomy of the result
-(`tl_geometry.analysis.taxonomy`, section 4.2).
+heads of the result's fields, and the roles of the result
+(`tl_geometry.analysis.head_roles`, section 4.2).
 
 Verdict rule (the same for every claim):
 
@@ -109,8 +109,8 @@ the uncorrected value moved to the value, in a bootstrap world as noisy as
 the real one (`shrunk_replicates`). The role claims'
 values weight heads by their role probabilities, the shares of the
 replicates that give each role; their replicates' statistics use each
-replicate's own roles: the result's taxonomy (`taxonomy_from_result`), or
-the roles given to `claims` (``roles=``, a `HeadTaxonomy` or `RoleWeights`).
+replicate's own roles: the result's (`roles_from_result`), or
+the roles given to `claims` (``roles=``, a `HeadRoles` or `RoleWeights`).
 """
 
 import dataclasses
@@ -125,6 +125,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from tl_geometry._renamed import old_names, renamed_keyword
 from tl_geometry.analysis.claim_registry import LEVEL, ClaimRegistry, IntervalChoice, PaperClaim, Thresholds
 from tl_geometry.analysis.correlation import (
     Disattenuated,
@@ -148,7 +149,7 @@ from tl_geometry.analysis.set_intervals import (
     shares_judged,
 )
 from tl_geometry.analysis.summaries import mean_over_heads
-from tl_geometry.analysis.taxonomy import ROLES, HeadTaxonomy, replicate_roles, taxonomy_from_result
+from tl_geometry.analysis.head_roles import ROLES, HeadRoles, replicate_roles, roles_from_result
 from tl_geometry.diagnostics.assumptions import (
     DECAY_MAE,
     PROFILE_HAS_OSCILLATION,
@@ -165,12 +166,12 @@ from tl_geometry.diagnostics.bounds import BOUND_PRECISION_LOWER, ENVELOPE_OF
 from tl_geometry.diagnostics.chance import EXCESS_PRECISION, EXCESS_RECALL
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.selection import PRECISION, RECALL
-from tl_geometry.diagnostics.taxonomy import ROLE_FEATURES
+from tl_geometry.diagnostics.role_features import ROLE_FEATURES
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.results.stats import GROWING_ROWS
 from tl_geometry.results.table import FieldName, field_name
-from tl_geometry.theory.bounds import upper_envelope_floor
+from tl_geometry.theory.theorem_bounds import upper_envelope_floor
 
 Verdict = Literal["holds", "partly", "does not hold", "too few documents", "not measured"]
 VERDICTS: tuple[str, ...] = get_args(Verdict)
@@ -205,7 +206,7 @@ TOO_FEW = "too few documents"
 
 ASSUMPTIONS = 'diagnostics=["assumptions"]'
 ASSUMPTIONS_OPTION = ASSUMPTIONS + " (command line: --diagnostics assumptions)"
-TAXONOMY_OPTION = 'diagnostics=["taxonomy"] (command line: --diagnostics taxonomy)'
+ROLES_OPTION = 'diagnostics=["roles"] (command line: --diagnostics roles)'
 BOUNDS_OPTION = 'diagnostics=["bounds"] with distance="euclidean" (command line: --diagnostics bounds)'
 CHANCE_OPTION = 'diagnostics=["chance"] (command line: --diagnostics chance)'
 MID_N_OPTION = ("an N grid with points between 8 and a quarter of its largest N, e.g. the default grid on windows of "
@@ -898,7 +899,7 @@ class RoleWeights:
 
     Attributes:
         probabilities: each head's probability of each role ``[layer, head_index, role]`` (``ROLES`` order of
-            `tl_geometry.analysis.taxonomy`); one-hot for roles known for sure.
+            `tl_geometry.analysis.head_roles`); one-hot for roles known for sure.
         replicates: each bootstrap replicate's role of every head ``[replicate, layer, head_index]`` (an index
             into ``ROLES``; -1 undefined), from which the role claims' intervals come; None: no interval.
 
@@ -923,13 +924,15 @@ class RoleWeights:
                                 f"{getattr(self.replicates, 'shape', self.replicates)!r}; or None")
 
     @classmethod
-    def of(cls, result: GeometryResult, taxonomy: HeadTaxonomy | None = None) -> "RoleWeights":
-        """The roles of ``taxonomy`` (default: the result's own, `taxonomy_from_result`), with each bootstrap
-        replicate's roles by its rules; without replicates, the point roles one-hot and no interval."""
-        taxonomy = taxonomy_from_result(result) if taxonomy is None else taxonomy
-        if bool(taxonomy.probabilities.isnan().all()):
-            return cls(torch.nn.functional.one_hot(taxonomy.point.clamp(min=0), len(ROLES)).double(), None)
-        return cls(taxonomy.probabilities.double(), replicate_roles(result, taxonomy.config))
+    def of(cls, result: GeometryResult, roles: HeadRoles | None = None, *, taxonomy: Any = None) -> "RoleWeights":
+        """The weights of ``roles`` (default: the result's own, `roles_from_result`; ``taxonomy=``, its former
+        name, is deprecated), with each bootstrap replicate's roles by its rules; without replicates, the point
+        roles one-hot and no interval."""
+        roles = renamed_keyword("RoleWeights.of", "taxonomy", "roles", taxonomy, roles, GeometryError)
+        roles = roles_from_result(result) if roles is None else roles
+        if bool(roles.probabilities.isnan().all()):
+            return cls(torch.nn.functional.one_hot(roles.point.clamp(min=0), len(ROLES)).double(), None)
+        return cls(roles.probabilities.double(), replicate_roles(result, roles.config))
 
 
 RoleSource = Callable[[], RoleWeights]
@@ -978,7 +981,7 @@ def _depth_step_bounds(possible: Tensor, depth: Tensor) -> tuple[float, float]:
     return max(low, ABSENT), min(float(min(s[1] for s in steps)), 1.0)
 
 
-def _regimes_by_depth(declared: PaperClaim, result: GeometryResult, roles: RoleSource) -> Claim:
+def _roles_by_depth(declared: PaperClaim, result: GeometryResult, roles: RoleSource) -> Claim:
     """The steps between the roles' probability-weighted mean depths; the interval from each replicate's own
     roles (those probabilities are the shares of the replicates, so the replicates' steps scatter as the
     probability-weighted steps do)."""
@@ -1044,7 +1047,7 @@ def _tradeoff_margins(member: Mapping[str, Tensor], f: Mapping[FieldSpec, Tensor
     return margins.nan_to_num(ABSENT)
 
 
-def _regime_tradeoffs(declared: PaperClaim, result: GeometryResult, roles: RoleSource) -> Claim:
+def _role_tradeoffs(declared: PaperClaim, result: GeometryResult, roles: RoleSource) -> Claim:
     if _missing(result, list(ROLE_FEATURES)):
         return _not_measured(declared, declared.option, "the result has no role features")
     grid = result.n_grid
@@ -1339,31 +1342,31 @@ CLAIMS = ClaimRegistry((
         reads=(PRECISION,),
     ),
     PaperClaim(
-        "regimes_by_depth", "Retriever -> Reset -> Mixer across depth", "Figure 8, section 4.2",
+        "roles_by_depth", "Retriever -> Reset -> Mixer across depth", "Figure 8, section 4.2",
         "Retrievers in the first layers, Reset heads early, Mixers from the lower-middle layers on",
         "smaller step of the probability-weighted mean depths Retriever -> Reset -> Mixer (0 first layer, 1 last)",
-        Thresholds(">=", 0.1, 0.0), _regimes_by_depth,
+        Thresholds(">=", 0.1, 0.0), _roles_by_depth,
         # the set interval at z = 1.5, chosen where heads sit at the lines (docs/claims.md, "Set intervals tuned where
         # heads sit at the lines"): held out 0.95-1.00 at 16-32 documents
-        IntervalChoice("basic", expanded=False, per_head_z=1.5), TAXONOMY_OPTION,
+        IntervalChoice("basic", expanded=False, per_head_z=1.5), ROLES_OPTION,
         min_documents=2 * LADDER_END,  # 0.77 at 16, 0.83 at 32
         docs_name="Retriever -> Reset -> Mixer across depth",
         docs_paper="Figure 8, section 4.2",
         docs_statistic="the smaller of the steps Reset - Retriever and Mixer - Reset of the roles' mean depths (0 first "
             "layer, 1 last), each head weighted by its probability of the role",
-        reads_roles=True, figure="roles_by_depth",
+        reads_roles=True, figure="roles_by_depth", formerly=("regimes_by_depth",),
     ),
     PaperClaim(
-        "regime_tradeoffs", "Head regimes show complementary precision-recall trade-offs", "Figure 11, A.4",
+        "role_tradeoffs", "Head roles show complementary precision-recall trade-offs", "Figure 11, A.4",
         "Retriever higher Recall at large N but lower Precision; Reset U-shaped (both improve at large N)",
         "smallest margin of Figure 11's three statements on the probability-weighted role curves",
-        Thresholds(">=", 0.02, 0.0), _regime_tradeoffs, IntervalChoice("shifted"), TAXONOMY_OPTION, min_documents=2,
-        docs_name="Regimes trade precision against recall",
+        Thresholds(">=", 0.02, 0.0), _role_tradeoffs, IntervalChoice("shifted"), ROLES_OPTION, min_documents=2,
+        docs_name="Roles trade precision against recall",
         docs_paper="Figure 11, appendix A.4",
         docs_statistic="the smallest margin of three statements on the probability-weighted role curves: Retriever's "
             "Recall minus the other roles' at large N; the other roles' Precision minus Retriever's at large "
             "N; the smaller of Reset's rises of P and R from mid to large N",
-        reads_roles=True, figure="role_curves",
+        reads_roles=True, figure="role_curves", formerly=("regime_tradeoffs",),
     ),
 ))  # fmt: skip
 """The paper's claims, in its order: the scorecard, `compare`, the report and the docs read them here."""
@@ -1381,14 +1384,14 @@ def claim_list(result: object, roles: object = None) -> list[Claim]:
             f"GeometryResult.load), got {type(result).__name__}"
         )
     if roles is None:
-        source: RoleSource = functools.cache(lambda: RoleWeights.of(result))  # the taxonomy is the costly part: once
-    elif isinstance(roles, HeadTaxonomy):
+        source: RoleSource = functools.cache(lambda: RoleWeights.of(result))  # the roles are the costly part: once
+    elif isinstance(roles, HeadRoles):
         source = functools.cache(lambda: RoleWeights.of(result, roles))
     elif isinstance(roles, RoleWeights):
         source = lambda: roles  # noqa: E731
     else:
-        raise GeometryError(f"roles: expected a HeadTaxonomy (classify_heads, taxonomy_from_result), RoleWeights or "
-                            f"None (the result's own taxonomy), got {type(roles).__name__}")
+        raise GeometryError(f"roles: expected a HeadRoles (classify_heads, roles_from_result), RoleWeights or "
+                            f"None (the result's own roles), got {type(roles).__name__}")
     found = [(c, c.check(c, result, source) if c.reads_roles else c.check(c, result)) for c in CLAIMS.values()]
     return [judge_sample(claim, result.n_documents, declared) for declared, claim in found]
 
@@ -1410,9 +1413,9 @@ def claims(result: object, roles: object = None) -> Any:
 
     Args:
         result: a GeometryResult.
-        roles: the head roles the role claims (Figures 8 and 11) weigh heads by: a `HeadTaxonomy` (e.g.
+        roles: the head roles the role claims (Figures 8 and 11) weigh heads by: a `HeadRoles` (e.g.
             ``classify_heads(result, config)`` with other thresholds), `RoleWeights` (probabilities and
-            replicate roles of your own), or None (default): the result's taxonomy, `taxonomy_from_result`.
+            replicate roles of your own), or None (default): the result's own, `roles_from_result`.
 
     Raises:
         GeometryError: ``result`` is not a GeometryResult, or ``roles`` is none of the above.
@@ -1443,7 +1446,7 @@ _DEPRECATED: dict[str, tuple[Callable[[], Any], str]] = {
     "UNCERTAIN_INTERVAL": (lambda: {k: c.interval.uncertain for k, c in CLAIMS.items()
                                     if c.interval.uncertain is not None}, "CLAIMS[key].interval.uncertain"),
     "CHECKS": (lambda: tuple(c.check for c in CLAIMS.values()), "CLAIMS[key].check"),
-    "OPTIONS": (lambda: {"assumptions": ASSUMPTIONS_OPTION, "taxonomy": TAXONOMY_OPTION, "bounds": BOUNDS_OPTION,
+    "OPTIONS": (lambda: {"assumptions": ASSUMPTIONS_OPTION, "taxonomy": ROLES_OPTION, "bounds": BOUNDS_OPTION,
                          "mid_n": MID_N_OPTION, "corr_n": CORR_N_OPTION, "chance": CHANCE_OPTION},
                 "CLAIMS[key].option, or the *_OPTION constants"),
 }
@@ -1455,4 +1458,7 @@ def __getattr__(name: str) -> Any:
         warnings.warn(f"tl_geometry.analysis.claims.{name} is deprecated: each claim is declared once in CLAIMS; "
                       f"use {instead}", DeprecationWarning, stacklevel=2)
         return table()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _old_names(name)
+
+
+_old_names = old_names(__name__, globals())  # TAXONOMY_OPTION, the name it had before (tl_geometry._renamed)

@@ -2,7 +2,7 @@
 
 The theorem's upper envelopes (eq. 13, 15) put each row's realised gaps
 under a Gaussian of scale sigma: they bound the mean of rows re-drawn around
-the measured one, not the measured row (`tl_geometry.theory.bounds`). A
+the measured one, not the measured row (`tl_geometry.theory.theorem_bounds`). A
 measured row with no intruder (P = R = 1) lies above them, so the share of
 measured rows above the envelope is reported per head, at 1 < N < the
 largest N (N = 1 and N = L are 1 on both sides). The envelope of P never
@@ -20,7 +20,7 @@ from tl_geometry.diagnostics.bounds import BOUND_PRECISION_UPPER, EXCEEDED_OF
 from tl_geometry.diagnostics.selection import PRECISION, RECALL
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
-from tl_geometry.theory.bounds import sigma_form, upper_envelope_floor
+from tl_geometry.theory.theorem_bounds import sigma_form, upper_envelope_floor
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
-"""Does the data show regimes at all? Gaussian mixtures over the heads' role features, compared by BIC.
+"""Does the data show the roles at all? Gaussian mixtures over the heads' role features, compared by BIC.
 
-The paper posits three regimes. A mixture of k Gaussians (full covariance)
-fitted to the per-head features for k = 1..6, each by EM from several
-k-means++ starts, and the Bayesian information criterion
+The paper posits three roles (its "regimes"). A mixture of k Gaussians
+(full covariance) fitted to the per-head features for k = 1..6, each by EM
+from several k-means++ starts, and the Bayesian information criterion
 BIC = -2 log L + p ln(n) (p free parameters, n heads) says how many groups the
 data support: the smallest BIC wins, and a difference below 10 is weak
 evidence. The features are standardised first (each to mean 0, variance 1).
@@ -16,7 +16,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from tl_geometry.diagnostics.taxonomy import (
+from tl_geometry.diagnostics.role_features import (
     ALIGN_SELF_EXCESS,
     SHARE_SELF,
     SHARE_SINK,
@@ -120,5 +120,5 @@ def mixture_bic(
 
 
 def role_feature_matrix(features: dict[str, Tensor]) -> Float[Tensor, "head feature"]:
-    """The ``MIXTURE_FEATURES`` of every head (a HeadTaxonomy's ``features``), one row per head."""
+    """The ``MIXTURE_FEATURES`` of every head (a HeadRoles's ``features``), one row per head."""
     return torch.stack([features[name].double().flatten() for name in MIXTURE_FEATURES], dim=1)

@@ -1,6 +1,6 @@
 """Reductions of a GeometryResult that figures and reports show.
 
-Kept apart from `tl_geometry.report.plots` so that figures only draw, and so
+Kept apart from `tl_geometry.report.paper_figures` so that figures only draw, and so
 that every number a figure shows can be had as a tensor too.
 """
 

@@ -16,7 +16,7 @@ analysed layer two hooks are attached (names from `tl_geometry.capture.hook_name
 
 So memory is bounded per layer, the full activation cache is never built, and
 the analysis rides on the model's own forward pass (no second pass). The
-pictures (`tl_geometry.capture.pictures`) observe the selection diagnostic's rows. Every
+pictures (`tl_geometry.capture.picture_keeper`) observe the selection diagnostic's rows. Every
 kind of TransformerLens model checked (HookedTransformer 3.x,
 TransformerBridge 3.x and 4.x, with or without compatibility mode) takes
 ``attention_mask=`` and derives positions from it.
@@ -33,7 +33,7 @@ from torch import Tensor
 from tl_geometry.capture.held_models import as_hookable
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.capture.layer_analysis import LayerAnalysis
-from tl_geometry.capture.pictures import PictureKeeper
+from tl_geometry.capture.picture_keeper import PictureKeeper
 from tl_geometry.capture.plan import RunPlan, plan_run
 from tl_geometry.capture.query_sample import offsets_from_first, sample_queries
 from tl_geometry.capture.rows import RowsCapture, run_rows_pass

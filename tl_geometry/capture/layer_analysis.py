@@ -20,7 +20,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
-from tl_geometry.capture.pictures import PictureKeeper
+from tl_geometry.capture.picture_keeper import PictureKeeper
 from tl_geometry.capture.plan import RunPlan
 from tl_geometry.capture.reduction import SequenceReduction
 from tl_geometry.capture.tokens import PreparedTokens
@@ -42,7 +42,7 @@ class LayerAnalysis:
     out: dict[int, dict[str, Tensor]] = field(default_factory=dict)
     queries: dict[int, dict[str, Tensor]] = field(default_factory=dict)
     pictures: PictureKeeper | None = None  # with config.picture_heads: observes the selection diagnostic
-    # The taxonomy's own query rows (None: it reads the analysed queries; the plan names who reads them).
+    # The roles diagnostic's own query rows (None: it reads the analysed queries; the plan names who reads them).
     sample: PreparedTokens | None = None
     # Per-row Poisson weights [batch, query, replicate] of the rows the resampled fields are measured on.
     query_weights: Tensor | None = None

@@ -49,7 +49,7 @@ class RunPlan:
         windows: every layer's sliding window (None: global attention).
         diagnostics: the active diagnostics.
         settings: each active diagnostic's settings, by name.
-        sampled: those whose settings ask for a query sample (the taxonomy's).
+        sampled: those whose settings ask for a query sample (the roles diagnostic's).
         replicate_fields: the fields that keep bootstrap replicates.
         resampled: those of them that also resample the query rows.
         capture: the path this run takes, ``"rows"`` or ``"pattern"``.

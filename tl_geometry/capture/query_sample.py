@@ -1,4 +1,4 @@
-"""The taxonomy's query sample: a few query positions per sequence, spread over it and seeded by its tokens.
+"""The roles diagnostic's query sample: a few query positions per sequence, spread over it and seeded by its tokens.
 
 A head's role is a property of the head, not of one query position: the
 role features are measured on ``n_queries`` positions per sequence, one
@@ -40,7 +40,7 @@ def strata_positions(last: int, n_queries: int, uniform: Tensor) -> list[int]:
 
 
 def sample_queries(prepared: PreparedTokens, n_queries: int, seed: int) -> PreparedTokens:
-    """``prepared`` with its analysed queries replaced by the taxonomy's sample (same tokens and padding)."""
+    """``prepared`` with its analysed queries replaced by the roles diagnostic's sample (same tokens and padding)."""
     first = prepared.real.cpu().int().argmax(-1)
     query_valid, query_index = prepared.query_valid.cpu(), prepared.query_index.cpu()
     last_valid = (query_valid.long() * (torch.arange(query_valid.shape[1]) + 1)).argmax(-1)

@@ -1,7 +1,7 @@
 """The margins and envelopes of Theorems 1-2 as a diagnostic, on exactly the rows of the metrics.
 
 Every analysed query row gets its margins (Delta, Delta_0, B, ...) and the
-envelopes of E[P], E[R] and the F-scores (see `tl_geometry.theory.bounds`),
+envelopes of E[P], E[R] and the F-scores (see `tl_geometry.theory.theorem_bounds`),
 under the config's ranking, with the sink the context found for that row;
 per sequence they are the nanmean over its analysed queries, like the metrics.
 """
@@ -18,7 +18,7 @@ from tl_geometry.diagnostics.selection import F_RMAX, F_RMIN, PRECISION, RECALL
 from tl_geometry.engine.context import SelectionChunk
 from tl_geometry.engine.metrics import chunk_metrics
 from tl_geometry.errors import GeometryError
-from tl_geometry.theory.bounds import (
+from tl_geometry.theory.theorem_bounds import (
     DEFAULT_KAPPA,
     MARGINS_COST,
     SelectionMargins,

@@ -44,6 +44,12 @@ class Diagnostic:
     Settings: ClassVar[type] = NoSettings
     cost: ClassVar[RowCost] = RowCost()
     always: ClassVar[bool] = False
+    former_names: ClassVar[tuple[str, ...]] = ()
+    """Names it had before: a config that says one still means it, with a DeprecationWarning; a file or
+    checkpoint that recorded one loads as if it said the name now."""
+    former_fields: ClassVar[Mapping[str, FieldSpec]] = {}
+    """Field names it stored before -> the field each is now (results and checkpoints written then load and
+    merge with new ones)."""
 
     def check(self, config: Any) -> None:
         """Raise GeometryError if the diagnostic cannot honour ``config`` (e.g. an unsupported distance)."""
@@ -73,7 +79,7 @@ _BUILT_IN = (
     "tl_geometry.diagnostics.selection",
     "tl_geometry.diagnostics.assumptions",
     "tl_geometry.diagnostics.bounds",
-    "tl_geometry.diagnostics.taxonomy",
+    "tl_geometry.diagnostics.role_features",
     "tl_geometry.diagnostics.chance",
 )
 
@@ -148,6 +154,14 @@ class Registry:
         if name not in self._diagnostics:
             raise GeometryError(f"diagnostics: unknown name {name!r}; choose from {self.optional_names()} or 'all'")
         return self._diagnostics[name]
+
+    def current_name(self, name: str) -> str:
+        """``name``, or the name now of the diagnostic that was called ``name`` before (`Diagnostic.former_names`)."""
+        return next((d.name for _, d in self._items() if name in d.former_names), name)
+
+    def current_field(self, name: str) -> str:
+        """``name``, or the name now of the field once stored as ``name`` (`Diagnostic.former_fields`)."""
+        return next((d.former_fields[name].name for _, d in self._items() if name in d.former_fields), name)
 
     def active(self, names: Iterable[str]) -> tuple[Diagnostic, ...]:
         """The always-on diagnostics followed by ``names``, in registration order."""

@@ -33,7 +33,7 @@ def top_n_attention_mass(chunk: SelectionChunk) -> Float[Tensor, "row n"]:
 def picture_rows(
     chunk: SelectionChunk, metrics: dict[str, Tensor], rows: Int[Tensor, " pick"], first_real: Int[Tensor, " pick"]
 ) -> list[dict[str, Any]]:
-    """What a `tl_geometry.results.pictures.SelectionPicture` holds, for some rows of a chunk, on the CPU.
+    """What a `tl_geometry.results.selection_picture.SelectionPicture` holds, for some rows of a chunk, on the CPU.
 
     Read from the chunk and from this diagnostic's own per-row values
     ``metrics`` (call right after `SelectionDiagnostic.rows` on the chunk, whose

@@ -7,7 +7,7 @@ see (causal, padding, sliding window), the sink (the sequence's first real
 token when the query can see it, else none), and, chunk by chunk, the
 top-N order under the config's ranking with the sums s(N) of
 y_i = alpha_i v_i. The order is computed once per row here; metrics,
-bounds and taxonomy features read it, and none of them sorts or chunks on
+bounds and role features read it, and none of them sorts or chunks on
 its own.
 
 Chunks: rows are processed in slices whose working memory fits the budget

@@ -5,17 +5,17 @@ head ablations by role against random head sets, with the published sink and dor
 
 The one path that changes the forward pass: the top-N ``hook_pattern`` hook (`topn_attention`), the sweep over N
 (`sweep`) and the head ablations (`head_ablation`) run here; their statistics are read from the result in
-`tl_geometry.analysis.interventions` and `tl_geometry.analysis.ablation`, and their figures are drawn in
+`tl_geometry.analysis.sweep_statistics` and `tl_geometry.analysis.role_ablation`, and their figures are drawn in
 `tl_geometry.report` (the page draws them too).
 """
 
-from tl_geometry.analysis.ablation import PublishedMeasures, RoleAblation
-from tl_geometry.analysis.interventions import EffectiveSetSize, geometry_vs_dnll
+from tl_geometry.analysis.role_ablation import PublishedMeasures, RoleAblation
+from tl_geometry.analysis.sweep_statistics import EffectiveSetSize, geometry_vs_dnll
 from tl_geometry.interventions.head_ablation import ablate_roles, ablation_hooks
 from tl_geometry.interventions.sweep import effective_set_size, intervention_sweep
 from tl_geometry.interventions.topn_attention import topn_hooks, topn_pattern_hook
-from tl_geometry.report.ablation import ablation_figure
-from tl_geometry.results.interventions import InterventionResult
+from tl_geometry.report.ablation_figure import ablation_figure
+from tl_geometry.results.intervention_result import InterventionResult
 from tl_geometry.roles.published import published_measures
 
 __all__ = [

@@ -20,8 +20,8 @@ Two losses, per document (window or prompt), clean and ablated:
   induction groups.
 
 Each group is compared with ``n_random`` random head sets of its size and
-layer distribution (`tl_geometry.analysis.ablation.random_head_sets`); the
-table (`tl_geometry.analysis.ablation.RoleAblation`) gives the group's
+layer distribution (`tl_geometry.analysis.role_ablation.random_head_sets`); the
+table (`tl_geometry.analysis.role_ablation.RoleAblation`) gives the group's
 change in loss with a document bootstrap interval, and the random band.
 The model is left as it was: hooks live only inside ``model.hooks(...)``
 and no weight is written, also when an error stops the run.
@@ -37,7 +37,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from tl_geometry.analysis.ablation import (
+from tl_geometry._renamed import renamed_keyword
+from tl_geometry.analysis.role_ablation import (
     ABLATIONS,
     AblationRow,
     Head,
@@ -206,13 +207,13 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     return value
 
 
-def _check_taxonomy_fits(model: Any, taxonomy: Any) -> None:
+def _check_roles_fit(model: Any, roles: Any) -> None:
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    bad_layers = [layer for layer in taxonomy.layers if not 0 <= int(layer) < n_layers]
-    bad_heads = [head for head in taxonomy.heads if not 0 <= int(head) < n_heads]
+    bad_layers = [layer for layer in roles.layers if not 0 <= int(layer) < n_layers]
+    bad_heads = [head for head in roles.heads if not 0 <= int(head) < n_heads]
     if bad_layers or bad_heads:
         raise GeometryError(
-            f"taxonomy: layers {bad_layers} / heads {bad_heads} do not exist in model {model_name(model)} "
+            f"roles: layers {bad_layers} / heads {bad_heads} do not exist in model {model_name(model)} "
             f"({n_layers} layers x {n_heads} heads); classify the heads of this model (tg.classify_heads)"
         )
 
@@ -223,7 +224,7 @@ def _group_seed(seed: int, name: str) -> int:
 
 def ablate_roles(
     model: Any,
-    taxonomy: Any,
+    roles: Any = None,
     *,
     n_windows: int = 8,
     context: int = 256,
@@ -244,13 +245,14 @@ def ablate_roles(
     batch_size: int = 4,
     progress: bool = True,
     tokenizer: Any = None,
+    taxonomy: Any = None,
 ) -> RoleAblation:
     """Mean- and zero-ablate each role class and sub-type, against random head sets of the same shape.
 
     Args:
         model: a TransformerLens model (HookedTransformer or TransformerBridge), a ``transformers`` causal LM
             or an nnsight ``LanguageModel`` (wrapped once, `tl_geometry.capture.held_models`); left as it was.
-        taxonomy: its HeadTaxonomy (``tg.classify_heads(result)``); groups come from its labels and sub-types.
+        roles: its HeadRoles (``tg.classify_heads(result)``); groups come from its labels and sub-types.
         n_windows: the evaluated natural-text windows: the first ``n_windows`` windows of ``context`` tokens
             (BOS first) of the default text (``tg.default_text()``).
         context: tokens per evaluated window.
@@ -264,7 +266,7 @@ def ablate_roles(
         detectors: also ablate the heads the detectors of `tl_geometry.roles.prompt_sets` name: previous-token
             (score >= ``detector_threshold`` on the evaluated windows) and induction (on the repeated prompts).
         detector_threshold: the detector score a head needs to join a detector group.
-        subtypes: also one group per sub-type (see `tl_geometry.analysis.ablation.role_groups`).
+        subtypes: also one group per sub-type (see `tl_geometry.analysis.role_ablation.role_groups`).
         min_heads: leave out sub-type and detector groups with fewer heads.
         uncertain: also ablate the heads labelled "uncertain" as a group.
         n_bootstrap: document bootstrap replicates of each interval.
@@ -272,21 +274,23 @@ def ablate_roles(
         batch_size: documents per forward pass.
         progress: a progress bar over the forward passes.
         tokenizer: for a ``transformers`` or nnsight model, its tokenizer (as in `tl_geometry.run_with_geometry_hooks`).
+        taxonomy: deprecated: ``roles``'s former name.
 
     Returns:
         RoleAblation: ``.rows`` / ``.table()`` / ``.to_dataframe()`` / ``.to_markdown()``; draw it with
-        `tl_geometry.report.ablation.ablation_figure`.
+        `tl_geometry.report.ablation_figure.ablation_figure`.
 
     Raises:
-        GeometryError: bad arguments, a taxonomy of another model, overlapping evaluated and mean windows, a
+        GeometryError: bad arguments, roles of another model, overlapping evaluated and mean windows, a
             model without ``hook_z``.
     """
     model = as_hookable(model, tokenizer, compatibility_mode=True)
     check_model(model)
-    from tl_geometry.analysis.ablation import _check_taxonomy
+    from tl_geometry.analysis.role_ablation import _check_roles
 
-    _check_taxonomy(taxonomy)
-    _check_taxonomy_fits(model, taxonomy)
+    roles = renamed_keyword("ablate_roles", "taxonomy", "roles", taxonomy, roles, GeometryError)
+    _check_roles(roles)
+    _check_roles_fit(model, roles)
     ablations = tuple(ablations)
     if not ablations or any(a not in ABLATIONS for a in ablations) or len(set(ablations)) != len(ablations):
         raise GeometryError(f"ablations: expected a non-empty selection of {ABLATIONS}, got {ablations!r}")
@@ -314,10 +318,10 @@ def ablate_roles(
         raise GeometryError(
             "mean_tokens: a window is also in tokens; the mean z must come from windows that are not evaluated"
         )
-    layers = sorted({int(layer) for layer in taxonomy.layers})
+    layers = sorted({int(layer) for layer in roles.layers})
     check_z_hooks(model, list(range(int(model.cfg.n_layers))))
-    available = {layer: [int(h) for h in taxonomy.heads] for layer in layers}
-    groups = role_groups(taxonomy, subtypes=subtypes, min_heads=min_heads, uncertain=uncertain)
+    available = {layer: [int(h) for h in roles.heads] for layer in layers}
+    groups = role_groups(roles, subtypes=subtypes, min_heads=min_heads, uncertain=uncertain)
     if repeated_prompts:
         n_ctx = getattr(model.cfg, "n_ctx", None)
         if n_ctx and 2 * period + 1 > int(n_ctx):
@@ -326,7 +330,7 @@ def ablate_roles(
     else:
         repeated = None
     if detectors:
-        analysed = {(layer, head) for layer in layers for head in taxonomy.heads}
+        analysed = {(layer, head) for layer in layers for head in roles.heads}
         natural_scores = detector_scores(model, tokens)
         found = [("previous-token", natural_scores["previous_token"])]
         if repeated is not None:
@@ -337,7 +341,7 @@ def ablate_roles(
             if len(heads) >= min_heads:
                 groups.append(HeadGroup(f"detector {name}", "detector", heads, ("natural", "repeated")))
     if not groups:
-        raise GeometryError("taxonomy: no group of heads to ablate (no labels, or every group below min_heads)")
+        raise GeometryError("roles: no group of heads to ablate (no labels, or every group below min_heads)")
     tasks = {"natural": (tokens, 1)}
     if repeated is not None:
         tasks["repeated"] = (repeated, period + 2)

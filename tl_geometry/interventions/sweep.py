@@ -30,7 +30,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from tl_geometry.analysis.interventions import (
+from tl_geometry.analysis.sweep_statistics import (
     DEFAULT_TAUS,
     EffectiveSetSize,
     n_star_needs,
@@ -57,7 +57,7 @@ from tl_geometry.engine.inputs import check_mib
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.results.bootstrap import document_weights
-from tl_geometry.results.interventions import (
+from tl_geometry.results.intervention_result import (
     ALL,
     CLEAN_FIELD,
     InterventionResult,
@@ -525,7 +525,7 @@ def effective_set_size(
     """N*_tau, the smallest N whose relative dNLL is at most tau, per model, layer or head, with bootstrap intervals.
 
     The search of the follow-up protocol (powers of two, bisection, +-3; see
-    `tl_geometry.analysis.interventions.search_n_star`) runs unit by unit: each
+    `tl_geometry.analysis.sweep_statistics.search_n_star`) runs unit by unit: each
     unit's sweep measures the N its own search asks for, in rounds, on the whole corpus.
 
     Args:

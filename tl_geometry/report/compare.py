@@ -86,19 +86,19 @@ def _curves(key: str, pair: list[tuple[str, Claim]], names: tuple[str, ...], das
     return fig
 
 
-def _regimes(pair: list[tuple[str, Claim]]) -> Any:
+def _roles_by_depth(pair: list[tuple[str, Claim]]) -> Any:
     import plotly.graph_objects as go
 
     fig = go.Figure()
     dashes = {"retriever": "solid", "reset": "dot", "mixer": "dash"}
     for (name, claim), colour in zip(pair, COLOURS):
-        for regime, dash in dashes.items():
-            if regime not in claim.evidence:
+        for role, dash in dashes.items():
+            if role not in claim.evidence:
                 continue
-            layers, counts = claim.evidence[regime]
+            layers, counts = claim.evidence[role]
             depth = [(i / max(1, len(layers) - 1)) for i in range(len(layers))]
             fig.add_trace(go.Scatter(x=depth, y=counts.tolist(), mode="lines", line={"color": colour, "dash": dash},
-                                     name=f"{name}: {regime}"))
+                                     name=f"{name}: {role}"))
     fig.update_layout(xaxis_title="depth (0 first analysed layer, 1 last)", yaxis_title="heads with the label")
     return fig
 
@@ -116,7 +116,7 @@ def _draw(key: str, pair: list[tuple[str, Claim]]) -> Any:
         return _curves(key, pair, ("_retriever", "_reset", "_mixer"),
                        {"_retriever": "solid", "_reset": "dot", "_mixer": "dash"})
     if figure == "roles_by_depth":
-        return _regimes(pair)
+        return _roles_by_depth(pair)
     return _curves(key, pair, ("", "_lower", "_upper"), {"": "solid", "_lower": "dash", "_upper": "dot"})
 
 

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from tl_geometry.analysis.envelopes import upper_envelope_facts
 from tl_geometry.analysis.summaries import EFFECTIVE_MASS, at_each_head, by_query_position, effective_n
-from tl_geometry.analysis.taxonomy import NAMED, REGIMES, ROLES, HeadTaxonomy
+from tl_geometry.analysis.head_roles import NAMED, ROLE_LABELS, ROLES, HeadRoles
 from tl_geometry.diagnostics.assumptions import ATTENTION_PROFILE
 from tl_geometry.diagnostics.bounds import (
     BOUND_PRECISION_LOWER,
@@ -38,7 +38,7 @@ from tl_geometry.diagnostics.chance import (
     EXCESS_RECALL,
 )
 from tl_geometry.diagnostics.selection import ATTENTION_MASS, PRECISION, RECALL
-from tl_geometry.diagnostics.taxonomy import CONTRIBUTION_BY_POSITION, COS_LAST_BY_POSITION
+from tl_geometry.diagnostics.role_features import CONTRIBUTION_BY_POSITION, COS_LAST_BY_POSITION
 from tl_geometry.results.result import GeometryResult
 
 HEATMAPS = ("heatmap-precision", "heatmap-recall")
@@ -50,7 +50,7 @@ CURVES = (
     BOUND_PRECISION_REALISED, BOUND_RECALL_REALISED,
 )  # fmt: skip
 # Per-position views of each sequence's last analysed query (mean over documents), and their diagnostic.
-ROWS = {ATTENTION_PROFILE: "assumptions", CONTRIBUTION_BY_POSITION: "taxonomy", COS_LAST_BY_POSITION: "taxonomy"}
+ROWS = {ATTENTION_PROFILE: "assumptions", CONTRIBUTION_BY_POSITION: "roles", COS_LAST_BY_POSITION: "roles"}
 # The per-head table's columns, each read at the head's effective N.
 AT_EFFECTIVE_N = (PRECISION, RECALL, EXCESS_PRECISION, EXCESS_RECALL, CHANCE_PRECISION, CHANCE_RECALL)
 DIGITS = 4
@@ -100,12 +100,12 @@ def _note(diagnostic: str) -> str:
     return f"needs the {diagnostic!r} diagnostic: analyse with diagnostics including {diagnostic!r} (the tl-geometry default)"
 
 
-def default_head(result: GeometryResult, taxonomy: HeadTaxonomy | None) -> tuple[int, int]:
+def default_head(result: GeometryResult, roles: HeadRoles | None) -> tuple[int, int]:
     """Indices of the head shown first: the example head of the first role that has one, else the first head."""
-    if taxonomy is not None:
-        examples = taxonomy.example_heads()
-        for regime in NAMED:
-            where = examples[regime]
+    if roles is not None:
+        examples = roles.example_heads()
+        for role in NAMED:
+            where = examples[role]
             if where is not None:
                 return result.layers.index(where[0]), result.heads.index(where[1])
     return 0, 0
@@ -117,7 +117,7 @@ def default_n_index(result: GeometryResult) -> int:
     return grid.index(4) if 4 in grid else 0
 
 
-def explorer_data(result: GeometryResult, taxonomy: HeadTaxonomy | None = None) -> dict[str, Any]:
+def explorer_data(result: GeometryResult, roles: HeadRoles | None = None) -> dict[str, Any]:
     """What the head panel and the table show, as JSON-ready nested lists ``[layer][head_index]...``.
 
     Returns:
@@ -153,7 +153,7 @@ def explorer_data(result: GeometryResult, taxonomy: HeadTaxonomy | None = None) 
     if ATTENTION_PROFILE.name not in fields:
         notes["attention"] = "No attention row: it " + _note("assumptions") + "."
     if CONTRIBUTION_BY_POSITION.name not in fields:
-        notes["contributions"] = "No contributions by position: they " + _note("taxonomy") + "."
+        notes["contributions"] = "No contributions by position: they " + _note("roles") + "."
 
     shape = (len(result.layers), len(result.heads))
     nan = torch.full(shape, math.nan, dtype=torch.float64)
@@ -170,17 +170,17 @@ def explorer_data(result: GeometryResult, taxonomy: HeadTaxonomy | None = None) 
     if envelope_facts is not None:  # per head: the share of measured rows above the theorem's upper envelope
         table["precision_upper_exceeded"] = _nested(envelope_facts.precision_exceeded)
         table["recall_upper_exceeded"] = _nested(envelope_facts.recall_exceeded)
-    if taxonomy is not None:
-        table["regime"] = taxonomy.label_names()
-        table["probabilities"] = _nested(taxonomy.probabilities)
-        table["runner_up"] = [[ROLES[i] for i in row] for row in taxonomy.runner_up.tolist()]
-        table["confidence"] = _nested(taxonomy.probabilities.nan_to_num(-1).amax(-1).clamp(min=0))
-        table["describe"] = [[taxonomy.describe(layer, head) for head in taxonomy.heads] for layer in taxonomy.layers]
-        if bool(taxonomy.probabilities.isnan().all()):
+    if roles is not None:
+        table["role"] = roles.label_names()
+        table["probabilities"] = _nested(roles.probabilities)
+        table["runner_up"] = [[ROLES[i] for i in row] for row in roles.runner_up.tolist()]
+        table["confidence"] = _nested(roles.probabilities.nan_to_num(-1).amax(-1).clamp(min=0))
+        table["describe"] = [[roles.describe(layer, head) for head in roles.heads] for layer in roles.layers]
+        if bool(roles.probabilities.isnan().all()):
             notes["confidence"] = ("No role probabilities: the run kept no bootstrap replicates (n_bootstrap=0); "
                                    "analyse with the default n_bootstrap=200 (tl-geometry --bootstrap 200).")
     else:
-        notes["regime"] = "No regime: it " + _note("taxonomy") + "."
+        notes["role"] = "No role: it " + _note("roles") + "."
 
     queries = None
     if result.queries is not None and PRECISION.name in result.queries:
@@ -205,9 +205,9 @@ def explorer_data(result: GeometryResult, taxonomy: HeadTaxonomy | None = None) 
                             "query_positions='all' or a list (tl-geometry --keep-queries --queries all).")
     return {
         "layers": list(result.layers), "heads": list(result.heads), "grid": result.n_grid.tolist(),
-        "mass": EFFECTIVE_MASS, "named": list(NAMED), "roles": list(ROLES), "regimes": list(REGIMES),
+        "mass": EFFECTIVE_MASS, "named": list(NAMED), "roles": list(ROLES), "role_labels": list(ROLE_LABELS),
         "curves": curves, "rows": rows, "table": table, "queries": queries, "notes": notes,
-        "selected": list(default_head(result, taxonomy)), "n_index": default_n_index(result),
+        "selected": list(default_head(result, roles)), "n_index": default_n_index(result),
     }  # fmt: skip
 
 
@@ -221,12 +221,12 @@ def _json_for_script(data: dict[str, Any]) -> str:
     return json.dumps(data, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
 
 
-def explorer_html(result: GeometryResult, taxonomy: HeadTaxonomy | None, heatmaps: str) -> str:
+def explorer_html(result: GeometryResult, roles: HeadRoles | None, heatmaps: str) -> str:
     """The explorer section: the N slider, the heatmaps (``heatmaps``: their drawn HTML), the head panel, the table."""
-    data = explorer_data(result, taxonomy)
+    data = explorer_data(result, roles)
     options = "\n".join(
         f'<option value="{i},{j}">layer {layer}, head {head}'
-        + (f" ({data['table']['regime'][i][j]})" if "regime" in data["table"] else "") + "</option>"
+        + (f" ({data['table']['role'][i][j]})" if "role" in data["table"] else "") + "</option>"
         for i, layer in enumerate(result.layers) for j, head in enumerate(result.heads)
     )  # fmt: skip
     grid = data["grid"]
@@ -381,7 +381,7 @@ window.addEventListener("load", function () {
 
   function describe() {
     const parts = [];
-    if (T.regime) {
+    if (T.role) {
       parts.push("<b>What kind of head is this?</b> " + T.describe[layer][head] + ".");
     }
     if (T.effective_n) {
@@ -430,7 +430,7 @@ window.addEventListener("load", function () {
 
   function buildTable() {
     const columns = [["layer", (i, j) => D.layers[i]], ["head", (i, j) => D.heads[j]]];
-    if (T.regime) columns.push(["regime", (i, j) => T.regime[i][j]], ["probability", (i, j) => T.confidence[i][j]],
+    if (T.role) columns.push(["role", (i, j) => T.role[i][j]], ["probability", (i, j) => T.confidence[i][j]],
                                  ["runner-up", (i, j) => T.runner_up[i][j]]);
     if (T.effective_n) columns.push(
       ["effective N", (i, j) => T.effective_n[i][j]], ["P at eff. N", (i, j) => T.precision_at_effective_n[i][j]],

@@ -24,17 +24,17 @@ from typing import NamedTuple
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from tl_geometry.analysis.ablation import RoleAblation
+from tl_geometry.analysis.role_ablation import RoleAblation
 from tl_geometry.analysis.claims import sample_warning
-from tl_geometry.analysis.mechanisms import PromptSetCheck
+from tl_geometry.analysis.detector_agreement import PromptSetCheck
 from tl_geometry.analysis.sink import sink_recall_correlation
 from tl_geometry.analysis.summaries import effective_n, mean_over_heads
-from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy, taxonomy_from_result, threshold_sensitivity
+from tl_geometry.analysis.head_roles import ROLE_LABELS, HeadRoles, roles_from_result, threshold_sensitivity
 from tl_geometry.atomic_io import Unit, commit_unit
 from tl_geometry.diagnostics.registry import REGISTRY
 from tl_geometry.diagnostics.selection import ATTENTION_MASS, PRECISION, RECALL
 from tl_geometry.errors import GeometryError
-from tl_geometry.report import plots
+from tl_geometry.report import paper_figures as plots
 from tl_geometry.report.explorer import HEATMAPS, default_n_index, explorer_html, explorer_script
 from tl_geometry.report.roles import ABLATIONS_ID, ABLATIONS_TITLE, roles_html
 from tl_geometry.report.scorecard import scorecard_html
@@ -55,7 +55,7 @@ class Figure:
     key: str
     title: str
     how_to_read: str
-    draw: Callable[[GeometryResult, HeadTaxonomy | None], go.Figure] | None
+    draw: Callable[[GeometryResult, HeadRoles | None], go.Figure] | None
     needs: str | None = None  # the diagnostic whose fields the figure draws
 
 
@@ -72,8 +72,8 @@ def available(result: GeometryResult) -> set[str]:
     }
 
 
-def _names(taxonomy: HeadTaxonomy | None) -> list[list[str]] | None:
-    return None if taxonomy is None else taxonomy.label_names()
+def _names(roles: HeadRoles | None) -> list[list[str]] | None:
+    return None if roles is None else roles.label_names()
 
 
 def _small_n(result: GeometryResult) -> int:
@@ -89,7 +89,7 @@ FIGURES: tuple[Figure, ...] = (
         "sum to s(N). Precision counts non-selected tokens inside the r_max ball around s(N), Recall the "
         "selected ones inside the r_min ball (right). Drawn from tl_geometry.theory.synthetic.toy_2d, not the model; "
         "the same picture on the model's data follows when the run kept pictures of chosen heads.",
-        lambda result, taxonomy: plots.toy_selection(toy_2d()),
+        lambda result, roles: plots.toy_selection(toy_2d()),
     ),
     Figure(
         "figure-2",
@@ -97,7 +97,7 @@ FIGURES: tuple[Figure, ...] = (
         "Left: mean ||v_i|| by position over all layers and heads; the paper finds a much smaller norm at the "
         "sink (position 0) and stable norms after it. Right: the coefficient of variation of the non-sink norms "
         "per head (the paper: mostly 0.02-0.03).",
-        lambda result, taxonomy: plots.value_norms(result),
+        lambda result, roles: plots.value_norms(result),
         needs="assumptions",
     ),
     Figure(
@@ -105,7 +105,7 @@ FIGURES: tuple[Figure, ...] = (
         "Figure 3: cosine similarity against lag (Assumption 2)",
         "Left: the mean absolute error of fitting exp(-beta |i - j|) to each head's mean cosine similarity by "
         "lag (the paper: about 0.09 on average). Right: one head's curve and its fit.",
-        lambda result, taxonomy: plots.cosine_decay(result),
+        lambda result, roles: plots.cosine_decay(result),
         needs="assumptions",
     ),
     Figure(
@@ -113,7 +113,7 @@ FIGURES: tuple[Figure, ...] = (
         "Figure 4: attention profile (Assumption 3)",
         "One head's attention weights over the keys of the final query, on a log scale, with the fitted "
         "four-phase profile: sink, plateau up to T1, oscillation up to T2, exponential recency after.",
-        lambda result, taxonomy: plots.attention_profile(result),
+        lambda result, roles: plots.attention_profile(result),
         needs="assumptions",
     ),
     Figure(
@@ -121,21 +121,21 @@ FIGURES: tuple[Figure, ...] = (
         "Figure 5: Precision and Recall against N",
         "Global means over layers and heads (band: interquartile range). The paper finds separability "
         "strongest at small N and weakest at intermediate N; both metrics return to 1 when every key is selected.",
-        lambda result, taxonomy: plots.precision_recall_vs_n(result),
+        lambda result, roles: plots.precision_recall_vs_n(result),
     ),
     Figure(
         "heatmap-precision",
         "Precision per layer and head",
         "Each cell is one head's Precision(r_max) at a small N: how few non-selected tokens fall inside the "
         "ball around s(N) that holds the selected ones. Bright cells are heads that separate their top keys well.",
-        lambda result, taxonomy: plots.metric_heatmap(result, PRECISION, _small_n(result), _names(taxonomy)),
+        lambda result, roles: plots.metric_heatmap(result, PRECISION, _small_n(result), _names(roles)),
     ),
     Figure(
         "heatmap-recall",
         "Recall per layer and head",
         "Each cell is one head's Recall(r_min) at a small N: the share of selected tokens closer to s(N) than "
         "any non-selected one.",
-        lambda result, taxonomy: plots.metric_heatmap(result, RECALL, _small_n(result), _names(taxonomy)),
+        lambda result, roles: plots.metric_heatmap(result, RECALL, _small_n(result), _names(roles)),
     ),
     Figure(
         "figure-6",
@@ -145,28 +145,28 @@ FIGURES: tuple[Figure, ...] = (
         "for the noise of each head's means over a few documents, which pulls a correlation towards 0 (the "
         "claims judge that one at N = 3). The paper finds it strongest at small N (peaking near N = 3 for "
         "Gemma and Mistral).",
-        lambda result, taxonomy: plots.sink_recall(sink_recall_correlation(result)),
+        lambda result, roles: plots.sink_recall(sink_recall_correlation(result)),
         needs="assumptions",
     ),
     Figure(
         "figure-7",
-        "Figure 7: regime diagnostics",
+        "Figure 7: role diagnostics",
         "One example head per role (colour: the most probable head of each), line styles in the legend. Top: "
         "||s(N)|| and the norms left when the sink or the last token is removed; a Retriever drops without the last "
         "token, a sink-dominated Reset head without the sink. Bottom: alignment of s(N) with the sink v_0 and the "
         "last token v_L over random sets of the same weights; in a Mixer it moves from v_0 to v_L as N grows.",
-        lambda result, taxonomy: plots.regime_diagnostics(taxonomy),
-        needs="taxonomy",
+        lambda result, roles: plots.role_diagnostics(roles),
+        needs="roles",
     ),
     Figure(
         "figure-8",
         "Figure 8: roles by depth",
-        "How many heads of each layer have each role, by the rules of tl_geometry.analysis.taxonomy; green is "
+        "How many heads of each layer have each role, by the rules of tl_geometry.analysis.head_roles; green is "
         "Content (not in the paper: a specific earlier token), grey is uncertain (the most probable role does not "
         "beat the runner-up by the margin). The paper (Llama-2-7B) finds Retrievers in the first two layers, Reset "
         "heads early and Mixers from the lower-middle layers on.",
-        lambda result, taxonomy: plots.regimes_by_layer(taxonomy),
-        needs="taxonomy",
+        lambda result, roles: plots.roles_by_layer(roles),
+        needs="roles",
     ),
     Figure(
         "figure-9",
@@ -177,25 +177,25 @@ FIGURES: tuple[Figure, ...] = (
     ),
     Figure(
         "figure-10",
-        "Figure 10: contributions by regime",
+        "Figure 10: contributions by role",
         "||alpha_i v_i|| of every key for the final query of the example heads, coloured by the cosine of v_i "
         "with the last token's value: Retrievers are dominated by the last token, Reset heads by the sink or by "
         "many keys at once, Content heads by a few earlier keys.",
-        lambda result, taxonomy: plots.contributions_by_regime(taxonomy),
-        needs="taxonomy",
+        lambda result, roles: plots.contributions_by_role(roles),
+        needs="roles",
     ),
     Figure(
         "figure-11",
-        "Figure 11: Precision and Recall by regime",
+        "Figure 11: Precision and Recall by role",
         "Mean Precision(r_max) and Recall(r_min) against N over the heads of each role.",
-        lambda result, taxonomy: plots.precision_recall_by_regime(taxonomy, result),
-        needs="taxonomy",
+        lambda result, roles: plots.precision_recall_by_role(roles, result),
+        needs="roles",
     ),
 )
 
 
 def summary_rows(
-    result: GeometryResult, details: Mapping[str, str], taxonomy: HeadTaxonomy | None = None
+    result: GeometryResult, details: Mapping[str, str], roles: HeadRoles | None = None
 ) -> list[tuple[str, str]]:
     """The summary table: model, text, settings, versions and key figures."""
     precision, recall = mean_over_heads(result, PRECISION), mean_over_heads(result, RECALL)
@@ -214,18 +214,18 @@ def summary_rows(
         ("mean Precision at N <= 4", ", ".join(f"N={grid[i]}: {precision[i].item():.3f}" for i in small)),
         ("mean Recall at N <= 4", ", ".join(f"N={grid[i]}: {recall[i].item():.3f}" for i in small)),
     ]
-    if taxonomy is not None:
-        counts = taxonomy.counts_by_layer().sum(0).tolist()
-        rows.append(("head regimes", ", ".join(f"{regime}: {count}" for regime, count in zip(REGIMES, counts))))
+    if roles is not None:
+        counts = roles.counts_by_layer().sum(0).tolist()
+        rows.append(("head roles", ", ".join(f"{role}: {count}" for role, count in zip(ROLE_LABELS, counts))))
     rows.append(("versions", ", ".join(f"{k} {v}" for k, v in result.versions.items())))
     return rows
 
 
 class Rendered(NamedTuple):
-    """The figures drawn for a result, its taxonomy when the result carries the features, and
+    """The figures drawn for a result, its roles when the result carries the features, and
     a note for every figure not drawn (which option would draw it)."""
 
-    taxonomy: HeadTaxonomy | None
+    roles: HeadRoles | None
     figures: list[tuple[Figure, go.Figure]]
     notes: Sequence[tuple[Figure, str]] = ()
 
@@ -246,16 +246,16 @@ def missing_note(figure: Figure, asked: Sequence[str] = ()) -> str:
 def render_figures(result: GeometryResult) -> Rendered:
     """Every figure the result supports, drawn (some need the fields of a diagnostic), and notes for the rest."""
     present = available(result)
-    taxonomy = taxonomy_from_result(result) if "taxonomy" in present else None
+    roles = roles_from_result(result) if "roles" in present else None
     drawable = [f for f in FIGURES if f.draw is not None and (f.needs is None or f.needs in present)]
-    figures = [(f, f.draw(result, taxonomy)) for f in drawable]
+    figures = [(f, f.draw(result, roles)) for f in drawable]
     notes = [(f, missing_note(f, result.config.diagnostics)) for f in FIGURES if f not in drawable]
     pictures = picture_figures(result)
     if pictures:
         figures += pictures
     else:
         notes.append((PICTURE_NOTE, PICTURE_NOTE.how_to_read))
-    return Rendered(taxonomy, figures, notes)
+    return Rendered(roles, figures, notes)
 
 
 # Figure 1 on the model's data: one entry per kept picture, right after the toy.
@@ -380,7 +380,7 @@ def render_html(
 ) -> str:
     """The whole report as one HTML document (plotly.js embedded once).
 
-    Figures that need a diagnostic (taxonomy, assumptions) are drawn when the
+    Figures that need a diagnostic (roles, assumptions) are drawn when the
     result carries its fields. ``rendered`` reuses figures already drawn.
     ``extra_figures`` (e.g. `intervention_figures` of a sweep) get a section
     of their own right after the summary. ``mechanisms``
@@ -389,10 +389,10 @@ def render_html(
     (`tl_geometry.interventions.ablate_roles`) the roles' ablations.
     """
     details = details or {}
-    taxonomy, figures, notes = render_figures(result) if rendered is None else rendered
+    roles, figures, notes = render_figures(result) if rendered is None else rendered
     table = "\n".join(
         f"<tr><th>{html.escape(key)}</th><td>{html.escape(value)}</td></tr>"
-        for key, value in summary_rows(result, details, taxonomy)
+        for key, value in summary_rows(result, details, roles)
     )
     # The heatmaps live in the explorer (its N slider drives them); the other figures follow in the paper's order.
     heatmaps = "".join(_figure_section(f, d) for f, d in figures if f.key in HEATMAPS)
@@ -417,9 +417,9 @@ def render_html(
 </table>
 {_page_contents(extra_figures, order)}
 {_interventions_section(extra_figures)}
-{roles_html(taxonomy, mechanisms, threshold_sensitivity(result, taxonomy.config) if taxonomy else (), ablation)}
+{roles_html(roles, mechanisms, threshold_sensitivity(result, roles.config) if roles else (), ablation)}
 {scorecard_html(result)}
-{explorer_html(result, taxonomy, heatmaps)}
+{explorer_html(result, roles, heatmaps)}
 <h2 id="figures">Figures</h2><ul>{contents}</ul>
 {"".join(sections)}
 {explorer_script()}
@@ -427,7 +427,7 @@ def render_html(
 """
 
 
-def ablation_page(roles: HeadTaxonomy, ablation: RoleAblation, details: Mapping[str, str] | None = None) -> str:
+def ablation_page(roles: HeadRoles, ablation: RoleAblation, details: Mapping[str, str] | None = None) -> str:
     """A page of the roles and, inside their section, what ablating each costs the model (plotly.js embedded once):
     ``tl-geometry intervene --ablate-roles`` writes it as ``ablation.html``."""
     rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
@@ -536,7 +536,7 @@ def intervention_figures(sweep=None, n_star=None, correlation=None, tau: float =
     from tl_geometry.report import intervention_plots as ip
 
     def entry(key: str, title: str, how: str, drawn: go.Figure) -> tuple[Figure, go.Figure]:
-        return Figure(key, title, how, lambda result, taxonomy: drawn), drawn
+        return Figure(key, title, how, lambda result, roles: drawn), drawn
 
     out = []
     if sweep is not None:

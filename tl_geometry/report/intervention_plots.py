@@ -1,6 +1,6 @@
 """Figures of top-N interventions (plotly, drawing only): dNLL against N, N*_tau by layer and head, F_N against dNLL.
 
-The numbers come from `tl_geometry.analysis.interventions` (curves,
+The numbers come from `tl_geometry.analysis.sweep_statistics` (curves,
 effective set sizes, correlations); nothing here computes a statistic.
 """
 
@@ -10,14 +10,14 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from tl_geometry.analysis.interventions import (
+from tl_geometry.analysis.sweep_statistics import (
     EffectiveSetSize,
     GeometryFunctionCorrelation,
     dnll_curve,
 )
-from tl_geometry.report.plots import fit_cells
+from tl_geometry.report.paper_figures import fit_cells
 from tl_geometry.results.display import head_name, plural
-from tl_geometry.results.interventions import ALL, InterventionResult
+from tl_geometry.results.intervention_result import ALL, InterventionResult
 
 _COLOURS = {"renormalise": "#1f77b4", "delete": "#d62728"}
 

@@ -4,10 +4,10 @@ what ablating each role costs the model (the test of the roles, placed beside th
 import html
 from collections.abc import Mapping, Sequence
 
-from tl_geometry.analysis.ablation import RoleAblation
-from tl_geometry.analysis.mechanisms import DetectorAgreement, PromptSetCheck
-from tl_geometry.analysis.taxonomy import LITERAL_ROLES, REGIMES, HeadTaxonomy, SensitivityRow, role_counts
-from tl_geometry.report.ablation import ablation_figure
+from tl_geometry.analysis.role_ablation import RoleAblation
+from tl_geometry.analysis.detector_agreement import DetectorAgreement, PromptSetCheck
+from tl_geometry.analysis.head_roles import LITERAL_ROLES, ROLE_LABELS, HeadRoles, SensitivityRow, role_counts
+from tl_geometry.report.ablation_figure import ablation_figure
 from tl_geometry.results.display import head_name, plural
 
 INTRO = (
@@ -35,7 +35,7 @@ NO_ABLATIONS = (
 )
 
 
-def _cross_tab(check: PromptSetCheck, detector: str, roles: HeadTaxonomy, what: str) -> str:
+def _cross_tab(check: PromptSetCheck, detector: str, roles: HeadRoles, what: str) -> str:
     rows = []
     for row in check.cross_tab(detector, TOP_K):
         layer, head = row["layer"], row["head"]
@@ -75,7 +75,7 @@ def _prompt_count(check: PromptSetCheck) -> str:
     return "" if check.n_prompts is None else f", {plural(check.n_prompts, 'prompt')}"
 
 
-def _literal(roles: HeadTaxonomy) -> str:
+def _literal(roles: HeadRoles) -> str:
     """Our labels against the paper's rules read literally (norms, raw cosines), as counts."""
     ours = [name for row in roles.label_names() for name in row]
     literal = [name for row in roles.literal_names() for name in row]
@@ -83,7 +83,7 @@ def _literal(roles: HeadTaxonomy) -> str:
     body = "".join(
         f"<tr><td>{label}</td>" + "".join(f"<td>{sum(o == label and t == lit for o, t in zip(ours, literal))}</td>"
                                           for lit in LITERAL_ROLES) + "</tr>"
-        for label in REGIMES
+        for label in ROLE_LABELS
     )
     return (f"<details><summary>The paper's rules read literally, beside ours ({sum(o != t for o, t in zip(ours, literal))} "
             f"of {plural(len(ours), 'head')} differ)</summary><p class='how'>Read literally, the paper's magnitudes are the norms "
@@ -124,35 +124,35 @@ def ablations_html(ablation: RoleAblation | None) -> str:
 
 
 def _sensitivity(rows: Sequence[SensitivityRow]) -> str:
-    head = "".join(f"<th>{c}</th>" for c in ("threshold", "moved to", "labels changed", *REGIMES))
+    head = "".join(f"<th>{c}</th>" for c in ("threshold", "moved to", "labels changed", *ROLE_LABELS))
     body = "".join(
         f"<tr><td>{row.threshold}</td><td>{row.value:.3g}</td><td>{row.changed}</td>"
         + "".join(f"<td>{n}</td>" for n in row.counts) + "</tr>"
         for row in rows
     )
-    return (f"<details><summary>How the roles move when each threshold moves by 10 % (TaxonomyConfig)</summary>"
+    return (f"<details><summary>How the roles move when each threshold moves by 10 % (RoleConfig)</summary>"
             f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></details>")
 
 
 def roles_html(
-    roles: HeadTaxonomy | None,
+    roles: HeadRoles | None,
     checks: Mapping[str, PromptSetCheck] | None = None,
     sensitivity: Sequence[SensitivityRow] = (),
     ablation: RoleAblation | None = None,
 ) -> str:
-    """The section, or a note saying which option adds it (no taxonomy features); the roles' ablations (or how to
+    """The section, or a note saying which option adds it (no roles features); the roles' ablations (or how to
     run them) inside it, after the roles and their check against known mechanisms."""
     if roles is None:
         return ("<section id='head-roles'><h2>What kind of head is each one?</h2><p class='note'>No roles: analyse with "
-                "the 'taxonomy' diagnostic (the tl-geometry default).</p>"
+                "the 'roles' diagnostic (the tl-geometry default).</p>"
                 + (ablations_html(ablation) if ablation is not None else "") + "</section>")
     counts = role_counts(roles)
     n_heads = roles.labels.numel()
-    count_row = "".join(f"<td>{counts[r]}</td>" for r in REGIMES)
+    count_row = "".join(f"<td>{counts[r]}</td>" for r in ROLE_LABELS)
     parts = [
         "<section id='head-roles'><h2>What kind of head is each one?</h2>",
         f"<p class='how'>{INTRO.format(margin=roles.config.margin)}</p>",
-        "<table><thead><tr>" + "".join(f"<th>{r}</th>" for r in REGIMES) + f"</tr></thead><tbody><tr>{count_row}"
+        "<table><thead><tr>" + "".join(f"<th>{r}</th>" for r in ROLE_LABELS) + f"</tr></thead><tbody><tr>{count_row}"
         f"</tr></tbody></table><p class='how'>{plural(n_heads, 'head')}. The head panel below describes the head you pick; "
         "every head is listed at the end of this section.</p>",
         _literal(roles),

@@ -4,7 +4,7 @@ Each batch of per-document values is reduced to its `FieldStats` (float64)
 and merged into the running ones, so memory depends on the fields, layers,
 heads, grid, replicates and the longest sequence seen, never on the number of
 documents (the opt-in per-query rows excepted; the opt-in pictures keep one
-row per head, see `tl_geometry.results.pictures`). Two accumulators over
+row per head, see `tl_geometry.results.selection_picture`). Two accumulators over
 disjoint documents merge into the accumulator of their union: counts
 exactly, sums up to float64 rounding, whatever the batching or order.
 
@@ -27,7 +27,7 @@ from torch import Tensor
 
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.errors import GeometryError
-from tl_geometry.results.pictures import SelectionPicture, pick
+from tl_geometry.results.selection_picture import SelectionPicture, pick
 from tl_geometry.results.queries import QueryRows, check_rows, join_rows
 from tl_geometry.results.stats import FieldStats, batch_stats, merge_stats
 
@@ -48,7 +48,7 @@ class Accumulator:
         keep_queries: also keep per-query rows (they grow with the documents).
         axis_sizes: sizes of fixed trailing axes other than ``"n"`` (e.g. ``{"control": 16}``).
         picture_heads: the ``(layer, head)`` pairs whose pictures the run keeps
-            (`tl_geometry.results.pictures`); processes gather pictures only when
+            (`tl_geometry.results.selection_picture`); processes gather pictures only when
             there are some.
         document_rows: keep each field's documents as rows while they are
             fewer than its sums are large (`tl_geometry.results.stats`): a run
@@ -299,6 +299,7 @@ class Accumulator:
                 f"accumulator state: expected version {STATE_VERSION}, got {found!r}; it was written by another "
                 "tl_geometry version, start the run again"
             )
+        state = _fields_as_now(state)
         mine, theirs = self.layout(), state["layout"]
         for key, value in mine.items():
             if theirs.get(key) != value:
@@ -414,3 +415,18 @@ def interleave_rows(parts: Sequence[QueryRows]) -> QueryRows:
     keys = [(j, rank) for rank, (_, p) in enumerate(parts) for j in range(p.shape[0])]
     index = torch.tensor(sorted(range(len(keys)), key=keys.__getitem__), dtype=torch.long)
     return {name: t[index] for name, t in rows.items()}, positions[index]
+
+
+def _fields_as_now(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A `Accumulator.state_dict` with each field stored under a former name (`Diagnostic.former_fields`) renamed to
+    its name now, so that a checkpoint written before a field was renamed resumes."""
+    from tl_geometry.diagnostics.registry import REGISTRY  # imported late: the registry loads every diagnostic
+
+    now = REGISTRY.current_field
+    layout = dict(state["layout"])
+    layout["fields"] = [[now(name), *rest] for name, *rest in layout["fields"]]
+    layout["replicate_fields"] = sorted(now(name) for name in layout["replicate_fields"])
+    queries = state["queries"]
+    if queries is not None:
+        queries = {**queries, "values": {now(name): t for name, t in queries["values"].items()}}
+    return {**state, "layout": layout, "stats": {now(name): s for name, s in state["stats"].items()}, "queries": queries}

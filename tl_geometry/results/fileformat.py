@@ -3,7 +3,7 @@
 ``<stem>.npz``: ``n_grid``, the statistics ``<field>/<statistic>`` (see
 `tl_geometry.results.storage`), with per-query rows ``queries/<field>``
 and ``query_positions``, and with pictures ``pictures/<layer>.<head>/<array>``
-(`tl_geometry.results.pictures`); no pickle. ``<stem>.json``: format version, model
+(`tl_geometry.results.selection_picture`); no pickle. ``<stem>.json``: format version, model
 name, layers, heads, config, versions, documents, tokens, each field's
 declaration, trailing shape and replicates, the names of the per-query rows,
 each picture's scalars and sizes (``pictures``; files without it have none),
@@ -13,6 +13,7 @@ and the SHA-256 of the ``.npz``. Both are committed as one unit
 size its JSON announces before it is read.
 """
 
+import dataclasses
 import json
 import os
 import tokenize
@@ -29,8 +30,8 @@ from tl_geometry.config import GeometryConfig
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.errors import GeometryError
 from tl_geometry.results import legacy
-from tl_geometry.results.pictures import ARRAYS as PICTURE_ARRAYS
-from tl_geometry.results.pictures import SelectionPicture
+from tl_geometry.results.selection_picture import ARRAYS as PICTURE_ARRAYS
+from tl_geometry.results.selection_picture import SelectionPicture
 from tl_geometry.results.storage import (
     MAX_RESULT_BYTES, announced_bytes, read_npz, sha256, stats_arrays, stats_from_arrays,
 )
@@ -259,7 +260,8 @@ def _fields(
         missing = [k for k in ["query_positions", *(f"queries/{n}" for n in meta["queries"])] if k not in arrays]
         if missing:
             raise GeometryError(f"load: {npz_path} has no array(s) {missing}; save the result again")
-        rows = {name: torch.from_numpy(arrays[f"queries/{name}"].copy()) for name in meta["queries"]}
+        rows = {_field_now(name): torch.from_numpy(arrays[f"queries/{name}"].copy())
+                for name in meta["queries"]}
         positions = torch.from_numpy(arrays["query_positions"].copy())
     pictures = []
     for entry in _picture_entries(meta):
@@ -308,8 +310,17 @@ def read_stats(
         rows = None if rows is None else non_negative_int(rows, f"fields[{spec.name!r}].rows")
         groups = entry.get("groups")  # files before groups of documents keep none
         groups = None if groups is None else non_negative_int(groups, f"fields[{spec.name!r}].groups")
-        stats[spec.name] = stats_from_arrays(spec, arrays, shape, int(entry["replicates"]), npz_path, rows, groups)
+        read = stats_from_arrays(spec, arrays, shape, int(entry["replicates"]), npz_path, rows, groups)
+        now = _field_now(spec.name)  # a field stored under a former name loads under its name now
+        stats[now] = read if now == spec.name else dataclasses.replace(read, spec=dataclasses.replace(spec, name=now))
     return stats
+
+
+def _field_now(name: str) -> str:
+    """A stored field's name as it is now (a field renamed since, e.g. ``taxonomy_attention_sink``, by its new name)."""
+    from tl_geometry.diagnostics.registry import REGISTRY  # imported late: the registry loads every diagnostic
+
+    return REGISTRY.current_field(name)
 
 
 def of_json_type(value: Any, kind: type, what: str) -> Any:

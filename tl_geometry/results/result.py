@@ -54,7 +54,7 @@ from tl_geometry.errors import GeometryError
 from tl_geometry.results import fileformat, provenance
 from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.results.display import Summary, head_name, names, plural, ranges, short_list
-from tl_geometry.results.pictures import SelectionPicture, pick
+from tl_geometry.results.selection_picture import SelectionPicture, pick
 from tl_geometry.results.provenance import STAMPED, package_versions
 from tl_geometry.results.queries import check_rows, join_rows
 from tl_geometry.results.stats import FieldStats, same_values
@@ -166,7 +166,7 @@ class GeometryResult(StatisticsTable):
                                     f"{self.config.ranking}")
 
     def picture(self, layer: int, head: int) -> SelectionPicture:
-        """The kept selection picture of one head (draw it with `tl_geometry.report.plots.selection_picture`).
+        """The kept selection picture of one head (draw it with `tl_geometry.report.paper_figures.selection_picture`).
 
         Raises:
             GeometryError: the run kept no picture of this head (the message
@@ -305,7 +305,7 @@ class GeometryResult(StatisticsTable):
         rows += [
             ("read", f"result.sel('precision', layer={layer}, head={head}, n={n}); result.precision is "
                      "[layer, head, n]; result.to_dataframe()" + (f"; result.ci({kept[0]!r})" if kept else "")),
-            ("next", "tl_geometry.claims(result); tl_geometry.classify_heads(result) (with diagnostics=['taxonomy']); "
+            ("next", "tl_geometry.claims(result); tl_geometry.classify_heads(result) (with diagnostics=['roles']); "
                      "result.save(path)"),
         ]
         return Summary(f"GeometryResult of {self.model_name}", tuple(rows))

@@ -24,8 +24,9 @@ from jaxtyping import Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from tl_geometry.analysis.mechanisms import DETECTORS, PromptSetCheck
-from tl_geometry.analysis.taxonomy import TaxonomyConfig, taxonomy_from_result
+from tl_geometry._renamed import renamed_keyword
+from tl_geometry.analysis.detector_agreement import DETECTORS, PromptSetCheck
+from tl_geometry.analysis.head_roles import RoleConfig, roles_from_result
 from tl_geometry.capture.hook_names import pattern_hook
 from tl_geometry.capture.hooks import run_with_geometry_hooks
 from tl_geometry.capture.tokens import HookableModel, check_model, input_device
@@ -33,7 +34,7 @@ from tl_geometry.config import GeometryConfig
 from tl_geometry.corpus_input.plain_text import default_text
 from tl_geometry.corpus_input.token_windows import text_windows
 from tl_geometry.errors import GeometryError
-from tl_geometry.roles.classify import with_taxonomy
+from tl_geometry.roles.classify import with_roles
 
 
 def repeated_random_tokens(model: HookableModel, n_prompts: int = 8, period: int = 64, seed: int = 0) -> Int[Tensor, "prompt pos"]:
@@ -113,15 +114,16 @@ def check_known_mechanisms(
     context: int = 256,
     period: int = 64,
     config: GeometryConfig | None = None,
-    taxonomy: TaxonomyConfig | None = None,
+    role_config: RoleConfig | None = None,
     seed: int = 0,
     progress: bool = False,
+    taxonomy: RoleConfig | None = None,
 ) -> dict[str, PromptSetCheck]:
     """Detector scores and roles on natural text and on repeated random tokens.
 
     On natural text the roles come from the default query sample; on the
     repeated prompts from every query of the second copy (where induction
-    can act), ``settings={"taxonomy": {"queries": "analysed"}}``. Prompts are
+    can act), ``settings={"roles": {"queries": "analysed"}}``. Prompts are
     cut to the model's context (``cfg.n_ctx``) where it is shorter.
     One forward pass per set computes both the detector scores and the roles
     (the pattern path: the detectors read the whole attention pattern), so
@@ -129,12 +131,15 @@ def check_known_mechanisms(
     ``n_prompts`` x (2 ``period`` + 1) tokens, with the role features of
     their rows; it grows linearly with ``n_prompts``
     (`benchmarks/bench_main_job.py` measures it beside a bare pass).
-    ``progress`` shows a bar over the two sets.
+    ``progress`` shows a bar over the two sets. ``role_config``: the rules' thresholds (``taxonomy``, its former
+    name, is deprecated).
 
     Returns:
         ``{"natural": PromptSetCheck, "repeated": PromptSetCheck}``.
     """
-    base = with_taxonomy(config)
+    role_config = renamed_keyword("check_known_mechanisms", "taxonomy", "role_config", taxonomy, role_config,
+                                  GeometryError)
+    base = with_roles(config)
     n_ctx = getattr(model.cfg, "n_ctx", None)
     if n_ctx:  # a model with a short context gets prompts that fit it
         context, period = min(context, int(n_ctx)), min(period, (int(n_ctx) - 1) // 2)
@@ -142,7 +147,7 @@ def check_known_mechanisms(
     repeated = repeated_random_tokens(model, n_prompts, period, seed)
     second_copy = list(range(period + 1, 2 * period + 1))
     on_repeated = base.with_overrides(
-        query_positions=second_copy, settings={**dict(base.settings), "taxonomy": {"queries": "analysed"}}
+        query_positions=second_copy, settings={**dict(base.settings), "roles": {"queries": "analysed"}}
     )
     out = {}
     sets = (("natural", natural, base, None), ("repeated", repeated, on_repeated, period))
@@ -154,6 +159,6 @@ def check_known_mechanisms(
             hooks, scores = _detector_hooks(model, tokens, t)
             with model.hooks(fwd_hooks=hooks):
                 result = run_with_geometry_hooks(model, tokens, config=run_config.with_overrides(capture="pattern"))
-            out[name] = PromptSetCheck(name, scores, taxonomy_from_result(result, taxonomy), t, int(tokens.shape[0]))
+            out[name] = PromptSetCheck(name, scores, roles_from_result(result, role_config), t, int(tokens.shape[0]))
             bar.update()
     return out

@@ -30,7 +30,7 @@ from jaxtyping import Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from tl_geometry.analysis.ablation import PublishedMeasures
+from tl_geometry.analysis.role_ablation import PublishedMeasures
 from tl_geometry.capture.held_models import as_hookable
 from tl_geometry.capture.hook_names import pattern_hook, z_hook
 from tl_geometry.capture.tokens import check_model, input_device

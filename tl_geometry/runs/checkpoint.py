@@ -27,6 +27,7 @@ import torch
 
 from tl_geometry.atomic_io import atomic_path
 from tl_geometry.capture.tokens import PreparedTokens
+from tl_geometry.config import recorded_as_now
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.accumulators import Accumulator
 from tl_geometry.runs.distributed import Ranks
@@ -103,14 +104,18 @@ class Checkpoint:
         identity: what the run is (model, config, batch size, shard hash, grid...);
             a checkpoint with another identity is refused.
         ranks: this process's ranks.
+        capture_taken: the capture path this run takes (its plan's): a checkpoint written when the config
+            recorded the path ``capture="auto"`` took, not the request, resumes in an auto run that takes it again.
     """
 
-    def __init__(self, path: str | Path, every: Any, identity: dict[str, Any], ranks: Ranks) -> None:
+    def __init__(self, path: str | Path, every: Any, identity: dict[str, Any], ranks: Ranks,
+                 capture_taken: str | None = None) -> None:
         base = Path(path)
         self.suffix = ranks.checkpoint_suffix()
         self.path = base.with_name(base.name + self.suffix)
         self.every = CheckpointEvery.parse(every)
         self.identity = json.loads(json.dumps(identity))  # the plain-JSON form it is compared in
+        self.capture_taken = capture_taken
         self._windows_since = 0
         self._last = time.monotonic()
 
@@ -131,7 +136,7 @@ class Checkpoint:
             raise GeometryError(
                 f"checkpoint {self.path}: not a {FORMAT} file; delete it to start the run over, or choose another path"
             )
-        differences = _differences(json.loads(state["identity"]), self.identity)
+        differences = _differences(self._as_now(json.loads(state["identity"])), self.identity)
         if differences:
             raise GeometryError(
                 f"checkpoint {self.path}: written by a run with different arguments: {'; '.join(differences)}. "
@@ -139,6 +144,18 @@ class Checkpoint:
             )
         accumulator.load_state_dict(state["accumulator"])
         return int(state["batches_done"]), int(state["windows_done"])
+
+    def _as_now(self, saved: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint's identity as this version records it: a diagnostic's former name as its name now, and the
+        capture path an earlier version recorded in the config read as ``"auto"`` where this auto run takes it."""
+        config = saved.get("config")
+        if not isinstance(config, dict):
+            return saved
+        config = recorded_as_now(config)
+        asked = self.identity.get("config", {}).get("capture")
+        if asked == "auto" and config.get("capture") != "auto" and config.get("capture") == self.capture_taken:
+            config["capture"] = "auto"  # the same run: auto took, and takes, this path
+        return {**saved, "config": config}
 
     def _refuse_other_rank_counts(self) -> None:
         """A checkpoint of the same path from a run with another number of processes would be silently ignored."""

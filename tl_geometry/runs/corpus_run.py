@@ -275,7 +275,7 @@ def analyze_corpus(
     if checkpoint is not None:
         identity = {"model": name, "config": config.to_json(), "batch_size": batch_size,
                     "ranks": f"{ranks.rank} of {ranks.world_size}", "n_grid": accumulator.n_grid.tolist(), **plan.identity}
-        run = Checkpoint(checkpoint, every, identity, ranks)
+        run = Checkpoint(checkpoint, every, identity, ranks, capture_taken=run_plan.capture)
         refused = None
         try:
             done_batches, done_windows = run.resume(accumulator)

@@ -1,4 +1,4 @@
-"""The features behind the Retriever / Mixer / Reset taxonomy (paper section 4.2, Figures 7 and 10).
+"""The features behind the head roles, Retriever / Mixer / Reset (paper section 4.2, Figures 7 and 10).
 
 For one query row, L is the query's own position (the last visible key) and
 the sink is the sequence's first real token where the query can see it;
@@ -19,7 +19,7 @@ ranking, ties by increasing key index). Per row:
 - for Figure 10, ||y_i|| and cos(v_i, v_L) by key position (counted from the
   sink) for the last analysed query of each sequence, NaN at keys it does not see.
 
-The role features (read by `tl_geometry.analysis.taxonomy`), per row, with
+The role features (read by `tl_geometry.analysis.head_roles`), per row, with
 o = sum of y_i over the visible keys (the head's output before W_O):
 
 - composition: the shares of the sink, of the query's own token and of the
@@ -51,7 +51,7 @@ o = sum of y_i over the visible keys (the head's output before W_O):
   where c(N) is the mean of cos(S_c(N), v) over ``ROLE_CONTROLS`` random
   rankings c of the visible keys, S_c(N) the sum of y_i over the first N keys
   of ranking c (the same weights, a random set; the rankings are the chance
-  diagnostic's, nested across N and seeded by the taxonomy's seed). The mean
+  diagnostic's, nested across N and seeded by the roles diagnostic's seed). The mean
   of a cosine, not the cosine of mean sums: where every y_i points the same
   way, a random set is as aligned as the top-N set and the excess is 0. The
   row's mean excess over
@@ -61,7 +61,7 @@ o = sum of y_i over the visible keys (the head's output before W_O):
   alone left out (as for the ``_mixed`` cosines).
 
 Rows that see a single key (sink and last token coincide) carry no
-information about the regime and are NaN. Where a query cannot see the sink
+information about the role and are NaN. Where a query cannot see the sink
 (a sliding window that has moved past it), every sink quantity is NaN.
 """
 
@@ -74,6 +74,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from tl_geometry._renamed import old_names
 from tl_geometry.diagnostics.chance import control_orders
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.registry import Diagnostic
@@ -83,7 +84,7 @@ from tl_geometry.errors import GeometryError
 # Query positions sampled per sequence for the role features (docs: how to read a head, the stability figure).
 DEFAULT_QUERY_SAMPLE = 8
 # Random rankings per row for the alignment's chance level: one is unbiased, and the excess is averaged over
-# every sampled row of every document (docs: Head roles, what the taxonomy costs).
+# every sampled row of every document (docs: Head roles, what the roles diagnostic costs).
 ROLE_CONTROLS = 1
 
 CURVE_FEATURES = ("s_norm_without_sink", "s_norm_without_last", "cos_s_sink", "cos_s_last", "cos_s_sink_mixed", "cos_s_last_mixed")
@@ -91,8 +92,8 @@ SCALAR_FEATURES = (
     "contribution_sink",
     "contribution_last",
     "contribution_rest",
-    "taxonomy_attention_sink",
-    "taxonomy_attention_last",
+    "role_attention_sink",
+    "role_attention_last",
 )
 POSITION_FEATURES = ("contribution_by_position", "cos_last_by_position")
 # What the role rules read: one value per row, kept with two-stage bootstrap replicates (documents, then
@@ -111,13 +112,13 @@ ROLE_CURVES = ("excess_cos_sink", "excess_cos_self")
 LAG_FEATURES = ("top_rest_at_lag", "attention_at_lag", "output_share_at_lag")
 EARLY_FEATURES = ("early_top_rest", "early_position", "early_attention", "early_output_share")
 SUBTYPE_FEATURES = LAG_FEATURES + EARLY_FEATURES
-# Lags a sub-type can name (TaxonomySettings.reach): a fixed width, so that every row counts at every lag
+# Lags a sub-type can name (RoleSettings.reach): a fixed width, so that every row counts at every lag
 # whatever the batch's length.
 DEFAULT_REACH = 64
-# Keys at positions 1..DEFAULT_EARLY-1 after the sink are early (TaxonomySettings.early).
+# Keys at positions 1..DEFAULT_EARLY-1 after the sink are early (RoleSettings.early).
 DEFAULT_EARLY = 16
-# Every name the taxonomy diagnostic declares; classify_heads checks a result for these.
-TAXONOMY_FEATURES = (
+# Every name the roles diagnostic declares; classify_heads checks a result for these.
+ROLE_DIAGNOSTIC_FIELDS = (
     CURVE_FEATURES + SCALAR_FEATURES + POSITION_FEATURES + ROLE_FEATURES + ROLE_EXTRAS + ROLE_CURVES + SUBTYPE_FEATURES
 )
 
@@ -165,8 +166,8 @@ def chunk_features(
         "contribution_sink": torch.linalg.vector_norm(y_sink, dim=-1).masked_fill(~has_sink, math.nan),
         "contribution_last": torch.linalg.vector_norm(y_last, dim=-1),
         "contribution_rest": torch.linalg.vector_norm(rest, dim=-1),
-        "taxonomy_attention_sink": chunk.alpha[rows, sink].masked_fill(~has_sink, math.nan),
-        "taxonomy_attention_last": chunk.alpha[rows, last],
+        "role_attention_sink": chunk.alpha[rows, sink].masked_fill(~has_sink, math.nan),
+        "role_attention_last": chunk.alpha[rows, last],
     }
     out.update({name: t.masked_fill(single, math.nan) for name, t in scalars.items()})
     rest = rest_keys(chunk)
@@ -351,7 +352,7 @@ def row_features(
     reach: int = DEFAULT_REACH,
     early: int = DEFAULT_EARLY,
 ) -> dict[str, Tensor]:
-    """The taxonomy features of independent query rows; the sink is each row's first visible key.
+    """The role features of independent query rows; the sink is each row's first visible key.
 
     Returns:
         ``CURVE_FEATURES`` as ``[row, n]`` and ``SCALAR_FEATURES`` as ``[row]``.
@@ -373,8 +374,8 @@ QuerySample = Literal["sample", "analysed"]
 
 
 @dataclass(frozen=True)
-class TaxonomySettings:
-    """Settings of the taxonomy diagnostic.
+class RoleSettings:
+    """Settings of the roles diagnostic.
 
     Attributes:
         queries: ``"sample"`` (default): the features are measured on a seeded
@@ -405,19 +406,19 @@ class TaxonomySettings:
     def __post_init__(self) -> None:
         if self.queries not in get_args(QuerySample):
             raise GeometryError(
-                f"settings['taxonomy'].queries: expected one of {get_args(QuerySample)}, got {self.queries!r}"
+                f"settings['roles'].queries: expected one of {get_args(QuerySample)}, got {self.queries!r}"
             )
         if isinstance(self.n_queries, bool) or not isinstance(self.n_queries, int) or self.n_queries < 1:
             raise GeometryError(
-                f"settings['taxonomy'].n_queries: expected a positive integer (query positions sampled per "
+                f"settings['roles'].n_queries: expected a positive integer (query positions sampled per "
                 f"sequence), got {self.n_queries!r}"
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
-            raise GeometryError(f"settings['taxonomy'].seed: expected an integer in [0, 2^32), got {self.seed!r}")
+            raise GeometryError(f"settings['roles'].seed: expected an integer in [0, 2^32), got {self.seed!r}")
         for name, what in (("reach", "the lags a sub-type can name"), ("early", "keys after the sink that are early")):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 2:
-                raise GeometryError(f"settings['taxonomy'].{name}: expected an integer >= 2 ({what}), got {value!r}")
+                raise GeometryError(f"settings['roles'].{name}: expected an integer >= 2 ({what}), got {value!r}")
 
 
 # The declarations, by name: ``result.per_head(SHARE_SINK)`` reads a field as ``result.per_head("share_sink")``.
@@ -430,8 +431,8 @@ COS_S_LAST_MIXED = FieldSpec("cos_s_last_mixed", "cos(s(N), v_L), NaN where the 
 CONTRIBUTION_SINK = FieldSpec("contribution_sink", "||alpha_sink v_sink||")
 CONTRIBUTION_LAST = FieldSpec("contribution_last", "||alpha_L v_L||")
 CONTRIBUTION_REST = FieldSpec("contribution_rest", "||sum of alpha_i v_i over the other visible keys||")
-TAXONOMY_ATTENTION_SINK = FieldSpec("taxonomy_attention_sink", "attention weight on the sink")
-TAXONOMY_ATTENTION_LAST = FieldSpec("taxonomy_attention_last", "attention weight on the query's own token")
+ROLE_ATTENTION_SINK = FieldSpec("role_attention_sink", "attention weight on the sink")
+ROLE_ATTENTION_LAST = FieldSpec("role_attention_last", "attention weight on the query's own token")
 CONTRIBUTION_BY_POSITION = FieldSpec("contribution_by_position", "||alpha_i v_i|| by key position (last analysed query)", ("position",), queries="last", documents="mean")  # fmt: skip
 COS_LAST_BY_POSITION = FieldSpec("cos_last_by_position", "cos(v_i, v_L) by key position (last analysed query)", ("position",), queries="last", documents="mean")  # fmt: skip
 # The role rules' inputs: replicates by default, resampling documents and the query rows within them.
@@ -465,20 +466,22 @@ EXCESS_COS_SINK = FieldSpec("excess_cos_sink", "cos(s(N), v_sink) minus its expe
 EXCESS_COS_SELF = FieldSpec("excess_cos_self", "cos(s(N), v_L) minus its expectation over random N-subsets", ("n",))
 
 
-class TaxonomyDiagnostic(Diagnostic):
-    name = "taxonomy"
-    Settings = TaxonomySettings
+class RoleDiagnostic(Diagnostic):
+    name = "roles"
+    former_names = ("taxonomy",)  # its name until the head-role feature took one word
+    Settings = RoleSettings
     # Per row: the random rankings' places and bins (the alignment's chance level), key x control each.
     cost = RowCost(key_d=ROLE_CONTROLS)
     fields = (
         S_NORM_WITHOUT_SINK, S_NORM_WITHOUT_LAST, COS_S_SINK, COS_S_LAST, COS_S_SINK_MIXED, COS_S_LAST_MIXED,
-        CONTRIBUTION_SINK, CONTRIBUTION_LAST, CONTRIBUTION_REST, TAXONOMY_ATTENTION_SINK, TAXONOMY_ATTENTION_LAST,
+        CONTRIBUTION_SINK, CONTRIBUTION_LAST, CONTRIBUTION_REST, ROLE_ATTENTION_SINK, ROLE_ATTENTION_LAST,
         CONTRIBUTION_BY_POSITION, COS_LAST_BY_POSITION, SHARE_SINK, SHARE_SELF, SHARE_REST, REST_EFFECTIVE_SHARE,
         TOP_REST_SHARE, PREVIOUS_TOKEN, ALIGN_SINK_EXCESS, ALIGN_SELF_EXCESS, SHIFT_SINK_RAW, SHIFT_SELF_RAW, LOO_SINK,
         LOO_SELF, REST_EFFECTIVE_KEYS, SHIFT_SINK, SHIFT_SELF, CONTRIBUTION_TOP_REST, COS_SINK_RAW, COS_SELF_RAW,
         EXCESS_COS_SINK, EXCESS_COS_SELF, TOP_REST_AT_LAG, ATTENTION_AT_LAG, OUTPUT_SHARE_AT_LAG, EARLY_TOP_REST,
         EARLY_POSITION, EARLY_ATTENTION, EARLY_OUTPUT_SHARE,
     )
+    former_fields = {"taxonomy_attention_sink": ROLE_ATTENTION_SINK, "taxonomy_attention_last": ROLE_ATTENTION_LAST}
 
     def rows(self, chunk: SelectionChunk, settings: Any) -> dict[str, Tensor]:
         return chunk_features(chunk, settings.seed, settings.reach, settings.early)
@@ -513,4 +516,6 @@ def position_features_bytes(n_heads: int, n_keys: int, d_head: int, dtype: torch
     return 4 * max(4, dtype.itemsize) * n_heads * n_keys * d_head
 
 
-DIAGNOSTIC = TaxonomyDiagnostic()
+DIAGNOSTIC = RoleDiagnostic()
+
+__getattr__ = old_names(__name__, globals())  # the names they had before (tl_geometry._renamed)

@@ -3,8 +3,8 @@
 `tl_geometry.interventions.head_ablation.ablate_roles` runs the model; this module holds
 what needs no model:
 
-- `role_groups`: the heads of each role class (a HeadTaxonomy label) and of
-  each sub-type (`HeadTaxonomy.subtype`, an opaque string), as
+- `role_groups`: the heads of each role class (a HeadRoles label) and of
+  each sub-type (`HeadRoles.subtype`, an opaque string), as
   ``(layer, head)`` tuples;
 - `random_head_sets`: seeded random sets with exactly the group's size and
   layer distribution (in each layer, as many heads as the group has there,
@@ -58,18 +58,18 @@ class HeadGroup:
         return counts
 
 
-def _check_taxonomy(taxonomy: Any) -> None:
-    if not all(hasattr(taxonomy, name) for name in ("layers", "heads", "label_names", "subtype")):
+def _check_roles(roles: Any) -> None:
+    if not all(hasattr(roles, name) for name in ("layers", "heads", "label_names", "subtype")):
         raise GeometryError(
-            f"taxonomy: expected a HeadTaxonomy (from tg.classify_heads(result)), got {type(taxonomy).__name__}"
+            f"roles: expected a HeadRoles (from tg.classify_heads(result)), got {type(roles).__name__}"
         )
 
 
-def role_groups(taxonomy: Any, *, subtypes: bool = True, min_heads: int = 1, uncertain: bool = True) -> list[HeadGroup]:
+def role_groups(roles: Any, *, subtypes: bool = True, min_heads: int = 1, uncertain: bool = True) -> list[HeadGroup]:
     """One group per role label present (retriever, mixer, reset, content, uncertain) and per sub-type.
 
     Args:
-        taxonomy: a HeadTaxonomy (read through ``layers``, ``heads``, ``label_names()`` and ``subtype()``).
+        roles: a HeadRoles (read through ``layers``, ``heads``, ``label_names()`` and ``subtype()``).
         subtypes: also one group per distinct sub-type string (whatever label its heads have).
         min_heads: leave out sub-type groups with fewer heads than this (every role class present is kept).
         uncertain: also the group of heads labelled "uncertain" (not a role; its heads are still in the sub-types).
@@ -77,16 +77,16 @@ def role_groups(taxonomy: Any, *, subtypes: bool = True, min_heads: int = 1, unc
     A sub-type group named ``"subtype previous-token"`` is also measured on
     repeated random tokens (the second-copy loss); every group on natural text.
     """
-    _check_taxonomy(taxonomy)
+    _check_roles(roles)
     if isinstance(min_heads, bool) or not isinstance(min_heads, int) or min_heads < 1:
         raise GeometryError(f"min_heads: expected an integer >= 1, got {min_heads!r}")
-    names = taxonomy.label_names()
+    names = roles.label_names()
     by_label: dict[str, list[Head]] = {}
     by_subtype: dict[str, list[Head]] = {}
-    for i, layer in enumerate(taxonomy.layers):
-        for j, head in enumerate(taxonomy.heads):
+    for i, layer in enumerate(roles.layers):
+        for j, head in enumerate(roles.heads):
             by_label.setdefault(names[i][j], []).append((int(layer), int(head)))
-            sub = taxonomy.subtype(layer, head)
+            sub = roles.subtype(layer, head)
             if subtypes and sub is not None:
                 by_subtype.setdefault(str(sub), []).append((int(layer), int(head)))
     groups = [HeadGroup(f"role {label}", "role", tuple(sorted(by_label[label])))
@@ -340,19 +340,19 @@ class PublishedMeasures:
         """Heads whose average output norm is below ``dormant_threshold`` of their layer's mean, ``[layer, head]`` bool."""
         return self.norm_ratio < self.dormant_threshold
 
-    def crosstab(self, taxonomy: Any) -> dict[str, dict[str, int]]:
+    def crosstab(self, roles: Any) -> dict[str, dict[str, int]]:
         """Counts of each role label among all heads, sink heads and dormant heads.
 
-        The taxonomy must cover the same layers and heads.
+        The roles must cover the same layers and heads.
         Returns ``{"all": {label: n}, "sink": {...}, "dormant": {...}}`` (every label of ROLE_LABELS).
         """
-        _check_taxonomy(taxonomy)
-        if tuple(taxonomy.layers) != self.layers or tuple(taxonomy.heads) != self.heads:
+        _check_roles(roles)
+        if tuple(roles.layers) != self.layers or tuple(roles.heads) != self.heads:
             raise GeometryError(
-                f"taxonomy: covers layers {list(taxonomy.layers)} and heads {list(taxonomy.heads)}, the measures "
-                f"{list(self.layers)} and {list(self.heads)}; measure the heads the taxonomy classified"
+                f"roles: covers layers {list(roles.layers)} and heads {list(roles.heads)}, the measures "
+                f"{list(self.layers)} and {list(self.heads)}; measure the heads the roles classified"
             )
-        names = taxonomy.label_names()
+        names = roles.label_names()
         out = {key: {label: 0 for label in ROLE_LABELS} for key in ("all", "sink", "dormant")}
         sink, dormant = self.sink_heads.tolist(), self.dormant_heads.tolist()
         for i in range(len(self.layers)):

@@ -1,9 +1,9 @@
 """Plotly figures of the paper, drawn from a GeometryResult (no computation here, only drawing).
 
-Every function takes a result (or a taxonomy) and returns a
+Every function takes a result (or its HeadRoles) and returns a
 ``plotly.graph_objects.Figure``. The look is shared: titles and axis labels
 say what is shown and in which units, log axes where the paper uses them, and
-a colour-blind-safe palette (Okabe-Ito) in which one regime always has one
+a colour-blind-safe palette (Okabe-Ito) in which one role always has one
 colour. Every value is drawn: a log axis only where its values are positive
 (Figure 2's positions start at the sink, 0, so that axis is linear; zeros
 elsewhere are left out and counted in the legend), ranges that hold what
@@ -19,6 +19,7 @@ import torch
 from plotly.subplots import make_subplots
 from torch import Tensor
 
+from tl_geometry._renamed import old_names
 from tl_geometry.errors import GeometryError
 from tl_geometry.diagnostics.assumptions import (
     ATTENTION_PROFILE,
@@ -33,7 +34,7 @@ from tl_geometry.diagnostics.chance import CHANCE_OF, CHANCE_PRECISION_FLOOR
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.profile_fit import MIN_POSITIONS, ProfileFit
 from tl_geometry.diagnostics.selection import PRECISION, RECALL, S_NORM
-from tl_geometry.diagnostics.taxonomy import (
+from tl_geometry.diagnostics.role_features import (
     CONTRIBUTION_BY_POSITION,
     COS_LAST_BY_POSITION,
     EXCESS_COS_SELF,
@@ -41,14 +42,14 @@ from tl_geometry.diagnostics.taxonomy import (
     S_NORM_WITHOUT_LAST,
     S_NORM_WITHOUT_SINK,
 )
-from tl_geometry.results.pictures import SelectionPicture
+from tl_geometry.results.selection_picture import SelectionPicture
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.results.table import FieldName, field_name
 from tl_geometry.analysis.sink import SinkRecallCorrelation
 from tl_geometry.theory.synthetic import Toy2D
-from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy
+from tl_geometry.analysis.head_roles import ROLE_LABELS, HeadRoles
 from tl_geometry.analysis.summaries import at_n, mean_over_heads, spread_over_heads
-from tl_geometry.analysis.chance import chance_by_regime
+from tl_geometry.analysis.chance_excess import chance_by_role
 
 # Okabe & Ito (2008), safe for the common colour-vision deficiencies.
 BLUE, ORANGE, GREEN, VERMILLION, SKY, PURPLE, GREY = (
@@ -60,7 +61,7 @@ BLUE, ORANGE, GREEN, VERMILLION, SKY, PURPLE, GREY = (
     "#CC79A7",
     "#7F7F7F",
 )
-REGIME_COLOURS = {"retriever": BLUE, "mixer": ORANGE, "reset": PURPLE, "content": GREEN, "uncertain": GREY}
+ROLE_COLOURS = {"retriever": BLUE, "mixer": ORANGE, "reset": PURPLE, "content": GREEN, "uncertain": GREY}
 TEMPLATE = "plotly_white"
 
 
@@ -115,7 +116,7 @@ def fit_cells(fig: go.Figure, n_rows: int, n_columns: int) -> None:
 
 
 def metric_heatmap(
-    result: GeometryResult, metric: FieldName = PRECISION, n: int = 4, regimes: Sequence[Sequence[str]] | None = None
+    result: GeometryResult, metric: FieldName = PRECISION, n: int = 4, roles: Sequence[Sequence[str]] | None = None
 ) -> go.Figure:
     """Any ``[layer, head_index, n]`` metric at one N, layers down and heads across.
 
@@ -123,15 +124,14 @@ def metric_heatmap(
         result: the analysis.
         metric: a per-sequence field of the result, e.g. ``"precision"``, ``"recall"``, ``"f_score"``.
         n: the selection size N (must be on the result's grid).
-        regimes: optional ``[layer, head_index]`` regime names (e.g. from a
-            HeadTaxonomy) shown on hover.
+        roles: optional ``[layer, head_index]`` role names (e.g. ``HeadRoles.label_names()``) shown on hover.
 
     Returns:
-        A heatmap whose hover shows layer, head, value and regime.
+        A heatmap whose hover shows layer, head, value and role.
     """
     values = at_n(result, metric, n)
     metric = field_name(metric)
-    hover = [[f"regime: {regimes[i][j]}" if regimes is not None else "" for j in range(values.shape[1])]
+    hover = [[f"role: {roles[i][j]}" if roles is not None else "" for j in range(values.shape[1])]
              for i in range(values.shape[0])]
     fig = go.Figure(
         go.Heatmap(
@@ -268,17 +268,17 @@ def _left_off(count: int, what: str) -> str:
     return f" ({count} {'key' if count == 1 else 'keys'} {what} not drawn on the log axis)" if count else ""
 
 
-def _example_head_label(where: tuple[int, int] | None, regime: str) -> str:
-    return f"{regime}: none" if where is None else f"{regime}: layer {where[0]}, head {where[1]}"
+def _example_head_label(where: tuple[int, int] | None, role: str) -> str:
+    return f"{role}: none" if where is None else f"{role}: layer {where[0]}, head {where[1]}"
 
 
-def regime_diagnostics(taxonomy: HeadTaxonomy) -> go.Figure:
-    """Figure 7: for one example head per regime, ||s(N)|| and its leave-one-out norms (top)
+def role_diagnostics(roles: HeadRoles) -> go.Figure:
+    """Figure 7: for one example head per role, ||s(N)|| and its leave-one-out norms (top)
     and the alignment of s(N) with the sink v_0 and the last token v_L over chance (bottom), against N."""
-    examples = taxonomy.example_heads()
-    fig = make_subplots(rows=2, cols=len(REGIMES), shared_xaxes=True, vertical_spacing=0.12,
-                        subplot_titles=[_example_head_label(examples[r], r) for r in REGIMES] + [""] * len(REGIMES))
-    grid = taxonomy.n_grid.tolist()
+    examples = roles.example_heads()
+    fig = make_subplots(rows=2, cols=len(ROLE_LABELS), shared_xaxes=True, vertical_spacing=0.12,
+                        subplot_titles=[_example_head_label(examples[r], r) for r in ROLE_LABELS] + [""] * len(ROLE_LABELS))
+    grid = roles.n_grid.tolist()
     lines = (
         (1, S_NORM, "||s(N)||", "solid"),
         (1, S_NORM_WITHOUT_SINK, "||s(N) without the sink||", "dashdot"),
@@ -286,107 +286,107 @@ def regime_diagnostics(taxonomy: HeadTaxonomy) -> go.Figure:
         (2, EXCESS_COS_SINK, "cos(s(N), v_0) over chance", "solid"),
         (2, EXCESS_COS_SELF, "cos(s(N), v_L) over chance", "dash"),
     )
-    for col, regime in enumerate(REGIMES, start=1):
-        where = examples[regime]
+    for col, role in enumerate(ROLE_LABELS, start=1):
+        where = examples[role]
         if where is None:
             continue
-        layer, head = taxonomy.layers.index(where[0]), taxonomy.heads.index(where[1])
+        layer, head = roles.layers.index(where[0]), roles.heads.index(where[1])
         for row, spec, label, dash in lines:
             fig.add_trace(
-                go.Scatter(x=grid, y=taxonomy.features[spec.name][layer, head].tolist(), mode="lines", name=label,
-                           line={"color": REGIME_COLOURS[regime], "dash": dash}, showlegend=False, legendgroup=spec.name,
+                go.Scatter(x=grid, y=roles.features[spec.name][layer, head].tolist(), mode="lines", name=label,
+                           line={"color": ROLE_COLOURS[role], "dash": dash}, showlegend=False, legendgroup=spec.name,
                            hovertemplate=label + " = %{y:.3g} at N = %{x}<extra></extra>"),
                 row=row, col=col,
             )
-    for row, spec, label, dash in lines:  # the legend: one neutral entry per line style (colour = regime)
+    for row, spec, label, dash in lines:  # the legend: one neutral entry per line style (colour = role)
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=f"{label} ({'top' if row == 1 else 'bottom'})",
                                  line={"color": "#444", "dash": dash}, legendgroup=spec.name), row=row, col=1)
     _n_axes(fig, grid)
     fig.update_xaxes(title="N (selected keys)", row=2)
     fig.update_yaxes(title="norm", row=1, col=1)
-    excess = [taxonomy.features[spec.name] for row, spec, _, _ in lines if row == 2]
+    excess = [roles.features[spec.name] for row, spec, _, _ in lines if row == 2]
     reach = max([1.0] + [float(t.nan_to_num(0).abs().max()) for t in excess])  # differences of cosines: up to 2
     fig.update_yaxes(title="cosine minus its random-set mean", range=[-1.05 * reach, 1.05 * reach], row=2)
-    fig = _style(fig, "Role diagnostics of one example head per label (colour: regime; line style: see legend)",
+    fig = _style(fig, "Role diagnostics of one example head per label (colour: role; line style: see legend)",
                  height=620)
     fig.update_layout(legend={"orientation": "h", "y": -0.15})
     return fig
 
 
-def regimes_by_layer(taxonomy: HeadTaxonomy) -> go.Figure:
-    """Figure 8: how many heads of each regime every layer has (stacked)."""
-    counts = taxonomy.counts_by_layer()
+def roles_by_layer(roles: HeadRoles) -> go.Figure:
+    """Figure 8: how many heads of each role every layer has (stacked)."""
+    counts = roles.counts_by_layer()
     fig = go.Figure(
-        [go.Bar(x=list(taxonomy.layers), y=counts[:, i].tolist(), name=regime, marker_color=REGIME_COLOURS[regime])
-         for i, regime in enumerate(REGIMES)]
+        [go.Bar(x=list(roles.layers), y=counts[:, i].tolist(), name=role, marker_color=ROLE_COLOURS[role])
+         for i, role in enumerate(ROLE_LABELS)]
     )
     fig.update_layout(barmode="stack")
-    fig.update_xaxes(title="layer", type="category", range=[-0.5, len(taxonomy.layers) - 0.5])
+    fig.update_xaxes(title="layer", type="category", range=[-0.5, len(roles.layers) - 0.5])
     fig.update_yaxes(title="heads")
-    return _style(fig, "Head regimes by depth")
+    return _style(fig, "Head roles by depth")
 
 
-def contributions_by_regime(taxonomy: HeadTaxonomy) -> go.Figure:
-    """Figure 10: ||alpha_i v_i|| by key position for an example head of each regime, coloured by cos(v_i, v_L)."""
-    examples = taxonomy.example_heads()
-    fig = make_subplots(rows=1, cols=len(REGIMES), subplot_titles=[_example_head_label(examples[r], r) for r in REGIMES])
-    for col, regime in enumerate(REGIMES, start=1):
-        where = examples[regime]
+def contributions_by_role(roles: HeadRoles) -> go.Figure:
+    """Figure 10: ||alpha_i v_i|| by key position for an example head of each role, coloured by cos(v_i, v_L)."""
+    examples = roles.example_heads()
+    fig = make_subplots(rows=1, cols=len(ROLE_LABELS), subplot_titles=[_example_head_label(examples[r], r) for r in ROLE_LABELS])
+    for col, role in enumerate(ROLE_LABELS, start=1):
+        where = examples[role]
         if where is None:
             continue
-        layer, head = taxonomy.layers.index(where[0]), taxonomy.heads.index(where[1])
-        size = taxonomy.features[CONTRIBUTION_BY_POSITION.name][layer, head]
-        cosine = taxonomy.features[COS_LAST_BY_POSITION.name][layer, head]
+        layer, head = roles.layers.index(where[0]), roles.heads.index(where[1])
+        size = roles.features[CONTRIBUTION_BY_POSITION.name][layer, head]
+        cosine = roles.features[COS_LAST_BY_POSITION.name][layer, head]
         positive = size > 0  # a log axis cannot show 0 (the legend says how many); NaN: positions not reached
         zeros = int((size <= 0).sum())
         fig.add_trace(
             go.Scatter(x=positive.nonzero().flatten().tolist(), y=size[positive].tolist(), mode="markers",
-                       name=regime + _left_off(zeros, "with ||alpha_i v_i|| = 0"), showlegend=zeros > 0,
+                       name=role + _left_off(zeros, "with ||alpha_i v_i|| = 0"), showlegend=zeros > 0,
                        marker={"color": cosine[positive].tolist(), "colorscale": "RdBu", "cmin": -1, "cmax": 1, "size": 5,
-                               "colorbar": {"title": "cos(v_i, v_L)"} if col == len(REGIMES) else None,
-                               "showscale": col == len(REGIMES)},
+                               "colorbar": {"title": "cos(v_i, v_L)"} if col == len(ROLE_LABELS) else None,
+                               "showscale": col == len(ROLE_LABELS)},
                        hovertemplate="position %{x}<br>||alpha_i v_i|| = %{y:.3g}<extra></extra>"),
             row=1, col=col,
         )
     fig.update_xaxes(title="key position")
     fig.update_yaxes(type="log")
     fig.update_yaxes(title="||alpha_i v_i||", row=1, col=1)
-    return _style(fig, "Contributions of each key to the head output, by regime")
+    return _style(fig, "Contributions of each key to the head output, by role")
 
 
-def precision_recall_by_regime(taxonomy: HeadTaxonomy, result: GeometryResult | None = None) -> go.Figure:
-    """Figure 11: mean Precision(r_max) and Recall(r_min) against N for the heads of each regime.
+def precision_recall_by_role(roles: HeadRoles, result: GeometryResult | None = None) -> go.Figure:
+    """Figure 11: mean Precision(r_max) and Recall(r_min) against N for the heads of each role.
 
-    With a ``result`` run with the ``"chance"`` diagnostic, each regime's
+    With a ``result`` run with the ``"chance"`` diagnostic, each role's
     chance level (random top-N sets, mean over its heads) is drawn dotted in
-    its colour, and the range between the regimes' chance levels shaded grey.
+    its colour, and the range between the roles' chance levels shaded grey.
     """
-    grid = taxonomy.n_grid.tolist()
+    grid = roles.n_grid.tolist()
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Precision P(r_max, N)", "Recall R(r_min, N)"))
     for col, metric in enumerate((PRECISION, RECALL), start=1):
-        curves = taxonomy.curves_by_regime(metric)
+        curves = roles.curves_by_role(metric)
         if result is not None and CHANCE_OF[metric].name in result.fields:
-            chance = chance_by_regime(result, taxonomy, metric)
+            chance = chance_by_role(result, roles, metric)
             top, bottom = torch.nan_to_num(chance, nan=-math.inf).amax(0), torch.nan_to_num(chance, nan=math.inf).amin(0)
             fig.add_trace(go.Scatter(x=grid, y=top.tolist(), mode="lines", line={"width": 0}, showlegend=False, hoverinfo="skip"),
                           row=1, col=col)
             fig.add_trace(go.Scatter(x=grid, y=bottom.tolist(), fill="tonexty", fillcolor="rgba(127,127,127,0.2)",
                                      mode="lines", line={"width": 0}, name="chance band (random top-N sets)",
                                      showlegend=col == 1, hoverinfo="skip"), row=1, col=col)
-            for i, regime in enumerate(REGIMES):
-                fig.add_trace(go.Scatter(x=grid, y=chance[i].tolist(), mode="lines", name=f"{regime}: chance",
-                                         line={"color": REGIME_COLOURS[regime], "dash": "dot", "width": 1},
+            for i, role in enumerate(ROLE_LABELS):
+                fig.add_trace(go.Scatter(x=grid, y=chance[i].tolist(), mode="lines", name=f"{role}: chance",
+                                         line={"color": ROLE_COLOURS[role], "dash": "dot", "width": 1},
                                          showlegend=col == 1), row=1, col=col)
-        for i, regime in enumerate(REGIMES):
+        for i, role in enumerate(ROLE_LABELS):
             fig.add_trace(
-                go.Scatter(x=grid, y=curves[i].tolist(), mode="lines+markers", name=regime,
-                           line={"color": REGIME_COLOURS[regime]}, showlegend=col == 1),
+                go.Scatter(x=grid, y=curves[i].tolist(), mode="lines+markers", name=role,
+                           line={"color": ROLE_COLOURS[role]}, showlegend=col == 1),
                 row=1, col=col,
             )
         _n_axes(fig, grid, row=1, col=col)
         fig.update_xaxes(title="N (selected keys)", row=1, col=col)
         fig.update_yaxes(range=[0, 1.05], title=metric.name, row=1, col=col)
-    return _style(fig, "Precision and Recall by head regime")
+    return _style(fig, "Precision and Recall by head role")
 
 
 def _example(result: GeometryResult, layer: int | None, head: int | None) -> tuple[int, int]:
@@ -665,3 +665,5 @@ def selection_picture(picture: SelectionPicture, n: int, slider: Sequence[int] =
         fig.update_layout(sliders=[{"active": shown.index(n), "steps": steps, "currentvalue": {"prefix": "N = "},
                                     "pad": {"t": 60}}])
     return fig
+
+__getattr__ = old_names(__name__, globals())  # the names they had before (tl_geometry._renamed)

@@ -20,7 +20,7 @@ from tl_geometry.diagnostics.registry import Diagnostic
 from tl_geometry.diagnostics.selection import DIAGNOSTIC as SELECTION
 from tl_geometry.diagnostics.selection import picture_rows
 from tl_geometry.engine.context import SelectionChunk, SelectionContext
-from tl_geometry.results.pictures import SelectionPicture, document_hash
+from tl_geometry.results.selection_picture import SelectionPicture, document_hash
 
 
 def pictured_document(prepared: PreparedTokens) -> tuple[int, int] | None:

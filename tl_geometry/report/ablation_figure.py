@@ -2,7 +2,7 @@
 
 import plotly.graph_objects as go
 
-from tl_geometry.analysis.ablation import RoleAblation
+from tl_geometry.analysis.role_ablation import RoleAblation
 from tl_geometry.errors import GeometryError
 
 _COLOURS = {"zero": "#d62728", "mean": "#1f77b4"}

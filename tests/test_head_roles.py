@@ -5,7 +5,7 @@ and value vectors before the geometry hooks read them: every query row of
 every document gets the weights and values of the role, so the run goes
 through the query sample, the two-stage bootstrap and the rules as a real
 one does. The reference rules below are written from the module docstring of
-`tl_geometry.analysis.taxonomy` (the paper's sentences, section 4.2), in plain
+`tl_geometry.analysis.head_roles` (the paper's sentences, section 4.2), in plain
 Python one head at a time; they share only the thresholds with the package.
 
 Mutants and the test that catches each (run by hand, or shown inside the test):
@@ -37,28 +37,28 @@ from tests.reference import (
     reference_subtype,
     reference_subtype_probability,
 )
-from tl_geometry.analysis import taxonomy as taxonomy_module
-from tl_geometry.analysis.mechanisms import CONFIRMED, agreement
-from tl_geometry.analysis.taxonomy import (
+from tl_geometry.analysis import head_roles as taxonomy_module
+from tl_geometry.analysis.detector_agreement import CONFIRMED, agreement
+from tl_geometry.analysis.head_roles import (
     LITERAL_ROLES,
-    REGIMES,
+    ROLE_LABELS,
     ROLES,
     SUBTYPE_KINDS,
-    TaxonomyConfig,
+    RoleConfig,
     classify_queries,
     labels_from_probabilities,
     literal_role_of,
     role_of,
     subtypes_from_features,
-    taxonomy_from_result,
+    roles_from_result,
     threshold_sensitivity,
 )
 from tl_geometry.capture.hooks import run_with_geometry_hooks
 from tl_geometry.config import GeometryConfig
-from tl_geometry.diagnostics.taxonomy import LITERAL_FEATURES, ROLE_FEATURES, SUBTYPE_FEATURES, TAXONOMY_FEATURES
+from tl_geometry.diagnostics.role_features import LITERAL_FEATURES, ROLE_FEATURES, SUBTYPE_FEATURES, ROLE_DIAGNOSTIC_FIELDS
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.result import GeometryResult
-from tl_geometry.roles.classify import classify_heads, detect_regime
+from tl_geometry.roles.classify import classify_heads, detect_role
 from tl_geometry.roles.prompt_sets import detector_scores
 
 D = 8  # the tiny GPT-2's d_head
@@ -156,7 +156,7 @@ EXPECTED = {"retriever": "retriever", "sink": "reset", "broad": "reset", "previo
 def built(gpt2):
     tokens = tm.with_bos(tm.random_tokens(N_DOC, POS - 1))
     with gpt2.hooks(fwd_hooks=building_hooks(ROLES_BUILT, N_DOC, POS)):
-        return run_with_geometry_hooks(gpt2, tokens, diagnostics=["taxonomy"], n_bootstrap=100)
+        return run_with_geometry_hooks(gpt2, tokens, diagnostics=["roles"], n_bootstrap=100)
 
 
 @settings(max_examples=200, deadline=None)
@@ -170,7 +170,7 @@ def test_rules_match_the_reference(values, errors, share_errors, nan_sink):
         f["share_sink"] = math.nan
     se = dict(zip(("align_self_excess", "shift_self_raw", "shift_sink_raw"), errors))
     se.update(zip(("share_sink", "share_self", "share_rest"), share_errors))
-    cfg = TaxonomyConfig()
+    cfg = RoleConfig()
     got = role_of({k: torch.tensor([v], dtype=torch.float64) for k, v in f.items()},
                   {k: torch.tensor([v], dtype=torch.float64) for k, v in se.items()}, cfg)  # fmt: skip
     assert int(got) == reference_role(f, se, cfg)
@@ -183,7 +183,7 @@ def test_a_mixer_needs_its_own_share_above_the_sink_by_its_noise(gap, se):
     f = {"share_sink": one(0.05), "share_self": one(0.05 + gap), "share_rest": one(0.9 - gap), "align_self_excess": one(0.0),
          "shift_self_raw": one(0.1), "shift_sink_raw": one(-0.1), "top_rest_share": one(0.5)}  # fmt: skip
     errors = {k: one(se) for k in f} | {"shift_self_raw": one(0.001), "shift_sink_raw": one(0.001)}
-    cfg = TaxonomyConfig()
+    cfg = RoleConfig()
     assume(abs(gap - cfg.z_shift * math.sqrt(2) * se) > 1e-9)  # not on the edge, where rounding decides
     mixer = ROLES[int(role_of(f, errors, cfg))] == "mixer"
     assert mixer == (gap > cfg.z_shift * math.sqrt(2) * se)
@@ -203,7 +203,7 @@ def test_literal_rules_match_the_reference(values, errors, nan_sink):
     if nan_sink:
         f["contribution_sink"] = math.nan
     se = dict(zip(("shift_self_raw", "shift_sink_raw"), errors))
-    cfg = TaxonomyConfig()
+    cfg = RoleConfig()
     got = literal_role_of({k: torch.tensor([v], dtype=torch.float64) for k, v in f.items()},
                           {k: torch.tensor([v], dtype=torch.float64) for k, v in se.items()}, cfg)  # fmt: skip
     assert LITERAL_ROLES == LITERAL and int(got) == reference_literal_role(f, se, cfg)
@@ -221,7 +221,7 @@ def test_subtypes_match_the_reference(data, reach):
     features.update({f"early_{name}": torch.tensor([[early[key]]], dtype=torch.float64) for key, name in
                      (("top", "top_rest"), ("attention", "attention"), ("output", "output_share"))})  # fmt: skip
     features["early_position"] = torch.tensor([[3.0]], dtype=torch.float64)
-    cfg = TaxonomyConfig()
+    cfg = RoleConfig()
     found = subtypes_from_features(features, cfg)
     want_kind, want_lag = reference_subtype(
         {"top": draw["top_rest_at_lag"], "attention": draw["attention_at_lag"], "output": draw["output_share_at_lag"]},
@@ -236,15 +236,15 @@ def test_subtypes_match_the_reference(data, reach):
 
 @pytest.mark.model
 def test_built_heads_come_out_as_built(built):
-    found = taxonomy_from_result(built)
-    margin = TaxonomyConfig().margin
+    found = roles_from_result(built)
+    margin = RoleConfig().margin
     for layer, roles in ROLES_BUILT.items():
         for head, role in enumerate(roles):
             if role not in EXPECTED:
                 continue
             want = ROLES.index(EXPECTED[role])
             p = found.probabilities[layer, head]
-            assert REGIMES[int(found.labels[layer, head])] == EXPECTED[role], (layer, head, role, p)
+            assert ROLE_LABELS[int(found.labels[layer, head])] == EXPECTED[role], (layer, head, role, p)
             others = torch.cat([p[:want], p[want + 1 :]])
             assert float(p[want] - others.max()) >= margin, (layer, head, role, p)
     assert found.subtype(0, 3) == "previous-token" and found.subtype(1, 3) == "previous-token"
@@ -273,11 +273,11 @@ def test_built_heads_come_out_as_built(built):
 @pytest.mark.model
 def test_aligned_only_by_chance_is_not_a_retriever(built):
     """Own token dominant and cos(s(N), v_L) near 1, but random sets of the same weights align as much."""
-    found = taxonomy_from_result(built)
+    found = roles_from_result(built)
     raw = built.per_head("cos_s_last")[1, 2]
     assert float(torch.nanmean(raw)) > 0.9  # a raw-cosine threshold (the old rule's 0.5) would call it a Retriever
     assert float(found.features["share_self"][1, 2]) > 0.5
-    assert REGIMES[int(found.labels[1, 2])] != "retriever"
+    assert ROLE_LABELS[int(found.labels[1, 2])] != "retriever"
     assert abs(float(found.features["align_self_excess"][1, 2])) < 0.05
 
 
@@ -289,10 +289,10 @@ def test_a_shifting_mixer_and_an_induction_head(gpt2):
     second_copy = list(range(PERIOD + 1, pos))
     with gpt2.hooks(fwd_hooks=mixer_and_induction_hooks(N_DOC, pos)):
         result = run_with_geometry_hooks(
-            gpt2, tokens, diagnostics=["taxonomy"], layers=[0], query_positions=second_copy,
-            settings={"taxonomy": {"queries": "analysed"}},
+            gpt2, tokens, diagnostics=["roles"], layers=[0], query_positions=second_copy,
+            settings={"roles": {"queries": "analysed"}},
         )  # fmt: skip
-    found = taxonomy_from_result(result)
+    found = roles_from_result(result)
     labels = found.label_names()[0]
     assert labels[0] == "mixer", found.describe(0, 0)
     assert labels[1] == "content" and found.subtype(0, 1) == f"lag {PERIOD - 1}", found.describe(0, 1)
@@ -326,7 +326,7 @@ def mixer_and_induction_hooks(n_doc: int, pos: int, seed: int = 1):
 
 @pytest.mark.model
 def test_probabilities_are_the_share_of_replicates_giving_each_role(built):
-    found = taxonomy_from_result(built)
+    found = roles_from_result(built)
     replicates = {name: built.replicates(name) for name in ROLE_FEATURES}
     n_rep = replicates["share_self"].shape[0]
     for layer in range(tm.N_LAYERS):
@@ -364,7 +364,7 @@ def test_labels_follow_the_margin(p, margin):
     if ordered[0] - ordered[1] >= margin + 1e-9:
         assert int(label) == int(probs.argmax())
     elif ordered[0] - ordered[1] < margin - 1e-9:
-        assert REGIMES[int(label)] == "uncertain"
+        assert ROLE_LABELS[int(label)] == "uncertain"
     assert float(probs[int(runner_up)]) == pytest.approx(ordered[1])
 
 
@@ -373,22 +373,22 @@ def test_labels_follow_the_margin(p, margin):
 
 @pytest.mark.model
 def test_summaries_and_sensitivity(built):
-    found = taxonomy_from_result(built)
-    curves = found.curves_by_regime("precision")
-    assert curves.shape == (len(REGIMES), len(built.n_grid))
-    for i in range(len(REGIMES)):
+    found = roles_from_result(built)
+    curves = found.curves_by_role("precision")
+    assert curves.shape == (len(ROLE_LABELS), len(built.n_grid))
+    for i in range(len(ROLE_LABELS)):
         members = built.precision[found.labels == i]
         if len(members):
             torch.testing.assert_close(curves[i], torch.nanmean(members, 0), equal_nan=True)
         else:
             assert curves[i].isnan().all()
     examples = found.example_heads()
-    for i, regime in enumerate(REGIMES):
+    for i, regime in enumerate(ROLE_LABELS):
         assert (examples[regime] is None) == (not (found.labels == i).any())
     assert found.counts_by_layer().sum().item() == tm.N_LAYERS * tm.N_HEADS
     rows = threshold_sensitivity(built)
     for row in rows:
-        moved = taxonomy_from_result(built, TaxonomyConfig(**{row.threshold: row.value}))
+        moved = roles_from_result(built, RoleConfig(**{row.threshold: row.value}))
         assert row.changed == int((moved.labels != found.labels).sum())
         assert list(row.counts) == moved.counts_by_layer().sum(0).tolist()
     # Heads named as everywhere else ("L0H3"), not "0.3", which reads as a number.
@@ -401,7 +401,7 @@ def test_summaries_and_sensitivity(built):
 @pytest.mark.model
 def test_merge_and_batching_leave_the_probabilities_unchanged(gpt2):
     tokens = tm.with_bos(tm.random_tokens(6, 30, seed=3))
-    config = GeometryConfig(diagnostics=["taxonomy"], n_bootstrap=50)
+    config = GeometryConfig(diagnostics=["roles"], n_bootstrap=50)
     whole = run_with_geometry_hooks(gpt2, tokens, config=config)
     parts = GeometryResult.merge([run_with_geometry_hooks(gpt2, tokens[i : i + 2], config=config) for i in (0, 2, 4)])
     for name in ROLE_FEATURES:  # a result rounds these replicate sums to float16 (results/stats.py, half_rounded):
@@ -411,23 +411,23 @@ def test_merge_and_batching_leave_the_probabilities_unchanged(gpt2):
         assert torch.equal(a.isnan(), b.isnan()), name
         largest = float(torch.cat([a, b]).abs().nan_to_num().max())
         assert float((a - b).abs().nan_to_num().max()) <= 3 * 2**-11 * largest, name
-    assert torch.equal(taxonomy_from_result(whole).labels, taxonomy_from_result(parts).labels)
-    other_seed = run_with_geometry_hooks(gpt2, tokens, config=config.with_overrides(settings={"taxonomy": {"seed": 1}}))
+    assert torch.equal(roles_from_result(whole).labels, roles_from_result(parts).labels)
+    other_seed = run_with_geometry_hooks(gpt2, tokens, config=config.with_overrides(settings={"roles": {"seed": 1}}))
     assert not torch.equal(whole.per_head("share_self"), other_seed.per_head("share_self"))  # the sample moved
 
 
 @pytest.mark.model
 def test_per_query_roles(gpt2):
     tokens = tm.with_bos(tm.random_tokens(2, 20, seed=4))
-    result = run_with_geometry_hooks(gpt2, tokens, diagnostics=["taxonomy"], query_positions="all", keep_queries=True,
-                                     settings={"taxonomy": {"queries": "analysed"}})  # fmt: skip
+    result = run_with_geometry_hooks(gpt2, tokens, diagnostics=["roles"], query_positions="all", keep_queries=True,
+                                     settings={"roles": {"queries": "analysed"}})  # fmt: skip
     per_query = classify_queries(result)
     assert per_query.labels.shape[:3] == (2, tm.N_LAYERS, tm.N_HEADS)
     assert per_query.at(0, 0) == [[None] * tm.N_HEADS] * tm.N_LAYERS  # the sink sees only itself
     assert all(label in ROLES for row in per_query.at(0, 10) for label in row)
     with pytest.raises(GeometryError, match="kept no query at position 999"):
         per_query.at(0, 999)
-    sampled = run_with_geometry_hooks(gpt2, tokens, diagnostics=["taxonomy"], keep_queries=True)
+    sampled = run_with_geometry_hooks(gpt2, tokens, diagnostics=["roles"], keep_queries=True)
     with pytest.raises(GeometryError, match="queries': 'analysed'"):
         classify_queries(sampled)
 
@@ -435,17 +435,17 @@ def test_per_query_roles(gpt2):
 @pytest.mark.model
 def test_errors_and_old_results(gpt2, built):
     plain = run_with_geometry_hooks(gpt2, tm.with_bos(tm.random_tokens(1, 8)), n_grid=[1, 2])
-    with pytest.raises(GeometryError, match="lacks the taxonomy features .* diagnostics=\\['taxonomy'\\]"):
+    with pytest.raises(GeometryError, match="lacks the role features .* diagnostics=\\['roles'\\]"):
         classify_heads(plain)
     old = dataclasses.replace(built, stats={k: v for k, v in built.stats.items() if k not in ROLE_FEATURES})
-    assert any(name in old.fields for name in TAXONOMY_FEATURES)
-    with pytest.raises(GeometryError, match="older taxonomy diagnostic .* analyse the model again"):
-        taxonomy_from_result(old)
+    assert any(name in old.fields for name in ROLE_DIAGNOSTIC_FIELDS)
+    with pytest.raises(GeometryError, match="older role diagnostic .* analyse the model again"):
+        roles_from_result(old)
     # A result of the version before: its Mixer on the excess shifts (that version's rule), no sub-type, and it
     # says so; its labels are those of the earlier rules (the reference with the excess shifts in their place).
     newer = (*SUBTYPE_FEATURES, *LITERAL_FEATURES, "shift_self_raw", "shift_sink_raw")
     before = dataclasses.replace(built, stats={k: v for k, v in built.stats.items() if k not in newer})
-    found = taxonomy_from_result(before)
+    found = roles_from_result(before)
     assert set(found.missing) == set(newer)
     assert all(found.subtype(layer, head) is None for layer in found.layers for head in found.heads)
     assert (found.literal == -1).all() and "earlier version lacks shift_sink_raw" in found.describe(0, 3)
@@ -458,32 +458,32 @@ def test_errors_and_old_results(gpt2, built):
         assert int(found.point[layer, head]) == reference_role(f, {k: float(v[layer, head]) for k, v in se.items()}, found.config)
     from tl_geometry.report.html import render_figures
 
-    assert render_figures(old).taxonomy is None  # the report of an old result draws the rest and says why not
+    assert render_figures(old).roles is None  # the report of an old result draws the rest and says why not
     with pytest.raises(GeometryError, match="tokens: required when classify_heads gets a model"):
         classify_heads(gpt2)
     with pytest.raises(GeometryError, match="only used with a model"):
         classify_heads(plain, "a b")
-    with pytest.raises(GeometryError, match="taxonomy: expected a TaxonomyConfig or None, got dict"):
-        classify_heads(gpt2, "a b", taxonomy={})
-    with pytest.raises(GeometryError, match="regime: expected one of .*, got 'uncertain'"):
-        detect_regime(gpt2, "a b", "uncertain")
+    with pytest.raises(GeometryError, match="role_config: expected a RoleConfig or None, got dict"):
+        classify_heads(gpt2, "a b", role_config={})
+    with pytest.raises(GeometryError, match="role: expected one of .*, got 'uncertain'"):
+        detect_role(gpt2, "a b", "uncertain")
     for kwargs, message in (({"margin": 2.0}, "margin: expected a number in [0, 1], got 2.0"),
                             ({"z_align": -1.0}, "z_align: expected a number of standard errors >= 0, got -1.0"),
                             ({"concentrated": 0.0}, "concentrated: expected a share in (0, 1], got 0.0"),
                             ({"z_shift": math.nan}, "z_shift: expected a finite number, got nan")):  # fmt: skip
         with pytest.raises(GeometryError) as info:
-            TaxonomyConfig(**kwargs)
+            RoleConfig(**kwargs)
         assert str(info.value) == message
 
 
 @pytest.mark.model
-def test_detect_regime_has_detect_heads_shape(gpt2):
+def test_detect_role_has_detect_heads_shape(gpt2):
     text = "the cat sat on the mat and ran"
     found = classify_heads(gpt2, text)
-    scores = detect_regime(gpt2, text, "reset")
+    scores = detect_role(gpt2, text, "reset")
     assert scores.shape == (tm.N_LAYERS, tm.N_HEADS)
     torch.testing.assert_close(scores.double(), found.probabilities[..., ROLES.index("reset")], equal_nan=True)
-    some = detect_regime(gpt2, text, "content", heads=[(1, 2), (0, 0)])
+    some = detect_role(gpt2, text, "content", heads=[(1, 2), (0, 0)])
     others = torch.ones_like(some, dtype=torch.bool)
     others[1, 2] = others[0, 0] = False
     assert some[others].isnan().all() and not some[~others].isnan().any()
@@ -492,7 +492,7 @@ def test_detect_regime_has_detect_heads_shape(gpt2):
 @pytest.mark.model
 def test_precision_counts_the_named_heads_a_detector_confirms(gpt2, built):
     """The detector reads the built patterns: the previous-token heads score 0.7, the recency head 0.32."""
-    found = taxonomy_from_result(built)
+    found = roles_from_result(built)
     tokens = tm.with_bos(tm.random_tokens(N_DOC, POS - 1))
     with gpt2.hooks(fwd_hooks=building_hooks(ROLES_BUILT, N_DOC, POS)):
         scores = detector_scores(gpt2, tokens)["previous_token"]
@@ -509,7 +509,7 @@ def test_precision_counts_the_named_heads_a_detector_confirms(gpt2, built):
 
 def test_a_named_key_carries_the_weight_the_detectors_call_that_kind_of_head():
     """The sub-type weight floor is the detectors' cut: a head named previous-token is one the detector would count."""
-    assert TaxonomyConfig().subtype_attention == CONFIRMED
+    assert RoleConfig().subtype_attention == CONFIRMED
 
 
 # ---- a sub-type near a floor is uncertain ----
@@ -532,7 +532,7 @@ def test_subtype_probability_matches_the_reference(data, reach):
     features["early_position"] = torch.tensor([[3.0]], dtype=torch.float64)
     se = {name: torch.tensor(v, dtype=torch.float64).view(1, 1, -1) for name, v in errors.items()}
     se.update({early_names[k]: torch.tensor([[v]], dtype=torch.float64) for k, v in early_se.items()})
-    cfg = TaxonomyConfig(margin=data.draw(st.sampled_from([0.0, 0.5, 0.9])))
+    cfg = RoleConfig(margin=data.draw(st.sampled_from([0.0, 0.5, 0.9])))
     found = subtypes_from_features(features, cfg, se)
     short = {"top_rest_at_lag": "top", "attention_at_lag": "attention", "output_share_at_lag": "output"}
     kind, probability, uncertain = reference_subtype_probability(
@@ -559,14 +559,14 @@ def _one_head(attention: float, attention_se: float) -> tuple[dict, dict]:
     return features, se
 
 
-def _features_config_se(attention: float, attention_se: float, cfg: TaxonomyConfig) -> tuple[dict, TaxonomyConfig, dict]:
+def _features_config_se(attention: float, attention_se: float, cfg: RoleConfig) -> tuple[dict, RoleConfig, dict]:
     features, se = _one_head(attention, attention_se)
     return features, cfg, se
 
 
 def _near_the_floor_is_uncertain() -> None:
     """Weight 0.31 with SE 0.05 (z = 0.2): neither named nor ruled out; 0.31 with SE 0.001 named; 0.2 ruled out."""
-    cfg = TaxonomyConfig()
+    cfg = RoleConfig()
     near = taxonomy_module.subtypes_from_features(*_features_config_se(0.31, 0.05, cfg))
     assert bool(near.uncertain[0, 0]) and SUBTYPE_KINDS[int(near.kind[0, 0])] == "none"
     assert 0.25 < float(near.probability[0, 0]) < 0.75
@@ -588,8 +588,8 @@ def test_mutant_sub_types_judged_on_means_alone_is_caught():
 
 @pytest.mark.model
 def test_built_heads_sub_type_probability_from_the_documents(built):
-    """Through taxonomy_from_result: each head's probability is the reference's on the result's means and sem."""
-    found = taxonomy_from_result(built)
+    """Through roles_from_result: each head's probability is the reference's on the result's means and sem."""
+    found = roles_from_result(built)
     cfg = found.config
     assert built.n_documents > 1
     mean = {n: built.per_head(n) for n in SUBTYPE_FEATURES}
@@ -647,7 +647,7 @@ def test_a_result_without_the_lag_spread_judges_sub_types_on_means(built, tmp_pa
     meta["npz_sha256"] = hashlib.sha256(npz_path.read_bytes()).hexdigest()
     json_path.write_text(json.dumps(meta))
     old = GeometryResult.load(tmp_path / "old")
-    found = taxonomy_from_result(old)
+    found = roles_from_result(old)
     assert {f"{n} spread" for n in ("top_rest_at_lag", "attention_at_lag", "output_share_at_lag")} <= set(found.missing)
     assert not bool(found.subtypes.uncertain.any())
     on_means = subtypes_from_features(found.features, found.config)
@@ -659,9 +659,9 @@ def test_a_result_without_the_lag_spread_judges_sub_types_on_means(built, tmp_pa
 def test_subtype_agreement_counts_as_a_loop_over_pairs(built):
     """Three taxonomies with sub-types drawn at random (named, uncertain or none per head), against a loop over
     every pair of them and every head of what each names."""
-    from tl_geometry.analysis.taxonomy import subtype_agreement
+    from tl_geometry.analysis.head_roles import subtype_agreement
 
-    found = taxonomy_from_result(built)
+    found = roles_from_result(built)
     gen = torch.Generator().manual_seed(3)
     variants = []
     for _ in range(3):
@@ -671,7 +671,7 @@ def test_subtype_agreement_counts_as_a_loop_over_pairs(built):
             found.subtypes, kind=torch.where(draw == 1, SUBTYPE_KINDS.index("lag"), 0),
             candidate=torch.full_like(draw, SUBTYPE_KINDS.index("lag")), lag=lag, uncertain=draw == 2,
         )  # fmt: skip
-        labels = torch.full_like(found.labels, REGIMES.index("content"))
+        labels = torch.full_like(found.labels, ROLE_LABELS.index("content"))
         variants.append(dataclasses.replace(found, subtypes=subtypes, labels=labels))
     got = subtype_agreement(variants)
     heads = [(l, h) for l in found.layers for h in found.heads]

@@ -4,7 +4,7 @@ Every P and R of a run with ``diagnostics=["chance"]`` comes with its chance
 level: the floor N / L of Precision and the mean of random top-N sets
 (`tl_geometry.diagnostics.chance`). The excess over chance is a field of its
 own, computed per row, so its mean over documents and its bootstrap interval
-are those of any field; here it is summarised over heads and by regime.
+are those of any field; here it is summarised over heads and by role.
 """
 
 import math
@@ -14,8 +14,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from tl_geometry._renamed import old_names
 from tl_geometry.analysis.summaries import mean_over_heads
-from tl_geometry.analysis.taxonomy import REGIMES, HeadTaxonomy
+from tl_geometry.analysis.head_roles import ROLE_LABELS, HeadRoles
 from tl_geometry.diagnostics.chance import CHANCE_OF, EXCESS_OF
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.selection import PRECISION
@@ -88,11 +89,13 @@ def excess_over_chance(result: GeometryResult, metric: FieldName = PRECISION, le
     )
 
 
-def chance_by_regime(
-    result: GeometryResult, taxonomy: HeadTaxonomy, metric: FieldName = PRECISION
-) -> Float[Tensor, "regime n"]:
-    """Mean random-control level of P (or R) over the heads of each of ``REGIMES`` (Figure 11's chance lines)."""
+def chance_by_role(
+    result: GeometryResult, roles: HeadRoles, metric: FieldName = PRECISION
+) -> Float[Tensor, "role n"]:
+    """Mean random-control level of P (or R) over the heads of each of ``ROLE_LABELS`` (Figure 11's chance lines)."""
     curve = result.per_head(CHANCE_OF[_checked(result, metric)])
-    member = torch.nn.functional.one_hot(taxonomy.labels, len(REGIMES)).bool()  # [layer, head, regime]
+    member = torch.nn.functional.one_hot(roles.labels, len(ROLE_LABELS)).bool()  # [layer, head, role]
     masked = torch.where(member.unsqueeze(-1), curve.unsqueeze(-2), torch.full((), math.nan, dtype=curve.dtype))
     return torch.nanmean(masked.flatten(0, 1), dim=0)
+
+__getattr__ = old_names(__name__, globals())  # the names they had before (tl_geometry._renamed)

@@ -33,7 +33,7 @@ from tl_geometry.analysis.correlation import spearman
 from tl_geometry.diagnostics.selection import F_SCORE
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.display import field_summary
-from tl_geometry.results.interventions import ALL, InterventionResult
+from tl_geometry.results.intervention_result import ALL, InterventionResult
 from tl_geometry.results.result import GeometryResult
 from tl_geometry.results.select import nanquantile
 from tl_geometry.results.table import FieldName, field_name

@@ -2,16 +2,17 @@
 
 The scores come from `tl_geometry.roles.prompt_sets` (written from the
 detectors' definitions on ``hook_pattern``, independent of the role
-features); this module only reads them with a taxonomy.
+features); this module only reads them beside the roles.
 """
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
 
-from tl_geometry.analysis.taxonomy import CONTENT, HeadTaxonomy
+from tl_geometry.analysis.head_roles import CONTENT, HeadRoles
 from tl_geometry.errors import GeometryError
 from tl_geometry.results.display import Summary, head_name, plural
 
@@ -33,12 +34,12 @@ def expected_subtype(detector: str, period: int | None) -> str:
 
 @dataclass(frozen=True)
 class DetectorAgreement:
-    """The heads a taxonomy names with a sub-type against the heads a detector confirms (score >= threshold).
+    """The heads the roles name with a sub-type against the heads a detector confirms (score >= threshold).
 
     Attributes:
         subtype: the sub-type checked, e.g. ``"previous-token"``.
         named: the heads with that sub-type, ``(layer, head)``.
-        detected: the heads (of those the taxonomy covers) whose detector score is at least ``threshold``.
+        detected: the heads (of those the roles covers) whose detector score is at least ``threshold``.
         threshold: the detector score that confirms.
     """
 
@@ -63,15 +64,15 @@ class DetectorAgreement:
         return len(self.confirmed) / len(self.detected) if self.detected else math.nan
 
 
-def agreement(taxonomy: HeadTaxonomy, scores: Tensor, subtype: str, threshold: float = CONFIRMED) -> DetectorAgreement:
-    """Heads ``taxonomy`` names ``subtype`` and heads a detector's ``scores`` ``[layer, head]`` confirm.
+def agreement(roles: HeadRoles, scores: Tensor, subtype: str, threshold: float = CONFIRMED) -> DetectorAgreement:
+    """Heads ``roles`` names ``subtype`` and heads a detector's ``scores`` ``[layer, head]`` confirm.
 
-    The taxonomy may come from other prompts than the scores (e.g. the
+    The roles may come from other prompts than the scores (e.g. the
     report's input against detectors on their own prompts): that is the check
     of a naming on text the detector did not see.
     """
-    heads = [(layer, head) for layer in taxonomy.layers for head in taxonomy.heads]
-    named = tuple(h for h in heads if taxonomy.subtype(*h) == subtype)
+    heads = [(layer, head) for layer in roles.layers for head in roles.heads]
+    named = tuple(h for h in heads if roles.subtype(*h) == subtype)
     detected = tuple(h for h in heads if float(scores[h]) >= threshold)
     return DetectorAgreement(subtype, named, detected, threshold)
 
@@ -83,16 +84,23 @@ class PromptSetCheck:
     Attributes:
         name: ``"natural"`` or ``"repeated"``.
         scores: detector name -> ``[layer, head]``.
-        taxonomy: the roles on these prompts.
+        roles: the roles on these prompts.
         period: T for repeated prompts, else None.
         n_prompts: how many prompts the set holds (None where not recorded).
     """
 
     name: str
     scores: dict[str, Tensor]
-    taxonomy: HeadTaxonomy
+    roles: HeadRoles
     period: int | None
     n_prompts: int | None = None
+
+    @property
+    def taxonomy(self) -> HeadRoles:
+        """Deprecated: `roles`, under its former name."""
+        warnings.warn("PromptSetCheck.taxonomy is deprecated; it is now PromptSetCheck.roles", DeprecationWarning,
+                      stacklevel=2)
+        return self.roles
 
     def _summary(self) -> Summary:
         prompts = "prompts" if self.n_prompts is None else plural(self.n_prompts, "prompt")
@@ -102,8 +110,8 @@ class PromptSetCheck:
             top = ", ".join(f"{head_name(layer, head)} {float(scores[layer, head]):.2f}"
                             for layer, head in self.top_heads(detector, 4))
             rows.append((detector, f"top scores {top}"))
-        rows.append(("roles", f"{plural(self.taxonomy.labels.numel(), 'head')} classified on these prompts "
-                              "(check.taxonomy)"))
+        rows.append(("roles", f"{plural(self.roles.labels.numel(), 'head')} classified on these prompts "
+                              "(check.roles)"))
         detector = next(iter(self.scores), "previous_token")
         rows.append(("read", f"check.cross_tab({detector!r}); check.agreement({detector!r}, your_roles)"))
         return Summary(f"PromptSetCheck {self.name!r}", tuple(rows))
@@ -127,30 +135,30 @@ class PromptSetCheck:
         key at lag T - 1; other detectors: not defined (GeometryError).
         """
         want = expected_subtype(detector, self.period)
-        return sum(self.taxonomy.subtype(layer, head) == want for layer, head in self.top_heads(detector, k))
+        return sum(self.roles.subtype(layer, head) == want for layer, head in self.top_heads(detector, k))
 
     def agreement(
-        self, detector: str, taxonomy: HeadTaxonomy | None = None, threshold: float = CONFIRMED
+        self, detector: str, roles: HeadRoles | None = None, threshold: float = CONFIRMED
     ) -> DetectorAgreement:
         """Precision and recall: the heads named with ``detector``'s sub-type and those its score here confirms.
 
         Args:
             detector: ``"previous_token"`` or ``"induction"``.
-            taxonomy: whose names to check (default: the roles on these prompts).
+            roles: whose names to check (default: the roles on these prompts).
             threshold: the score that confirms.
         """
-        return agreement(taxonomy or self.taxonomy, self.scores[detector], expected_subtype(detector, self.period), threshold)
+        return agreement(roles or self.roles, self.scores[detector], expected_subtype(detector, self.period), threshold)
 
     def cross_tab(self, detector: str, k: int = 10) -> list[dict[str, Any]]:
         """The top-k heads of ``detector``: layer, head (and its name, ``"L16H0"``), score, label, sub-type and
         the probability of Content."""
         rows = []
         for layer, head in self.top_heads(detector, k):
-            i, j = self.taxonomy.layers.index(layer), self.taxonomy.heads.index(head)
+            i, j = self.roles.layers.index(layer), self.roles.heads.index(head)
             rows.append({
                 "layer": layer, "head": head, "name": head_name(layer, head), "score": float(self.scores[detector][layer, head]),
-                "label": self.taxonomy.label_names()[i][j], "subtype": self.taxonomy.subtype_text(layer, head),
-                "lag": int(self.taxonomy.subtypes.lag[i, j]),
-                "p_content": float(self.taxonomy.probabilities[i, j, CONTENT]),
+                "label": self.roles.label_names()[i][j], "subtype": self.roles.subtype_text(layer, head),
+                "lag": int(self.roles.subtypes.lag[i, j]),
+                "p_content": float(self.roles.probabilities[i, j, CONTENT]),
             })  # fmt: skip
         return rows

@@ -1,6 +1,6 @@
 """Head roles: the paper's Retriever / Mixer / Reset (section 4.2), plus Content, with probabilities and sub-types.
 
-The rules read the role features of `tl_geometry.diagnostics.taxonomy`, measured
+The rules read the role features of `tl_geometry.diagnostics.role_features`, measured
 on a seeded sample of query positions per sequence and averaged over the
 sample and the documents. For one query row, o = sum_i alpha_i v_i is the
 head's output before W_O, y_i = alpha_i v_i, L the query's own position and
@@ -45,7 +45,7 @@ The rules, in order; the first that holds gives the role:
 4. Content (not in the paper): the rest dominates and is concentrated: its top
    key holds at least ``concentrated`` of the rest's weight. Previous-token heads,
    induction and copy heads attend to one specific earlier token, which none
-   of the paper's regimes describes.
+   of the paper's roles describes.
 
 A head whose share_self is largest but not aligned beyond chance falls
 through to rules 3-4 (its sink and rest decide).
@@ -70,7 +70,7 @@ heads, secondary sinks to Reset heads. On a random token sequence repeated
 with period T, an induction head's top key is at lag T - 1 (the token after
 the previous occurrence of the query's token).
 
-The paper's rules read literally (``HeadTaxonomy.literal``, beside ours): the
+The paper's rules read literally (``HeadRoles.literal``, beside ours): the
 magnitudes are the norms ||alpha_0 v_0||, ||alpha_L v_L|| and the largest
 ||alpha_i v_i|| of the rest (Figure 10), the alignments the raw cosines.
 Mixer: ||alpha_L v_L|| strictly between the other two and the raw shifts as
@@ -79,7 +79,7 @@ v_L) at least ``literal_align``. Reset: ||alpha_0 v_0|| at least
 ``comparable`` times the largest other, or the rest broadly spread (as in
 rule 3), and s(N) sink-biased: the mean raw cos(s(N), v_0) above cos(s(N),
 v_L), which stays below ``literal_align``. Otherwise ``"none"``: none of the
-paper's regimes. These are point labels (no probabilities).
+paper's roles. These are point labels (no probabilities).
 
 Probabilities: the share of bootstrap replicates whose feature means give
 each role (the z-scores keep the head's standard errors). The label is the
@@ -97,9 +97,10 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from tl_geometry._renamed import old_attribute, old_names
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.diagnostics.selection import PRECISION, RECALL, S_NORM
-from tl_geometry.diagnostics.taxonomy import (
+from tl_geometry.diagnostics.role_features import (
     ALIGN_SELF_EXCESS,
     ATTENTION_AT_LAG,
     CONTRIBUTION_BY_POSITION,
@@ -125,7 +126,7 @@ from tl_geometry.diagnostics.taxonomy import (
     SHIFT_SINK,
     SHIFT_SINK_RAW,
     SUBTYPE_FEATURES,
-    TAXONOMY_FEATURES,
+    ROLE_DIAGNOSTIC_FIELDS,
     TOP_REST_AT_LAG,
     TOP_REST_SHARE,
 )
@@ -135,19 +136,19 @@ from tl_geometry.results.result import GeometryResult
 from tl_geometry.results.table import FieldName, field_name
 
 Role = Literal["retriever", "mixer", "reset", "content"]
-"""A head role: the paper's three regimes and Content (a specific earlier token)."""
+"""A head role: the paper's three (its "regimes") and Content (a specific earlier token)."""
 ROLES: tuple[str, ...] = get_args(Role)
-"""The four roles, in probability order: ``HeadTaxonomy.probabilities[..., i]`` is ROLES[i]."""
-Regime = Literal["retriever", "mixer", "reset", "content", "uncertain"]
+"""The four roles, in probability order: ``HeadRoles.probabilities[..., i]`` is ROLES[i]."""
+RoleLabel = Literal["retriever", "mixer", "reset", "content", "uncertain"]
 """A head's label: a role, or ``"uncertain"`` when no role beats the runner-up by the margin."""
-REGIMES: tuple[str, ...] = get_args(Regime)
-"""The five labels, in label order: ``HeadTaxonomy.labels`` index into this tuple."""
+ROLE_LABELS: tuple[str, ...] = get_args(RoleLabel)
+"""The five labels, in label order: ``HeadRoles.labels`` index into this tuple."""
 NAMED: tuple[str, ...] = ROLES
-"""The labels that name a role (every label but "uncertain"), as `detect_regime` accepts them."""
-UNCERTAIN = REGIMES.index("uncertain")
+"""The labels that name a role (every label but "uncertain"), as `detect_role` accepts them."""
+UNCERTAIN = ROLE_LABELS.index("uncertain")
 MIXER, RETRIEVER, RESET, CONTENT = (ROLES.index(r) for r in ("mixer", "retriever", "reset", "content"))
 LiteralRole = Literal["retriever", "mixer", "reset", "none"]
-"""The paper's rules read literally: its three regimes, or "none" where no rule holds."""
+"""The paper's rules read literally: its three roles, or "none" where no rule holds."""
 LITERAL_ROLES: tuple[str, ...] = get_args(LiteralRole)
 SubtypeKind = Literal["none", "lag", "sink"]
 """What a sub-type names: nothing, a fixed lag behind the query, or a secondary sink (an early key)."""
@@ -164,7 +165,7 @@ SECONDARY_SINK = "secondary sink"
 
 
 @dataclass(frozen=True)
-class TaxonomyConfig:
+class RoleConfig:
     """Thresholds of the role rules (see the module docstring).
 
     Attributes:
@@ -201,7 +202,7 @@ class TaxonomyConfig:
         comparable: the literal reading's "comparable": ||alpha_0 v_0|| at
             least this times the largest other contribution. In (0, 1].
 
-    >>> TaxonomyConfig(margin=2.0)
+    >>> RoleConfig(margin=2.0)
     Traceback (most recent call last):
     ...
     tl_geometry.errors.GeometryError: margin: expected a number in [0, 1], got 2.0
@@ -214,7 +215,7 @@ class TaxonomyConfig:
     concentrated: float = 0.3
     margin: float = 0.5
     subtype_rows: float = 0.25
-    subtype_attention: float = 0.3  # the detectors' cut, tl_geometry.analysis.mechanisms.CONFIRMED
+    subtype_attention: float = 0.3  # the detectors' cut, tl_geometry.analysis.detector_agreement.CONFIRMED
     subtype_output: float = 0.1
     subtype_peak: float = 2.0
     literal_align: float = 0.5
@@ -241,7 +242,7 @@ class TaxonomyConfig:
 
 
 def role_of(
-    features: Mapping[str, Tensor], se: Mapping[str, Tensor], config: TaxonomyConfig
+    features: Mapping[str, Tensor], se: Mapping[str, Tensor], config: RoleConfig
 ) -> Int[Tensor, "*batch"]:
     """The role (index into ROLES) the rules give, -1 where the shares are undefined.
 
@@ -256,7 +257,7 @@ def role_of(
     >>> one = lambda v: torch.tensor([v], dtype=torch.float64)
     >>> f = {"share_sink": one(0.1), "share_self": one(0.8), "share_rest": one(0.1), "align_self_excess": one(0.3),
     ...      "shift_self_raw": one(0.0), "shift_sink_raw": one(0.0), "top_rest_share": one(0.5)}
-    >>> ROLES[int(role_of(f, {k: one(0.1) for k in f}, TaxonomyConfig()))]
+    >>> ROLES[int(role_of(f, {k: one(0.1) for k in f}, RoleConfig()))]
     'retriever'
     """
     sink = features[SHARE_SINK.name].double().nan_to_num(-math.inf)  # no visible sink: it cannot dominate
@@ -273,7 +274,7 @@ def role_of(
     return role.masked_fill(own.isnan() | rest.isnan(), -1)
 
 
-def _between(own: Tensor, sink: Tensor, rest: Tensor, se: Mapping[str, Tensor], config: TaxonomyConfig) -> Tensor:
+def _between(own: Tensor, sink: Tensor, rest: Tensor, se: Mapping[str, Tensor], config: RoleConfig) -> Tensor:
     """share_self strictly between share_sink and share_rest, each gap ``z_shift`` standard errors wide.
 
     Two shares that tie within their noise are not ordered: a head with 0.04
@@ -292,14 +293,14 @@ def _between(own: Tensor, sink: Tensor, rest: Tensor, se: Mapping[str, Tensor], 
     return above & below
 
 
-def _shifting(features: Mapping[str, Tensor], z: Mapping[FieldSpec, Tensor], config: TaxonomyConfig) -> Tensor:
+def _shifting(features: Mapping[str, Tensor], z: Mapping[FieldSpec, Tensor], config: RoleConfig) -> Tensor:
     """The Mixer's shift on the raw curves: cos(s, v_L) rises and cos(s, v_0) falls with ln N, each by z and size."""
     rising = (z[SHIFT_SELF_RAW] > config.z_shift) & (features[SHIFT_SELF_RAW.name].double() >= config.shift_min)
     falling = (z[SHIFT_SINK_RAW] < -config.z_shift) & (features[SHIFT_SINK_RAW.name].double() <= -config.shift_min)
     return rising & falling
 
 
-def literal_role_of(features: Mapping[str, Tensor], se: Mapping[str, Tensor], config: TaxonomyConfig) -> Int[Tensor, "*batch"]:
+def literal_role_of(features: Mapping[str, Tensor], se: Mapping[str, Tensor], config: RoleConfig) -> Int[Tensor, "*batch"]:
     """The paper's rules read literally (module docstring): index into LITERAL_ROLES, -1 where undefined.
 
     Args:
@@ -329,10 +330,10 @@ def literal_role_of(features: Mapping[str, Tensor], se: Mapping[str, Tensor], co
 def labels_from_probabilities(
     probabilities: Float[Tensor, "*batch role"], margin: float
 ) -> tuple[Int[Tensor, "*batch"], Int[Tensor, "*batch"], Float[Tensor, "*batch"]]:
-    """The label (index into REGIMES), the runner-up (index into ROLES) and p_first - p_second.
+    """The label (index into ROLE_LABELS), the runner-up (index into ROLES) and p_first - p_second.
 
     >>> labels, runner_up, gap = labels_from_probabilities(torch.tensor([[0.9, 0.1, 0, 0], [0.5, 0.4, 0.1, 0]]), 0.5)
-    >>> [REGIMES[i] for i in labels.tolist()], [ROLES[i] for i in runner_up.tolist()]
+    >>> [ROLE_LABELS[i] for i in labels.tolist()], [ROLES[i] for i in runner_up.tolist()]
     (['retriever', 'uncertain'], ['mixer', 'mixer'])
     """
     top = probabilities.topk(2, dim=-1)
@@ -391,7 +392,7 @@ def _floor_probability(value: Tensor, floor: float, se: Tensor) -> Tensor:
 
 
 def subtypes_from_features(
-    features: Mapping[str, Tensor], config: TaxonomyConfig, se: Mapping[str, Tensor] | None = None
+    features: Mapping[str, Tensor], config: RoleConfig, se: Mapping[str, Tensor] | None = None
 ) -> Subtypes:
     """The sub-type of every head from the head means of ``SUBTYPE_FEATURES`` and, where given, their SE.
 
@@ -456,7 +457,7 @@ def subtypes_from_features(
 
 
 # Results of the version before the raw shifts measured the shifts of the excess over chance only: their Mixer is
-# judged on those (the rule of that version), and `HeadTaxonomy.missing` says so.
+# judged on those (the rule of that version), and `HeadRoles.missing` says so.
 _EARLIER_SHIFTS = {SHIFT_SINK_RAW.name: SHIFT_SINK.name, SHIFT_SELF_RAW.name: SHIFT_SELF.name}
 
 
@@ -497,11 +498,11 @@ def _standard_errors(result: GeometryResult) -> dict[str, Tensor]:
 
 
 @dataclass(frozen=True)
-class HeadTaxonomy:
+class HeadRoles:
     """The role of every analysed head, with its probability, runner-up and evidence.
 
     Attributes:
-        labels: index into ``REGIMES`` per head (a role, or ``"uncertain"``),
+        labels: index into ``ROLE_LABELS`` per head (a role, or ``"uncertain"``),
             ``[layer, head_index]``.
         point: the role the rules give on the head's feature means (index into
             ROLES), ``[layer, head_index]``.
@@ -517,8 +518,8 @@ class HeadTaxonomy:
         precision, recall: the selection metrics, ``[layer, head_index, n]``.
         n_grid: the selection sizes N, ``[n]``.
         layers, heads: the analysed layers and heads (axes of every tensor).
-        config: the TaxonomyConfig used.
-        missing: the taxonomy features the result lacks (one analysed by an
+        config: the RoleConfig used.
+        missing: the role features the result lacks (one analysed by an
             earlier version): without the raw shifts the Mixer is judged on
             the shifts of the excess over chance (that version's rule),
             without the sub-type features no sub-type is named, without the
@@ -541,29 +542,29 @@ class HeadTaxonomy:
     n_grid: Int[Tensor, " n"]
     layers: tuple[int, ...]
     heads: tuple[int, ...]
-    config: TaxonomyConfig = field(default_factory=TaxonomyConfig)
+    config: RoleConfig = field(default_factory=RoleConfig)
     missing: tuple[str, ...] = ()
 
-    def __repr__(self) -> str:  # a summary, not every tensor (see tl_geometry.analysis.taxonomy_summary)
-        from tl_geometry.analysis.taxonomy_summary import taxonomy_summary
+    def __repr__(self) -> str:  # a summary, not every tensor (see tl_geometry.analysis.head_roles_summary)
+        from tl_geometry.analysis.head_roles_summary import roles_summary
 
-        return taxonomy_summary(self).text()
+        return roles_summary(self).text()
 
     def _repr_html_(self) -> str:
-        from tl_geometry.analysis.taxonomy_summary import taxonomy_summary
+        from tl_geometry.analysis.head_roles_summary import roles_summary
 
-        return taxonomy_summary(self).html()
+        return roles_summary(self).html()
 
     def label_names(self) -> list[list[str]]:
         """The labels as names, ``[layer][head_index]``."""
-        return [[REGIMES[i] for i in row] for row in self.labels.tolist()]
+        return [[ROLE_LABELS[i] for i in row] for row in self.labels.tolist()]
 
     def subtype(self, layer: int, head: int) -> str | None:
         """The key the head attends to: ``"previous-token"``, ``"lag k"`` or ``"secondary sink"``.
 
         Lags for Content heads, secondary sinks (an early key that wins the
         later rows) for Reset heads; None for other labels, where the
-        candidate misses a floor of ``TaxonomyConfig`` (rows, weight, output
+        candidate misses a floor of ``RoleConfig`` (rows, weight, output
         share, peak), and where it is uncertain (`subtype_uncertain`).
         """
         i, j = self.layers.index(layer), self.heads.index(head)
@@ -612,14 +613,14 @@ class HeadTaxonomy:
         return [[LITERAL_ROLES[i] if i >= 0 else "-" for i in row] for row in self.literal.tolist()]
 
     def counts_by_layer(self) -> Int[Tensor, "layer 5"]:
-        """Heads of each label per layer (Figure 8), columns in REGIMES order (uncertain last)."""
-        return torch.nn.functional.one_hot(self.labels, len(REGIMES)).sum(1)
+        """Heads of each label per layer (Figure 8), columns in ROLE_LABELS order (uncertain last)."""
+        return torch.nn.functional.one_hot(self.labels, len(ROLE_LABELS)).sum(1)
 
     def describe(self, layer: int, head: int) -> str:
         """What kind of head is ``L<layer>H<head>``, in one line with its evidence."""
         i, j = self.layers.index(layer), self.heads.index(head)
         p = self.probabilities[i, j]
-        label = REGIMES[int(self.labels[i, j])]
+        label = ROLE_LABELS[int(self.labels[i, j])]
         f = {name: float(t[i, j]) for name, t in self.features.items() if t.ndim == 2}
         odds = ", ".join(f"{r} {float(p[k]):.2f}" for k, r in enumerate(ROLES))
         if label == "uncertain":
@@ -643,7 +644,7 @@ class HeadTaxonomy:
         rows = []
         for i, layer in enumerate(self.layers):
             for j, head in enumerate(self.heads):
-                row = {"layer": layer, "head": head, "label": REGIMES[int(self.labels[i, j])],
+                row = {"layer": layer, "head": head, "label": ROLE_LABELS[int(self.labels[i, j])],
                        "subtype": self.subtype(layer, head), "subtype_uncertain": self.subtype_uncertain(layer, head),
                        "literal": self.literal_names()[i][j],
                        "runner_up": ROLES[int(self.runner_up[i, j])], "margin": float(self.margin[i, j])}  # fmt: skip
@@ -651,7 +652,11 @@ class HeadTaxonomy:
                 rows.append(row)
         return rows
 
-    def curves_by_regime(self, name: FieldName = PRECISION) -> Float[Tensor, "5 n"]:
+    def __getattr__(self, name: str) -> Any:
+        """``curves_by_regime`` and ``contributions_by_regime``: the former names of two methods, with a warning."""
+        return old_attribute(self, name)
+
+    def curves_by_role(self, name: FieldName = PRECISION) -> Float[Tensor, "5 n"]:
         """Mean curve over the heads of each label (Figure 11), NaN for an empty one.
 
         Args:
@@ -666,31 +671,31 @@ class HeadTaxonomy:
         else:
             curves = [k for k, t in self.features.items() if t.ndim == 3]
             raise GeometryError(f"name: expected 'precision', 'recall' or one of {curves}, got {name!r}")
-        member = torch.nn.functional.one_hot(self.labels, len(REGIMES)).bool()  # [layer, head, 5]
+        member = torch.nn.functional.one_hot(self.labels, len(ROLE_LABELS)).bool()  # [layer, head, 5]
         masked = torch.where(member.unsqueeze(-1), curve.unsqueeze(-2), torch.full((), math.nan, dtype=curve.dtype))
         return torch.nanmean(masked.flatten(0, 1), dim=0)
 
     def example_heads(self) -> dict[str, tuple[int, int] | None]:
         """Per label, the (layer, head) with the largest probability of it (None if no head has the label)."""
         out: dict[str, tuple[int, int] | None] = {}
-        for index, regime in enumerate(REGIMES):
+        for index, role in enumerate(ROLE_LABELS):
             score = self.margin if index == UNCERTAIN else self.probabilities[..., index]
             if index == UNCERTAIN:
                 score = -score  # the closest call
             score = torch.where(self.labels == index, score.double().nan_to_num(-1e9), -math.inf)
             row, col = divmod(int(score.argmax()), score.shape[1])
-            out[regime] = (self.layers[row], self.heads[col]) if bool(self.labels[row, col] == index) else None
+            out[role] = (self.layers[row], self.heads[col]) if bool(self.labels[row, col] == index) else None
         return out
 
-    def contributions_by_regime(self) -> dict[str, Float[Tensor, " key"] | None]:
+    def contributions_by_role(self) -> dict[str, Float[Tensor, " key"] | None]:
         """||alpha_i v_i|| by key position of each label's example head (Figure 10), None if it is empty."""
         out: dict[str, Tensor | None] = {}
-        for regime, where in self.example_heads().items():
+        for role, where in self.example_heads().items():
             if where is None or CONTRIBUTION_BY_POSITION.name not in self.features:
-                out[regime] = None
+                out[role] = None
             else:
                 layer, head = self.layers.index(where[0]), self.heads.index(where[1])
-                out[regime] = self.features[CONTRIBUTION_BY_POSITION.name][layer, head]
+                out[role] = self.features[CONTRIBUTION_BY_POSITION.name][layer, head]
         return out
 
 
@@ -700,28 +705,28 @@ def _require_roles(result: GeometryResult) -> None:
     missing = [name for name in ROLE_FEATURES if _stored(result, name) not in result.fields]
     if not missing:
         return
-    if any(name in result.fields for name in TAXONOMY_FEATURES):
+    if any(name in result.fields for name in ROLE_DIAGNOSTIC_FIELDS):
         raise GeometryError(
-            f"result: it was analysed by an older taxonomy diagnostic that did not measure the role features "
+            f"result: it was analysed by an older role diagnostic that did not measure the role features "
             f"{missing} (composition shares, alignment over chance and the raw alignment shifts), so its heads "
-            "cannot be given roles; analyse the model again with diagnostics=['taxonomy']"
+            "cannot be given roles; analyse the model again with diagnostics=['roles']"
         )
     raise GeometryError(
-        f"result: the GeometryResult lacks the taxonomy features {missing}; run it with diagnostics=['taxonomy'] "
-        "(e.g. run_with_geometry_hooks(model, tokens, diagnostics=['taxonomy'])) or call "
+        f"result: the GeometryResult lacks the role features {missing}; run it with diagnostics=['roles'] "
+        "(e.g. run_with_geometry_hooks(model, tokens, diagnostics=['roles'])) or call "
         "tl_geometry.classify_heads(model, tokens)"
     )
 
 
-def replicate_roles(result: GeometryResult, config: TaxonomyConfig | None = None) -> Int[Tensor, "replicate layer head_index"]:
+def replicate_roles(result: GeometryResult, config: RoleConfig | None = None) -> Int[Tensor, "replicate layer head_index"]:
     """The role (index into ROLES) each bootstrap replicate's feature means give every head; -1 where undefined.
 
-    The z-scores keep the head's standard errors (those of `taxonomy_from_result`).
+    The z-scores keep the head's standard errors (those of `roles_from_result`).
 
     Raises:
         GeometryError: the result lacks the role features or their replicates (``n_bootstrap=0``).
     """
-    config = config or TaxonomyConfig()
+    config = config or RoleConfig()
     _require_roles(result)
     if not all(result.has_replicates(_stored(result, name)) for name in ROLE_FEATURES):
         raise GeometryError("result: its role features kept no bootstrap replicates; analyse with n_bootstrap > 0")
@@ -729,7 +734,7 @@ def replicate_roles(result: GeometryResult, config: TaxonomyConfig | None = None
     return role_of(replicates, _standard_errors(result), config)
 
 
-def _probabilities(result: GeometryResult, config: TaxonomyConfig) -> Tensor:
+def _probabilities(result: GeometryResult, config: RoleConfig) -> Tensor:
     """Each role's share of the replicates whose feature means are defined; NaN without replicates."""
     layer_head = result.per_head(SHARE_SELF).shape
     if not all(result.has_replicates(_stored(result, name)) for name in ROLE_FEATURES):
@@ -739,13 +744,13 @@ def _probabilities(result: GeometryResult, config: TaxonomyConfig) -> Tensor:
     return votes.sum(0) / votes.sum((0, -1)).unsqueeze(-1)  # NaN where no replicate is defined
 
 
-def taxonomy_from_result(result: GeometryResult, config: TaxonomyConfig | None = None) -> HeadTaxonomy:
-    """The role of every head of a result computed with the ``"taxonomy"`` diagnostic (no model runs)."""
-    config = config or TaxonomyConfig()
-    if not isinstance(config, TaxonomyConfig):
-        raise GeometryError(f"config: expected a TaxonomyConfig or None, got {type(config).__name__}")
+def roles_from_result(result: GeometryResult, config: RoleConfig | None = None) -> HeadRoles:
+    """The role of every head of a result computed with the ``"roles"`` diagnostic (no model runs)."""
+    config = config or RoleConfig()
+    if not isinstance(config, RoleConfig):
+        raise GeometryError(f"config: expected a RoleConfig or None, got {type(config).__name__}")
     _require_roles(result)
-    features = {name: result.per_head(name) for name in (*TAXONOMY_FEATURES, S_NORM.name) if name in result.fields}
+    features = {name: result.per_head(name) for name in (*ROLE_DIAGNOSTIC_FIELDS, S_NORM.name) if name in result.fields}
     features.update({name: result.per_head(_stored(result, name)) for name in _EARLIER_SHIFTS})
     se = _standard_errors(result)
     point = role_of(features, se, config)
@@ -769,7 +774,7 @@ def taxonomy_from_result(result: GeometryResult, config: TaxonomyConfig | None =
         runner_up, gap = torch.zeros_like(point), torch.full(point.shape, math.nan, dtype=torch.float64)
     else:
         labels, runner_up, gap = labels_from_probabilities(probabilities, config.margin)
-    return HeadTaxonomy(
+    return HeadRoles(
         labels=labels, point=point, probabilities=probabilities, runner_up=runner_up, margin=gap,
         subtypes=subtypes, literal=literal, features=features, se=se, missing=missing,
         precision=result.per_head(PRECISION), recall=result.per_head(RECALL), n_grid=result.n_grid,
@@ -782,10 +787,10 @@ class SensitivityRow:
     """How many labels change when one threshold moves.
 
     Attributes:
-        threshold: the TaxonomyConfig field moved.
+        threshold: the RoleConfig field moved.
         value: its moved value (the default times 1 -+ step, clipped to its range).
         changed: heads whose label differs from the labels at the defaults.
-        counts: heads per label at the moved value, in REGIMES order.
+        counts: heads per label at the moved value, in ROLE_LABELS order.
     """
 
     threshold: str
@@ -795,13 +800,13 @@ class SensitivityRow:
 
 
 def threshold_sensitivity(
-    result: GeometryResult, config: TaxonomyConfig | None = None, step: float = 0.1
+    result: GeometryResult, config: RoleConfig | None = None, step: float = 0.1
 ) -> list[SensitivityRow]:
     """Labels changed when each threshold of ``THRESHOLDS`` moves by -step and +step (relative).
 
     Args:
         result: a result with the role features.
-        config: the thresholds to move from (default ``TaxonomyConfig()``).
+        config: the thresholds to move from (default ``RoleConfig()``).
         step: the relative move, in (0, 1).
 
     Returns:
@@ -809,8 +814,8 @@ def threshold_sensitivity(
     """
     if isinstance(step, bool) or not isinstance(step, (int, float)) or not 0 < step < 1:
         raise GeometryError(f"step: expected a relative move in (0, 1), e.g. 0.1, got {step!r}")
-    config = config or TaxonomyConfig()
-    base = taxonomy_from_result(result, config).labels
+    config = config or RoleConfig()
+    base = roles_from_result(result, config).labels
     rows = []
     for name in THRESHOLDS:
         value = getattr(config, name)
@@ -818,14 +823,14 @@ def threshold_sensitivity(
             moved = value * (1 + sign * step)
             if name in _SHARES:
                 moved = min(moved, 1.0)
-            labels = taxonomy_from_result(result, replace(config, **{name: moved})).labels
-            counts = torch.bincount(labels.flatten(), minlength=len(REGIMES))
+            labels = roles_from_result(result, replace(config, **{name: moved})).labels
+            counts = torch.bincount(labels.flatten(), minlength=len(ROLE_LABELS))
             rows.append(SensitivityRow(name, float(moved), int((labels != base).sum()), tuple(counts.tolist())))
     return rows
 
 
 @dataclass(frozen=True)
-class QueryTaxonomy:
+class QueryRoles:
     """The role of every head at every kept query position of every prompt (``keep_queries=True``).
 
     Attributes:
@@ -835,14 +840,14 @@ class QueryTaxonomy:
             sequence's first real token, ``[doc, query]`` (-1 where a prompt
             has fewer queries).
         layers, heads: the analysed layers and heads.
-        config: the TaxonomyConfig used.
+        config: the RoleConfig used.
     """
 
     labels: Int[Tensor, "doc layer head_index query"]
     query_positions: Int[Tensor, "doc query"]
     layers: tuple[int, ...]
     heads: tuple[int, ...]
-    config: TaxonomyConfig
+    config: RoleConfig
 
     def at(self, doc: int, position: int) -> list[list[str | None]]:
         """The role names of every head for one prompt's query at ``position``, ``[layer][head_index]``."""
@@ -857,50 +862,50 @@ class QueryTaxonomy:
         return [[ROLES[i] if i >= 0 else None for i in row] for row in labels.tolist()]
 
 
-def classify_queries(result: GeometryResult, config: TaxonomyConfig | None = None) -> QueryTaxonomy:
+def classify_queries(result: GeometryResult, config: RoleConfig | None = None) -> QueryRoles:
     """The role of every head at every kept query position of every prompt, each query on its own.
 
-    The rules of `taxonomy_from_result` applied to one query row's features,
+    The rules of `roles_from_result` applied to one query row's features,
     with the head's standard errors for the z-scores: the variant for circuit
     studies where the interesting position (e.g. the IO name in IOI) differs
     from prompt to prompt. A single row has no bootstrap, so these roles carry
     no probability: read them as a description of that forward pass.
 
     Args:
-        result: analysed with ``diagnostics=["taxonomy"]``, ``keep_queries=True``
-            and ``settings={"taxonomy": {"queries": "analysed"}}`` (so that the
+        result: analysed with ``diagnostics=["roles"]``, ``keep_queries=True``
+            and ``settings={"roles": {"queries": "analysed"}}`` (so that the
             features are measured on the kept queries), and the
             ``query_positions`` of interest.
-        config: the thresholds (default ``TaxonomyConfig()``).
+        config: the thresholds (default ``RoleConfig()``).
     """
-    config = config or TaxonomyConfig()
+    config = config or RoleConfig()
     _require_roles(result)
     if result.queries is None or result.query_positions is None:
         raise GeometryError(
             "result: keeps no per-query rows; analyse with keep_queries=True, e.g. run_with_geometry_hooks("
-            "model, prompts, diagnostics=['taxonomy'], keep_queries=True, query_positions='all', "
-            "settings={'taxonomy': {'queries': 'analysed'}})"
+            "model, prompts, diagnostics=['roles'], keep_queries=True, query_positions='all', "
+            "settings={'roles': {'queries': 'analysed'}})"
         )
     missing = [name for name in ROLE_FEATURES if _stored(result, name) not in result.queries]
     if missing:
         raise GeometryError(
-            f"result: its per-query rows lack the role features {missing}: the taxonomy measured its own query "
-            "sample; analyse with settings={'taxonomy': {'queries': 'analysed'}} and keep_queries=True"
+            f"result: its per-query rows lack the role features {missing}: the roles diagnostic measured its own query "
+            "sample; analyse with settings={'roles': {'queries': 'analysed'}} and keep_queries=True"
         )
     se = {name: t.unsqueeze(0).unsqueeze(-1) for name, t in _standard_errors(result).items()}
     rows = {name: result.queries[_stored(result, name)] for name in ROLE_FEATURES}  # [doc, layer, head, query]
-    return QueryTaxonomy(
+    return QueryRoles(
         labels=role_of(rows, se, config), query_positions=result.query_positions,
         layers=tuple(result.layers), heads=tuple(result.heads), config=config,
     )  # fmt: skip
 
 
-def role_counts(taxonomy: HeadTaxonomy) -> dict[str, int]:
-    """Heads per label over every layer, in REGIMES order."""
-    return dict(zip(REGIMES, taxonomy.counts_by_layer().sum(0).tolist()))
+def role_counts(roles: HeadRoles) -> dict[str, int]:
+    """Heads per label over every layer, in ROLE_LABELS order."""
+    return dict(zip(ROLE_LABELS, roles.counts_by_layer().sum(0).tolist()))
 
 
-def agreement(first: HeadTaxonomy, second: HeadTaxonomy) -> tuple[float, int]:
+def agreement(first: HeadRoles, second: HeadRoles) -> tuple[float, int]:
     """Share of heads that both label (not uncertain) with the same role, and how many both label."""
     both = (first.labels != UNCERTAIN) & (second.labels != UNCERTAIN)
     n = int(both.sum())
@@ -909,14 +914,14 @@ def agreement(first: HeadTaxonomy, second: HeadTaxonomy) -> tuple[float, int]:
 
 @dataclass(frozen=True)
 class SubtypeAgreement:
-    """Sub-types across taxonomies of disjoint document groups, counted over (head, pair of taxonomies).
+    """Sub-types across the roles of disjoint document groups, counted over (head, pair of groups).
 
     Attributes:
         same_both, both: where both name a sub-type: how many name the same one, of how many.
         same_sure, sure: where either names one and neither's is uncertain (as `agreement` counts the heads
             both label): the same, of how many.
         same_either, either: where either names one: the same, of how many.
-        uncertain: per taxonomy, the heads whose sub-type is uncertain.
+        uncertain: per group, the heads whose sub-type is uncertain.
     """
 
     same_both: int
@@ -928,11 +933,11 @@ class SubtypeAgreement:
     uncertain: tuple[int, ...]
 
 
-def subtype_agreement(taxonomies: Sequence[HeadTaxonomy]) -> SubtypeAgreement:
-    """How the sub-types of taxonomies of disjoint document groups agree, over every pair of them."""
+def subtype_agreement(groups: Sequence[HeadRoles]) -> SubtypeAgreement:
+    """How the sub-types of the roles of disjoint document groups agree, over every pair of them."""
     counts = dict.fromkeys(("same_both", "both", "same_sure", "sure", "same_either", "either"), 0)
-    heads = [(layer, head) for layer in taxonomies[0].layers for head in taxonomies[0].heads]
-    for first, second in itertools.combinations(taxonomies, 2):
+    heads = [(layer, head) for layer in groups[0].layers for head in groups[0].heads]
+    for first, second in itertools.combinations(groups, 2):
         for layer, head in heads:
             a, b = first.subtype(layer, head), second.subtype(layer, head)
             if a is None and b is None:
@@ -947,13 +952,15 @@ def subtype_agreement(taxonomies: Sequence[HeadTaxonomy]) -> SubtypeAgreement:
             if a is not None and b is not None:
                 counts["both"] += 1
                 counts["same_both"] += same
-    uncertain = tuple(sum(t.subtype_uncertain(layer, head) is not None for layer, head in heads) for t in taxonomies)
+    uncertain = tuple(sum(t.subtype_uncertain(layer, head) is not None for layer, head in heads) for t in groups)
     return SubtypeAgreement(**counts, uncertain=uncertain)
 
 
 __all__: Sequence[str] = (
-    "ROLES", "REGIMES", "NAMED", "LITERAL_ROLES", "SUBTYPE_KINDS", "Role", "Regime", "LiteralRole", "TaxonomyConfig",
-    "HeadTaxonomy", "QueryTaxonomy", "Subtypes", "SensitivityRow", "role_of", "literal_role_of", "subtypes_from_features",
-    "labels_from_probabilities", "taxonomy_from_result", "replicate_roles",
+    "ROLES", "ROLE_LABELS", "NAMED", "LITERAL_ROLES", "SUBTYPE_KINDS", "Role", "RoleLabel", "LiteralRole", "RoleConfig",
+    "HeadRoles", "QueryRoles", "Subtypes", "SensitivityRow", "role_of", "literal_role_of", "subtypes_from_features",
+    "labels_from_probabilities", "roles_from_result", "replicate_roles",
     "threshold_sensitivity", "classify_queries", "role_counts", "agreement", "SubtypeAgreement", "subtype_agreement",
 )  # fmt: skip
+
+__getattr__ = old_names(__name__, globals())  # the names they had before (tl_geometry._renamed)

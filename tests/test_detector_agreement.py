@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests import tiny_models as tm
-from tl_geometry.analysis.taxonomy import SensitivityRow
+from tl_geometry.analysis.head_roles import SensitivityRow
 from tl_geometry.report.roles import roles_html
 from tl_geometry.roles.prompt_sets import check_known_mechanisms, detector_scores, repeated_random_tokens
 
@@ -56,7 +56,7 @@ def test_detector_scores_match_the_reference():
 
 @pytest.mark.model
 def test_the_check_measures_scores_and_roles_in_one_pass_as_two_separate_runs_would(capsys):
-    from tl_geometry.analysis.taxonomy import taxonomy_from_result
+    from tl_geometry.analysis.head_roles import roles_from_result
     from tl_geometry.capture.hooks import run_with_geometry_hooks
     from tl_geometry.roles.prompt_sets import natural_text
     from tl_geometry.config import GeometryConfig
@@ -80,12 +80,12 @@ def test_the_check_measures_scores_and_roles_in_one_pass_as_two_separate_runs_wo
         for detector, expected in want.items():
             torch.testing.assert_close(checks[name].scores[detector], expected, equal_nan=True, msg=f"{name} {detector}",
                                        atol=1e-6, rtol=1e-6)
-        config = GeometryConfig(diagnostics=("taxonomy",), capture="pattern")
+        config = GeometryConfig(diagnostics=("roles",), capture="pattern")
         if period is not None:
             config = config.with_overrides(query_positions=list(range(period + 1, 2 * period + 1)),
-                                           settings={"taxonomy": {"queries": "analysed"}})
-        alone = taxonomy_from_result(run_with_geometry_hooks(model, tokens, config=config))
-        torch.testing.assert_close(checks[name].taxonomy.probabilities, alone.probabilities, msg=name)
+                                           settings={"roles": {"queries": "analysed"}})
+        alone = roles_from_result(run_with_geometry_hooks(model, tokens, config=config))
+        torch.testing.assert_close(checks[name].roles.probabilities, alone.probabilities, msg=name)
 
 
 @pytest.mark.model
@@ -99,15 +99,15 @@ def test_known_mechanisms_and_their_report_section(capsys):
     top = natural.top_heads("previous_token", k=3)
     scores = natural.scores["previous_token"]
     assert [float(scores[layer, head]) for layer, head in top] == sorted(scores.flatten().tolist(), reverse=True)[:3]
-    expected = sum(natural.taxonomy.subtype(layer, head) == "previous-token" for layer, head in natural.top_heads("previous_token"))
+    expected = sum(natural.roles.subtype(layer, head) == "previous-token" for layer, head in natural.top_heads("previous_token"))
     assert natural.matches("previous_token") == expected
     table = natural.cross_tab("previous_token", k=3)  # the heads as ints and as readers see them, not "16.0"
     assert [(row["layer"], row["head"]) for row in table] == list(top)
     assert [row["name"] for row in table] == [f"L{layer}H{head}" for layer, head in top]
     assert [row["score"] for row in table] == [float(scores[layer, head]) for layer, head in top]
-    page = roles_html(natural.taxonomy, checks)
+    page = roles_html(natural.roles, checks)
     assert "What kind of head is each one?" in page and "Induction score" in page and "Every head" in page
     assert "natural text, 2 prompts" in page and "repeated twice, 2 prompts" in page
-    assert "No detector cross-tab" in roles_html(natural.taxonomy, None)
+    assert "No detector cross-tab" in roles_html(natural.roles, None)
     rows = [SensitivityRow("margin", 0.45, 3, (1, 0, 2, 4, 1))]
-    assert "<td>margin</td><td>0.45</td><td>3</td><td>1</td>" in roles_html(natural.taxonomy, None, rows)
+    assert "<td>margin</td><td>0.45</td><td>3</td><td>1</td>" in roles_html(natural.roles, None, rows)
