@@ -2,7 +2,7 @@
 
 The rule (docs/circuits.md, "A z test inside the replicates", written before
 its run): candidates (``z_align``, ``z_shift``) = (2, 2), (1, 1) and (0, 0);
-on four saved taxonomy results of disjoint groups of windows, the halves'
+on four saved roles results of disjoint groups of windows, the halves'
 agreement as the mean over the three ways of pairing the groups into halves,
 and the uncertain share of the four groups merged. A candidate replaces (2, 2)
 when its mean agreement is higher and its uncertain share at most one point
@@ -20,7 +20,7 @@ import argparse
 from pathlib import Path
 
 import tl_geometry as tg
-from tl_geometry.analysis.taxonomy import REGIMES, UNCERTAIN, TaxonomyConfig, agreement, taxonomy_from_result
+from tl_geometry.analysis.head_roles import ROLE_LABELS, UNCERTAIN, RoleConfig, agreement, roles_from_result
 
 CANDIDATES = (2.0, 1.0, 0.0)  # z_align = z_shift; the first is today's default
 PAIRINGS = (((0, 1), (2, 3)), ((0, 2), (1, 3)), ((0, 3), (1, 2)))
@@ -29,13 +29,13 @@ UNCERTAIN_SLACK = 0.01
 
 def measure(groups: list[tg.GeometryResult], z: float) -> dict:
     """Halves agreement per pairing, its mean, and the merge's uncertain share and role counts, at one z."""
-    config = TaxonomyConfig(z_align=z, z_shift=z)
-    halves = [agreement(*(taxonomy_from_result(tg.GeometryResult.merge([groups[i] for i in half]), config)
+    config = RoleConfig(z_align=z, z_shift=z)
+    halves = [agreement(*(roles_from_result(tg.GeometryResult.merge([groups[i] for i in half]), config)
                           for half in pairing)) for pairing in PAIRINGS]  # fmt: skip
-    labels = taxonomy_from_result(tg.GeometryResult.merge(groups), config).labels
+    labels = roles_from_result(tg.GeometryResult.merge(groups), config).labels
     return {"z": z, "halves": halves, "mean": sum(share for share, _ in halves) / len(halves),
             "uncertain": float((labels == UNCERTAIN).double().mean()),
-            "counts": [int((labels == i).sum()) for i in range(len(REGIMES))], "heads": labels.numel()}  # fmt: skip
+            "counts": [int((labels == i).sum()) for i in range(len(ROLE_LABELS))], "heads": labels.numel()}  # fmt: skip
 
 
 def pick(rows: list[dict]) -> float:
@@ -54,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
     groups = [tg.GeometryResult.load(args.directory / f"{args.prefix}-group{i}") for i in range(1, 5)]
     rows = [measure(groups, z) for z in CANDIDATES]
-    print("| z_align, z_shift | halves agree (three pairings) | mean | uncertain | " + " / ".join(REGIMES[:-1]) + " |")
+    print("| z_align, z_shift | halves agree (three pairings) | mean | uncertain | " + " / ".join(ROLE_LABELS[:-1]) + " |")
     print("|---|---|---|---|---|")
     for row in rows:
         halves = ", ".join(f"{100 * share:.1f} % of {both}" for share, both in row["halves"])

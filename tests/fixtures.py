@@ -313,7 +313,7 @@ def near_thresholds(means: dict[str, np.ndarray], rng: np.random.Generator, popu
     for phase in ("profile_has_plateau", "profile_has_recency"):
         means[phase][at] = np.clip(PHASE_LINE + rng.uniform(-spread, spread, len(u)) * math.sqrt(0.25 / n), 0, 1)
 
-    config = TaxonomyConfig()
+    config = RoleConfig()
     roles = study_roles(means, n, population).ravel()
     se = {name: population.role_noise * ROLE_NOISE[name] / math.sqrt(n) for name in ROLE_NOISE}
     at, u = chosen(np.flatnonzero(roles != "reset"))

@@ -257,8 +257,8 @@ def test_the_depth_steps_truth_is_absent_when_any_role_lacks_heads():
         roles = study_roles(means)
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(f"{__name__}.study_roles", lambda *a, **k: np.where(roles == emptied, into, roles))
-            assert true_values(means)["regimes_by_depth"] == -1.0, emptied
-    assert true_values(means)["regimes_by_depth"] > 0  # all three present: a step
+            assert true_values(means)["roles_by_depth"] == -1.0, emptied
+    assert true_values(means)["roles_by_depth"] > 0  # all three present: a step
 
 
 def test_heads_are_placed_at_the_lines():
