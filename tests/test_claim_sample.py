@@ -79,7 +79,7 @@ def test_the_first_screen_says_when_the_sample_is_too_small():
     # Only the claims beyond the ladder short: "more than 32", never "from 64 to more than 32".
     assert sample_warning(32).endswith("small_n_separability: more than 32) before their bootstrap intervals can "
                                        "resolve a verdict, and read 'too few documents' until then.")
-    assert "(large_n_return, roles_by_depth, small_n_separability: 32 or more)" in sample_warning(16)  # the default run
+    assert "(large_n_return, small_n_separability: 32 or more)" in sample_warning(16)  # the default run
     result = simulate_study(true_means(3), np.random.default_rng(7), 2)
     page = scorecard_html(result)
     assert "Too few documents to trust" in page and "too few documents</span>" in page

@@ -1349,7 +1349,7 @@ CLAIMS = ClaimRegistry((
         # the set interval at z = 1.5, chosen where heads sit at the lines (docs/claims.md, "Set intervals tuned where
         # heads sit at the lines"): held out 0.95-1.00 at 16-32 documents
         IntervalChoice("basic", expanded=False, per_head_z=1.5), ROLES_OPTION,
-        min_documents=2 * LADDER_END,  # 0.77 at 16, 0.83 at 32
+        min_documents=2,  # with the set interval at z = 1.5: 0.90, 0.90, 1.00, 0.90, 0.93 at 2-32 documents
         docs_name="Retriever -> Reset -> Mixer across depth",
         docs_paper="Figure 8, section 4.2",
         docs_statistic="the smaller of the steps Reset - Retriever and Mixer - Reset of the roles' mean depths (0 first "
@@ -1360,7 +1360,10 @@ CLAIMS = ClaimRegistry((
         "role_tradeoffs", "Head roles show complementary precision-recall trade-offs", "Figure 11, A.4",
         "Retriever higher Recall at large N but lower Precision; Reset U-shaped (both improve at large N)",
         "smallest margin of Figure 11's three statements on the probability-weighted role curves",
-        Thresholds(">=", 0.02, 0.0), _role_tradeoffs, IntervalChoice("shifted"), ROLES_OPTION, min_documents=2,
+        Thresholds(">=", 0.02, 0.0), _role_tradeoffs,
+        # held out 0.82 on the fresh population "on the line" at 32 documents (docs/claims.md, "Set intervals tuned
+        # where heads sit at the lines"): uncertain by the status rule
+        IntervalChoice("shifted", uncertain=(0.82, 0.98)), ROLES_OPTION, min_documents=2,
         docs_name="Roles trade precision against recall",
         docs_paper="Figure 11, appendix A.4",
         docs_statistic="the smallest margin of three statements on the probability-weighted role curves: Retriever's "
