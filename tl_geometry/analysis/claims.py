@@ -1067,7 +1067,7 @@ def tradeoff_set_interval(
     >>> tradeoff_set_interval(one_hot, curves, curves, grid, z=2.0)  # no head in doubt: the statistic
     (0.0, 0.0)
     """
-    f = {PRECISION: precision, RECALL: recall}
+    f = dict(zip(METRICS, (precision, recall), strict=True))
     possible = possible_roles(probabilities, z)
 
     def smallest_margin(member: Tensor) -> Tensor:  # [assignment, layer, head, role] one-hot -> [assignment]
@@ -1160,7 +1160,7 @@ def _role_tradeoffs(declared: PaperClaim, result: GeometryResult, roles: RoleSou
     else:
         interval = _interval(declared.interval, result, list(f),
                              lambda g: _tradeoff_margins(replicated, g, grid).amin(0), value, (-1.0, 1.0),
-                             set_interval=lambda z: tradeoff_set_interval(probabilities, f[PRECISION], f[RECALL],
+                             set_interval=lambda z: tradeoff_set_interval(probabilities, *(f[m] for m in METRICS),
                                                                           grid, z))
     large = _large(grid)
     parts = []
