@@ -17,7 +17,9 @@ population and document count, the tuning set (``TUNING``,
 ``TUNING_DOCUMENTS``); `HELD_OUT` are populations drawn with other seeds and
 other generating parameters, which nothing was chosen on (a claim whose
 interval covered under 90 % on one of them says so: its interval's
-``uncertain``). The test here checks the held-out coverage
+``uncertain``). `THRESHOLD_TUNING` places heads at the claims' lines, where the set intervals' z was chosen;
+`FRESH` and `TRADEOFF_FRESH` were drawn afresh to hold those choices out (docs/claims.md, "Set intervals tuned
+where heads sit at the lines" and "A set interval for trade-offs by role"). The test here checks the held-out coverage
 on a few seeded studies; ``benchmarks/bench_coverage.py`` prints the tuning table (every
 method) and the held-out table at 8, 16 and 32 documents.
 """
