@@ -34,6 +34,10 @@ interval (``SET_HELD_OUT_STUDIES`` studies per cell, or ``studies``), with `unce
 where heads sit at the lines"): tuned on ``THRESHOLD_TUNING`` over ``AT_THRESHOLD_ZS``, held out on ``FRESH`` and
 reported on ``HELD_OUT`` (seen), with the adoption rule's verdict per claim.
 
+``--tradeoffs``: the same for trade-offs by role's set interval (docs/claims.md, "A set interval for trade-offs by
+role"): tuned on ``THRESHOLD_TUNING`` over ``AT_THRESHOLD_ZS``, held out on ``TRADEOFF_FRESH`` and reported on
+``FRESH`` and ``HELD_OUT`` (seen).
+
 ``--remeasure``: the held-out cells of ``REMEASURED`` (the two claims that
 missed 0.90 by under one binomial standard error with 100 studies) measured
 again with ``REMEASURE_STUDIES`` studies, the same seeded studies and more
@@ -43,7 +47,7 @@ cells were re-measured.
 
     PYTHONPATH=. python benchmarks/bench_coverage.py [studies]
         [--tuning-only | --held-out-only | --grouped-only | --remeasure
-         | --set-intervals | --at-thresholds [--claim=KEY ...]]
+         | --set-intervals | --at-thresholds [--claim=KEY ...] | --tradeoffs]
         [--population=NAME ...]  (held-out populations to run; default all)
 """
 
@@ -57,6 +61,7 @@ from tests.test_claim_coverage import (
     FRESH,
     HELD_OUT,
     THRESHOLD_TUNING,
+    TRADEOFF_FRESH,
     TUNING,
     TUNING_DOCUMENTS,
     chosen,
@@ -267,6 +272,11 @@ if __name__ == "__main__":
     arguments = [a for a in sys.argv[1:] if not a.startswith("--")]
     count = int(arguments[0]) if arguments else STUDIES
     populations = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--population=")] or list(HELD_OUT)
+    if "--tradeoffs" in sys.argv:  # the new fresh populations, then the seen ones
+        set_interval_tables(SET_TUNING_STUDIES, count if arguments else SET_HELD_OUT_STUDIES, ("role_tradeoffs",),
+                            [*TRADEOFF_FRESH, *FRESH, *HELD_OUT], THRESHOLD_TUNING, AT_THRESHOLD_ZS,
+                            {**TRADEOFF_FRESH, **FRESH, **HELD_OUT})
+        sys.exit()
     if "--at-thresholds" in sys.argv:  # the fresh populations, then the seen ones
         claims_ = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--claim=")] or list(SET_CLAIMS)
         set_interval_tables(SET_TUNING_STUDIES, count if arguments else SET_HELD_OUT_STUDIES, tuple(claims_),

@@ -319,3 +319,36 @@ def reference_subtype_probability(at_lag: dict, at_lag_se: dict, early: dict, ea
              * holds(weight[lag] - cfg.subtype_peak * nearest, 0.0, peak_se))  # fmt: skip
     named, ruled_out = p - (1 - p) >= cfg.margin - 1e-12, (1 - p) - p >= cfg.margin - 1e-12
     return (kind if named else "none"), p, not named and not ruled_out
+
+
+def reference_tradeoff_margin(roles, precision, recall, grid) -> float:
+    """Figure 11's smallest margin (docs/claims.md, "A set interval for trade-offs by role"): ``roles`` per head
+    (flat) a role name (any other name or None: in no group) or a mapping role name -> weight (the probability-
+    weighted statistic); ``precision`` and ``recall`` ``[head][n]`` (NaN: undefined). A group's curve at N is the
+    weighted mean over its heads defined there (undefined without weight); its value over a range of N the mean of
+    the curve where defined; mid N is 8 to a quarter of the largest N, large N from half of it; a margin that reads
+    an undefined value is -1."""
+    largest = max(grid)
+    mid = [j for j, n in enumerate(grid) if 8 <= n <= 0.25 * largest]
+    large = [j for j, n in enumerate(grid) if n >= 0.5 * largest]
+
+    def weight(role, group):
+        return sum(role.get(r, 0.0) for r in group) if isinstance(role, dict) else float(role in group)
+
+    def value(group, metric, columns):
+        curve = []
+        for j in columns:
+            heads = [(weight(role, group), metric[h][j]) for h, role in enumerate(roles) if not math.isnan(metric[h][j])]
+            total = sum(w for w, _ in heads)
+            if total > 0:
+                curve.append(sum(w * x for w, x in heads) / total)
+        return sum(curve) / len(curve) if curve else math.nan
+
+    def margin(x):
+        return -1.0 if math.isnan(x) else x
+
+    others = ("mixer", "reset")
+    rises = [margin(value(("reset",), m, large) - value(("reset",), m, mid)) for m in (precision, recall)]
+    return min(margin(value(("retriever",), recall, large) - value(others, recall, large)),
+               margin(value(others, precision, large) - value(("retriever",), precision, large)),
+               min(rises))

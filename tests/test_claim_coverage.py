@@ -17,7 +17,9 @@ population and document count, the tuning set (``TUNING``,
 ``TUNING_DOCUMENTS``); `HELD_OUT` are populations drawn with other seeds and
 other generating parameters, which nothing was chosen on (a claim whose
 interval covered under 90 % on one of them says so: its interval's
-``uncertain``). The test here checks the held-out coverage
+``uncertain``). `THRESHOLD_TUNING` places heads at the claims' lines, where the set intervals' z was chosen;
+`FRESH` and `TRADEOFF_FRESH` were drawn afresh to hold those choices out (docs/claims.md, "Set intervals tuned
+where heads sit at the lines" and "A set interval for trade-offs by role"). The test here checks the held-out coverage
 on a few seeded studies; ``benchmarks/bench_coverage.py`` prints the tuning table (every
 method) and the held-out table at 8, 16 and 32 documents.
 """
@@ -62,6 +64,14 @@ FRESH = {  # held out from that choice: new seeds and parameters, each with head
                          role_noise=0.9, curve_cv=(0.01, 0.06), phase_share=(0.3, 0.9), sink_over_base=(20.0, 500.0)),
     "on the line": Population(seed=4303, at_threshold=0.2, threshold_spread=0.1, norm_noise=0.22, positions=320,
                               positive_shape=3.5),
+}  # fmt: skip
+TRADEOFF_FRESH = {  # held out from trade-offs by role's z (docs/claims.md, "A set interval for trade-offs by role")
+    "few heads": Population(seed=4304, heads=4, at_threshold=0.25, threshold_spread=0.5, role_noise=1.15,
+                            curve_noise=0.07, curve_shape=1.5, positive_shape=3.0),
+    "many heads": Population(seed=4305, heads=9, at_threshold=0.3, threshold_spread=1.0, threshold_documents=32,
+                             role_noise=0.85, curve_noise=0.05, curve_shape=3.0),
+    "near and noisy": Population(seed=4306, at_threshold=0.35, threshold_spread=0.25, threshold_documents=8,
+                                 role_noise=1.3, curve_noise=0.08),
 }  # fmt: skip
 STUDIES = 400
 SMALL, MID, LARGE = (GRID >= 2) & (GRID <= 4), (GRID >= 8) & (GRID <= 16), GRID >= 32

@@ -17,7 +17,12 @@ import torch
 from tests import tiny_models as tm
 from tests.fixtures import simulate_study, true_means
 from tests.mutants import Mutant, assert_caught, replace_attribute, replace_claim, wrap_function
-from tests.reference import reference_disattenuated, reference_error_covariance, reference_shrunk
+from tests.reference import (
+    reference_disattenuated,
+    reference_error_covariance,
+    reference_shrunk,
+    reference_tradeoff_margin,
+)
 from tl_geometry import GeometryConfig, GeometryError, GeometryResult, claims, run_with_geometry_hooks
 from tl_geometry.analysis import claims as claims_module
 from tl_geometry.analysis.claim_registry import Thresholds
@@ -374,6 +379,65 @@ def test_roles_by_depth_past_the_enumeration_cap_bounds_every_assignment(monkeyp
     assert -1.0 < bounded.low and bounded.high < 1.0
 
 
+def _flat_curves(x):
+    return _np(x).reshape(-1, x.shape[-1]).tolist()
+
+
+def test_role_tradeoffs_set_interval_joins_every_possible_assignment_with_the_bootstrap():
+    """Declared with a set interval (z = 2), trade-offs by role's interval is the hull of its bootstrap interval
+    (each replicate's own roles and curves) and the smallest to largest margin over every assignment of one
+    possible role to each head, from the definitions (a loop over the assignments). Heads in doubt make the set
+    interval the wider on some side, so a mutant that judges each head by its most probable role only gives
+    another interval."""
+    import itertools
+
+    from tl_geometry.analysis.head_roles import ROLES
+
+    result = simulate_study(true_means(), np.random.default_rng(5))
+    probabilities, draws = _roles_in_layers(result, ("retriever", "reset", "mixer"), n_replicates=200, flip=0.05,
+                                           seed=3)
+    with _declared_with_set_interval("role_tradeoffs", 2.0):
+        row = claims(result, roles=RoleWeights(probabilities, draws)).loc["role_tradeoffs"]
+    grid = result.n_grid.tolist()
+    precision, recall = _flat_curves(result.per_head("precision")), _flat_curves(result.per_head("recall"))
+    options = _role_options(probabilities, 2.0)
+    assert 1 < math.prod(map(len, options)) <= 1 << 12  # some heads in doubt, few enough to enumerate here
+    margins = [reference_tradeoff_margin([ROLES[r] for r in choice], precision, recall, grid)
+               for choice in itertools.product(*options)]
+    reps = [reference_tradeoff_margin([ROLES[r] if r >= 0 else None for r in d.flatten().tolist()],
+                                      _flat_curves(p), _flat_curves(r), grid)
+            for d, p, r in zip(draws, result.replicates("precision"), result.replicates("recall"), strict=True)]
+    weights = [dict(zip(ROLES, p)) for p in _np(probabilities).reshape(-1, len(ROLES)).tolist()]
+    value = reference_tradeoff_margin(weights, precision, recall, grid)
+    with _declared_with_set_interval("role_tradeoffs", 2.0):
+        low, high = _claim_interval("role_tradeoffs", value, reps, result.n_documents,
+                                    lambda z: (min(margins), max(margins)))
+        bootstrap = _claim_interval("role_tradeoffs", value, reps, result.n_documents, lambda z: (1.0, -1.0))
+    assert row.value == pytest.approx(value, abs=1e-9)
+    assert (row.low, row.high) == pytest.approx((max(low, -1.0), min(high, 1.0)), abs=1e-9)
+    assert (row.low, row.high) != pytest.approx(bootstrap, abs=1e-9)  # the set interval is wider on some side
+    assert "joined with the set interval" in row.interval
+
+
+def test_role_tradeoffs_past_the_enumeration_cap_bounds_every_assignment():
+    """Too many heads in doubt to enumerate (the cap set to 1 here): the set interval comes from each group's
+    bounds on its own (docs/claims.md, "A set interval for trade-offs by role"), which hold every assignment's
+    margin: it contains the enumerated extremes."""
+    from tl_geometry.analysis import set_intervals
+
+    result = simulate_study(true_means(), np.random.default_rng(5))
+    probabilities, draws = _roles_in_layers(result, ("retriever", "reset", "mixer"), n_replicates=200, flip=0.05,
+                                           seed=3)
+    roles = RoleWeights(probabilities, draws)
+    with _declared_with_set_interval("role_tradeoffs", 2.0):
+        exact = claims(result, roles=roles).loc["role_tradeoffs"]
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(set_intervals, "MAX_ASSIGNMENTS", 1)
+            bounded = claims(result, roles=roles).loc["role_tradeoffs"]
+    assert bounded.low <= exact.low + 1e-12 and bounded.high >= exact.high - 1e-12
+    assert (bounded.low, bounded.high) != (exact.low, exact.high)  # the bounds, not the enumeration
+
+
 def _four_phase_heads_judged(study):
     """The four-phase set interval at z from its definition (a loop over heads): the sink's margin p_sink - 100
     p_base by its normal interval (the two standard errors combined), each phase share k of n documents by the
@@ -428,6 +492,14 @@ def test_four_phase_set_interval_judges_each_condition_of_each_head():
 def _sides_swapped(share_past_interval):
     """The set interval's sides swapped: the share possibly past as the low end, certainly past as the high."""
     return lambda *args, **kwargs: share_past_interval(*args, **kwargs)[::-1]
+
+
+def _certain_heads_only(mean_ranges):
+    """Each role's range of mean taken over the heads certain of it alone (the heads in doubt dropped)."""
+    def ranges(possible, value):
+        only = possible & (possible.sum(-1, keepdim=True) == 1)
+        return mean_ranges(only, value)
+    return ranges
 
 
 def _most_probable_role_only(possible_roles):
@@ -1210,6 +1282,12 @@ CLAIM_MUTANTS = [
     Mutant("the roles' set interval judging each head by its most probable role only",
            wrap_function(claims_module, "possible_roles", _most_probable_role_only),
            (test_roles_by_depth_set_interval_joins_every_possible_assignment_with_the_bootstrap,)),
+    Mutant("the trade-offs' set interval judging each head by its most probable role only",
+           wrap_function(claims_module, "possible_roles", _most_probable_role_only),
+           (test_role_tradeoffs_set_interval_joins_every_possible_assignment_with_the_bootstrap,)),
+    Mutant("the trade-offs' bounds past the cap without the heads a group may take",
+           wrap_function(claims_module, "mean_ranges", _certain_heads_only),
+           (test_role_tradeoffs_past_the_enumeration_cap_bounds_every_assignment,)),
 ]
 
 

@@ -6,16 +6,20 @@ partly threshold (or reaches holds with an interval that crosses it);
 "does not hold" otherwise; "not measured" for NaN.
 """
 
+import itertools
 import math
+from statistics import NormalDist
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tl_geometry import GeometryConfig, GeometryResult, claims
+from tests.reference import reference_tradeoff_margin
 from tl_geometry.analysis import claims as claims_module
+from tl_geometry.analysis import set_intervals
 from tl_geometry.analysis.claims import CLAIMS, verdict
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.results.accumulators import Accumulator
@@ -129,3 +133,82 @@ def test_the_grouped_curve_cv_is_the_mean_over_pairs_of_groups(documents, n_grou
             assert math.isnan(float(got[0, 0, head]))
         else:
             assert float(got[0, 0, head]) == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
+# ---- trade-offs by role's set interval (docs/claims.md, "A set interval for trade-offs by role")
+
+TRADEOFF_GRID = (1, 2, 4, 8, 16, 32, 64)
+ROLE_NAMES = claims_module.ROLES
+
+
+@st.composite
+def heads_in_doubt(draw):
+    """Role probabilities ``[layer, head, role]`` of a few heads, and their P and R curves in [0, 1] (some NaN)."""
+    layers, per_layer = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    heads = layers * per_layer
+    raw = draw(st.lists(st.floats(0.0, 1.0), min_size=heads * len(ROLE_NAMES), max_size=heads * len(ROLE_NAMES)))
+    p = np.asarray(raw).reshape(layers, per_layer, len(ROLE_NAMES)) ** 3  # some roles near 0: fewer in doubt
+    p = p + 1e-6
+    point = st.one_of(st.floats(0.0, 1.0), st.just(math.nan))
+    curves = [draw(st.lists(point, min_size=heads * len(TRADEOFF_GRID), max_size=heads * len(TRADEOFF_GRID)))
+              for _ in range(2)]
+    precision, recall = (np.asarray(c).reshape(layers, per_layer, len(TRADEOFF_GRID)) for c in curves)
+    return p / p.sum(-1, keepdims=True), precision, recall
+
+
+def possible_by_hand(p, z):
+    """Per head (flat), the roles at least Phi(-z) of its replicates give it, and its most probable role."""
+    least = NormalDist().cdf(-z)
+    return [[r for r, q in enumerate(row) if (q >= least and q > 0) or q == row.max()]
+            for row in p.reshape(-1, p.shape[-1])]
+
+
+def margins_by_hand(p, precision, recall, z):
+    """The smallest margin on every assignment of one possible role per head, enumerated here."""
+    flat_p, flat_r = precision.reshape(-1, len(TRADEOFF_GRID)), recall.reshape(-1, len(TRADEOFF_GRID))
+    return [reference_tradeoff_margin([ROLE_NAMES[r] for r in choice], flat_p.tolist(), flat_r.tolist(),
+                                      TRADEOFF_GRID)
+            for choice in itertools.product(*possible_by_hand(p, z))]
+
+
+def package_interval(p, precision, recall, z):
+    return claims_module.tradeoff_set_interval(torch.tensor(p), torch.tensor(precision), torch.tensor(recall),
+                                               torch.tensor(TRADEOFF_GRID), z)
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=heads_in_doubt(), z=st.floats(0.0, 4.0))
+def test_the_tradeoff_set_interval_is_every_assignment_s_extremes_and_the_fallback_holds_them(case, z):
+    p, precision, recall = case
+    values = margins_by_hand(p, precision, recall, z)
+    assume(len(values) <= 729)
+    low, high = package_interval(p, precision, recall, z)
+    assert (low, high) == pytest.approx((min(values), max(values)), abs=1e-12)
+    with pytest.MonkeyPatch.context() as patch:  # past the enumeration limit: bounds that hold every assignment
+        patch.setattr(set_intervals, "MAX_ASSIGNMENTS", 0)
+        outer_low, outer_high = package_interval(p, precision, recall, z)
+    assert -1.0 <= outer_low <= min(values) + 1e-12 and max(values) - 1e-12 <= outer_high <= 1.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(case=heads_in_doubt(), a=st.floats(0.0, 4.0), b=st.floats(0.0, 4.0))
+def test_the_tradeoff_set_interval_holds_the_most_probable_roles_and_widens_with_z(case, a, b):
+    p, precision, recall = case
+    most_probable = [ROLE_NAMES[int(r)] for r in p.reshape(-1, p.shape[-1]).argmax(-1)]
+    statistic = reference_tradeoff_margin(most_probable, precision.reshape(-1, len(TRADEOFF_GRID)).tolist(),
+                                          recall.reshape(-1, len(TRADEOFF_GRID)).tolist(), TRADEOFF_GRID)
+    narrow = package_interval(p, precision, recall, min(a, b))
+    wide = package_interval(p, precision, recall, max(a, b))
+    assert narrow[0] - 1e-12 <= statistic <= narrow[1] + 1e-12
+    assert wide[0] <= narrow[0] + 1e-12 and narrow[1] <= wide[1] + 1e-12
+
+
+@settings(max_examples=100, deadline=None)
+@given(case=heads_in_doubt(), z=st.floats(0.0, 4.0))
+def test_the_tradeoff_set_interval_of_heads_in_no_doubt_is_the_statistic(case, z):
+    p, precision, recall = case
+    one_hot = np.eye(len(ROLE_NAMES))[p.argmax(-1)]  # every replicate agrees: no head in doubt at any z
+    statistic = reference_tradeoff_margin([ROLE_NAMES[int(r)] for r in p.argmax(-1).ravel()],
+                                          precision.reshape(-1, len(TRADEOFF_GRID)).tolist(),
+                                          recall.reshape(-1, len(TRADEOFF_GRID)).tolist(), TRADEOFF_GRID)
+    assert package_interval(one_hot, precision, recall, z) == pytest.approx((statistic, statistic), abs=1e-12)

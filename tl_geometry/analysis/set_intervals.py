@@ -50,7 +50,8 @@ from tl_geometry.errors import GeometryError
 
 Side = Literal["<=", ">="]
 MAX_ASSIGNMENTS = 1 << 14
-"""The most role assignments `extremes_over_roles` enumerates; past it the interval is the statistic's range."""
+"""The most role assignments `extremes_over_roles` enumerates; past it, the claim's bounds without enumerating."""
+ASSIGNMENT_CHUNK = 1024  # assignments read by the statistic at once
 
 
 def replicate_standard_errors(
@@ -189,10 +190,15 @@ def extremes_over_roles(
     total = math.prod(len(o) for o in options)
     if total > MAX_ASSIGNMENTS:
         return outer()
-    choices = torch.tensor(list(itertools.product(*options)), dtype=torch.long).reshape(total, len(options))
-    one_hot = torch.nn.functional.one_hot(choices.clamp(min=0), roles).double() * (choices >= 0).unsqueeze(-1)
-    values = statistic(one_hot.reshape(total, layers, heads, roles)).double()
-    return float(values.min()), float(values.max())
+    low, high = math.inf, -math.inf
+    assignments = itertools.product(*options)
+    # in chunks: a model's hundreds of heads times 16,384 assignments would not fit at once
+    while chunk := list(itertools.islice(assignments, ASSIGNMENT_CHUNK)):
+        choices = torch.tensor(chunk, dtype=torch.long).reshape(len(chunk), len(options))
+        one_hot = torch.nn.functional.one_hot(choices.clamp(min=0), roles).double() * (choices >= 0).unsqueeze(-1)
+        values = statistic(one_hot.reshape(len(chunk), layers, heads, roles)).double()
+        low, high = min(low, float(values.min())), max(high, float(values.max()))
+    return low, high
 
 
 def mean_ranges(
