@@ -31,7 +31,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     ("engine",),  # ... over the top-N core
     ("corpus_input", "models"),  # text, files and token windows, no model run; models: loading
     ("atomic_io",),  # files written as one unit, folder locks, strict JSON
-    ("errors", "_types", "_version", "_hashing", "_wording", "_heap"),  # no imports from the package
+    ("errors", "_types", "_version", "_hashing", "_wording"),  # no imports from the package
 ))  # fmt: skip
 
 

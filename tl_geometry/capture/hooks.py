@@ -30,7 +30,6 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from tl_geometry._heap import pin_mmap_threshold
 from tl_geometry.capture.held_models import as_hookable
 from tl_geometry.capture.hook_names import pattern_hook, value_hook
 from tl_geometry.capture.layer_analysis import LayerAnalysis
@@ -62,9 +61,6 @@ def gathered(per_layer: Sequence[Tensor], dim: int) -> Tensor:
 
 def analyse_prepared(model: HookableModel, prepared: PreparedTokens, plan: RunPlan, accumulator: Accumulator) -> None:
     """One forward pass with the geometry hooks on prepared tokens; its documents are added to ``accumulator``."""
-    # Large tensors from their own mappings in every batch, not from a heap that grows after the first
-    # (`tl_geometry._heap`): the peak stays that of one batch, however many follow.
-    pin_mmap_threshold()
     config, layers, sampled, resampled = plan.config, plan.layers, plan.sampled, plan.resampled
     documents = prepared.documents()
     # A diagnostic whose settings ask for a query sample (the taxonomy) runs its rows on that sample.
