@@ -201,3 +201,16 @@ def test_processes_past_the_rows_reduce_to_the_groups_of_one_process(monkeypatch
         assert torch.equal(got.group_weights.nan_to_num(-1.0), one.group_weights.nan_to_num(-1.0))
         torch.testing.assert_close(got.group_total, one.group_total, rtol=1e-12, atol=0)
         torch.testing.assert_close(got.replicate_means(), one.replicate_means(), rtol=1e-12, atol=0, equal_nan=True)
+
+
+def test_nbytes_counts_the_rows_and_the_sums_beside_them():
+    """A field kept as rows holds its documents' values (float64), their weights and the sums computed from
+    them (count int64; total, total_sq, minimum, maximum float64 for a "moments" field): 8 bytes a number."""
+    spec = FieldSpec("recall", "R", axes=("n",))
+    acc = Accumulator([spec], layers=(0, 1), heads=(0, 1, 2), n_grid=GRID, n_bootstrap=4,
+                      replicate_fields=["recall"], document_rows=True)
+    acc.add({"recall": torch.rand(3, 2, 3, len(GRID))}, torch.ones(3, 4), n_tokens=9)
+    cells = 2 * 3 * len(GRID)
+    rows, weights, sums = 3 * cells, 3 * 4, 5 * cells
+    assert acc.stats["recall"].is_rows
+    assert acc.nbytes == 8 * (rows + weights + sums)

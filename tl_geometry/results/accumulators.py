@@ -241,8 +241,10 @@ class Accumulator:
 
     @property
     def nbytes(self) -> int:
-        """Memory held by the statistics (per-query rows excluded), in bytes."""
-        return sum(t.element_size() * t.numel() for s in self.stats.values() for t in s.arrays().values())
+        """Memory held by the statistics (per-query rows excluded), in bytes: every tensor a field holds (a field
+        kept as rows holds the sums computed from them beside the rows)."""
+        return sum(t.element_size() * t.numel() for s in self.stats.values() for t in vars(s).values()
+                   if isinstance(t, Tensor))
 
     def stored_stats(self) -> dict[str, FieldStats]:
         """The statistics in the dtypes a result keeps."""
