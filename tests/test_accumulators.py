@@ -1,6 +1,7 @@
 """Accumulator: statistics over documents added in batches, growing axes, flat memory, exact merge."""
 
 import math
+import weakref
 
 import numpy as np
 import pytest
@@ -8,6 +9,8 @@ import torch
 
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.errors import GeometryError
+from tests.mutants import Mutant, assert_caught, replace_attribute
+from tl_geometry.results import accumulators
 from tl_geometry.results.accumulators import Accumulator
 
 SPECS = [
@@ -214,3 +217,36 @@ def test_nbytes_counts_the_rows_and_the_sums_beside_them():
     rows, weights, sums = 3 * cells, 3 * 4, 5 * cells
     assert acc.stats["recall"].is_rows
     assert acc.nbytes == 8 * (rows + weights + sums)
+
+
+def merges_one_field_at_a_time() -> None:
+    """While a field is merged, every field merged before it has let its old statistics go."""
+    acc = make()
+    acc.add(batch(2, 8), torch.ones(2, 4), n_tokens=16)
+    merged: list[weakref.ref] = []  # the old statistics of the fields merged so far
+    merge = accumulators.merge_stats
+
+    def watched(a, b, *args, **kwargs):
+        assert all(old() is None for old in merged), "an earlier field's old statistics are still held"
+        merged.append(weakref.ref(a))
+        return merge(a, b, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(accumulators, "merge_stats", watched)
+        acc.add(batch(3, 8, seed=1), torch.ones(3, 4), n_tokens=24)
+    assert len(merged) == len(SPECS)
+
+
+def test_add_merges_one_field_at_a_time():
+    """Adding a batch holds one field twice at most, never the whole accumulator's old and new statistics at
+    once (replicate sums of every field: the add's peak would be twice the accumulator)."""
+    merges_one_field_at_a_time()
+    held = []  # a bug that keeps the old statistics until the add ends
+    real = accumulators.merge_stats
+
+    def holding(a, b, *args, **kwargs):
+        held.append(a)
+        return real(a, b, *args, **kwargs)
+
+    assert_caught(Mutant("old statistics held through the add", replace_attribute(accumulators, "merge_stats", holding),
+                         (merges_one_field_at_a_time,)))

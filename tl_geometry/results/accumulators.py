@@ -166,7 +166,10 @@ class Accumulator:
             batch[name] = batch_stats(spec, t, weights if name in self.replicate_fields else None, within,
                                       rows=self.document_rows)
         rows = self._query_rows(queries, query_positions, n_docs)
-        self.stats = {name: merge_stats(self.stats[name], batch[name]) for name in self.specs}
+        # One field at a time, each replacing its old statistics before the next is merged: the merge then holds
+        # one field twice, not the whole accumulator (replicate sums of every field, old and new, at once).
+        for name in self.specs:
+            self.stats[name] = merge_stats(self.stats[name], batch[name])
         self.n_documents += n_docs
         self.n_tokens += n_tokens
         if rows is not None:
