@@ -98,7 +98,8 @@ def one(path: str, diagnostic: str, batch: int, context: int, budget: float, win
             "system_s": end.ru_stime - start.ru_stime, "minor_faults": end.ru_minflt - start.ru_minflt}
 
 
-def _paths(diagnostic: str, args: argparse.Namespace, windows: int | None = None, heap: str = "glibc") -> dict[str, dict]:
+def _paths(diagnostic: str, args: argparse.Namespace, windows: int | None = None,
+           heap: str = "glibc") -> dict[str, dict]:
     """One figure per path (the peak above the loaded model, the CPU time, the page faults), each measured in a
     fresh process under ``heap``; the two processes run at once (each reads its own high-water mark, so neither
     sees the other's memory)."""

@@ -86,7 +86,8 @@ def main() -> None:
     grid = default_n_grid(args.keys)
     seen = f", each seeing its last {args.window}" if args.window is not None else ""
     print(f"{args.rows} rows x {args.keys} keys{seen}, d_head {args.d_head}, grid of {len(grid)} N, "
-          f"{torch.get_num_threads()} threads, {args.repeats} repeats in turns, alternating which goes first (the sort of the rows included in both)")
+          f"{torch.get_num_threads()} threads, {args.repeats} repeats in turns, alternating which goes first (the sort "
+          "of the rows included in both)")
     for part in args.parts:
         versions = {"this tree": runner(part, metrics if part == "metrics" else chance),
                     args.rev: runner(part, module_at(args.rev, MODULES[part]))}

@@ -215,7 +215,8 @@ def test_sliding_window_rows_match_the_reference(n_keys, window, queries, distan
             if n > len(visible):
                 assert all(math.isnan(float(t[r, col])) for t in got.values())
                 continue
-            scores = [reference_score(alpha[r], values[r], visible, keys[r, c, :n].tolist(), n, distance) for c in range(3)]
+            scores = [reference_score(alpha[r], values[r], visible, keys[r, c, :n].tolist(), n, distance)
+                      for c in range(3)]
             assert float(got["chance_precision"][r, col]) == pytest.approx(sum(x[0] for x in scores) / 3, abs=1e-12)
             assert float(got["chance_recall"][r, col]) == pytest.approx(sum(x[1] for x in scores) / 3, abs=1e-12)
             assert float(got["chance_precision_floor"][r, col]) == pytest.approx(n / len(visible), abs=1e-15)

@@ -39,7 +39,9 @@ from tl_geometry.errors import GeometryError
 DEFAULT_CONTROLS = 16
 
 
-def control_orders(chunk: SelectionChunk, n_controls: int, seed: int, ranks: int | None = None) -> Int[Tensor, "row control place"]:
+def control_orders(
+    chunk: SelectionChunk, n_controls: int, seed: int, ranks: int | None = None
+) -> Int[Tensor, "row control place"]:
     """Random rankings of each row's visible keys, as ranks of the chunk's own order; hidden ranks last.
 
     Entry ``[r, c, p]`` is the rank (position in ``chunk.order``) of the key
@@ -50,7 +52,6 @@ def control_orders(chunk: SelectionChunk, n_controls: int, seed: int, ranks: int
     first ``ranks``, since the visible keys come first and the hidden ones
     after them in increasing rank.
     """
-    n_rows, n_keys = chunk.alpha.shape
     order = chunk.order if ranks is None else chunk.order[:, :ranks]
     device = order.device
     # Positions are counted back from the query's own key (padding and batching leave them alone).

@@ -131,7 +131,9 @@ def distance_to_rank(chunk: SelectionChunk, near: Float[Tensor, "row seen_n seen
     return torch.linalg.vector_norm(y_at.sub_(s), dim=-1)
 
 
-def ball_members(chunk: SelectionChunk, rows: Int[Tensor, " pick"]) -> tuple[Bool[Tensor, "pick n seen_key"], Bool[Tensor, "pick n seen_key"]]:
+def ball_members(
+    chunk: SelectionChunk, rows: Int[Tensor, " pick"]
+) -> tuple[Bool[Tensor, "pick n seen_key"], Bool[Tensor, "pick n seen_key"]]:
     """Which keys (in selection order) lie in the closed r_max ball and in the open r_min ball, per (row, N).
 
     The comparisons whose counts `chunk_metrics` returns as K_out + N and K_in,
