@@ -25,8 +25,18 @@ many windows of ``--context`` tokens, ``--batch`` windows per forward pass
 grows (the statistics are sums; only one batch of activations is held). The
 table adds, per path, the peak at the most windows over the peak at the fewest.
 
+With ``--heap glibc pinned`` each figure is measured twice: under glibc's
+default malloc (``glibc``: its mmap threshold moves up each time a large block
+is freed, so later blocks below that size come from its heap) and with the
+threshold pinned at its starting 128 KiB for the whole process
+(``pinned``: ``MALLOC_MMAP_THRESHOLD_=131072`` in the child's environment, so
+that loading the model leaves no free blocks in the heap either and every
+block from 128 KiB up is mapped afresh and returned when freed). Each figure
+also prints the run's CPU time (user + system, from ``getrusage``) and its
+minor page faults: what the pinned heap costs.
+
     PYTHONPATH=. python benchmarks/bench_memory.py [--batch 4] [--context 256] [--budget 128]
-        [--diagnostics metrics assumptions bounds taxonomy chance all] [--windows 1 4 16]
+        [--diagnostics metrics assumptions bounds taxonomy chance all] [--windows 1 4 16] [--heap glibc pinned]
 """
 
 import argparse
@@ -34,11 +44,15 @@ import ctypes
 import ctypes.util
 import gc
 import json
+import os
+import resource
 import subprocess
 import sys
 
 DIAGNOSTICS = ("metrics", "assumptions", "bounds", "taxonomy", "chance", "all")
 PATHS = ("rows", "pattern")
+HEAPS = ("glibc", "pinned")
+PINNED_THRESHOLD = 128 * 1024  # glibc's starting mmap threshold
 TARGET = 1.2
 
 
@@ -73,48 +87,65 @@ def one(path: str, diagnostic: str, batch: int, context: int, budget: float, win
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")
     before = _status_mib("VmRSS")
+    start = resource.getrusage(resource.RUSAGE_SELF)
     if windows is None:
         run_with_geometry_hooks(model, tokens, **settings)
     else:
         analyze_corpus(model, tokens, batch_size=batch, progress=False, **settings)
-    return {"path": path, "diagnostic": diagnostic, "loaded_mib": before, "above_mib": _status_mib("VmHWM") - before}
+    end = resource.getrusage(resource.RUSAGE_SELF)
+    return {"path": path, "diagnostic": diagnostic, "loaded_mib": before, "above_mib": _status_mib("VmHWM") - before,
+            "cpu_s": end.ru_utime + end.ru_stime - start.ru_utime - start.ru_stime,
+            "system_s": end.ru_stime - start.ru_stime, "minor_faults": end.ru_minflt - start.ru_minflt}
 
 
-def _paths(diagnostic: str, args: argparse.Namespace, windows: int | None = None) -> dict[str, float]:
-    """The peak above the loaded model of one figure per path, each measured in a fresh process; the two
-    processes run at once (each reads its own high-water mark, so neither sees the other's memory)."""
+def _paths(diagnostic: str, args: argparse.Namespace, windows: int | None = None,
+           heap: str = "glibc") -> dict[str, dict]:
+    """One figure per path (the peak above the loaded model, the CPU time, the page faults), each measured in a
+    fresh process under ``heap``; the two processes run at once (each reads its own high-water mark, so neither
+    sees the other's memory)."""
+    env = {name: value for name, value in os.environ.items() if name != "MALLOC_MMAP_THRESHOLD_"}
+    if heap == "pinned":
+        env["MALLOC_MMAP_THRESHOLD_"] = str(PINNED_THRESHOLD)  # read by glibc when the process starts
     children = {}
     for path in PATHS:
         command = [sys.executable, __file__, "--child", path, diagnostic, "--batch", str(args.batch),
                    "--context", str(args.context), "--budget", str(args.budget)]
         if windows is not None:
             command += ["--windows", str(windows)]
-        children[path] = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    above = {}
+        children[path] = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+    figures = {}
     for path, child in children.items():
         out, _ = child.communicate()
         if child.returncode:
             raise subprocess.CalledProcessError(child.returncode, child.args, out)
-        above[path] = json.loads(out.strip().splitlines()[-1])["above_mib"]
-    return above
+        figures[path] = json.loads(out.strip().splitlines()[-1])
+    return figures
+
+
+def _costs(figures: dict[str, dict]) -> str:
+    """Each path's CPU time (of which system) and minor page faults."""
+    return "; ".join(f"{path} {f['cpu_s']:.1f} s ({f['system_s']:.1f} s system), {f['minor_faults'] / 1e6:.2f} M faults"
+                     for path, f in figures.items())
 
 
 def corpus_sizes(args: argparse.Namespace) -> None:
-    """The peak per diagnostic, path and number of windows: flat in the corpus size, rows within 1.2x pattern."""
+    """The peak per diagnostic, heap, path and number of windows: flat in the corpus size, rows within 1.2x pattern."""
     print(f"SmolLM2, analyze_corpus over {args.windows} windows of {args.context} tokens, batches of {args.batch}, "
           f"memory_budget_mib={args.budget:g}: peak resident memory above the loaded model (MiB), one fresh process "
-          "per figure")
-    print(f"{'diagnostics':<14}{'windows':>8}{'rows':>9}{'pattern':>9}{'rows/pattern':>14}")
+          "per figure; CPU time and minor page faults of each run")
+    print(f"{'diagnostics':<14}{'heap':<8}{'windows':>8}{'rows':>9}{'pattern':>9}{'rows/pattern':>14}   CPU time")
     for diagnostic in args.diagnostics:
-        above = {path: [] for path in PATHS}
-        for windows in args.windows:
-            for path, mib in _paths(diagnostic, args, windows).items():
-                above[path].append(mib)
-            ratio = above["rows"][-1] / max(above["pattern"][-1], 1e-9)
-            print(f"{diagnostic:<14}{windows:>8}{above['rows'][-1]:>9.0f}{above['pattern'][-1]:>9.0f}{ratio:>13.2f}x",
-                  flush=True)
-        growth = ", ".join(f"{path} {above[path][-1] / max(above[path][0], 1e-9):.2f}x" for path in PATHS)
-        print(f"{'':<14}peak at {args.windows[-1]} windows / at {args.windows[0]}: {growth}", flush=True)
+        for heap in args.heap:
+            above = {path: [] for path in PATHS}
+            for windows in args.windows:
+                figures = _paths(diagnostic, args, windows, heap)
+                for path in PATHS:
+                    above[path].append(figures[path]["above_mib"])
+                ratio = above["rows"][-1] / max(above["pattern"][-1], 1e-9)
+                print(f"{diagnostic:<14}{heap:<8}{windows:>8}{above['rows'][-1]:>9.0f}{above['pattern'][-1]:>9.0f}"
+                      f"{ratio:>13.2f}x   {_costs(figures)}", flush=True)
+            growth = ", ".join(f"{path} {above[path][-1] / max(above[path][0], 1e-9):.2f}x" for path in PATHS)
+            print(f"{'':<14}{heap:<8}peak at {args.windows[-1]} windows / at {args.windows[0]}: {growth}", flush=True)
 
 
 def main() -> None:
@@ -125,6 +156,8 @@ def main() -> None:
     parser.add_argument("--diagnostics", nargs="*", choices=DIAGNOSTICS, default=list(DIAGNOSTICS))
     parser.add_argument("--windows", nargs="*", type=int, default=None,
                         help="numbers of windows, each run through analyze_corpus (the corpus-size check)")
+    parser.add_argument("--heap", nargs="*", choices=HEAPS, default=["glibc"],
+                        help="glibc's default malloc, and/or its mmap threshold pinned at 128 KiB")
     parser.add_argument("--child", nargs=2, metavar=("PATH", "DIAGNOSTIC"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -136,14 +169,17 @@ def main() -> None:
         return
     print(f"SmolLM2, {args.batch} x {args.context} tokens, memory_budget_mib={args.budget:g}: peak resident memory "
           "above the loaded model (MiB), one fresh process per figure")
-    print(f"{'diagnostics':<14}{'rows':>9}{'pattern':>9}{'rows/pattern':>14}")
+    print(f"{'diagnostics':<14}{'heap':<8}{'rows':>9}{'pattern':>9}{'rows/pattern':>14}   CPU time")
     missed = []
     for diagnostic in args.diagnostics:
-        above = _paths(diagnostic, args)
-        ratio = above["rows"] / max(above["pattern"], 1e-9)
-        if ratio > TARGET:
-            missed.append(diagnostic)
-        print(f"{diagnostic:<14}{above['rows']:>9.0f}{above['pattern']:>9.0f}{ratio:>13.2f}x", flush=True)
+        for heap in args.heap:
+            figures = _paths(diagnostic, args, heap=heap)
+            above = {path: figures[path]["above_mib"] for path in PATHS}
+            ratio = above["rows"] / max(above["pattern"], 1e-9)
+            if ratio > TARGET:
+                missed.append(f"{diagnostic} ({heap})")
+            print(f"{diagnostic:<14}{heap:<8}{above['rows']:>9.0f}{above['pattern']:>9.0f}{ratio:>13.2f}x   "
+                  f"{_costs(figures)}", flush=True)
     print(f"target rows <= {TARGET}x pattern: " + (f"MISSED for {', '.join(missed)}" if missed else "met"))
 
 

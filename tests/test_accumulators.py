@@ -1,6 +1,7 @@
 """Accumulator: statistics over documents added in batches, growing axes, flat memory, exact merge."""
 
 import math
+import weakref
 
 import numpy as np
 import pytest
@@ -8,6 +9,8 @@ import torch
 
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.errors import GeometryError
+from tests.mutants import Mutant, assert_caught, replace_attribute
+from tl_geometry.results import accumulators
 from tl_geometry.results.accumulators import Accumulator
 
 SPECS = [
@@ -201,3 +204,49 @@ def test_processes_past_the_rows_reduce_to_the_groups_of_one_process(monkeypatch
         assert torch.equal(got.group_weights.nan_to_num(-1.0), one.group_weights.nan_to_num(-1.0))
         torch.testing.assert_close(got.group_total, one.group_total, rtol=1e-12, atol=0)
         torch.testing.assert_close(got.replicate_means(), one.replicate_means(), rtol=1e-12, atol=0, equal_nan=True)
+
+
+def test_nbytes_counts_the_rows_and_the_sums_beside_them():
+    """A field kept as rows holds its documents' values (float64), their weights and the sums computed from
+    them (count int64; total, total_sq, minimum, maximum float64 for a "moments" field): 8 bytes a number."""
+    spec = FieldSpec("recall", "R", axes=("n",))
+    acc = Accumulator([spec], layers=(0, 1), heads=(0, 1, 2), n_grid=GRID, n_bootstrap=4,
+                      replicate_fields=["recall"], document_rows=True)
+    acc.add({"recall": torch.rand(3, 2, 3, len(GRID))}, torch.ones(3, 4), n_tokens=9)
+    cells = 2 * 3 * len(GRID)
+    rows, weights, sums = 3 * cells, 3 * 4, 5 * cells
+    assert acc.stats["recall"].is_rows
+    assert acc.nbytes == 8 * (rows + weights + sums)
+
+
+def merges_one_field_at_a_time() -> None:
+    """While a field is merged, every field merged before it has let its old statistics go."""
+    acc = make()
+    acc.add(batch(2, 8), torch.ones(2, 4), n_tokens=16)
+    merged: list[weakref.ref] = []  # the old statistics of the fields merged so far
+    merge = accumulators.merge_stats
+
+    def watched(a, b, *args, **kwargs):
+        assert all(old() is None for old in merged), "an earlier field's old statistics are still held"
+        merged.append(weakref.ref(a))
+        return merge(a, b, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(accumulators, "merge_stats", watched)
+        acc.add(batch(3, 8, seed=1), torch.ones(3, 4), n_tokens=24)
+    assert len(merged) == len(SPECS)
+
+
+def test_add_merges_one_field_at_a_time():
+    """Adding a batch holds one field twice at most, never the whole accumulator's old and new statistics at
+    once (replicate sums of every field: the add's peak would be twice the accumulator)."""
+    merges_one_field_at_a_time()
+    held = []  # a bug that keeps the old statistics until the add ends
+    real = accumulators.merge_stats
+
+    def holding(a, b, *args, **kwargs):
+        held.append(a)
+        return real(a, b, *args, **kwargs)
+
+    assert_caught(Mutant("old statistics held through the add", replace_attribute(accumulators, "merge_stats", holding),
+                         (merges_one_field_at_a_time,)))

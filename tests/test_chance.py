@@ -10,11 +10,15 @@ import math
 
 import pytest
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
+from tests import test_metrics as metrics_tests
 from tests import tiny_models as tm
+from tests.mutants import Mutant, assert_caught, replace_attribute
 from tl_geometry import GeometryError, run_with_geometry_hooks, selection_metrics
 from tl_geometry.diagnostics.chance import DIAGNOSTIC, ChanceSettings, control_orders
-from tl_geometry.engine.context import rows_context
+from tl_geometry.engine.context import SelectionChunk, rows_context
 
 
 def _chunks(alpha, values, mask, grid, distance="euclidean", budget=128.0):
@@ -182,3 +186,47 @@ def test_figures_draw_the_chance_band_and_excess_is_summarised():
     assert ((excess.low <= excess.excess + 1e-12) | excess.low.isnan()).all()
     with pytest.raises(GeometryError, match="no chance baselines"):
         excess_over_chance(run_with_geometry_hooks(model, tokens, n_grid=[1, 2]), "precision")
+
+
+@given(
+    n_keys=st.integers(2, 24),
+    window=st.integers(1, 24),
+    queries=st.lists(st.integers(0, 23), min_size=1, max_size=3),
+    distance=st.sampled_from(["euclidean", "cosine"]),
+    seed=st.integers(0, 2**16),
+)
+@example(n_keys=24, window=3, queries=[23, 10], distance="euclidean", seed=0)
+@settings(max_examples=30, deadline=None)
+def test_sliding_window_rows_match_the_reference(n_keys, window, queries, distance, seed):
+    """Rows that see a window of a longer key axis (the controls are drawn and scored on the ranks and N some row
+    sees) against the reference over every key and every N: each control's first N keys of the whole order
+    scored from the definitions, the N beyond a row's window missing."""
+    queries = [q % n_keys for q in queries]
+    gen = torch.Generator().manual_seed(seed)
+    alpha = torch.softmax(3 * torch.randn(len(queries), n_keys, generator=gen, dtype=torch.float64), -1)
+    values = torch.randn(len(queries), n_keys, 4, generator=gen, dtype=torch.float64)
+    mask = torch.tensor([[q - window < k <= q for k in range(n_keys)] for q in queries])
+    grid = list(range(1, n_keys + 1))
+    settings_ = ChanceSettings(n_controls=3, seed=seed % 7)
+    got, keys = chance_rows(alpha, values, mask, grid, settings_, distance=distance)
+    for r in range(len(queries)):
+        visible = mask[r].nonzero().flatten().tolist()
+        for col, n in enumerate(grid):
+            if n > len(visible):
+                assert all(math.isnan(float(t[r, col])) for t in got.values())
+                continue
+            scores = [reference_score(alpha[r], values[r], visible, keys[r, c, :n].tolist(), n, distance)
+                      for c in range(3)]
+            assert float(got["chance_precision"][r, col]) == pytest.approx(sum(x[0] for x in scores) / 3, abs=1e-12)
+            assert float(got["chance_recall"][r, col]) == pytest.approx(sum(x[1] for x in scores) / 3, abs=1e-12)
+            assert float(got["chance_precision_floor"][r, col]) == pytest.approx(n / len(visible), abs=1e-15)
+
+
+def test_ranks_cut_short_of_the_widest_window_are_caught():
+    """Mutant: the metrics and the controls work on one rank fewer than the widest row of the chunk sees."""
+    def one_short(chunk):
+        return max(1, int(chunk.n_visible.max()) - 1)
+
+    assert_caught(Mutant("seen ranks one short", replace_attribute(SelectionChunk, "seen_ranks", one_short),
+                         (test_sliding_window_rows_match_the_reference,
+                          metrics_tests.test_sliding_window_rows_match_the_reference)))

@@ -4,16 +4,24 @@ The memory is counted by `tests.live_bytes.LiveBytes`: every tensor made
 inside the call, alive at once (device-agnostic: no allocator statistics).
 """
 
+import gc
+import warnings
+
 import pytest
 import torch
 
+from tests import tiny_models as tm
 from tests.live_bytes import LiveBytes
+from tests.mutants import Mutant, assert_caught, replace_attribute
+from tl_geometry import analyze_corpus
+from tl_geometry.capture.layer_analysis import LayerAnalysis
 from tl_geometry.diagnostics.assumptions import DIAGNOSTIC as assumptions
 from tl_geometry.diagnostics.assumptions import value_statistics_bytes
 from tl_geometry.diagnostics.profile_fit import fit_attention_profile, fit_bytes_per_row
 from tl_geometry.diagnostics.role_features import DIAGNOSTIC as taxonomy
 from tl_geometry.diagnostics.role_features import position_features_bytes
 from tl_geometry.engine.context import SelectionContext
+from tl_geometry.runs import corpus_run
 
 N_BATCH, N_HEADS, N_KV, N_KEYS, D_HEAD = 6, 9, 3, 257, 64  # SmolLM2's heads; 257 keys: the longest FFT per key
 BUDGET_MIB = 6.0
@@ -123,3 +131,56 @@ def test_the_margins_of_long_rows_stay_within_their_declared_cost(window):
     declared = n_rows * 4 * MARGINS_COST.per_row(seen, len(grid), d_head)
     assert declared < n_rows * 4 * n_keys**2 / 2  # the check below can fail: the staircase at once would not fit
     assert live.peak - _nbytes(out) <= declared, f"{(live.peak - _nbytes(out)) / 2**20:.1f} MiB"
+
+
+def _live_storages() -> set[int]:
+    """The storages of every tensor Python holds now (after a collection)."""
+    gc.collect()
+    with warnings.catch_warnings():  # isinstance on torch.distributed's deprecated reduce_op warns
+        warnings.simplefilter("ignore", FutureWarning)
+        return {o.untyped_storage().data_ptr() for o in gc.get_objects() if isinstance(o, torch.Tensor)}
+
+
+def _batch_leftovers(capture: str) -> list[set[int]]:
+    """Per batch of a corpus run (3 batches, every diagnostic), the storages of the tensors made while it was
+    analysed that are still alive after it, other than the accumulator's statistics."""
+    model = tm.tiny_bridge("llama")
+    tokens = tm.with_bos(tm.random_tokens(6, 12))
+    leftovers = []
+    analyse = corpus_run.analyse_prepared
+
+    def watched(model, prepared, plan, accumulator):
+        before = _live_storages()
+        analyse(model, prepared, plan, accumulator)
+        kept = {t.untyped_storage().data_ptr() for s in accumulator.stats.values() for t in vars(s).values()
+                if isinstance(t, torch.Tensor)}  # its rows of documents and the sums computed from them
+        leftovers.append(_live_storages() - before - kept)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(corpus_run, "analyse_prepared", watched)
+        analyze_corpus(model, tokens, batch_size=2, capture=capture, diagnostics="all", n_bootstrap=4, progress=False)
+    return leftovers
+
+
+@pytest.mark.parametrize("capture", ["rows", "pattern"])
+def test_nothing_of_a_batch_outlives_it(capture):
+    """A corpus run holds one batch at a time: no tensor made while a batch is analysed (a pattern, a context,
+    a chunk's buffers, a layer's outputs) is alive after it but the accumulator's statistics, so that the next
+    batch's peak does not carry this one's (the first batch may leave the model's own lazily built tensors)."""
+    leftovers = _batch_leftovers(capture)
+    assert len(leftovers) == 3
+    assert leftovers[1:] == [set(), set()]
+
+
+def test_a_pattern_held_across_batches_is_caught():
+    """Mutant: the layer analysis keeps the last attention rows it analysed (a per-batch cache)."""
+    held = {}
+    analyse = LayerAnalysis.analyse_layers
+
+    def keeping(self, layers, pattern, *args, **kwargs):
+        held["last"] = pattern.clone()
+        return analyse(self, layers, pattern, *args, **kwargs)
+
+    assert_caught(Mutant("pattern held across batches", replace_attribute(LayerAnalysis, "analyse_layers", keeping),
+                         (lambda: test_nothing_of_a_batch_outlives_it("pattern"),
+                          lambda: test_nothing_of_a_batch_outlives_it("rows"))))

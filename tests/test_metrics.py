@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.reference import exact_counts, reference_metrics
@@ -203,3 +203,27 @@ def test_row_sums_count_the_visible_keys_and_tolerate_bfloat16_rounding():
     hidden = torch.zeros(4, 300, dtype=torch.bool)
     hidden[1:] = True
     selection_metrics(alpha * hidden, values, key_mask=hidden)  # a row with no visible key is left alone (NaN)
+
+
+def window_mask(n_keys: int, window: int, queries: list[int]) -> torch.Tensor:
+    """The keys each query sees through a sliding window, written from the rule q - W < k <= q, one key at a time."""
+    return torch.tensor([[query - window < key <= query for key in range(n_keys)] for query in queries])
+
+
+@given(
+    n_keys=st.integers(2, 40),
+    window=st.integers(1, 40),
+    queries=st.lists(st.integers(0, 39), min_size=1, max_size=4),
+    distance=st.sampled_from(["euclidean", "cosine"]),
+    ranking=st.sampled_from(["attention", "contribution"]),
+    seed=st.integers(0, 2**16),
+)
+@example(n_keys=40, window=3, queries=[39, 20], distance="euclidean", ranking="attention", seed=0)
+@settings(max_examples=40, deadline=None)
+def test_sliding_window_rows_match_the_reference(n_keys, window, queries, distance, ranking, seed):
+    """Rows that see a window of a longer key axis (the metrics work on the ranks and N some row sees) against
+    the reference over every key and every N, N beyond the window included (missing there)."""
+    queries = [q % n_keys for q in queries]
+    g = torch.Generator().manual_seed(seed)
+    alpha, values = random_rows(g, (len(queries),), n_keys, 4)
+    assert_matches_reference(alpha, values, None, window_mask(n_keys, window, queries), ranking, distance)

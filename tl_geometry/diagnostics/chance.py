@@ -39,43 +39,50 @@ from tl_geometry.errors import GeometryError
 DEFAULT_CONTROLS = 16
 
 
-def control_orders(chunk: SelectionChunk, n_controls: int, seed: int) -> Int[Tensor, "row control key"]:
+def control_orders(
+    chunk: SelectionChunk, n_controls: int, seed: int, ranks: int | None = None
+) -> Int[Tensor, "row control place"]:
     """Random rankings of each row's visible keys, as ranks of the chunk's own order; hidden ranks last.
 
     Entry ``[r, c, p]`` is the rank (position in ``chunk.order``) of the key
     that control ``c`` puts at place ``p``; the top-N set of control ``c`` is
-    its first N places, so the sets are nested across N.
+    its first N places, so the sets are nested across N. With ``ranks`` only
+    the first ``ranks`` ranks are ranked (at least every row's visible ones,
+    e.g. `SelectionChunk.seen_ranks`): the same places as the whole order's
+    first ``ranks``, since the visible keys come first and the hidden ones
+    after them in increasing rank.
     """
-    n_rows, n_keys = chunk.alpha.shape
-    device = chunk.order.device
+    order = chunk.order if ranks is None else chunk.order[:, :ranks]
+    device = order.device
     # Positions are counted back from the query's own key (padding and batching leave them alone).
     row_key = hash32(hash32(chunk.head.to(torch.int64) + hash32(torch.full_like(chunk.head, seed, dtype=torch.int64)))
                       + chunk.n_visible.to(torch.int64))  # [row]
     control = torch.arange(n_controls, device=device, dtype=torch.int64)
-    lag = (chunk.last_key.unsqueeze(-1) - chunk.order).to(torch.int64)  # by rank: the key at each rank, as a lag
+    lag = (chunk.last_key.unsqueeze(-1) - order).to(torch.int64)  # by rank: the key at each rank, as a lag
     h = hash32(hash32(row_key[:, None] + hash32(control)[None, :])[:, :, None] + lag[:, None, :])
-    hidden = torch.arange(n_keys, device=device) >= chunk.n_visible.unsqueeze(-1)
+    hidden = torch.arange(order.shape[1], device=device) >= chunk.n_visible.unsqueeze(-1)
     score = h.masked_fill(hidden.unsqueeze(1), MASK32 + 1)  # above every hash: hidden keys sort last
     return torch.sort(score, dim=-1, stable=True).indices
 
 
 def score_rankings(
-    chunk: SelectionChunk, places: Int[Tensor, "row control key"]
-) -> tuple[Float[Tensor, "row control n"], Float[Tensor, "row control n"]]:
-    """P(r_max, N) and R(r_min, N) of each ranking, every ranking scored around its own s(N).
+    chunk: SelectionChunk, places: Int[Tensor, "row control place"], sizes: Int[Tensor, " size"]
+) -> tuple[Float[Tensor, "row control size"], Float[Tensor, "row control size"]]:
+    """P(r_max, N) and R(r_min, N) of each ranking for each N of ``sizes``, every ranking scored around its own s(N).
 
     ``places[r, c, p]`` is the rank (in the chunk's order) of the key at place
-    p of ranking c; hidden ranks must come last. Distances are the chunk's
-    (Euclidean or cosine); closed r_max ball, open r_min ball, as the metrics.
+    p of ranking c, over the chunk's first ranks (at least every row's visible
+    ones); hidden ranks must come last. Distances are the chunk's (Euclidean
+    or cosine); closed r_max ball, open r_min ball, as the metrics.
 
     Everything is laid out by place: the top-N set of a ranking is its first
     N places, so s(N) is one product with a fixed staircase, and the engine's
     `ball_counts` counts the balls of every ranking and N at once.
     """
     n_rows, n_controls, n_keys = places.shape
-    sizes = chunk.grid.clamp(max=n_keys)
+    sizes = sizes.clamp(max=n_keys)
     n_grid = len(sizes)
-    y = chunk.y_sorted  # [row, key, d] by rank
+    y = chunk.y_sorted[:, :n_keys]  # [row, key, d] by rank
     keys = torch.arange(n_keys, device=places.device)
     rows = torch.arange(n_rows, device=places.device)[:, None, None]
     y_placed = y[rows, places].view(n_rows * n_controls, n_keys, -1)  # [row*control, place, d]
@@ -142,10 +149,17 @@ class ChanceDiagnostic(Diagnostic):
     fields = (CHANCE_PRECISION_FLOOR, CHANCE_PRECISION, CHANCE_RECALL, EXCESS_PRECISION, EXCESS_RECALL)
 
     def rows(self, chunk: SelectionChunk, settings: ChanceSettings) -> dict[str, Tensor]:
-        n_rows, n_keys = chunk.alpha.shape
-        controls = control_orders(chunk, settings.n_controls, settings.seed)
-        own = torch.arange(n_keys, device=controls.device).expand(n_rows, 1, n_keys)  # the row's own ranking
-        precision, recall = score_rankings(chunk, torch.cat([own, controls], dim=1))
+        n_rows = chunk.n_rows
+        # Only the ranks and N some row of the chunk sees (a sliding-window row of a long context: its window's):
+        # past them every key is hidden and every N missing, in every row.
+        ranks, sizes = chunk.seen_ranks(), chunk.seen_sizes()
+        controls = control_orders(chunk, settings.n_controls, settings.seed, ranks)
+        own = torch.arange(ranks, device=controls.device).expand(n_rows, 1, ranks)  # the row's own ranking
+        precision, recall = score_rankings(chunk, torch.cat([own, controls], dim=1), chunk.grid[sizes])
+        if not bool(sizes.all()):  # back on the whole grid: the other N are missing in every row
+            columns = sizes.nonzero().squeeze(-1)
+            precision, recall = (t.new_full((*t.shape[:2], len(chunk.grid)), math.nan).index_copy_(2, columns, t)
+                                 for t in (precision, recall))
         n = chunk.grid.to(precision.dtype)
         out = {
             "chance_precision_floor": n / chunk.n_visible.unsqueeze(-1).to(precision.dtype),

@@ -137,6 +137,16 @@ class SelectionChunk:
         ranks = self.rank[rows, self.sink.clamp(min=0)]
         return torch.where(self.has_sink, ranks, self.alpha.shape[-1])
 
+    def seen_ranks(self) -> int:
+        """The most keys a row of the chunk sees (at least 1): hidden keys sort last, so every rank from here on
+        is hidden in every row and carries nothing (a sliding-window row of a long context sees a few hundred of
+        its keys). Per-rank work can stop here."""
+        return max(1, int(self.n_visible.max())) if self.n_rows else 1
+
+    def seen_sizes(self) -> Bool[Tensor, " n"]:
+        """Which N of the grid some row of the chunk can select (N <= `seen_ranks`); every row misses the rest."""
+        return self.grid <= self.seen_ranks()
+
     def scratch(self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> Tensor:
         """A reused, uninitialised ``[row, *shape]`` buffer (valid until the next chunk); working dtype by default."""
         return self.buffers.scratch(name, self.n_rows, shape, dtype)

@@ -76,57 +76,89 @@ class SelectionMetrics:
 METRIC_NAMES: tuple[str, ...] = tuple(f.name for f in fields(SelectionMetrics) if f.name != "n_grid")
 
 
-def proximity(chunk: SelectionChunk) -> Float[Tensor, "row n key"]:
+def seen_part(chunk: SelectionChunk) -> tuple[int, Bool[Tensor, " n"] | None]:
+    """The ranks and grid columns the metrics work on: the ranks some row of the chunk sees and the N it can
+    select (`SelectionChunk.seen_ranks`, `SelectionChunk.seen_sizes`); None for the columns when every N is kept.
+
+    Past them every key is hidden and every N missing in every row, so nothing there changes a metric: a
+    sliding-window row of a long context (512 of 32,768 keys on Gemma-3) is worked on its window's width.
+    """
+    sizes = chunk.seen_sizes()
+    return chunk.seen_ranks(), None if bool(sizes.all()) else sizes
+
+
+def proximity(chunk: SelectionChunk) -> Float[Tensor, "row seen_n seen_key"]:
     """A quantity that orders keys exactly as D_i does, per (row, N), keys in selection order.
 
     For the Euclidean distance it is D_i^2 - ||s||^2 = ||y_i||^2 - 2<s, y_i>:
     adding ||s||^2 would round away the tiny differences between the many
     small alpha_i v_i of a real attention row, and those differences decide
     the counts. For the cosine distance it is the distance itself. Hidden
-    keys (sorted last) get +inf. Written into a reused buffer of the chunk.
+    keys (sorted last) get +inf. Only the ranks and the N of `seen_part`:
+    ``[row, N <= seen, rank < seen]``. Written into a reused buffer of the chunk.
     """
-    n_keys = chunk.alpha.shape[-1]
-    out = chunk.scratch("proximity", (len(chunk.grid), n_keys))
-    y_sq = (chunk.y_sorted * chunk.y_sorted).sum(-1)
+    ranks, sizes = seen_part(chunk)
+    s = chunk.s if sizes is None else chunk.s[:, sizes]
+    y = chunk.y_sorted[:, :ranks]
+    out = chunk.scratch("proximity", (s.shape[1], ranks))
+    y_sq = (y * y).sum(-1)
     if chunk.distance == "euclidean":
-        torch.baddbmm(y_sq.unsqueeze(1), chunk.s, chunk.y_sorted.transpose(1, 2), alpha=-2.0, out=out)
+        torch.baddbmm(y_sq.unsqueeze(1), s, y.transpose(1, 2), alpha=-2.0, out=out)
     else:
-        torch.bmm(chunk.s, chunk.y_sorted.transpose(1, 2), out=out)
-        scale = chunk.s_norm.unsqueeze(-1) * y_sq.sqrt().unsqueeze(1) + COSINE_EPS
+        torch.bmm(s, y.transpose(1, 2), out=out)
+        s_norm = chunk.s_norm if sizes is None else chunk.s_norm[:, sizes]
+        scale = s_norm.unsqueeze(-1) * y_sq.sqrt().unsqueeze(1) + COSINE_EPS
         out.div_(scale).neg_().add_(1.0)
-    hidden = torch.arange(n_keys, device=out.device) >= chunk.n_visible.unsqueeze(-1)
+    hidden = torch.arange(ranks, device=out.device) >= chunk.n_visible.unsqueeze(-1)
     if hidden.any():
         out.masked_fill_(hidden.unsqueeze(1), math.inf)
     return out
 
 
-def distance_to_rank(chunk: SelectionChunk, near: Float[Tensor, "row n key"], rank: Int[Tensor, "row n"]) -> Float[Tensor, "row n"]:
-    """D between s(N) and the key at sorted position ``rank``, per (row, N).
+def distance_to_rank(chunk: SelectionChunk, near: Float[Tensor, "row seen_n seen_key"],
+                     rank: Int[Tensor, "row seen_n"]) -> Float[Tensor, "row seen_n"]:
+    """D between s(N) and the key at sorted position ``rank``, per (row, N) of `proximity`'s plane ``near``.
 
     Computed from the vectors (not from the proximity) so that radii keep full
     precision even when D is tiny; the cosine proximity is the distance itself.
     """
     if chunk.distance == "cosine":
         return torch.gather(near, 2, rank.unsqueeze(-1)).squeeze(-1)
+    _, sizes = seen_part(chunk)
+    s = chunk.s if sizes is None else chunk.s[:, sizes]
     d_head = chunk.y_sorted.shape[-1]
     y_at = torch.gather(chunk.y_sorted, 1, rank.unsqueeze(-1).expand(*rank.shape, d_head))
-    return torch.linalg.vector_norm(y_at.sub_(chunk.s), dim=-1)
+    return torch.linalg.vector_norm(y_at.sub_(s), dim=-1)
 
 
-def ball_members(chunk: SelectionChunk, rows: Int[Tensor, " pick"]) -> tuple[Bool[Tensor, "pick n key"], Bool[Tensor, "pick n key"]]:
+def ball_members(
+    chunk: SelectionChunk, rows: Int[Tensor, " pick"]
+) -> tuple[Bool[Tensor, "pick n seen_key"], Bool[Tensor, "pick n seen_key"]]:
     """Which keys (in selection order) lie in the closed r_max ball and in the open r_min ball, per (row, N).
 
     The comparisons whose counts `chunk_metrics` returns as K_out + N and K_in,
     read from the proximity plane it leaves in the chunk: call it right after
-    `chunk_metrics`, before anything else reuses the plane. Hidden keys (+inf)
-    are in neither ball; rows where N exceeds the visible keys are meaningless
-    (their metrics are NaN).
+    `chunk_metrics`, before anything else reuses the plane. The key axis stops
+    at the ranks some row of the chunk sees (`seen_part`; the keys past them are
+    hidden everywhere); hidden keys (+inf) are in neither ball; rows where N
+    exceeds the visible keys are meaningless (their metrics are NaN), and so
+    are the N no row can select (all False).
     """
-    near = chunk.scratch("proximity", (len(chunk.grid), chunk.alpha.shape[-1]))[rows]
-    selected = torch.arange(near.shape[-1], device=near.device) < chunk.grid.unsqueeze(-1)  # [n, key]
+    ranks, sizes = seen_part(chunk)
+    grid = chunk.grid if sizes is None else chunk.grid[sizes]
+    near = chunk.scratch("proximity", (len(grid), ranks))[rows]
+    selected = torch.arange(ranks, device=near.device) < grid.unsqueeze(-1)  # [n, key]
     far_in = torch.where(selected, near, -math.inf).amax(-1, keepdim=True)
     near_out = torch.where(selected, math.inf, near).amin(-1, keepdim=True)
-    return near <= far_in, near < near_out
+    inside_max, inside_min = near <= far_in, near < near_out
+    if sizes is None:
+        return inside_max, inside_min
+    planes = []
+    for inside in (inside_max, inside_min):
+        plane = inside.new_zeros(len(rows), len(chunk.grid), ranks)
+        plane[:, sizes] = inside
+        planes.append(plane)
+    return planes[0], planes[1]
 
 
 # Keys per block of `extreme_with_place`: amax over a block is vectorised, max with its index is not.
@@ -206,19 +238,26 @@ def ball_counts(
 
 
 def chunk_metrics(chunk: SelectionChunk) -> dict[str, Float[Tensor, "row n"]]:
-    """Every metric of `SelectionMetrics` for the rows of a chunk, NaN where N exceeds the visible keys."""
+    """Every metric of `SelectionMetrics` for the rows of a chunk, NaN where N exceeds the visible keys.
+
+    Worked on the ranks and N some row of the chunk sees (`seen_part`): the N past them are missing in every row.
+    """
     near = proximity(chunk)
-    grid = chunk.grid
+    _, sizes = seen_part(chunk)
+    grid = chunk.grid if sizes is None else chunk.grid[sizes]
     balls = ball_counts(near, grid, chunk.scratch("metrics_scratch", tuple(near.shape[1:])),
                         chunk.scratch("metrics_flags", tuple(near.shape[1:]), torch.bool))
     r_max = distance_to_rank(chunk, near, balls.far_in_place)
     r_min = distance_to_rank(chunk, near, balls.near_out_place).masked_fill(torch.isinf(balls.near_out), math.inf)
 
     dtype = r_max.dtype
-    n = grid.to(dtype).unsqueeze(0)
-    out = {"k_out": balls.k_out.to(dtype), "k_in": balls.k_in.to(dtype), "r_max": r_max, "r_min": r_min,
-           "s_norm": chunk.s_norm}
-    out = {name: t.masked_fill(chunk.missing, math.nan) for name, t in out.items()}
+    seen = {"k_out": balls.k_out.to(dtype), "k_in": balls.k_in.to(dtype), "r_max": r_max, "r_min": r_min}
+    if sizes is not None:  # back on the whole grid: the N no row can select are missing in every row
+        for name, t in seen.items():
+            seen[name] = t.new_full((t.shape[0], len(chunk.grid)), math.nan).index_copy_(
+                1, sizes.nonzero().squeeze(-1), t)
+    n = chunk.grid.to(dtype).unsqueeze(0)
+    out = {name: t.masked_fill(chunk.missing, math.nan) for name, t in {**seen, "s_norm": chunk.s_norm}.items()}
     precision = n / (n + out["k_out"])
     recall = out["k_in"] / n
     return {

@@ -166,7 +166,10 @@ class Accumulator:
             batch[name] = batch_stats(spec, t, weights if name in self.replicate_fields else None, within,
                                       rows=self.document_rows)
         rows = self._query_rows(queries, query_positions, n_docs)
-        self.stats = {name: merge_stats(self.stats[name], batch[name]) for name in self.specs}
+        # One field at a time, each replacing its old statistics before the next is merged: the merge then holds
+        # one field twice, not the whole accumulator (replicate sums of every field, old and new, at once).
+        for name in self.specs:
+            self.stats[name] = merge_stats(self.stats[name], batch[name])
         self.n_documents += n_docs
         self.n_tokens += n_tokens
         if rows is not None:
@@ -241,8 +244,10 @@ class Accumulator:
 
     @property
     def nbytes(self) -> int:
-        """Memory held by the statistics (per-query rows excluded), in bytes."""
-        return sum(t.element_size() * t.numel() for s in self.stats.values() for t in s.arrays().values())
+        """Memory held by the statistics (per-query rows excluded), in bytes: every tensor a field holds (a field
+        kept as rows holds the sums computed from them beside the rows)."""
+        return sum(t.element_size() * t.numel() for s in self.stats.values() for t in vars(s).values()
+                   if isinstance(t, Tensor))
 
     def stored_stats(self) -> dict[str, FieldStats]:
         """The statistics in the dtypes a result keeps."""

@@ -505,9 +505,8 @@ def chunk_margins(chunk: SelectionChunk) -> dict[str, Tensor]:
     query sees it); a row without one has no Delta_0 term.
     """
     n_rows, n_keys = chunk.alpha.shape
-    # Hidden keys sort last: the ranks past the most keys a row of the chunk sees are hidden in every row, and
-    # carry nothing (a sliding-window layer's rows see a few hundred of a long context's keys).
-    seen = int(chunk.n_visible.max())
+    # Only the ranks some row of the chunk sees: the rest are hidden in every row and carry nothing.
+    seen = chunk.seen_ranks()
     order = chunk.order[:, :seen]
     hidden = torch.arange(seen, device=order.device) >= chunk.n_visible.unsqueeze(-1)
     values = chunk.value_source[chunk.batch[:, None], order, chunk.value_head[:, None]].to(chunk.alpha.dtype)

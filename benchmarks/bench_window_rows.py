@@ -1,0 +1,113 @@
+"""Cost of the metrics and the chance diagnostic against another git revision, side by side, on rows that see
+a window of a long key axis (or all of it).
+
+Random attention rows and values of the given shape, the default N grid; the
+rows of every chunk go through this tree's
+``tl_geometry.engine.metrics.chunk_metrics`` and
+``tl_geometry.diagnostics.chance.DIAGNOSTIC.rows``, and through the same
+functions of ``--rev`` (their modules read with ``git show`` and run on this
+tree's selection context, which both revisions share), in turns, and the
+medians are compared. Every field of the two is compared too (the largest
+difference is printed; NaN and infinite entries must agree).
+
+A sliding-window row of Gemma-3-270M at its full context (d_head 256; 512 of
+32,768 keys visible), then a full-attention row and SmolLM2's shape (270
+rows of 1,024 keys, d_head 64):
+
+    PYTHONPATH=. python benchmarks/bench_window_rows.py --rev 62355f0 --rows 4 --keys 32768 --d-head 256 --window 512
+    PYTHONPATH=. python benchmarks/bench_window_rows.py --rev 62355f0 --rows 1 --keys 16384 --d-head 256
+    PYTHONPATH=. python benchmarks/bench_window_rows.py --rev 62355f0
+"""
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+import types
+
+import torch
+
+from tl_geometry.diagnostics import chance
+from tl_geometry.engine import metrics
+from tl_geometry.engine.context import rows_context
+from tl_geometry.engine.grid import default_n_grid
+
+MODULES = {"metrics": "tl_geometry/engine/metrics.py", "chance": "tl_geometry/diagnostics/chance.py"}
+
+
+def module_at(rev: str, path: str) -> types.ModuleType:
+    """The module at ``path`` as it was at ``rev``, importing the rest of this tree."""
+    source = subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True, check=True).stdout
+    name = f"_bench_at_rev.{path}"
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    exec(compile(source, f"<{path} at {rev}>", "exec"), module.__dict__)
+    return module
+
+
+def runner(part: str, module: types.ModuleType):
+    """The per-chunk function of ``part`` in ``module``, and its declared cost per row."""
+    if part == "metrics":
+        return module.chunk_metrics, module.METRICS_COST
+    settings = module.ChanceSettings()
+    return (lambda chunk: module.DIAGNOSTIC.rows(chunk, settings)), module.DIAGNOSTIC.cost
+
+
+def largest_difference(new: dict[str, torch.Tensor], old: dict[str, torch.Tensor]) -> float:
+    """The largest difference of a field's finite entries; SystemExit where NaN or infinite entries differ."""
+    largest = 0.0
+    for name, a in new.items():
+        b = old[name]
+        both = a.isfinite() & b.isfinite()
+        if not (torch.equal(a.isnan(), b.isnan()) and torch.equal(a[~both & ~a.isnan()], b[~both & ~b.isnan()])):
+            raise SystemExit(f"{name}: NaN or infinite entries differ between the two revisions")
+        if both.any():
+            largest = max(largest, float((a[both] - b[both]).abs().max()))
+    return largest
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rev", required=True, help="the revision to compare with (e.g. the commit before)")
+    parser.add_argument("--rows", type=int, default=270)
+    parser.add_argument("--keys", type=int, default=1024)
+    parser.add_argument("--d-head", type=int, default=64)
+    parser.add_argument("--window", type=int, default=None, help="each row sees only its last WINDOW keys")
+    parser.add_argument("--parts", nargs="*", choices=tuple(MODULES), default=list(MODULES))
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    alpha = torch.softmax(4 * torch.randn(args.rows, args.keys), -1)
+    values = torch.randn(args.rows, args.keys, args.d_head) * torch.rand(args.rows, args.keys, 1)
+    visible = torch.ones(args.rows, args.keys, dtype=torch.bool)
+    if args.window is not None:
+        visible[:, : args.keys - args.window] = False
+    grid = default_n_grid(args.keys)
+    seen = f", each seeing its last {args.window}" if args.window is not None else ""
+    print(f"{args.rows} rows x {args.keys} keys{seen}, d_head {args.d_head}, grid of {len(grid)} N, "
+          f"{torch.get_num_threads()} threads, {args.repeats} repeats in turns, alternating which goes first (the sort "
+          "of the rows included in both)")
+    for part in args.parts:
+        versions = {"this tree": runner(part, metrics if part == "metrics" else chance),
+                    args.rev: runner(part, module_at(args.rev, MODULES[part]))}
+        times: dict[str, list[float]] = {label: [] for label in versions}
+        largest = 0.0
+        with torch.no_grad():
+            for repeat in range(args.repeats):
+                outputs = {}
+                for label, (rows, cost) in list(versions.items())[:: 1 if repeat % 2 == 0 else -1]:
+                    context = rows_context(alpha, values, visible, grid, ranking="attention", distance="euclidean",
+                                           memory_budget_mib=128.0, costs=(cost,))
+                    start = time.perf_counter()
+                    parts = [{name: t.clone() for name, t in rows(chunk).items()} for chunk in context.chunks()]
+                    times[label].append(time.perf_counter() - start)
+                    outputs[label] = {name: torch.cat([p[name] for p in parts]) for name in parts[0]}
+                largest = max(largest, largest_difference(outputs["this tree"], outputs[args.rev]))
+        this, then = statistics.median(times["this tree"]), statistics.median(times[args.rev])
+        print(f"{part}: this tree median {this:.3f} s; {args.rev} median {then:.3f} s; ratio {this / then:.3f}; "
+              f"largest difference of a field {largest:.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
