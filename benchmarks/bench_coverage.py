@@ -42,6 +42,11 @@ role"): tuned on ``THRESHOLD_TUNING`` over ``AT_THRESHOLD_ZS``, held out on ``TR
 (docs/claims.md, "Why two intervals miss on near and noisy"): per cell of ``DIAGNOSED``, where the estimates and
 intervals sit against the truth, and the parts each statistic is made of (no interval is chosen on these).
 
+``--near-lines``: large-N return's method and the reading within sequences' set interval chosen by the rule written
+before the run (docs/claims.md, "Why two intervals miss on near and noisy"): tuned on ``NEAR_TUNING`` (``pick``, the
+candidates of `near_line_candidates`), held out on ``NEAR_FRESH`` and reported on ``TRADEOFF_FRESH``, ``FRESH`` and
+``HELD_OUT`` (seen), with `uncertain`'s and `adopted`'s verdicts.
+
 ``--remeasure``: the held-out cells of ``REMEASURED`` (the two claims that
 missed 0.90 by under one binomial standard error with 100 studies) measured
 again with ``REMEASURE_STUDIES`` studies, the same seeded studies and more
@@ -50,7 +55,7 @@ standard error and the verdict of `uncertain`, a rule written before these
 cells were re-measured.
 
     PYTHONPATH=. python benchmarks/bench_coverage.py [studies]
-        [--tuning-only | --held-out-only | --grouped-only | --remeasure | --diagnose
+        [--tuning-only | --held-out-only | --grouped-only | --remeasure | --diagnose | --near-lines
          | --set-intervals | --at-thresholds [--claim=KEY ...] | --tradeoffs]
         [--population=NAME ...]  (held-out populations to run; default all)
 """
@@ -70,6 +75,8 @@ from tests.test_claim_coverage import (
     COVERED,
     LARGE,
     MID,
+    NEAR_FRESH,
+    NEAR_TUNING,
     FRESH,
     HELD_OUT,
     THRESHOLD_TUNING,
@@ -285,6 +292,57 @@ def adopted(picked: list[tuple[int, int, int]], current: list[tuple[int, int, in
     return f"not adopted: uncertain and its lowest cell {low:.2f} not above the current's {before:.2f}"
 
 
+def near_line_candidates() -> dict[str, dict]:
+    """The candidates of the rule (docs/claims.md, "Why two intervals miss on near and noisy"), by claim: for large-N
+    return every method at either level (nominal 95 %), for the reading within sequences its declared interval
+    (basic, expanded, 99 %) joined with the set interval at each z of ``AT_THRESHOLD_ZS``."""
+    return {"large_n_return": every_choice(("large_n_return",)),
+            "stable_norms_within": set_choices(("stable_norms_within",), AT_THRESHOLD_ZS)}
+
+
+def near_line_tables(tuning_studies: int, held_out_studies: int) -> None:
+    """The rule's run: `pick` on ``NEAR_TUNING`` at ``TUNING_DOCUMENTS`` documents (``tuning_studies`` studies), then
+    the picked choice beside the current one on ``NEAR_FRESH`` (new) and the seen populations at ``COUNTS``."""
+    candidates = near_line_candidates()
+    merged = {name: choice for by_name in candidates.values() for name, choice in by_name.items()}
+    start = time.perf_counter()
+    found = coverage(NEAR_TUNING, TUNING_DOCUMENTS, tuning_studies, merged)
+    print(f"near lines, tuning: {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    picked = {key: pick(found, key) for key in candidates}
+    print(f"\nTuning (NEAR_TUNING, seed {NEAR_TUNING.seed}, {TUNING_DOCUMENTS} documents, {tuning_studies} studies)")
+    for key, by_name in candidates.items():
+        cells = ", ".join(f"{name} {share(found[name][key]):.3f}" for name in by_name)
+        print(f"- {key}: current {share(found['chosen'][key]):.3f}; {cells}; the rule's pick: {picked[key]}")
+    choice = {"picked": {key: candidates[key][picked[key]][key] for key in candidates}}
+    populations = {**NEAR_FRESH, **TRADEOFF_FRESH, **FRESH, **HELD_OUT}
+    cells: dict[tuple[str, int], dict] = {}
+    for name, population in populations.items():
+        for documents in COUNTS:
+            start = time.perf_counter()
+            cells[name, documents] = coverage(population, documents, held_out_studies, choice)
+            print(f"near lines held out {name}, {documents} documents: {time.perf_counter() - start:.0f} s",
+                  file=sys.stderr)
+    names, new = list(populations), list(NEAR_FRESH)
+    print(f"\nHeld out ({held_out_studies} studies per cell; in brackets estimates outside their own interval)")
+    print("| claim | interval | " + " | ".join(f"{n} {d}" for n in names for d in COUNTS)
+          + " | 16-32, new fresh | 16-32, all | 8 | uncertain |")
+    print("|---|---|" + "---|" * (len(names) * len(COUNTS)) + "---|---|---|---|")
+    for key in candidates:
+        for label, which in (("current", "chosen"), (picked[key], "picked")):
+            row = [cells[n, d][which][key] for n in names for d in COUNTS]
+            wide = [cells[n, d][which][key] for n in names for d in (16, 32)]
+            fresh = [share(cells[n, d][which][key]) for n in new for d in (16, 32)]
+            eight = [share(cells[n, 8][which][key]) for n in names]
+            text = " | ".join(f"{share(c):.2f}" + (f" ({c[2]})" if c[2] else "") for c in row)
+            print(f"| {key} | {label} | {text} | {min(fresh):.2f}-{max(fresh):.2f} | "
+                  f"{min(map(share, wide)):.2f}-{max(map(share, wide)):.2f} | {min(eight):.2f}-{max(eight):.2f} | "
+                  f"{'yes' if uncertain(wide) else 'no'} |")
+    print("\nAdoption (the rule written before the run):")
+    for key in candidates:
+        wide = {w: [cells[n, d][w][key] for n in names for d in (16, 32)] for w in ("chosen", "picked")}
+        print(f"- {key}, {picked[key]}: {adopted(wide['picked'], wide['chosen'])}")
+
+
 def _rise(means: np.ndarray) -> np.ndarray:
     """The U-shape's return of per-head curves ``[*b, layer, head, n]``, from the claim's words: the mean over heads
     at large N minus at mid N ``[*b]``."""
@@ -386,6 +444,9 @@ if __name__ == "__main__":
         sys.exit()
     if "--grouped-only" in sys.argv:
         grouped_table(count, populations)
+        sys.exit()
+    if "--near-lines" in sys.argv:
+        near_line_tables(SET_TUNING_STUDIES, count if arguments else SET_HELD_OUT_STUDIES)
         sys.exit()
     if "--diagnose" in sys.argv:
         diagnosed_table(count if arguments else SET_HELD_OUT_STUDIES)

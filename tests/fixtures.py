@@ -240,6 +240,8 @@ class Population:
     at_threshold: float = 0.0  # per claim judged against a threshold, the share of heads placed at its line ...
     threshold_spread: float = 1.0  # ... uniformly within this many standard errors of it ...
     threshold_documents: int = STUDY_DOCUMENTS  # ... those of a study of this many documents (`near_thresholds`)
+    within_at_threshold: float = 0.0  # the share of heads whose mean CV within sequences is placed at its line
+    rise_gap: float | None = None  # R's true large-N return minus P's, set exactly (None: as drawn)
 
 
 def true_means(seed: "int | Population" = 0) -> dict[str, np.ndarray]:
@@ -273,6 +275,13 @@ def true_means(seed: "int | Population" = 0) -> dict[str, np.ndarray]:
     }  # fmt: skip
     if population.at_threshold > 0:  # its own stream: the populations without it are drawn as before
         near_thresholds(means, np.random.default_rng((population.seed, 43)), population)
+    if population.within_at_threshold > 0:  # its own stream too
+        within_near_line(means, np.random.default_rng((population.seed, 44)), population)
+    if population.rise_gap is not None:  # no draw: recall's large-N points moved so the two returns differ by the gap
+        rise = {name: _study_rise(means[name]) for name in ("precision", "recall")}
+        shift = rise["precision"] + population.rise_gap - rise["recall"]
+        for name in ("recall", "excess_recall", "bound_recall_upper"):
+            means[name][..., STUDY_GRID >= STUDY_GRID.max() / 2] += shift
     means["value_norm_by_position"] = norm_curves(means["value_norm_by_position"], curves, population.positions)
     return means
 
@@ -328,6 +337,27 @@ def near_thresholds(means: dict[str, np.ndarray], rng: np.random.Generator, popu
         means[name][index] = max(least, z * se[name]) + offset * se[name]
         if role == "mixer":
             means["shift_sink_raw"][index] = -means[name][index]
+
+
+def _study_rise(curves: np.ndarray) -> float:
+    """The mean over heads of ``[layer, head, n]`` curves at large N (>= half the grid's largest) minus at mid N
+    (8 to a quarter of the largest): the large-N return's definition on the study's grid."""
+    curve = curves.reshape(-1, curves.shape[-1]).mean(0)
+    mid = (STUDY_GRID >= 8) & (STUDY_GRID <= STUDY_GRID.max() / 4)
+    return float(curve[STUDY_GRID >= STUDY_GRID.max() / 2].mean() - curve[mid].mean())
+
+
+def within_near_line(means: dict[str, np.ndarray], rng: np.random.Generator, population: Population) -> None:
+    """Place, in ``means``, a share ``within_at_threshold`` of the heads' mean CV within sequences
+    (``value_norm_cv``) at 0.05 + u s, u uniform within ``threshold_spread``, s = 0.05 / sqrt(k n) the standard
+    error of a mean of n documents' CVs scattered as gamma draws of shape k (``positive_shape``) around 0.05, n
+    ``threshold_documents``; the heads drawn without replacement."""
+    shape = means["value_norm_cv"].shape
+    heads = int(round(population.within_at_threshold * math.prod(shape)))
+    picked = np.unravel_index(rng.choice(math.prod(shape), size=heads, replace=False), shape)
+    se = CV_LINE / math.sqrt(population.positive_shape * population.threshold_documents)
+    u = rng.uniform(-population.threshold_spread, population.threshold_spread, heads)
+    means["value_norm_cv"][picked] = CV_LINE + u * se
 
 
 def norm_curves(cv: np.ndarray, rng: np.random.Generator, positions: int = 256) -> np.ndarray:

@@ -532,8 +532,12 @@ def _stable_norms(declared: PaperClaim, result: GeometryResult) -> Claim:
     within_text = (f"within each sequence: {share_within:.0%} of heads have CV <= {CV_STABLE} (expected share "
                    f"{_fmt(expected_within)}, each head counted by the probability that its CV is <= {CV_STABLE} "
                    f"given its standard error over documents; median CV {_fmt(float(within.nanmedian()))})")
+    def within_judged(z: float) -> tuple[float, float]:  # each head by its own mean CV's interval at z se
+        return share_past_interval(within, se, CV_STABLE, z, "<=")
+
     within_interval = _interval(declared.literal_interval, result, [VALUE_NORM_CV],
-                                lambda f: _expected_share_stable(f[VALUE_NORM_CV], se), expected_within)
+                                lambda f: _expected_share_stable(f[VALUE_NORM_CV], se), expected_within,
+                                set_interval=within_judged)
     if VALUE_NORM_BY_POSITION.name not in result.fields:
         measured = within_text + " (the verdict's reading, the expected share: this result has no norm-by-position curve)"
         return _claim(declared, expected_within, within_interval, measured,
