@@ -77,9 +77,13 @@ def test_the_first_screen_says_when_the_sample_is_too_small():
     assert sample_warning(max(MIN_DOCUMENTS.values())) == ""
     assert "Too few documents to trust: this result has 2" in sample_warning(2)
     # Only the claims beyond the ladder short: "more than 32", never "from 64 to more than 32".
-    assert sample_warning(32).endswith("small_n_separability: more than 32) before their bootstrap intervals can "
-                                       "resolve a verdict, and read 'too few documents' until then.")
-    assert "(large_n_return, small_n_separability: 32 or more)" in sample_warning(16)  # the default run
+    assert sample_warning(32).endswith("small_n_separability: more than 32) before its bootstrap interval can "
+                                       "resolve a verdict, and reads 'too few documents' until then.")
+    several = sample_warning(2)  # the plural, and the range of counts from the smallest to beyond the ladder
+    assert "claims need more (" in several and ": from 4 to more than 32) before their bootstrap intervals" in several
+    # The default run: one claim short, said in the singular.
+    assert "1 of the 11 claims needs more (small_n_separability: more than 32) before its bootstrap interval can " \
+           "resolve a verdict, and reads 'too few documents'" in sample_warning(16)
     result = simulate_study(true_means(3), np.random.default_rng(7), 2)
     page = scorecard_html(result)
     assert "Too few documents to trust" in page and "too few documents</span>" in page
