@@ -138,7 +138,7 @@ def corpus_sizes(args: argparse.Namespace) -> None:
     print(f"SmolLM2, analyze_corpus over {args.windows} windows of {args.context} tokens, batches of {args.batch}, "
           f"memory_budget_mib={args.budget:g}: peak resident memory above the loaded model (MiB), one fresh process "
           "per figure; CPU time and minor page faults of each run")
-    print(f"{'diagnostics':<14}{'heap':<8}{'windows':>8}{'rows':>9}{'pattern':>9}{'rows/pattern':>14}   CPU time")
+    print(f"{'diagnostics':<14}{'heap':<12}{'windows':>8}{'rows':>9}{'pattern':>9}{'rows/pattern':>14}   CPU time")
     for diagnostic in args.diagnostics:
         for heap in args.heap:
             above = {path: [] for path in PATHS}
@@ -147,10 +147,10 @@ def corpus_sizes(args: argparse.Namespace) -> None:
                 for path in PATHS:
                     above[path].append(figures[path]["above_mib"])
                 ratio = above["rows"][-1] / max(above["pattern"][-1], 1e-9)
-                print(f"{diagnostic:<14}{heap:<8}{windows:>8}{above['rows'][-1]:>9.0f}{above['pattern'][-1]:>9.0f}"
+                print(f"{diagnostic:<14}{heap:<12}{windows:>8}{above['rows'][-1]:>9.0f}{above['pattern'][-1]:>9.0f}"
                       f"{ratio:>13.2f}x   {_costs(figures)}", flush=True)
             growth = ", ".join(f"{path} {above[path][-1] / max(above[path][0], 1e-9):.2f}x" for path in PATHS)
-            print(f"{'':<14}{heap:<8}peak at {args.windows[-1]} windows / at {args.windows[0]}: {growth}", flush=True)
+            print(f"{'':<14}{heap:<12}peak at {args.windows[-1]} windows / at {args.windows[0]}: {growth}", flush=True)
 
 
 def main() -> None:
@@ -174,7 +174,7 @@ def main() -> None:
         return
     print(f"SmolLM2, {args.batch} x {args.context} tokens, memory_budget_mib={args.budget:g}: peak resident memory "
           "above the loaded model (MiB), one fresh process per figure")
-    print(f"{'diagnostics':<14}{'heap':<8}{'rows':>9}{'pattern':>9}{'rows/pattern':>14}   CPU time")
+    print(f"{'diagnostics':<14}{'heap':<12}{'rows':>9}{'pattern':>9}{'rows/pattern':>14}   CPU time")
     missed = []
     for diagnostic in args.diagnostics:
         for heap in args.heap:
@@ -183,7 +183,7 @@ def main() -> None:
             ratio = above["rows"] / max(above["pattern"], 1e-9)
             if ratio > TARGET:
                 missed.append(f"{diagnostic} ({heap})")
-            print(f"{diagnostic:<14}{heap:<8}{above['rows']:>9.0f}{above['pattern']:>9.0f}{ratio:>13.2f}x   "
+            print(f"{diagnostic:<14}{heap:<12}{above['rows']:>9.0f}{above['pattern']:>9.0f}{ratio:>13.2f}x   "
                   f"{_costs(figures)}", flush=True)
     print(f"target rows <= {TARGET}x pattern: " + (f"MISSED for {', '.join(missed)}" if missed else "met"))
 
