@@ -250,3 +250,61 @@ def test_add_merges_one_field_at_a_time():
 
     assert_caught(Mutant("old statistics held through the add", replace_attribute(accumulators, "merge_stats", holding),
                          (merges_one_field_at_a_time,)))
+
+
+def _summed_bytes(layers: int, heads: int, n_grid: int, width: int, n_bootstrap: int) -> int:
+    """The bytes of the sums a run's accumulator ends with, from the layout of the module docstring of
+    `tl_geometry.results.stats`: 8 bytes a number; a "moments" field holds count, total, total_sq, minimum and
+    maximum per cell, and with replicates a replicate total and count per replicate and cell; a "mean" profile
+    with replicates holds count and total, and its 32 groups of documents a total and a count per cell and
+    each group's weights."""
+    cells = layers * heads
+    grid, scalar, profile = cells * n_grid, cells, cells * width
+    return 8 * (grid * (5 + 2 * n_bootstrap) + scalar * (5 + 2 * n_bootstrap) + grid * 5
+                + profile * 2 + 32 * profile * 2 + 32 * n_bootstrap)
+
+
+# Layers x heads of SmolLM2: a field's rows (with each its own copy of the documents' 200 weights, and the sums
+# computed from them beside) stay below the sums they replace only with at least about 212 cells per field.
+LAYERS, HEADS = 30, 9
+
+
+def growth_of_the_statistics(n_documents: int = 230) -> list[int]:
+    """`Accumulator.nbytes` after each of ``n_documents`` documents added one at a time (200 replicates, as a
+    run's default: rows up to 206 documents, a profile's groups past 32)."""
+    specs = [
+        FieldSpec("recall", "R(r_min, N)", axes=("n",), bootstrap=True),
+        FieldSpec("rho0", "sink similarity", bootstrap=True),
+        FieldSpec("plain", "a field without replicates", axes=("n",)),
+        FieldSpec("profile", "attention by position", axes=("position",), documents="mean", bootstrap=True),
+    ]
+    acc = Accumulator(specs, layers=range(LAYERS), heads=range(HEADS), n_grid=GRID, n_bootstrap=200,
+                      replicate_fields=["recall", "rho0", "profile"], document_rows=True)
+    gen = torch.Generator().manual_seed(3)
+    sizes = []
+    for _ in range(n_documents):
+        cells = (1, LAYERS, HEADS)
+        values = {"recall": torch.rand(*cells, 3, generator=gen), "rho0": torch.rand(*cells, generator=gen),
+                  "plain": torch.rand(*cells, 3, generator=gen), "profile": torch.rand(*cells, 8, generator=gen)}
+        acc.add(values, torch.poisson(torch.ones(1, 200), generator=gen), n_tokens=8)
+        sizes.append(acc.nbytes)
+    return sizes
+
+
+def test_the_statistics_grow_to_their_sums_and_no_further():
+    """A run's accumulator keeps its first documents as rows and grows with them, by design, up to the size
+    of the sums they replace (replicate sums, a profile's groups), which it reaches past the rows' limit and
+    keeps: its memory over the whole run is bounded by that size (docs/scale.md gives it for SmolLM2)."""
+    sizes = growth_of_the_statistics()
+    bound = _summed_bytes(LAYERS, HEADS, len(GRID), 8, 200)
+    assert sizes[-1] == bound and sizes[-20:] == [bound] * 20  # flat past every field's limit
+    assert max(sizes) <= bound, f"{max(sizes)} bytes at {sizes.index(max(sizes)) + 1} documents, bound {bound}"
+    assert sizes[0] < bound / 10  # the check can fail: it grows
+
+
+def test_rows_kept_past_their_limit_are_caught():
+    """Mutant: the fields keep their documents as rows for ever (no limit)."""
+    from tl_geometry.results import stats
+
+    assert_caught(Mutant("rows without a limit", replace_attribute(stats, "rows_limit", lambda spec, n: 10**6),
+                         (test_the_statistics_grow_to_their_sums_and_no_further,)))
