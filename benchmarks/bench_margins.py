@@ -19,27 +19,14 @@ full-attention row, and a sliding-window row that sees the last 512 of
 
 import argparse
 import statistics
-import subprocess
-import sys
 import time
-import types
 
 import torch
+from against_revision import largest_difference, module_at, random_rows
 
 from tl_geometry.engine.context import rows_context
 from tl_geometry.engine.grid import default_n_grid
 from tl_geometry.theory import theorem_bounds as bounds
-
-
-def module_at(rev: str) -> types.ModuleType:
-    source = subprocess.run(
-        ["git", "show", f"{rev}:tl_geometry/theory/theorem_bounds.py"], capture_output=True, text=True, check=True
-    ).stdout
-    name = "tl_geometry.theory._bounds_at_rev"
-    module = types.ModuleType(name)
-    sys.modules[name] = module
-    exec(compile(source, f"<bounds.py at {rev}>", "exec"), module.__dict__)
-    return module
 
 
 def main() -> None:
@@ -51,14 +38,9 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=None, help="each row sees only its last WINDOW keys")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    torch.manual_seed(0)
-    alpha = torch.softmax(4 * torch.randn(args.rows, args.keys), -1)
-    values = torch.randn(args.rows, args.keys, args.d_head) * torch.rand(args.rows, args.keys, 1)
-    visible = torch.ones(args.rows, args.keys, dtype=torch.bool)
-    if args.window is not None:
-        visible[:, : args.keys - args.window] = False
+    alpha, values, visible = random_rows(args.rows, args.keys, args.d_head, args.window)
     grid = default_n_grid(args.keys)
-    old = module_at(args.rev)
+    old = module_at(args.rev, "tl_geometry/theory/theorem_bounds.py", former_path="tl_geometry/theory/bounds.py")
     times: dict[str, list[float]] = {"this tree": [], args.rev: []}
     largest = 0.0
     with torch.no_grad():
@@ -71,14 +53,7 @@ def main() -> None:
                 parts = [module.chunk_margins(chunk) for chunk in context.chunks()]
                 times[label].append(time.perf_counter() - start)
                 outputs.append({name: torch.cat([p[name] for p in parts]) for name in parts[0]})
-            for name, new in outputs[0].items():
-                both = new.isfinite() & outputs[1][name].isfinite()
-                same_gaps = torch.equal(new.isnan(), outputs[1][name].isnan()) and torch.equal(
-                    new[~both & ~new.isnan()], outputs[1][name][~both & ~new.isnan()])
-                if not same_gaps:
-                    raise SystemExit(f"{name}: NaN or infinite entries differ between the two revisions")
-                if both.any():
-                    largest = max(largest, float((new[both] - outputs[1][name][both]).abs().max()))
+            largest = max(largest, largest_difference(*outputs))
     this, then = statistics.median(times["this tree"]), statistics.median(times[args.rev])
     seen = f", each seeing its last {args.window}" if args.window is not None else ""
     print(f"{args.rows} rows x {args.keys} keys{seen}, d_head {args.d_head}, grid of {len(grid)} N, "

@@ -21,12 +21,11 @@ rows of 1,024 keys, d_head 64):
 
 import argparse
 import statistics
-import subprocess
-import sys
 import time
-import types
+from types import ModuleType
 
 import torch
+from against_revision import largest_difference, module_at, random_rows
 
 from tl_geometry.diagnostics import chance
 from tl_geometry.engine import metrics
@@ -36,35 +35,12 @@ from tl_geometry.engine.grid import default_n_grid
 MODULES = {"metrics": "tl_geometry/engine/metrics.py", "chance": "tl_geometry/diagnostics/chance.py"}
 
 
-def module_at(rev: str, path: str) -> types.ModuleType:
-    """The module at ``path`` as it was at ``rev``, importing the rest of this tree."""
-    source = subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True, check=True).stdout
-    name = f"_bench_at_rev.{path}"
-    module = types.ModuleType(name)
-    sys.modules[name] = module
-    exec(compile(source, f"<{path} at {rev}>", "exec"), module.__dict__)
-    return module
-
-
-def runner(part: str, module: types.ModuleType):
+def runner(part: str, module: ModuleType):
     """The per-chunk function of ``part`` in ``module``, and its declared cost per row."""
     if part == "metrics":
         return module.chunk_metrics, module.METRICS_COST
     settings = module.ChanceSettings()
     return (lambda chunk: module.DIAGNOSTIC.rows(chunk, settings)), module.DIAGNOSTIC.cost
-
-
-def largest_difference(new: dict[str, torch.Tensor], old: dict[str, torch.Tensor]) -> float:
-    """The largest difference of a field's finite entries; SystemExit where NaN or infinite entries differ."""
-    largest = 0.0
-    for name, a in new.items():
-        b = old[name]
-        both = a.isfinite() & b.isfinite()
-        if not (torch.equal(a.isnan(), b.isnan()) and torch.equal(a[~both & ~a.isnan()], b[~both & ~b.isnan()])):
-            raise SystemExit(f"{name}: NaN or infinite entries differ between the two revisions")
-        if both.any():
-            largest = max(largest, float((a[both] - b[both]).abs().max()))
-    return largest
 
 
 def main() -> None:
@@ -77,12 +53,7 @@ def main() -> None:
     parser.add_argument("--parts", nargs="*", choices=tuple(MODULES), default=list(MODULES))
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    torch.manual_seed(0)
-    alpha = torch.softmax(4 * torch.randn(args.rows, args.keys), -1)
-    values = torch.randn(args.rows, args.keys, args.d_head) * torch.rand(args.rows, args.keys, 1)
-    visible = torch.ones(args.rows, args.keys, dtype=torch.bool)
-    if args.window is not None:
-        visible[:, : args.keys - args.window] = False
+    alpha, values, visible = random_rows(args.rows, args.keys, args.d_head, args.window)
     grid = default_n_grid(args.keys)
     seen = f", each seeing its last {args.window}" if args.window is not None else ""
     print(f"{args.rows} rows x {args.keys} keys{seen}, d_head {args.d_head}, grid of {len(grid)} N, "
