@@ -116,6 +116,15 @@ def test_no_two_modules_share_a_name():
     assert repeated_module_names() == {}
 
 
+CAPTURE_LINES = 2500  # the hooked pass alone: corpus input, runs, interventions and roles live in their own rooms
+
+
+def test_the_hooked_pass_stays_one_room():
+    """``capture/`` holds the hooked pass and nothing else: a workflow moved back into it shows as its size."""
+    lines = sum(len(path.read_text().splitlines()) for path in (PACKAGE / "capture").rglob("*.py"))
+    assert lines <= CAPTURE_LINES, f"capture/ has {lines} lines; what does it hold besides the hooked pass?"
+
+
 def test_a_repeated_module_name_is_caught(tmp_path):
     import shutil
 

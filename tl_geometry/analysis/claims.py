@@ -532,6 +532,7 @@ def _stable_norms(declared: PaperClaim, result: GeometryResult) -> Claim:
     within_text = (f"within each sequence: {share_within:.0%} of heads have CV <= {CV_STABLE} (expected share "
                    f"{_fmt(expected_within)}, each head counted by the probability that its CV is <= {CV_STABLE} "
                    f"given its standard error over documents; median CV {_fmt(float(within.nanmedian()))})")
+
     def within_judged(z: float) -> tuple[float, float]:  # each head by its own mean CV's interval at z se
         return share_past_interval(within, se, CV_STABLE, z, "<=")
 
