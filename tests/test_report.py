@@ -160,6 +160,29 @@ def test_a_figure_that_fails_to_render_is_named(result, tmp_path, monkeypatch):
     assert not list((tmp_path / "out").iterdir())  # nothing committed, no staged file left
 
 
+def test_png_whose_browser_session_stops_answering_ends_in_an_error(result, tmp_path, monkeypatch):
+    import threading
+
+    import plotly.io
+
+    released = threading.Event()
+
+    def hangs(*args, **kwargs):  # a session whose browser has gone: kaleido waits for it
+        released.wait(30)
+
+    inject(monkeypatch, "browser_for_png", lambda: "chromium")
+    monkeypatch.setattr(plotly.io, "write_images", hangs)
+    monkeypatch.setattr(report.go.Figure, "write_image", hangs)
+    monkeypatch.setattr(report, "PNG_SECONDS_BASE", 0.2)
+    monkeypatch.setattr(report, "PNG_SECONDS_PER_FIGURE", 0.0)
+    try:
+        with pytest.raises(GeometryError, match=r"--png: chromium did not render the \d+ figures within 0 s"):
+            report.write_report(result, tmp_path / "out", png=True)
+    finally:
+        released.set()
+    assert not list((tmp_path / "out").iterdir())  # nothing committed, no staged file left
+
+
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Chromium (make test installs it where it can)")
 def test_png_when_the_one_session_fails_each_figure_is_rendered_alone(result, tmp_path, monkeypatch):
     import plotly.io

@@ -16,6 +16,7 @@ import html
 import math
 import os
 import shutil
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -466,6 +467,35 @@ def _browser_for_png() -> str:
     return found
 
 
+# How long the PNGs may take: kaleido's own timeout covers each render, not the browser session around them,
+# which has been seen to wait forever once its browser had gone.
+PNG_SECONDS_BASE = 120.0
+PNG_SECONDS_PER_FIGURE = 15.0
+
+
+class _Unfinished(Exception):
+    """The rendering did not finish within its time."""
+
+
+def _within(seconds: float, render: Callable[[], None]) -> None:
+    """Run ``render`` in a daemon thread; raise its error, or `_Unfinished` when it is not done within ``seconds``."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            render()
+        except BaseException as error:  # handed to the caller's thread
+            failure.append(error)
+
+    worker = threading.Thread(target=run, name="tl_geometry-png", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise _Unfinished
+    if failure:
+        raise failure[0]
+
+
 def write_png(figures: list[tuple[Figure, go.Figure]], out_dir: Path, unit: Unit) -> list[Path]:
     """Stage one PNG per figure, ``out_dir/<figure key>.png``, in the report's commit."""
     import plotly.io
@@ -476,12 +506,21 @@ def write_png(figures: list[tuple[Figure, go.Figure]], out_dir: Path, unit: Unit
     drawn = [d for _, d in figures]
     staged = [unit.stage(path) for path in paths]
     heights = [d.layout.height or 500 for d in drawn]
+    seconds = PNG_SECONDS_BASE + PNG_SECONDS_PER_FIGURE * len(figures)
+    unfinished = GeometryError(
+        f"--png: {browser} did not render the {len(figures)} figures within {seconds:.0f} s (kaleido's browser "
+        "session stopped answering); nothing was written: run again, or leave out --png for the HTML report alone"
+    )
     try:  # one browser session for every figure: several times faster than one each
-        plotly.io.write_images(drawn, staged, format="png", width=1100, height=heights)
+        _within(seconds, lambda: plotly.io.write_images(drawn, staged, format="png", width=1100, height=heights))
+    except _Unfinished:
+        raise unfinished from None
     except Exception:  # one at a time: the figure that fails is named; if none does, every PNG is written
         for (figure, one), path, height in zip(figures, staged, heights):
             try:
-                one.write_image(path, format="png", width=1100, height=height)
+                _within(seconds, lambda: one.write_image(path, format="png", width=1100, height=height))
+            except _Unfinished:
+                raise unfinished from None
             except Exception as error:
                 raise GeometryError(f"--png: could not render {figure.key} with {browser}: {error}") from None
     return paths
