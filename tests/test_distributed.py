@@ -2,6 +2,7 @@
 
 import faulthandler
 import os
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -48,6 +49,12 @@ def _spawn_ranks(out: Path, world_size: int = 2) -> None:
                                        timeout=timedelta(seconds=120))
     try:
         mp.spawn(_worker, args=(world_size, store.port, str(out)), nprocs=world_size, join=True)
+    except mp.ProcessExitedException as error:
+        # A rank that had left the group and written everything, then died as the interpreter exited (seen once in
+        # this project's runs, with gloo's threads going down), did all the tests read; any earlier death fails.
+        if not all(Path(out, f"left{rank}").exists() for rank in range(world_size)):
+            raise
+        warnings.warn(f"a gloo rank died after leaving the group, its work done: {error}", stacklevel=1)
     finally:
         del store
 
@@ -70,6 +77,7 @@ def _worker(rank: int, world_size: int, port: int, out: str) -> None:
         # Leave together: a rank that destroys the group while the other is still in a collective aborts it.
         torch.distributed.monitored_barrier(timeout=timedelta(seconds=120))
         torch.distributed.destroy_process_group()
+    Path(out, f"left{rank}").touch()
 
 
 def _run_mode(model, mode: str, out: Path) -> None:
