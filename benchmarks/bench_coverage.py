@@ -58,11 +58,12 @@ cells were re-measured.
 documents, 100 studies per cell on the tables' stream; then every cell at 16-32 documents under 0.90 of a claim not
 declared uncertain, lowest first, measured again with ``REMEASURE_STUDIES`` studies of a new stream (``NEW_STREAM``),
 with `uncertain`'s verdict per claim (docs/claims.md, "Every held-out cell under 0.90, measured again with new
-studies"). ``--at-64``: every declared interval at ``GROUPED_DOCUMENTS`` documents on ``HELD_OUT`` (stated, not read
-by the status rule).
+studies"). ``--tied``: why two claims miss on *tied and skewed* (read after that run). ``--at-64``: every
+declared interval at ``GROUPED_DOCUMENTS`` documents on ``HELD_OUT`` (stated, not read by the status rule).
 
     PYTHONPATH=. python benchmarks/bench_coverage.py [studies]
-        [--tuning-only | --held-out-only | --grouped-only | --remeasure | --diagnose | --near-lines | --status | --at-64
+        [--tuning-only | --held-out-only | --grouped-only | --remeasure | --diagnose | --near-lines | --status | --tied
+         | --at-64
          | --set-intervals | --at-thresholds [--claim=KEY ...] | --tradeoffs]
         [--population=NAME ...]  (held-out populations to run; default all)
 """
@@ -100,6 +101,8 @@ from tests.test_claim_coverage import (
     true_values,
 )
 from tl_geometry import claims
+from tl_geometry.analysis.claims import _curve_cvs
+from tl_geometry.analysis.set_intervals import replicate_standard_errors
 
 STUDIES = 200
 NOMINAL = 0.95
@@ -116,6 +119,7 @@ SET_TUNING_STUDIES = 300
 AT_THRESHOLD_ZS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)  # the z re-chosen on THRESHOLD_TUNING (--at-thresholds)
 SET_HELD_OUT_STUDIES = 100
 ALL_HELD_OUT = {**HELD_OUT, **FRESH, **TRADEOFF_FRESH, **NEAR_FRESH}  # every population held out from some choice
+TIED = (("tied and skewed", 16), ("tied and skewed", 32), ("crowded", 32))  # two misses; heads at the line that cover
 NEW_STREAM = 1  # the re-measured cells' studies: seeds (population seed, documents, 1), none of the first stream's
 DIAGNOSED = (("near and noisy", 8), ("near and noisy", 16), ("near and noisy", 32), ("few heads", 16),
              ("many heads", 16))  # the two misses' cells, and two cells of populations drawn with them that cover
@@ -281,6 +285,53 @@ def status_tables(studies: int, remeasure_studies: int) -> None:
         verdict = "uncertain" if uncertain(again_cells) else "not uncertain"
         print(f"- {key}: {verdict}; held-out range at 16-32 documents {min(map(share, wide)):.3f}-"
               f"{max(map(share, wide)):.3f} with the re-measured cells")
+
+
+def tied_table(studies: int) -> None:
+    """Why stable norms by curve and trade-offs by role miss on *tied and skewed* (docs/claims.md, "Every held-out
+    cell under 0.90, measured again with new studies"), read after the run, nothing chosen on it: per cell of
+    ``TIED``, on the tables' stream (``studies`` studies, the listing's own), where both claims' intervals sit
+    against the truth; and for stable norms by curve each head whose true curve CV lies within one estimate's
+    spread of 0.05: the truth, its estimates' mean and spread, and how often its own interval at the declared z
+    lies wholly on the wrong side of the line (the head judged certainly past it, or certainly not)."""
+    jaxtyping.config.jaxtyping_disable = True  # the package's own tests check the shapes; here, speed
+    torch.set_num_threads(1)
+    z = chosen()["stable_norms"].per_head_z
+    keys = ("stable_norms", "role_tradeoffs")
+    print(f"\nWhy two claims miss on tied and skewed ({studies} studies per cell, the tables' stream)")
+    print("| cell | claim | truth | estimate's mean (sd) | covers | misses above / below the truth |\n"
+          "|---|---|---|---|---|---|")
+    heads = []
+    for name, documents in TIED:
+        population = ALL_HELD_OUT[name]
+        means = true_means(population)
+        truth = true_values(means, documents, population)
+        curve = means["value_norm_by_position"][..., 1:]
+        cv = (curve.std(-1) / curve.mean(-1)).ravel()  # the truth's curve CV per head, as `true_values` reads it
+        rng = np.random.default_rng((population.seed, documents))  # as `coverage` seeds its studies
+        found, cvs, errors = {key: [] for key in keys}, [], []
+        for _ in range(studies):
+            result = simulate_study(means, rng, documents, population)
+            table = claims(result)
+            for key in keys:
+                found[key].append(estimate(table, key))
+            across, replicates = _curve_cvs(result)  # the claim's own per-head CVs and their replicates
+            cvs.append(across.double().numpy().ravel())
+            errors.append(replicate_standard_errors(replicates, result.stats["value_norm_by_position"].n_units)
+                          .double().numpy().ravel())
+        for key in keys:
+            a, t = np.array(found[key]), truth[key]
+            print(f"| {name} {documents} | {key} | {t:.3f} | {a[:, 0].mean():.3f} ({a[:, 0].std():.3f}) | "
+                  f"{np.mean((a[:, 1] <= t) & (t <= a[:, 2])):.2f} | {np.mean(a[:, 1] > t):.2f} / "
+                  f"{np.mean(a[:, 2] < t):.2f} |")
+        x, se = np.array(cvs), np.array(errors)
+        for h in np.flatnonzero(abs(cv - 0.05) <= x.std(0)):
+            wrong = x[:, h] + z * se[:, h] <= 0.05 if cv[h] > 0.05 else x[:, h] - z * se[:, h] > 0.05
+            heads.append(f"| {name} {documents} | {h} | {cv[h]:.4f} | {x[:, h].mean():.4f} ({x[:, h].std():.4f}) | "
+                         f"{wrong.mean():.2f} |")
+    print(f"\n| cell | head | true curve CV | estimate's mean (sd) | judged certainly on the wrong side at z = {z:g} |"
+          "\n|---|---|---|---|---|")
+    print("\n".join(heads))
 
 
 def at_64_table(studies: int) -> None:
@@ -534,6 +585,9 @@ if __name__ == "__main__":
         sys.exit()
     if "--status" in sys.argv:
         status_tables(count if arguments else SET_HELD_OUT_STUDIES, REMEASURE_STUDIES)
+        sys.exit()
+    if "--tied" in sys.argv:
+        tied_table(count if arguments else SET_HELD_OUT_STUDIES)
         sys.exit()
     if "--at-64" in sys.argv:
         at_64_table(count if arguments else SET_HELD_OUT_STUDIES)
