@@ -54,8 +54,16 @@ of them (the first 100 are the 100-study cell's), each with its binomial
 standard error and the verdict of `uncertain`, a rule written before these
 cells were re-measured.
 
+``--status``: every declared interval on the eleven held-out populations (``ALL_HELD_OUT``) at 8, 16 and 32
+documents, 100 studies per cell on the tables' stream; then every cell at 16-32 documents under 0.90 of a claim not
+declared uncertain, lowest first, measured again with ``REMEASURE_STUDIES`` studies of a new stream (``NEW_STREAM``),
+with `uncertain`'s verdict per claim (docs/claims.md, "Every held-out cell under 0.90, measured again with new
+studies"). ``--tied``: why two claims miss on *tied and skewed* (read after that run). ``--at-64``: every
+declared interval at ``GROUPED_DOCUMENTS`` documents on ``HELD_OUT`` (stated, not read by the status rule).
+
     PYTHONPATH=. python benchmarks/bench_coverage.py [studies]
-        [--tuning-only | --held-out-only | --grouped-only | --remeasure | --diagnose | --near-lines
+        [--tuning-only | --held-out-only | --grouped-only | --remeasure | --diagnose | --near-lines | --status | --tied
+         | --at-64
          | --set-intervals | --at-thresholds [--claim=KEY ...] | --tradeoffs]
         [--population=NAME ...]  (held-out populations to run; default all)
 """
@@ -73,6 +81,7 @@ import torch
 from tests.fixtures import Population, simulate_study, true_means
 from tests.test_claim_coverage import (
     COVERED,
+    Coverage,
     LARGE,
     MID,
     NEAR_FRESH,
@@ -92,6 +101,8 @@ from tests.test_claim_coverage import (
     true_values,
 )
 from tl_geometry import claims
+from tl_geometry.analysis.claims import _curve_cvs
+from tl_geometry.analysis.set_intervals import replicate_standard_errors
 
 STUDIES = 200
 NOMINAL = 0.95
@@ -107,6 +118,9 @@ SET_ZS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)  # the per-head z the rule picks from (o
 SET_TUNING_STUDIES = 300
 AT_THRESHOLD_ZS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)  # the z re-chosen on THRESHOLD_TUNING (--at-thresholds)
 SET_HELD_OUT_STUDIES = 100
+ALL_HELD_OUT = {**HELD_OUT, **FRESH, **TRADEOFF_FRESH, **NEAR_FRESH}  # every population held out from some choice
+TIED = (("tied and skewed", 16), ("tied and skewed", 32), ("crowded", 32))  # two misses; heads at the line that cover
+NEW_STREAM = 1  # the re-measured cells' studies: seeds (population seed, documents, 1), none of the first stream's
 DIAGNOSED = (("near and noisy", 8), ("near and noisy", 16), ("near and noisy", 32), ("few heads", 16),
              ("many heads", 16))  # the two misses' cells, and two cells of populations drawn with them that cover
 
@@ -215,6 +229,124 @@ def remeasured_table(studies: int) -> None:
         print(f"re-measured {key} on {name} at {documents}: {time.perf_counter() - start:.0f} s", file=sys.stderr)
         print(f"| {key} | {name} {documents} | {share(few):.3f} ({standard_error(few):.3f}) | {share(many):.3f} "
               f"({standard_error(many):.3f}) | {'yes' if uncertain([many]) else 'no'} |")
+
+
+def _cell_text(cell: tuple[int, int, int], digits: int = 2) -> str:
+    return f"{share(cell):.{digits}f}" + (f" ({cell[2]})" if cell[2] else "")
+
+
+def status_tables(studies: int, remeasure_studies: int) -> None:
+    """The rule of docs/claims.md, "Every held-out cell under 0.90, measured again with new studies": the declared
+    intervals on ``ALL_HELD_OUT`` at ``COUNTS`` (``studies`` per cell, the tables' stream), the cells above 0.98
+    and under 0.90 at 16-32 documents counted per claim; then the listed cells (under 0.90, a claim not declared
+    uncertain), lowest first, with ``remeasure_studies`` studies of ``NEW_STREAM`` and `uncertain`'s verdict."""
+    declared = chosen()
+    cells: dict[tuple[str, int], Coverage] = {}
+    for name, population in ALL_HELD_OUT.items():
+        for documents in COUNTS:
+            start = time.perf_counter()
+            cells[name, documents] = coverage(population, documents, studies)["chosen"]
+            print(f"status {name}, {documents} documents: {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    names = list(ALL_HELD_OUT)
+    print(f"\nThe declared intervals held out ({studies} studies per cell, the tables' stream; in brackets the "
+          "estimates outside their own interval)")
+    print("| claim | " + " | ".join(f"{n} {d}" for n in names for d in COUNTS)
+          + " | 16-32 | 8 | under 0.90 at 16-32 | above 0.98 at 16-32 |")
+    print("|---|" + "---|" * (len(names) * len(COUNTS)) + "---|---|---|---|")
+    for key in COVERED:
+        wide = [share(cells[n, d][key]) for n in names for d in (16, 32)]
+        eight = [share(cells[n, 8][key]) for n in names]
+        text = " | ".join(_cell_text(cells[n, d][key]) for n in names for d in COUNTS)
+        print(f"| {key} | {text} | {min(wide):.2f}-{max(wide):.2f} | {min(eight):.2f}-{max(eight):.2f} | "
+              f"{sum(c < TARGET for c in wide)} | {sum(c > 0.98 for c in wide)} of {len(wide)} |")
+    listed = sorted((share(cells[n, d][key]), key, n, d) for key in COVERED if declared[key].uncertain is None
+                    for n in names for d in (16, 32) if share(cells[n, d][key]) < TARGET)
+    print(f"\nListed (under {TARGET} at 16-32 documents, a claim not declared uncertain), lowest first: "
+          + "; ".join(f"{key} on {n} at {d} ({c:.2f})" for c, key, n, d in listed))
+    print(f"\n| claim | cell | {studies} studies (SE) | {remeasure_studies} new studies (SE) | "
+          "coverage + 2 SE < 0.90 |\n|---|---|---|---|---|", flush=True)
+    again: dict[tuple[str, int], Coverage] = {}
+    replaced = {}
+    for _, key, name, documents in listed:
+        if (name, documents) not in again:
+            start = time.perf_counter()
+            again[name, documents] = coverage(ALL_HELD_OUT[name], documents, remeasure_studies,
+                                              stream=NEW_STREAM)["chosen"]
+            print(f"re-measured {name}, {documents} documents: {time.perf_counter() - start:.0f} s", file=sys.stderr)
+        few, many = cells[name, documents][key], again[name, documents][key]
+        replaced[key, name, documents] = many
+        print(f"| {key} | {name} {documents} | {_cell_text(few, 3)} ({standard_error(few):.3f}) | "
+              f"{_cell_text(many, 3)} ({standard_error(many):.3f}) | {'yes' if uncertain([many]) else 'no'} |",
+              flush=True)
+    print("\nStatus (the rule written before the run):")
+    for key in dict.fromkeys(key for _, key, _, _ in listed):
+        wide = [replaced.get((key, n, d), cells[n, d][key]) for n in names for d in (16, 32)]
+        again_cells = [replaced[k] for k in replaced if k[0] == key]
+        verdict = "uncertain" if uncertain(again_cells) else "not uncertain"
+        print(f"- {key}: {verdict}; held-out range at 16-32 documents {min(map(share, wide)):.3f}-"
+              f"{max(map(share, wide)):.3f} with the re-measured cells")
+
+
+def tied_table(studies: int) -> None:
+    """Why stable norms by curve and trade-offs by role miss on *tied and skewed* (docs/claims.md, "Every held-out
+    cell under 0.90, measured again with new studies"), read after the run, nothing chosen on it: per cell of
+    ``TIED``, on the tables' stream (``studies`` studies, the listing's own), where both claims' intervals sit
+    against the truth; and for stable norms by curve each head whose true curve CV lies within one estimate's
+    spread of 0.05: the truth, its estimates' mean and spread, and how often its own interval at the declared z
+    lies wholly on the wrong side of the line (the head judged certainly past it, or certainly not)."""
+    jaxtyping.config.jaxtyping_disable = True  # the package's own tests check the shapes; here, speed
+    torch.set_num_threads(1)
+    z = chosen()["stable_norms"].per_head_z
+    keys = ("stable_norms", "role_tradeoffs")
+    print(f"\nWhy two claims miss on tied and skewed ({studies} studies per cell, the tables' stream)")
+    print("| cell | claim | truth | estimate's mean (sd) | covers | misses above / below the truth |\n"
+          "|---|---|---|---|---|---|")
+    heads = []
+    for name, documents in TIED:
+        population = ALL_HELD_OUT[name]
+        means = true_means(population)
+        truth = true_values(means, documents, population)
+        curve = means["value_norm_by_position"][..., 1:]
+        cv = (curve.std(-1) / curve.mean(-1)).ravel()  # the truth's curve CV per head, as `true_values` reads it
+        rng = np.random.default_rng((population.seed, documents))  # as `coverage` seeds its studies
+        found, cvs, errors = {key: [] for key in keys}, [], []
+        for _ in range(studies):
+            result = simulate_study(means, rng, documents, population)
+            table = claims(result)
+            for key in keys:
+                found[key].append(estimate(table, key))
+            across, replicates = _curve_cvs(result)  # the claim's own per-head CVs and their replicates
+            cvs.append(across.double().numpy().ravel())
+            errors.append(replicate_standard_errors(replicates, result.stats["value_norm_by_position"].n_units)
+                          .double().numpy().ravel())
+        for key in keys:
+            a, t = np.array(found[key]), truth[key]
+            print(f"| {name} {documents} | {key} | {t:.3f} | {a[:, 0].mean():.3f} ({a[:, 0].std():.3f}) | "
+                  f"{np.mean((a[:, 1] <= t) & (t <= a[:, 2])):.2f} | {np.mean(a[:, 1] > t):.2f} / "
+                  f"{np.mean(a[:, 2] < t):.2f} |")
+        x, se = np.array(cvs), np.array(errors)
+        for h in np.flatnonzero(abs(cv - 0.05) <= x.std(0)):
+            wrong = x[:, h] + z * se[:, h] <= 0.05 if cv[h] > 0.05 else x[:, h] - z * se[:, h] > 0.05
+            heads.append(f"| {name} {documents} | {h} | {cv[h]:.4f} | {x[:, h].mean():.4f} ({x[:, h].std():.4f}) | "
+                         f"{wrong.mean():.2f} |")
+    print(f"\n| cell | head | true curve CV | estimate's mean (sd) | judged certainly on the wrong side at z = {z:g} |"
+          "\n|---|---|---|---|---|")
+    print("\n".join(heads))
+
+
+def at_64_table(studies: int) -> None:
+    """Every declared interval at ``GROUPED_DOCUMENTS`` documents on ``HELD_OUT`` (``studies`` per cell): stated
+    beside the acceptance's 16-32 documents, not read by the status rule."""
+    cells = {}
+    for name, population in HELD_OUT.items():
+        start = time.perf_counter()
+        cells[name] = coverage(population, GROUPED_DOCUMENTS, studies)["chosen"]
+        print(f"{name}, {GROUPED_DOCUMENTS} documents: {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    print(f"\nThe declared intervals at {GROUPED_DOCUMENTS} documents ({studies} studies per cell; stated, not "
+          "acceptance)")
+    print("| claim | " + " | ".join(cells) + " |\n|---|" + "---|" * len(cells))
+    for key in COVERED:
+        print(f"| {key} | " + " | ".join(_cell_text(cells[n][key]) for n in cells) + " |")
 
 
 def set_interval_tables(tuning_studies: int, held_out_studies: int, keys: tuple[str, ...], names: list[str],
@@ -450,6 +582,15 @@ if __name__ == "__main__":
         sys.exit()
     if "--diagnose" in sys.argv:
         diagnosed_table(count if arguments else SET_HELD_OUT_STUDIES)
+        sys.exit()
+    if "--status" in sys.argv:
+        status_tables(count if arguments else SET_HELD_OUT_STUDIES, REMEASURE_STUDIES)
+        sys.exit()
+    if "--tied" in sys.argv:
+        tied_table(count if arguments else SET_HELD_OUT_STUDIES)
+        sys.exit()
+    if "--at-64" in sys.argv:
+        at_64_table(count if arguments else SET_HELD_OUT_STUDIES)
         sys.exit()
     if "--remeasure" in sys.argv:
         remeasured_table(int(arguments[0]) if arguments else REMEASURE_STUDIES)

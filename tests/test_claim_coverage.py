@@ -204,10 +204,12 @@ interval."""
 
 
 def coverage(population: Population = TUNING, documents: int = TUNING_DOCUMENTS, studies: int = STUDIES,
-             choices: dict[str, Choice] | None = None) -> dict[str, Coverage]:
+             choices: dict[str, Choice] | None = None, stream: int = 0) -> dict[str, Coverage]:
     """Per choice of intervals (default: the claims' own, as ``"chosen"``), per claim, how the intervals of
     ``studies`` seeded studies of ``population`` at ``documents`` documents cover the truth. Every choice reads
-    the same studies (the seed is the population's and the count's: fewer studies are the first ones).
+    the same studies (the seed is the population's and the count's: fewer studies are the first ones). A
+    ``stream`` other than 0 draws other studies: the seed (population seed, documents, stream), none of them one
+    of stream 0's (docs/claims.md, "Every held-out cell under 0.90, measured again with new studies").
 
     `claims` runs once per study: its interval reader (the fault seam ``claim_interval``) is wrapped to compute
     each claim's replicate statistic once and read it with every choice's method and level (a claim's first
@@ -215,7 +217,7 @@ def coverage(population: Population = TUNING, documents: int = TUNING_DOCUMENTS,
     choices = {"chosen": chosen(), **(choices or {})}
     means = true_means(population)
     truth = true_values(means, documents, population)
-    rng = np.random.default_rng((population.seed, documents))
+    rng = np.random.default_rng((population.seed, documents) if stream == 0 else (population.seed, documents, stream))
     found = {name: {key: (0, 0, 0) for key in COVERED} for name in choices}
     owner, attribute = seam("claim_interval")
     original = getattr(owner, attribute)
