@@ -13,6 +13,8 @@ it. Linux only. Runs (``--runs``):
   analysed (the model's SDPA attention, no unembedding): the floor any
   analysis of this window pays;
 - ``metrics``: ``run_with_geometry_hooks`` with the selection metrics alone;
+- ``roles``: the metrics and the roles diagnostic, split into phases as
+  ``all`` is (one diagnostic's figures without the others' work beside it);
 - ``all``: ``run_with_geometry_hooks`` with every diagnostic, split into
   phases: the benchmark wraps the parts of the run (the SDPA attention, the
   mask it is given, the analysed rows' eager attention, the selection
@@ -30,7 +32,7 @@ it. Linux only. Runs (``--runs``):
   accumulator, result) is "outside the pass".
 
     PYTHONPATH=. python benchmarks/bench_long_context.py [--model gemma3-270m] [--context 32768]
-        [--runs bare metrics all]
+        [--runs bare metrics roles all]
 """
 
 import argparse
@@ -48,7 +50,8 @@ from contextlib import contextmanager
 
 from bench_memory import _status_mib  # this script's folder is on sys.path
 
-RUNS = ("bare", "metrics", "all")
+RUNS = ("bare", "metrics", "roles", "all")
+DIAGNOSTICS = {"metrics": [], "roles": ["roles"], "all": "all"}  # what each analysed run asks for
 
 
 def _reset_high_water_mark() -> None:
@@ -156,19 +159,19 @@ def one(run: str, model_name: str, context: int) -> dict:
     _reset_high_water_mark()
     before = _status_mib("VmRSS")
     phases = Phases(before)
-    if run == "all":
+    if run in ("roles", "all"):
         instrument(phases)
     start = time.perf_counter()
     if run == "bare":
         nothing = RowsCapture(torch.tensor([[context - 1]]), lambda *a: None, ())
         run_rows_pass(model, tokens, None, nothing)
     else:
-        result = run_with_geometry_hooks(model, tokens, capture="rows", diagnostics="all" if run == "all" else [])
+        result = run_with_geometry_hooks(model, tokens, capture="rows", diagnostics=DIAGNOSTICS[run])
         if result.provenance["capture"] != "rows":
             raise SystemExit(f"expected the rows path, the run took {result.provenance['capture']!r}")
     seconds = time.perf_counter() - start
     peak = _status_mib("VmHWM") - before
-    if run == "all":
+    if run in ("roles", "all"):
         phases._boundary()
         peak = max(phases.peak_mib.values())
     return {

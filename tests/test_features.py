@@ -18,11 +18,12 @@ from tl_geometry.engine.metrics import selection_metrics
 REFERENCE_CURVES = ("s_norm", *CURVE_FEATURES)
 
 
-def reference_row(alpha, values, visible, grid) -> dict[str, list[float] | float]:
-    """One query row, one N at a time, straight from section 4.2's definitions."""
+def reference_row(alpha, values, visible, grid, sink="first") -> dict[str, list[float] | float]:
+    """One query row, one N at a time, straight from section 4.2's definitions; the sink is the first visible
+    key, or ``sink`` (None: the row sees no sink, and every sink quantity is NaN)."""
     alpha, values = alpha.double(), values.double()
     keys = [i for i in range(len(alpha)) if visible[i]]
-    sink, last = keys[0], keys[-1]
+    sink, last = keys[0] if sink == "first" else sink, keys[-1]
     if len(keys) < 2:
         return {**{n: [math.nan] * len(grid) for n in REFERENCE_CURVES}, **dict.fromkeys(SCALAR_FEATURES, math.nan)}
     order = sorted(keys, key=lambda i: (-float(alpha[i]), i))
@@ -40,19 +41,21 @@ def reference_row(alpha, values, visible, grid) -> dict[str, list[float] | float
         top = order[:n]
         s = sum((y[i] for i in top), torch.zeros(values.shape[-1], dtype=torch.float64))
         out["s_norm"].append(float(s.norm()))
-        out["s_norm_without_sink"].append(float(sum((y[i] for i in top if i != sink), torch.zeros_like(s)).norm()))
+        no_sink = sink is None
+        out["s_norm_without_sink"].append(
+            math.nan if no_sink else float(sum((y[i] for i in top if i != sink), torch.zeros_like(s)).norm()))
         out["s_norm_without_last"].append(float(sum((y[i] for i in top if i != last), torch.zeros_like(s)).norm()))
-        out["cos_s_sink"].append(cos(s, values[sink]))
+        out["cos_s_sink"].append(math.nan if no_sink else cos(s, values[sink]))
         out["cos_s_last"].append(cos(s, values[last]))
         # Section 4.2's "cos(s, v_0) decreases with N" says nothing where s(N) is the sink's own y_0.
-        out["cos_s_sink_mixed"].append(math.nan if top == [sink] else cos(s, values[sink]))
+        out["cos_s_sink_mixed"].append(math.nan if no_sink or top == [sink] else cos(s, values[sink]))
         out["cos_s_last_mixed"].append(math.nan if top == [sink] else cos(s, values[last]))
     rest = sum((y[i] for i in keys if i not in (sink, last)), torch.zeros(values.shape[-1], dtype=torch.float64))
     out.update(
-        contribution_sink=float(y[sink].norm()),
+        contribution_sink=math.nan if sink is None else float(y[sink].norm()),
         contribution_last=float(y[last].norm()),
         contribution_rest=float(rest.norm()),
-        role_attention_sink=float(alpha[sink]),
+        role_attention_sink=math.nan if sink is None else float(alpha[sink]),
         role_attention_last=float(alpha[last]),
     )
     return out

@@ -4,6 +4,9 @@ The chance level of the alignment is the mean cosine of random N-subsets: the
 reference enumerates every N-subset of the visible keys, the package averages
 over random rankings (Monte Carlo), so with many rankings the two agree within
 the sampling error; everything else one row and one key at a time, exactly.
+Rows that see a window of a longer key axis are checked field by field and
+exactly, the chance level included: there the reference scores the package's
+own random rankings of the whole key axis (the randomness), N keys at a time.
 
 Mutants and the test that catches each (run by hand):
 - the chance level as a ratio of means, E<S, v> / sqrt(E||S||^2): both tests below;
@@ -11,7 +14,9 @@ Mutants and the test that catches each (run by hand):
 - the shift's slope including the N where the top-N set is the sink alone: test_role_features_match_reference;
 - the top rest key taken as the last index among ties: test_role_features_match_reference (ties=True);
 - the sub-type shares NaN (not 0) at offsets a row cannot reach: test_role_features_match_reference;
-- the raw shift's slope including the sink-alone point: test_role_features_match_reference.
+- the raw shift's slope including the sink-alone point: test_role_features_match_reference;
+- the output shares read at a key's index instead of its rank: test_sliding_window_rows_match_the_reference.
+The seen ranks one short is a mutant of the harness (tests/mutants.py), run by the suite.
 """
 
 import itertools
@@ -23,7 +28,12 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import tl_geometry.diagnostics.role_features as taxonomy_module
-from tl_geometry.diagnostics.role_features import ROLE_CURVES, ROLE_EXTRAS, ROLE_FEATURES, SUBTYPE_FEATURES, row_features
+from tests.mutants import Mutant, assert_caught, replace_attribute
+from tests.test_features import reference_row
+from tl_geometry.diagnostics.chance import control_orders
+from tl_geometry.diagnostics.role_features import CURVE_FEATURES, ROLE_CURVES, ROLE_EXTRAS, ROLE_FEATURES, SCALAR_FEATURES
+from tl_geometry.diagnostics.role_features import SUBTYPE_FEATURES, row_features
+from tl_geometry.engine.context import SelectionChunk, rows_context
 
 REACH = 6  # lags the sub-type features measure in these tests (fewer than the keys, so some fall outside)
 EARLY = 2  # keys 1 after the sink are early, on rows at 4 or more past it
@@ -40,8 +50,11 @@ def _slope(xs, ys):
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
-def reference_roles(alpha, values, visible, grid, reach):
-    """One query row's role features; sink the first visible key, L the last."""
+def reference_roles(alpha, values, visible, grid, reach, sink="first", controls=None):
+    """One query row's role features; sink the first visible key, or ``sink`` (None: the row sees no sink, and
+    every sink quantity is NaN), L the last visible key. The chance level of the alignment is the mean cosine
+    over every N-subset of the visible keys, or with ``controls`` (random rankings of the visible keys, each a
+    list of keys) over their first N keys."""
     keys = [i for i in range(len(alpha)) if visible[i]]
     nan_row = {name: math.nan for name in ROLE_FEATURES + ROLE_EXTRAS}
     nan_row.update({name: [math.nan] * len(grid) for name in ROLE_CURVES})
@@ -49,15 +62,15 @@ def reference_roles(alpha, values, visible, grid, reach):
     nan_row.update({f"_spread_{part}": {"curve": [0.0] * len(grid), "mean": 0.0, "slope": 0.0} for part in ("sink", "self")})
     if len(keys) < 2:
         return nan_row
-    sink, last = keys[0], keys[-1]
+    sink, last = keys[0] if sink == "first" else sink, keys[-1]
     y = {i: alpha[i] * values[i] for i in keys}
     o = sum(y.values())
     o_sq = float(o @ o)
     out = {
-        "share_sink": float(y[sink] @ o) / o_sq,
+        "share_sink": math.nan if sink is None else float(y[sink] @ o) / o_sq,
         "share_self": float(y[last] @ o) / o_sq,
         "share_rest": sum(float(y[i] @ o) for i in keys if i not in (sink, last)) / o_sq,
-        "loo_sink": float((o - y[sink]).norm()) / math.sqrt(o_sq),
+        "loo_sink": math.nan if sink is None else float((o - y[sink]).norm()) / math.sqrt(o_sq),
         "loo_self": float((o - y[last]).norm()) / math.sqrt(o_sq),
     }
     rest = [i for i in keys if i not in (sink, last)]
@@ -82,8 +95,8 @@ def reference_roles(alpha, values, visible, grid, reach):
         out["attention_at_lag"] = [0.0 if key is None else float(alpha[key]) for key in at]
         out["output_share_at_lag"] = [0.0 if key is None else float(y[key] @ o) / o_sq for key in at]
         # Early keys: rest keys at positions 1..EARLY-1 after the sink, read on rows at least 2 EARLY past it.
-        early = [i for i in rest if 1 <= i - sink < EARLY]
-        if last - sink >= 2 * EARLY and early:
+        early = [] if sink is None else [i for i in rest if 1 <= i - sink < EARLY]
+        if early and last - sink >= 2 * EARLY:
             strongest = max(early, key=lambda i: (float(alpha[i]), -i))
             out["early_top_rest"] = float(top in early)
             out["early_position"] = float(top - sink) if top in early else math.nan
@@ -94,6 +107,11 @@ def reference_roles(alpha, values, visible, grid, reach):
     n = len(keys)
     order = sorted(keys, key=lambda i: (-float(alpha[i]), i))
     for part, key in (("sink", sink), ("self", last)):
+        if key is None:  # no sink: its curve and summaries are NaN
+            out.update({f"excess_cos_{part}": [math.nan] * len(grid), f"align_{part}_excess": math.nan,
+                        f"shift_{part}": math.nan, f"cos_{part}_raw": math.nan, f"shift_{part}_raw": math.nan,
+                        f"_spread_{part}": {"curve": [0.0] * len(grid), "mean": 0.0, "slope": 0.0}})
+            continue
         v = values[key]
         curve, usable, for_slope, spreads, raw = [], [], [], [], []
         for size in grid:
@@ -102,7 +120,7 @@ def reference_roles(alpha, values, visible, grid, reach):
                 spreads.append(0.0)
                 continue
             s = sum(y[i] for i in order[:size])
-            subsets = list(itertools.combinations(keys, size))
+            subsets = list(itertools.combinations(keys, size)) if controls is None else [c[:size] for c in controls]
             cosines = [_cos(sum(y[i] for i in c), v) for c in subsets]
             chance = sum(cosines) / len(cosines)
             spread = math.sqrt(sum((c - chance) ** 2 for c in cosines) / len(cosines))  # of one random set's cosine
@@ -216,3 +234,67 @@ def test_a_previous_token_row_has_lag_one():
     assert int(f["top_rest_at_lag"][0].argmax()) == 1 and float(f["top_rest_at_lag"][0].sum()) == 1.0
     assert float(f["attention_at_lag"][0, 1]) == pytest.approx(0.9)
     assert float(f["top_rest_share"][0]) > 0.85
+
+
+SINK_RULES = {
+    "the sequence's first key": lambda mask: torch.where(mask[:, 0], 0, -1),  # a model's sink: gone past the window
+    "the first key the row sees": lambda mask: mask.to(torch.int8).argmax(-1),
+}
+WINDOW_CONTROLS = 3  # random rankings per row in the window test: the chance level is their mean
+
+
+@given(
+    n_keys=st.integers(2, 14),
+    window=st.integers(1, 14),
+    queries=st.lists(st.integers(0, 13), min_size=1, max_size=5),
+    sink_rule=st.sampled_from(sorted(SINK_RULES)),
+    budget_bytes=st.integers(256, 6144),  # from one row per chunk to every row in one
+    ties=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+@example(n_keys=14, window=4, queries=[13, 6, 2, 1], sink_rule="the first key the row sees", budget_bytes=6144,
+         ties=False, seed=0)  # rows narrower than the axis, early keys, a row of two keys, in one chunk
+@settings(max_examples=30, deadline=None)
+def test_sliding_window_rows_match_the_reference(n_keys, window, queries, sink_rule, budget_bytes, ties, seed):
+    """Rows that see a window of a longer key axis (the roles work on the ranks some row of the chunk sees),
+    in chunks of any size (``budget_bytes``), against the reference over every key and every N, field by field:
+    the chance level from the package's random rankings of the whole key axis (the randomness; their first
+    N keys scored from the definitions), every other feature from the definitions alone."""
+    queries = [q % n_keys for q in queries]
+    gen = torch.Generator().manual_seed(seed)
+    alpha = torch.softmax(3 * torch.randn(len(queries), n_keys, generator=gen, dtype=torch.float64), -1)
+    if ties:
+        alpha = (alpha * 4).round() / 4 + 1e-3  # ties, but no zero weights
+    values = torch.randn(len(queries), n_keys, 3, generator=gen, dtype=torch.float64)
+    values *= torch.rand(len(queries), n_keys, 1, generator=gen, dtype=torch.float64)
+    mask = torch.tensor([[q - window < k <= q for k in range(n_keys)] for q in queries])
+    sink = SINK_RULES[sink_rule](mask)
+    grid = sorted({1, 2, 3, n_keys // 2 + 1, n_keys - 1, n_keys, n_keys + 1} - {0})
+    settings_ = taxonomy_module.RoleSettings(seed=seed % 5, reach=REACH, early=EARLY)
+    context = rows_context(alpha, values, mask, torch.tensor(grid), ranking="attention", distance="euclidean",
+                           memory_budget_mib=budget_bytes / 2**20, costs=(taxonomy_module.DIAGNOSTIC.cost,), sink=sink)
+    names = ROLE_FEATURES + ROLE_EXTRAS + ROLE_CURVES + SUBTYPE_FEATURES + CURVE_FEATURES + SCALAR_FEATURES
+    with pytest.MonkeyPatch.context() as patch, torch.no_grad():
+        patch.setattr(taxonomy_module, "ROLE_CONTROLS", WINDOW_CONTROLS)
+        for chunk in context.chunks():
+            got = taxonomy_module.DIAGNOSTIC.rows(chunk, settings_)
+            places = control_orders(chunk, WINDOW_CONTROLS, settings_.seed)  # over the whole order
+            control_keys = torch.gather(chunk.order.unsqueeze(1).expand_as(places), 2, places)
+            for i, r in enumerate(chunk.batch.tolist()):
+                seen = int(mask[r].sum())
+                controls = [control_keys[i, c, :seen].tolist() for c in range(WINDOW_CONTROLS)]
+                row_sink = None if int(sink[r]) < 0 else int(sink[r])
+                want = reference_roles(alpha[r], values[r], mask[r].tolist(), grid, REACH, row_sink, controls)
+                want.update(reference_row(alpha[r], values[r], mask[r].tolist(), grid, row_sink))
+                for name in names:
+                    torch.testing.assert_close(got[name][i].double(), torch.tensor(want[name], dtype=torch.float64),
+                                               equal_nan=True, msg=f"{name}, row {r} ({seen} of {n_keys} keys)")
+
+
+def test_ranks_cut_short_of_the_widest_window_are_caught():
+    """Mutant: the roles work on one rank fewer than the widest row of the chunk sees."""
+    def one_short(chunk):
+        return max(1, int(chunk.n_visible.max()) - 1)
+
+    assert_caught(Mutant("seen ranks one short", replace_attribute(SelectionChunk, "seen_ranks", one_short),
+                         (test_sliding_window_rows_match_the_reference,)))

@@ -135,23 +135,27 @@ def chunk_features(
     """The curve and scalar features of every row of a chunk, for every N at once.
 
     The leave-one-out curves subtract y_sink (y_L) where the sink (last key)
-    has rank < N; the rest is the sum of every visible y_i (the last prefix
-    sum) minus the sink's and the last token's.
+    has rank < N; the rest is the sum of every visible y_i minus the sink's
+    and the last token's. Whatever runs over ranks stops at the ranks some
+    row of the chunk sees (`SelectionChunk.seen_ranks`): hidden keys sort
+    last, so past them every rank is hidden in every row (a sliding-window
+    row of a long context: its window's width, not the whole key axis).
     """
     rows = torch.arange(chunk.n_rows, device=chunk.alpha.device)
     sink, last, has_sink = chunk.sink.clamp(min=0), chunk.last_key, chunk.has_sink
-    y_sink = chunk.alpha[rows, sink].unsqueeze(-1) * chunk.values[rows, sink]
-    y_last = chunk.alpha[rows, last].unsqueeze(-1) * chunk.values[rows, last]
+    v_sink, v_last = chunk.value_of(sink), chunk.value_of(last)
+    y_sink = chunk.alpha[rows, sink].unsqueeze(-1) * v_sink
+    y_last = chunk.alpha[rows, last].unsqueeze(-1) * v_last
     grid = chunk.grid
     sink_in = (chunk.sink_rank().unsqueeze(-1) < grid).unsqueeze(-1)  # [row, n, 1]; never for no sink
     last_in = (chunk.rank[rows, last].unsqueeze(-1) < grid).unsqueeze(-1)
-    total = chunk.y_sorted.sum(1)  # hidden keys carry alpha = 0: the sum over the visible keys
+    total = chunk.y_sorted[:, : chunk.seen_ranks()].sum(1)  # the sum over the visible keys
     rest = total - y_sink * has_sink.unsqueeze(-1) - y_last * (last != chunk.sink).unsqueeze(-1)
     curves = {
         "s_norm_without_sink": torch.linalg.vector_norm(chunk.s - sink_in * y_sink.unsqueeze(1), dim=-1),
         "s_norm_without_last": torch.linalg.vector_norm(chunk.s - last_in * y_last.unsqueeze(1), dim=-1),
-        "cos_s_sink": _cosine(chunk.s, chunk.values[rows, sink].unsqueeze(1)),
-        "cos_s_last": _cosine(chunk.s, chunk.values[rows, last].unsqueeze(1)),
+        "cos_s_sink": _cosine(chunk.s, v_sink.unsqueeze(1)),
+        "cos_s_last": _cosine(chunk.s, v_last.unsqueeze(1)),
     }
     single = chunk.n_visible < 2
     beyond = chunk.missing | single.unsqueeze(-1)
@@ -237,22 +241,26 @@ def role_features(
     out["previous_token"] = (lag == 1).to(p.dtype)
     for name in ("rest_effective_keys", "rest_effective_share", "top_rest_share", "previous_token"):
         out[name] = out[name].masked_fill(~has_rest, math.nan)
+    # Per rank, only the ranks some row of the chunk sees: every rank past them is hidden in every row.
+    ranks = chunk.seen_ranks()
+    y = chunk.y_sorted[:, :ranks]
     # The paper's magnitudes: the largest single contribution ||alpha_i v_i|| among the rest (0 without rest keys).
-    norms = torch.linalg.vector_norm(chunk.y_sorted, dim=-1).masked_fill(~is_rest.gather(1, chunk.order), 0.0)
+    norms = torch.linalg.vector_norm(y, dim=-1).masked_fill(~is_rest.gather(1, chunk.order[:, :ranks]), 0.0)
     out["contribution_top_rest"] = norms.amax(-1)
     # Alignment over chance: the mean cosine of random top-N sets, drawn as the chance diagnostic draws them
-    # (nested random rankings of the visible keys; hidden keys rank last, so N < n never reaches them).
-    places = control_orders(chunk, ROLE_CONTROLS, seed)  # [row, control, place] -> rank in chunk.order
-    n_rows, n_keys = chunk.alpha.shape
+    # (nested random rankings of the visible keys; hidden keys rank last, so N < n never reaches them), over the
+    # seen ranks: the same first places as over the whole order, and nothing past them to add.
+    places = control_orders(chunk, ROLE_CONTROLS, seed, ranks)  # [row, control, place] -> rank in chunk.order
+    n_rows = chunk.n_rows
     place_of_rank = torch.empty_like(places).scatter_(
-        -1, places, torch.arange(n_keys, device=places.device).expand_as(places)
+        -1, places, torch.arange(ranks, device=places.device).expand_as(places)
     )
     # Each rank goes to the first grid N above its place; s_c(N_k) is the running sum of those bins up to k
     # (one pass over y, where gathering y by place and summing it all the way would pass three times).
     bins = torch.searchsorted(chunk.grid.to(places.device).contiguous(), place_of_rank, right=True)
-    d_head = chunk.y_sorted.shape[-1]
-    binned = chunk.y_sorted.new_zeros(n_rows, ROLE_CONTROLS, len(chunk.grid) + 1, d_head).scatter_add_(
-        2, bins.unsqueeze(-1).expand(-1, -1, -1, d_head), chunk.y_sorted.unsqueeze(1).expand(-1, ROLE_CONTROLS, -1, -1)
+    d_head = y.shape[-1]
+    binned = y.new_zeros(n_rows, ROLE_CONTROLS, len(chunk.grid) + 1, d_head).scatter_add_(
+        2, bins.unsqueeze(-1).expand(-1, -1, -1, d_head), y.unsqueeze(1).expand(-1, ROLE_CONTROLS, -1, -1)
     )
     s_random = binned.cumsum(2)[:, :, : len(chunk.grid)]  # [row, control, n, d]: each control's s(N)
     single = chunk.n_visible < 2
@@ -260,7 +268,7 @@ def role_features(
     sink_alone = (chunk.sink_rank() == 0).unsqueeze(-1) & (chunk.grid == 1)
     log_n = chunk.grid.to(p.dtype).log()
     for part, key in (("sink", sink), ("self", last)):
-        v = chunk.values[rows, key]
+        v = chunk.value_of(key)
         chance = _cosine(s_random, v[:, None, None, :]).mean(1)
         raw = _cosine(chunk.s, v.unsqueeze(1))
         excess = raw - chance
@@ -297,8 +305,14 @@ def subtype_features(
     keys = torch.arange(chunk.alpha.shape[-1], device=rows.device)
     is_rest, has_rest, top = rest_of.mask, rest_of.defined, rest_of.top
     o_sq = (total * total).sum(-1, keepdim=True)
-    # Shares in selection order (y_sorted is there already), then back to key order.
-    share = torch.einsum("rkd,rd->rk", chunk.y_sorted, total).div(o_sq).gather(1, chunk.rank)
+    # Shares in selection order (y_sorted is there already) over the ranks some row sees, read at keys through
+    # their ranks; a hidden key's rank (perhaps past them) is clamped, and its share masked below.
+    ranks = chunk.seen_ranks()
+    share_by_rank = torch.einsum("rkd,rd->rk", chunk.y_sorted[:, :ranks], total).div(o_sq)
+
+    def share(at: Int[Tensor, "row k"]) -> Float[Tensor, "row k"]:
+        return share_by_rank.gather(1, chunk.rank.gather(1, at).clamp(max=ranks - 1))
+
     key = last.unsqueeze(-1) - torch.arange(reach, device=rows.device)
     inside = key >= 0
     at = key.clamp(min=0)
@@ -306,7 +320,7 @@ def subtype_features(
     out = {
         "top_rest_at_lag": ((key == top.unsqueeze(-1)) & inside).to(chunk.alpha.dtype),
         "attention_at_lag": chunk.alpha.gather(1, at).masked_fill(~inside, 0.0),
-        "output_share_at_lag": share.gather(1, at).masked_fill(~inside, 0.0),
+        "output_share_at_lag": share(at).masked_fill(~inside, 0.0),
     }
     position = keys - sink.unsqueeze(-1)
     is_early = is_rest & (position >= 1) & (position < early) & has_sink.unsqueeze(-1)
@@ -316,7 +330,7 @@ def subtype_features(
     out["early_top_rest"] = top_early.to(chunk.alpha.dtype)
     out["early_position"] = (top - sink).to(chunk.alpha.dtype).masked_fill(~top_early, math.nan)
     out["early_attention"] = strongest.values
-    out["early_output_share"] = share.gather(1, strongest.indices.unsqueeze(-1)).squeeze(-1)
+    out["early_output_share"] = share(strongest.indices.unsqueeze(-1)).squeeze(-1)  # an early key: visible
     undefined = ~has_rest | (o_sq.squeeze(-1) <= 0)
     for name in EARLY_FEATURES:
         out[name] = out[name].masked_fill(~later, math.nan)

@@ -127,6 +127,11 @@ class SelectionChunk:
     def values(self) -> Float[Tensor, "row key d_head"]:
         return self.value_source[self.batch, :, self.value_head].to(self.alpha.dtype)
 
+    def value_of(self, key: Int[Tensor, " row"]) -> Float[Tensor, "row d_head"]:
+        """The value vector of one key per row (``values[row, key[row]]``), gathered from the source alone: not the
+        whole key axis `values` copies (32,768 x d_head per row at Gemma-3's full context)."""
+        return self.value_source[self.batch, key, self.value_head].to(self.alpha.dtype)
+
     @property
     def has_sink(self) -> Bool[Tensor, " row"]:
         return self.sink >= 0
