@@ -150,7 +150,7 @@ class BoundDiagnostic(Diagnostic):
     def rows(self, chunk: SelectionChunk, settings: BoundSettings) -> dict[str, Tensor]:
         raw = chunk_margins(chunk)
         margins = SelectionMargins(n_grid=chunk.grid, n_visible=chunk.n_visible, **raw)
-        bounds = envelopes(margins, d_head=chunk.values.shape[-1], kappa=float(settings.kappa), variant=settings.variant)
+        bounds = envelopes(margins, d_head=chunk.y_sorted.shape[-1], kappa=float(settings.kappa), variant=settings.variant)
         out = {f"bound_{name}": t for name, t in bounds.as_dict().items()}
         # The metrics' own ball comparisons (recomputed on this chunk, bit for bit the selection diagnostic's), so
         # that the realised bound and the exceedances agree with P and R on ties.
