@@ -60,14 +60,19 @@ declared uncertain, lowest first, measured again with ``REMEASURE_STUDIES`` stud
 with `uncertain`'s verdict per claim (docs/claims.md, "Every held-out cell under 0.90, measured again with new
 studies"). ``--tied``: why two claims miss on *tied and skewed* (read after that run). ``--at-64``: every
 declared interval at ``GROUPED_DOCUMENTS`` documents on ``HELD_OUT`` (stated, not read by the status rule).
+``--over-coverage``: what covers in the cells above 0.98 (exact estimates, the set interval, the bootstrap width).
+``--one-sided``: stable norms by curve's and trade-offs by role's z re-chosen on ``ONE_SIDED_TUNING``, held out on
+``ONE_SIDED_FRESH`` and ``ALL_HELD_OUT``, cells under 0.90 measured again (docs/claims.md, "Set intervals where heads
+sit on one side of the line").
 
     PYTHONPATH=. python benchmarks/bench_coverage.py [studies]
         [--tuning-only | --held-out-only | --grouped-only | --remeasure | --diagnose | --near-lines | --status | --tied
-         | --at-64
+         | --at-64 | --over-coverage | --one-sided
          | --set-intervals | --at-thresholds [--claim=KEY ...] | --tradeoffs]
         [--population=NAME ...]  (held-out populations to run; default all)
 """
 
+import dataclasses
 import math
 import sys
 import time
@@ -88,6 +93,8 @@ from tests.test_claim_coverage import (
     NEAR_TUNING,
     FRESH,
     HELD_OUT,
+    ONE_SIDED_FRESH,
+    ONE_SIDED_TUNING,
     THRESHOLD_TUNING,
     TRADEOFF_FRESH,
     TUNING,
@@ -121,6 +128,9 @@ SET_HELD_OUT_STUDIES = 100
 ALL_HELD_OUT = {**HELD_OUT, **FRESH, **TRADEOFF_FRESH, **NEAR_FRESH}  # every population held out from some choice
 TIED = (("tied and skewed", 16), ("tied and skewed", 32), ("crowded", 32))  # two misses; heads at the line that cover
 NEW_STREAM = 1  # the re-measured cells' studies: seeds (population seed, documents, 1), none of the first stream's
+OVER = 0.98  # a cell covering more than this at 16-32 documents is counted as over-covering
+EXACT = 1e-6  # an estimate this close to the truth is exact (the claims compute in float32, the truth in float64)
+ONE_SIDED_CLAIMS = ("stable_norms", "role_tradeoffs")  # uncertain since *tied and skewed*; z re-chosen (--one-sided)
 DIAGNOSED = (("near and noisy", 8), ("near and noisy", 16), ("near and noisy", 32), ("few heads", 16),
              ("many heads", 16))  # the two misses' cells, and two cells of populations drawn with them that cover
 
@@ -285,6 +295,127 @@ def status_tables(studies: int, remeasure_studies: int) -> None:
         verdict = "uncertain" if uncertain(again_cells) else "not uncertain"
         print(f"- {key}: {verdict}; held-out range at 16-32 documents {min(map(share, wide)):.3f}-"
               f"{max(map(share, wide)):.3f} with the re-measured cells")
+
+
+def over_coverage_table(studies: int) -> None:
+    """The cells above ``OVER`` at 16-32 documents of the declared intervals on ``ALL_HELD_OUT`` (``studies`` per
+    cell, the tables' stream: the studies of the status table), and what covers in them (docs/claims.md,
+    "Over-coverage"): per claim, the studies whose estimate equals the truth (within ``EXACT``) or whose interval
+    has zero width, and the studies covered only because of the set interval (the declared bootstrap interval
+    alone, without ``per_head_z``, misses); the rest are covered by the bootstrap interval's width."""
+    declared = chosen()
+    alone = {"alone": {k: dataclasses.replace(c, per_head_z=None) for k, c in declared.items()
+                       if c.per_head_z is not None}}
+    counts = {key: [0] * 6 for key in COVERED}  # cells, studies, covered, exact or zero width, set only, exact misses
+    for name, population in ALL_HELD_OUT.items():
+        for documents in (16, 32):
+            start = time.perf_counter()
+            record: dict = {}
+            cells = coverage(population, documents, studies, alone, record=record)
+            truth = true_values(true_means(population), documents, population)
+            print(f"over-coverage {name}, {documents} documents: {time.perf_counter() - start:.0f} s", file=sys.stderr)
+            for key in COVERED:
+                if share(cells["chosen"][key]) <= OVER:
+                    continue
+                t = truth[key]
+                own = np.array(record[("chosen", key)])
+                by_itself = np.array(record[("alone", key)]) if ("alone", key) in record else own
+                covers = (own[:, 1] <= t) & (t <= own[:, 2])
+                exact = (abs(own[:, 0] - t) <= EXACT) | (own[:, 2] - own[:, 1] <= 0)
+                bootstrap = (by_itself[:, 1] <= t) & (t <= by_itself[:, 2])
+                found = counts[key]
+                found[0] += 1
+                found[1] += len(own)
+                found[2] += int(covers.sum())
+                found[3] += int((covers & exact).sum())
+                found[4] += int((covers & ~exact & ~bootstrap).sum())
+                found[5] += int((~covers & exact).sum())
+    print(f"\nOver-coverage: the cells above {OVER} at 16-32 documents ({studies} studies per cell, the tables' "
+          "stream), pooled per claim")
+    print("| claim | cells | studies | covered | exact or zero width | covered only by the set interval | covered by "
+          "the bootstrap interval, not exact | coverage of the studies not exact |\n|---|---|---|---|---|---|---|---|")
+    for key, (cells_, n, covered, exact, set_only, missed) in counts.items():
+        if cells_:
+            rest = n - exact - missed
+            print(f"| {key} | {cells_} | {n} | {covered} | {exact} | {set_only} | {covered - exact - set_only} | "
+                  f"{(covered - exact) / max(1, rest):.3f} ({covered - exact} of {rest}) |")
+
+
+def one_sided_tables(tuning_studies: int, held_out_studies: int, remeasure_studies: int) -> None:
+    """The rule of docs/claims.md, "Set intervals where heads sit on one side of the line": for the claims of
+    ``ONE_SIDED_CLAIMS``, `pick` over ``AT_THRESHOLD_ZS`` on ``ONE_SIDED_TUNING`` at ``TUNING_DOCUMENTS`` documents
+    (``tuning_studies``); then the picked z beside the current interval on ``ONE_SIDED_FRESH`` and ``ALL_HELD_OUT``
+    at ``COUNTS`` (``held_out_studies`` per cell, the tables' stream); every cell at 16-32 documents where the
+    picked z covers under ``TARGET`` measured again with ``remeasure_studies`` studies of ``NEW_STREAM`` (both
+    intervals on the same studies); `uncertain`'s and `adopted`'s verdicts on the cells, re-measured ones
+    replacing their 100-study figures."""
+    keys = ONE_SIDED_CLAIMS
+    start = time.perf_counter()
+    found = coverage(ONE_SIDED_TUNING, TUNING_DOCUMENTS, tuning_studies, set_choices(keys, AT_THRESHOLD_ZS))
+    print(f"one-sided tuning: {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    names_z = [name for name in found if name != "chosen"]
+    print(f"\nTuning (ONE_SIDED_TUNING, seed {ONE_SIDED_TUNING.seed}, {TUNING_DOCUMENTS} documents, {tuning_studies} "
+          "studies): the declared bootstrap interval joined with the set interval at each z")
+    print(f"| claim | current | {' | '.join(names_z)} | the rule's pick |\n|---|---|{'---|' * len(names_z)}---|")
+    picked = {}
+    for key in keys:
+        picked[key] = pick(found, key)
+        cells = " | ".join(f"{share(found[name][key]):.3f}" for name in names_z)
+        print(f"| {key} | {share(found['chosen'][key]):.3f} | {cells} | {picked[key]} |", flush=True)
+    choice = {"picked": {key: set_choices((key,), (float(picked[key].split("= ")[1]),))[picked[key]][key]
+                         for key in keys}}
+    populations = {**ONE_SIDED_FRESH, **ALL_HELD_OUT}
+    cells: dict[tuple[str, int], dict] = {}
+    for name, population in populations.items():
+        for documents in COUNTS:
+            start = time.perf_counter()
+            cells[name, documents] = coverage(population, documents, held_out_studies, choice)
+            print(f"one-sided held out {name}, {documents} documents: {time.perf_counter() - start:.0f} s",
+                  file=sys.stderr)
+    names = list(populations)
+    again: dict[tuple[str, int], dict] = {}
+    for name in names:
+        for documents in (16, 32):
+            if any(share(cells[name, documents]["picked"][key]) < TARGET for key in keys):
+                start = time.perf_counter()
+                again[name, documents] = coverage(populations[name], documents, remeasure_studies, choice,
+                                                  stream=NEW_STREAM)
+                print(f"one-sided re-measured {name}, {documents} documents: {time.perf_counter() - start:.0f} s",
+                      file=sys.stderr)
+    print(f"\nHeld out ({held_out_studies} studies per cell; in brackets estimates outside their own interval; "
+          f"after ';' a cell's {remeasure_studies} new studies)")
+    print("| claim | interval | " + " | ".join(f"{n} {d}" for n in names for d in COUNTS)
+          + " | 16-32, new fresh | 16-32, all | 8 | uncertain |")
+    print("|---|---|" + "---|" * (len(names) * len(COUNTS)) + "---|---|---|---|")
+    final: dict[tuple[str, str], list] = {}
+    for key in keys:
+        current_z = chosen()[key].per_head_z
+        for label, which in ((f"current, z = {current_z:g}", "chosen"), (picked[key], "picked")):
+            def cell(n: str, d: int):  # the re-measured figure where there is one
+                return again[n, d][which][key] if (n, d) in again else cells[n, d][which][key]
+
+            text = " | ".join(_cell_text(cells[n, d][which][key]) + (
+                f"; {_cell_text(again[n, d][which][key], 3)}" if (n, d) in again else "") for n in names for d in COUNTS)
+            wide = [cell(n, d) for n in names for d in (16, 32)]
+            fresh = [share(cell(n, d)) for n in ONE_SIDED_FRESH for d in (16, 32)]
+            eight = [share(cells[n, 8][which][key]) for n in names]
+            final[key, which] = wide
+            remeasured = [again[n, d][which][key] for n, d in again]
+            print(f"| {key} | {label} | {text} | {min(fresh):.3f}-{max(fresh):.3f} | "
+                  f"{min(map(share, wide)):.3f}-{max(map(share, wide)):.3f} | {min(eight):.2f}-{max(eight):.2f} | "
+                  f"{'yes' if uncertain(remeasured) else 'no'} |", flush=True)
+    print("\nAdoption (the rule written before the run; uncertain from the re-measured cells):")
+    for key in keys:
+        remeasured = [again[n, d]["picked"][key] for n, d in again]
+        low, high = min(map(share, final[key, "picked"])), max(map(share, final[key, "picked"]))
+        before = min(map(share, final[key, "chosen"]))
+        if not uncertain(remeasured):
+            verdict = f"adopted, not uncertain ({low:.3f}-{high:.3f})"
+        elif low > before:
+            verdict = f"adopted, still uncertain ({low:.3f}-{high:.3f}; the current interval's lowest {before:.3f})"
+        else:
+            verdict = f"not adopted: uncertain and its lowest cell {low:.3f} not above the current's {before:.3f}"
+        print(f"- {key}, {picked[key]}: {verdict}")
 
 
 def tied_table(studies: int) -> None:
@@ -585,6 +716,12 @@ if __name__ == "__main__":
         sys.exit()
     if "--status" in sys.argv:
         status_tables(count if arguments else SET_HELD_OUT_STUDIES, REMEASURE_STUDIES)
+        sys.exit()
+    if "--over-coverage" in sys.argv:
+        over_coverage_table(count if arguments else SET_HELD_OUT_STUDIES)
+        sys.exit()
+    if "--one-sided" in sys.argv:
+        one_sided_tables(SET_TUNING_STUDIES, count if arguments else SET_HELD_OUT_STUDIES, REMEASURE_STUDIES)
         sys.exit()
     if "--tied" in sys.argv:
         tied_table(count if arguments else SET_HELD_OUT_STUDIES)

@@ -242,6 +242,9 @@ class Population:
     threshold_documents: int = STUDY_DOCUMENTS  # ... those of a study of this many documents (`near_thresholds`)
     within_at_threshold: float = 0.0  # the share of heads whose mean CV within sequences is placed at its line
     rise_gap: float | None = None  # R's true large-N return minus P's, set exactly (None: as drawn)
+    threshold_side: str = "both"  # the placed heads' side of each line: "both", "outside" (failing the claim's
+    # condition: CV above 0.05, a role's feature below its line) or "inside" (passing it)
+    emptied_role: str | None = None  # every head of this role placed just outside its line: the truth has none
 
 
 def true_means(seed: "int | Population" = 0) -> dict[str, np.ndarray]:
@@ -301,10 +304,22 @@ def near_thresholds(means: dict[str, np.ndarray], rng: np.random.Generator, popu
       that feature at the line: a Retriever's align_self_excess, a Mixer's shifts (+shift, -shift), a Content
       head's top_rest_share, each at max(minimum, z x its standard error) + u x its standard error (Reset is
       what is left when no line is passed: it has no line of its own).
+
+    ``threshold_side`` "outside" takes |u| on the side where the head fails the claim's condition (its CV above
+    0.05; its ratio, phase shares or role feature below the line), "inside" on the other; "both" keeps u.
+    ``emptied_role`` then places every head the rules still give that role at its line minus u' standard errors,
+    u' uniform in [0, ``threshold_spread``) from a stream of its own (seed (population seed, 45)): the true roles
+    have none of it, its former heads just outside its line.
     """
     n, spread = population.threshold_documents, population.threshold_spread
     shape = means["rho0"].shape
     heads = int(round(population.at_threshold * math.prod(shape)))
+
+    def sided(u: np.ndarray, passes_above: bool) -> np.ndarray:  # the offsets on the population's side of a line
+        if population.threshold_side == "both":
+            return u  # no draw here either way: the populations without a side are drawn as before
+        outside = -1.0 if passes_above else 1.0
+        return (outside if population.threshold_side == "outside" else -outside) * np.abs(u)
 
     def chosen(pool: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # heads of the flat pool, and their offsets u
         picked = rng.choice(pool, size=min(heads, len(pool)), replace=False)
@@ -314,29 +329,35 @@ def near_thresholds(means: dict[str, np.ndarray], rng: np.random.Generator, popu
     sigma, positions, line = population.norm_noise, population.positions, CV_LINE
     cv_se = math.sqrt(sigma**2 / (n * positions) + sigma**4 / (2 * line**2 * positions * n * (n - 1)))
     at, u = chosen(everyone)
-    means["value_norm_by_position"][at] = line + u * cv_se
+    means["value_norm_by_position"][at] = line + sided(u, passes_above=False) * cv_se
 
     at, u = chosen(everyone)
-    ratio = SINK_LINE * np.exp(u * math.sqrt(2 / (population.positive_shape * n)))
+    ratio = SINK_LINE * np.exp(sided(u, passes_above=True) * math.sqrt(2 / (population.positive_shape * n)))
     means["profile_p_base"][at] = means["profile_p_sink"][at] / ratio
     for phase in ("profile_has_plateau", "profile_has_recency"):
-        means[phase][at] = np.clip(PHASE_LINE + rng.uniform(-spread, spread, len(u)) * math.sqrt(0.25 / n), 0, 1)
+        share = sided(rng.uniform(-spread, spread, len(u)), passes_above=True) * math.sqrt(0.25 / n)
+        means[phase][at] = np.clip(PHASE_LINE + share, 0, 1)
 
     config = RoleConfig()
-    roles = study_roles(means, n, population).ravel()
     se = {name: population.role_noise * ROLE_NOISE[name] / math.sqrt(n) for name in ROLE_NOISE}
-    at, u = chosen(np.flatnonzero(roles != "reset"))
-    for index, offset in zip(zip(*at), u, strict=True):
-        role = roles[np.ravel_multi_index(index, shape)]
-        if role == "retriever":
-            name, least, z = "align_self_excess", config.align_min, config.z_align
-        elif role == "mixer":
-            name, least, z = "shift_self_raw", config.shift_min, config.z_shift
-        else:  # content
-            name, least, z = "top_rest_share", config.concentrated, 0.0
-        means[name][index] = max(least, z * se[name]) + offset * se[name]
+    lines = {"retriever": ("align_self_excess", max(config.align_min, config.z_align * se["align_self_excess"])),
+             "mixer": ("shift_self_raw", max(config.shift_min, config.z_shift * se["shift_self_raw"])),
+             "content": ("top_rest_share", config.concentrated)}  # the feature that decides each role, and its line
+
+    def place(index: tuple[int, ...], role: str, offset: float) -> None:
+        name, at_line = lines[role]
+        means[name][index] = at_line + offset * se[name]
         if role == "mixer":
             means["shift_sink_raw"][index] = -means[name][index]
+
+    roles = study_roles(means, n, population).ravel()
+    at, u = chosen(np.flatnonzero(roles != "reset"))
+    for index, offset in zip(zip(*at), sided(u, passes_above=True), strict=True):
+        place(index, roles[np.ravel_multi_index(index, shape)], offset)
+    if population.emptied_role is not None:  # its own stream: the populations without it are drawn as before
+        emptied = np.random.default_rng((population.seed, 45))
+        for flat in np.flatnonzero(study_roles(means, n, population).ravel() == population.emptied_role):
+            place(np.unravel_index(flat, shape), population.emptied_role, -emptied.uniform(0, spread))
 
 
 def _study_rise(curves: np.ndarray) -> float:
