@@ -331,6 +331,32 @@ def test_heads_are_placed_at_the_lines():
     assert roles_moved >= 1
 
 
+def test_heads_are_placed_on_one_side_and_a_role_emptied():
+    # ONE_SIDED_TUNING's placement (docs/claims.md, "Set intervals where heads sit on one side of the line"), from the
+    # options' words: the same heads as placed on both sides, each at the same distance from its line but on the side
+    # where it fails the claim (CV above 0.05; roles: the feature below the line), and no Retriever left; "inside"
+    # the other side.
+    population = ONE_SIDED_TUNING
+    both = dataclasses.replace(population, threshold_side="both", emptied_role=None)
+
+    def cvs(p):
+        curve = true_means(p)["value_norm_by_position"][..., 1:]
+        return curve.std(-1) / curve.mean(-1)
+
+    sided, plain, inside = cvs(population), cvs(both), cvs(dataclasses.replace(population, threshold_side="inside"))
+    moved = ~np.isclose(sided, plain)
+    assert moved.sum() >= 1 and np.allclose(abs(sided - 0.05), abs(plain - 0.05))
+    placed = np.isclose(abs(sided - 0.05), abs(plain - 0.05)) & (abs(sided - 0.05) < 0.01)
+    assert placed.sum() == 6, placed.sum()  # 6 of 24 heads, every one outside: above the line
+    assert (sided[placed] >= 0.05).all() and (inside[placed] <= 0.05).all()
+    n, sigma, positions = 16, population.norm_noise, population.positions
+    cv_se = math.sqrt(sigma**2 / (n * positions) + sigma**4 / (2 * 0.05**2 * positions * n * (n - 1)))
+    assert (sided[placed] <= 0.05 + 0.5 * cv_se + 1e-12).all()
+    assert (sided[~placed] <= 0.05 - 2.5 * cv_se).all()  # the others far on the stable side
+    roles = study_roles(true_means(population), n, population)
+    assert "retriever" not in roles and "retriever" in study_roles(true_means(both), n, both)
+
+
 def test_the_within_line_and_the_rise_gap_are_placed():
     # NEAR_TUNING's placement, from the options' words: 5 of 24 heads' mean CV within sequences within 0.25 standard
     # errors of 8 documents of 0.05, the two large-N returns equal (written here from the claim's definition), and
