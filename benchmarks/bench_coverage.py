@@ -394,8 +394,9 @@ def one_sided_tables(tuning_studies: int, held_out_studies: int, remeasure_studi
             def cell(n: str, d: int):  # the re-measured figure where there is one
                 return again[n, d][which][key] if (n, d) in again else cells[n, d][which][key]
 
-            text = " | ".join(_cell_text(cells[n, d][which][key]) + (
-                f"; {_cell_text(again[n, d][which][key], 3)}" if (n, d) in again else "") for n in names for d in COUNTS)
+            text = " | ".join(_cell_text(cells[n, d][which][key])
+                              + (f"; {_cell_text(again[n, d][which][key], 3)}" if (n, d) in again else "")
+                              for n in names for d in COUNTS)
             wide = [cell(n, d) for n in names for d in (16, 32)]
             fresh = [share(cell(n, d)) for n in ONE_SIDED_FRESH for d in (16, 32)]
             eight = [share(cells[n, 8][which][key]) for n in names]

@@ -9,6 +9,7 @@ import importlib.util
 import math
 import socket
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -242,8 +243,8 @@ class Population:
     threshold_documents: int = STUDY_DOCUMENTS  # ... those of a study of this many documents (`near_thresholds`)
     within_at_threshold: float = 0.0  # the share of heads whose mean CV within sequences is placed at its line
     rise_gap: float | None = None  # R's true large-N return minus P's, set exactly (None: as drawn)
-    threshold_side: str = "both"  # the placed heads' side of each line: "both", "outside" (failing the claim's
-    # condition: CV above 0.05, a role's feature below its line) or "inside" (passing it)
+    threshold_side: Literal["both", "outside", "inside"] = "both"  # the placed heads' side of each line: "outside"
+    # fails the claim's condition (CV above 0.05, a role's feature below its line), "inside" passes it
     emptied_role: str | None = None  # every head of this role placed just outside its line: the truth has none
 
 
