@@ -77,7 +77,9 @@ import math
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from statistics import NormalDist
+from typing import TypeVar
 
 import jaxtyping
 import numpy as np
@@ -133,6 +135,16 @@ EXACT = 1e-6  # an estimate this close to the truth is exact (the claims compute
 ONE_SIDED_CLAIMS = ("stable_norms", "role_tradeoffs")  # uncertain since *tied and skewed*; z re-chosen (--one-sided)
 DIAGNOSED = (("near and noisy", 8), ("near and noisy", 16), ("near and noisy", 32), ("few heads", 16),
              ("many heads", 16))  # the two misses' cells, and two cells of populations drawn with them that cover
+
+T = TypeVar("T")
+
+
+def _timed(label: str, measure: Callable[[], T]) -> T:
+    """``measure()``, its time told on stderr as ``label: N s`` (the tables go to stdout)."""
+    start = time.perf_counter()
+    out = measure()
+    print(f"{label}: {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    return out
 
 
 def standard_error(cell: tuple[int, int, int]) -> float:
@@ -194,9 +206,10 @@ def held_out_table(studies: int, names: list[str]) -> dict[str, dict[int, list[f
     cells: dict[tuple[str, int], dict] = {}
     for name, population in ((name, HELD_OUT[name]) for name in names):
         for documents in COUNTS:
-            start = time.perf_counter()
-            cells[name, documents] = coverage(population, documents, studies)["chosen"]
-            print(f"held out {name}, {documents} documents: {time.perf_counter() - start:.0f} s", file=sys.stderr)
+            cells[name, documents] = _timed(
+                f"held out {name}, {documents} documents",
+                lambda: coverage(population, documents, studies)["chosen"],
+            )
     columns = list(cells)
     print(f"\nHeld out ({studies} studies per cell): coverage of each claim's own nominal 95 % interval (in brackets: "
           "studies whose estimate lay outside its own interval)")
@@ -219,9 +232,10 @@ def grouped_table(studies: int, names: list[str]) -> None:
     claims' cells are not read: their intervals were validated at 8-32 documents)."""
     grouped = {}
     for name in names:
-        start = time.perf_counter()
-        grouped[name] = coverage(HELD_OUT[name], GROUPED_DOCUMENTS, studies)["chosen"]["stable_norms"]
-        print(f"held out {name}, {GROUPED_DOCUMENTS} documents: {time.perf_counter() - start:.0f} s", file=sys.stderr)
+        grouped[name] = _timed(
+            f"held out {name}, {GROUPED_DOCUMENTS} documents",
+            lambda: coverage(HELD_OUT[name], GROUPED_DOCUMENTS, studies)["chosen"]["stable_norms"],
+        )
     print(f"\nStable norms by curve at {GROUPED_DOCUMENTS} documents (32 groups of documents; {studies} studies per "
           "cell): " + ", ".join(f"{name} {share(cell):.3f}" + (f" ({cell[2]})" if cell[2] else "")
                                 for name, cell in grouped.items()))
@@ -254,9 +268,10 @@ def status_tables(studies: int, remeasure_studies: int) -> None:
     cells: dict[tuple[str, int], Coverage] = {}
     for name, population in ALL_HELD_OUT.items():
         for documents in COUNTS:
-            start = time.perf_counter()
-            cells[name, documents] = coverage(population, documents, studies)["chosen"]
-            print(f"status {name}, {documents} documents: {time.perf_counter() - start:.0f} s", file=sys.stderr)
+            cells[name, documents] = _timed(
+                f"status {name}, {documents} documents",
+                lambda: coverage(population, documents, studies)["chosen"],
+            )
     names = list(ALL_HELD_OUT)
     print(f"\nThe declared intervals held out ({studies} studies per cell, the tables' stream; in brackets the "
           "estimates outside their own interval)")
@@ -279,10 +294,10 @@ def status_tables(studies: int, remeasure_studies: int) -> None:
     replaced = {}
     for _, key, name, documents in listed:
         if (name, documents) not in again:
-            start = time.perf_counter()
-            again[name, documents] = coverage(ALL_HELD_OUT[name], documents, remeasure_studies,
-                                              stream=NEW_STREAM)["chosen"]
-            print(f"re-measured {name}, {documents} documents: {time.perf_counter() - start:.0f} s", file=sys.stderr)
+            again[name, documents] = _timed(
+                f"re-measured {name}, {documents} documents",
+                lambda: coverage(ALL_HELD_OUT[name], documents, remeasure_studies, stream=NEW_STREAM)["chosen"],
+            )
         few, many = cells[name, documents][key], again[name, documents][key]
         replaced[key, name, documents] = many
         print(f"| {key} | {name} {documents} | {_cell_text(few, 3)} ({standard_error(few):.3f}) | "
@@ -350,9 +365,10 @@ def one_sided_tables(tuning_studies: int, held_out_studies: int, remeasure_studi
     intervals on the same studies); `uncertain`'s and `adopted`'s verdicts on the cells, re-measured ones
     replacing their 100-study figures."""
     keys = ONE_SIDED_CLAIMS
-    start = time.perf_counter()
-    found = coverage(ONE_SIDED_TUNING, TUNING_DOCUMENTS, tuning_studies, set_choices(keys, AT_THRESHOLD_ZS))
-    print(f"one-sided tuning: {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    found = _timed(
+        "one-sided tuning",
+        lambda: coverage(ONE_SIDED_TUNING, TUNING_DOCUMENTS, tuning_studies, set_choices(keys, AT_THRESHOLD_ZS)),
+    )
     names_z = [name for name in found if name != "chosen"]
     print(f"\nTuning (ONE_SIDED_TUNING, seed {ONE_SIDED_TUNING.seed}, {TUNING_DOCUMENTS} documents, {tuning_studies} "
           "studies): the declared bootstrap interval joined with the set interval at each z")
@@ -368,20 +384,19 @@ def one_sided_tables(tuning_studies: int, held_out_studies: int, remeasure_studi
     cells: dict[tuple[str, int], dict] = {}
     for name, population in populations.items():
         for documents in COUNTS:
-            start = time.perf_counter()
-            cells[name, documents] = coverage(population, documents, held_out_studies, choice)
-            print(f"one-sided held out {name}, {documents} documents: {time.perf_counter() - start:.0f} s",
-                  file=sys.stderr)
+            cells[name, documents] = _timed(
+                f"one-sided held out {name}, {documents} documents",
+                lambda: coverage(population, documents, held_out_studies, choice),
+            )
     names = list(populations)
     again: dict[tuple[str, int], dict] = {}
     for name in names:
         for documents in (16, 32):
             if any(share(cells[name, documents]["picked"][key]) < TARGET for key in keys):
-                start = time.perf_counter()
-                again[name, documents] = coverage(populations[name], documents, remeasure_studies, choice,
-                                                  stream=NEW_STREAM)
-                print(f"one-sided re-measured {name}, {documents} documents: {time.perf_counter() - start:.0f} s",
-                      file=sys.stderr)
+                again[name, documents] = _timed(
+                    f"one-sided re-measured {name}, {documents} documents",
+                    lambda: coverage(populations[name], documents, remeasure_studies, choice, stream=NEW_STREAM),
+                )
     print(f"\nHeld out ({held_out_studies} studies per cell; in brackets estimates outside their own interval; "
           f"after ';' a cell's {remeasure_studies} new studies)")
     print("| claim | interval | " + " | ".join(f"{n} {d}" for n in names for d in COUNTS)
@@ -471,9 +486,10 @@ def at_64_table(studies: int) -> None:
     beside the acceptance's 16-32 documents, not read by the status rule."""
     cells = {}
     for name, population in HELD_OUT.items():
-        start = time.perf_counter()
-        cells[name] = coverage(population, GROUPED_DOCUMENTS, studies)["chosen"]
-        print(f"{name}, {GROUPED_DOCUMENTS} documents: {time.perf_counter() - start:.0f} s", file=sys.stderr)
+        cells[name] = _timed(
+            f"{name}, {GROUPED_DOCUMENTS} documents",
+            lambda: coverage(population, GROUPED_DOCUMENTS, studies)["chosen"],
+        )
     print(f"\nThe declared intervals at {GROUPED_DOCUMENTS} documents ({studies} studies per cell; stated, not "
           "acceptance)")
     print("| claim | " + " | ".join(cells) + " |\n|---|" + "---|" * len(cells))
@@ -490,9 +506,10 @@ def set_interval_tables(tuning_studies: int, held_out_studies: int, keys: tuple[
     ``populations`` named ``names`` at ``COUNTS`` (and ``GROUPED_DOCUMENTS`` for stable norms by curve),
     ``held_out_studies`` studies per cell, beside the claim's current interval on the same studies, with
     `uncertain`'s verdict and the adoption rule's (`adopted`)."""
-    start = time.perf_counter()
-    found = coverage(tuning, TUNING_DOCUMENTS, tuning_studies, set_choices(keys, zs))
-    print(f"set intervals, tuning: {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    found = _timed(
+        "set intervals, tuning",
+        lambda: coverage(tuning, TUNING_DOCUMENTS, tuning_studies, set_choices(keys, zs)),
+    )
     print(f"\nSet intervals on the tuning set (population seed {tuning.seed}, {TUNING_DOCUMENTS} documents, "
           f"{tuning_studies} studies): coverage of each claim's bootstrap interval joined with the set interval at z")
     names_z = [name for name in found if name != "chosen"]
@@ -514,11 +531,11 @@ def set_interval_tables(tuning_studies: int, held_out_studies: int, keys: tuple[
             wanted = keys if documents != GROUPED_DOCUMENTS else tuple(k for k in keys if k == "stable_norms")
             if not wanted:
                 continue
-            start = time.perf_counter()
-            cells[name, documents] = coverage(populations[name], documents, held_out_studies,
-                                              {"set": {k: chosen_set[k] for k in wanted}})
-            print(f"set intervals held out {name}, {documents} documents: {time.perf_counter() - start:.0f} s",
-                  file=sys.stderr)
+            cells[name, documents] = _timed(
+                f"set intervals held out {name}, {documents} documents",
+                lambda: coverage(populations[name], documents, held_out_studies,
+                                 {"set": {k: chosen_set[k] for k in wanted}}),
+            )
     for key in keys:
         for label, choice in (("current", "chosen"), (f"set, z = {chosen_set[key].per_head_z:g}", "set")):
             row = [cells[n, d][choice][key] for n in names for d in COUNTS]
@@ -569,9 +586,7 @@ def near_line_tables(tuning_studies: int, held_out_studies: int) -> None:
     the picked choice beside the current one on ``NEAR_FRESH`` (new) and the seen populations at ``COUNTS``."""
     candidates = near_line_candidates()
     merged = {name: choice for by_name in candidates.values() for name, choice in by_name.items()}
-    start = time.perf_counter()
-    found = coverage(NEAR_TUNING, TUNING_DOCUMENTS, tuning_studies, merged)
-    print(f"near lines, tuning: {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    found = _timed("near lines, tuning", lambda: coverage(NEAR_TUNING, TUNING_DOCUMENTS, tuning_studies, merged))
     picked = {key: pick(found, key) for key in candidates}
     print(f"\nTuning (NEAR_TUNING, seed {NEAR_TUNING.seed}, {TUNING_DOCUMENTS} documents, {tuning_studies} studies)")
     for key, by_name in candidates.items():
@@ -582,10 +597,10 @@ def near_line_tables(tuning_studies: int, held_out_studies: int) -> None:
     cells: dict[tuple[str, int], dict] = {}
     for name, population in populations.items():
         for documents in COUNTS:
-            start = time.perf_counter()
-            cells[name, documents] = coverage(population, documents, held_out_studies, choice)
-            print(f"near lines held out {name}, {documents} documents: {time.perf_counter() - start:.0f} s",
-                  file=sys.stderr)
+            cells[name, documents] = _timed(
+                f"near lines held out {name}, {documents} documents",
+                lambda: coverage(population, documents, held_out_studies, choice),
+            )
     names, new = list(populations), list(NEAR_FRESH)
     print(f"\nHeld out ({held_out_studies} studies per cell; in brackets estimates outside their own interval)")
     print("| claim | interval | " + " | ".join(f"{n} {d}" for n in names for d in COUNTS)
@@ -687,7 +702,15 @@ def diagnosed_table(studies: int) -> None:
     print("\n".join(within_rows))
 
 
+MODES = ("--tuning-only", "--held-out-only", "--grouped-only", "--remeasure", "--diagnose", "--near-lines", "--status",
+         "--tied", "--at-64", "--over-coverage", "--one-sided", "--set-intervals", "--at-thresholds", "--tradeoffs")
+
 if __name__ == "__main__":
+    unknown = [a for a in sys.argv[1:] if a.startswith("-") and a not in MODES
+               and not a.startswith(("--claim=", "--population="))]
+    if unknown:
+        sys.exit(f"bench_coverage.py: unknown option {' '.join(unknown)}; the options: {' '.join(MODES)}, "
+                 "--claim=KEY, --population=NAME, and a number of studies (see the module's docstring)")
     arguments = [a for a in sys.argv[1:] if not a.startswith("--")]
     count = int(arguments[0]) if arguments else STUDIES
     populations = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--population=")] or list(HELD_OUT)
