@@ -96,6 +96,10 @@ class Accumulator:
             )
             for name, spec in self.specs.items()
         }
+        # The fields whose statistics this accumulator made itself and has handed to no one (a result, a merge):
+        # an add writes a batch into them in place, so that a steady add leaves no new tensor behind but its
+        # batch's; any other field's next add merges into new tensors, which it then owns.
+        self._own: set[str] = set(self.specs)
         self.queries: QueryRows | None = None
         self.picture_heads = tuple(picture_heads)
         self.pictures: dict[tuple[int, int], SelectionPicture] = {}
@@ -166,10 +170,14 @@ class Accumulator:
             batch[name] = batch_stats(spec, t, weights if name in self.replicate_fields else None, within,
                                       rows=self.document_rows)
         rows = self._query_rows(queries, query_positions, n_docs)
-        # One field at a time, each replacing its old statistics before the next is merged: the merge then holds
-        # one field twice, not the whole accumulator (replicate sums of every field, old and new, at once).
+        # One field at a time, each replacing its old statistics before the next is merged: a merge into new
+        # tensors then holds one field twice, not the whole accumulator (replicate sums of every field, old and
+        # new, at once).
         for name in self.specs:
-            self.stats[name] = merge_stats(self.stats[name], batch[name])
+            old = self.stats[name]
+            self.stats[name] = merge_stats(old, batch[name], into=name in self._own)
+            if not _shared(self.stats[name], old):
+                self._own.add(name)
         self.n_documents += n_docs
         self.n_tokens += n_tokens
         if rows is not None:
@@ -234,6 +242,7 @@ class Accumulator:
         out = object.__new__(Accumulator)
         out.__dict__.update(self.__dict__)
         out.stats = {name: merge_stats(self.stats[name], other.stats[name]) for name in self.specs}
+        out._own = self._handed(out.stats, other)
         out.n_documents = self.n_documents + other.n_documents
         out.n_tokens = self.n_tokens + other.n_tokens
         parts = [rows for rows in (self.queries, other.queries) if rows is not None]
@@ -250,8 +259,26 @@ class Accumulator:
                    if isinstance(t, Tensor))
 
     def stored_stats(self) -> dict[str, FieldStats]:
-        """The statistics in the dtypes a result keeps."""
-        return {name: s.stored() for name, s in self.stats.items()}
+        """The statistics in the dtypes a result keeps (sharing the tensors already in those dtypes: later adds
+        merge those fields into new tensors, so the result never changes)."""
+        stored = {name: s.stored() for name, s in self.stats.items()}
+        self._handed(stored)
+        return stored
+
+    def _handed(self, stats: Mapping[str, FieldStats], *others: "Accumulator") -> set[str]:
+        """``stats`` made from this accumulator's (and ``others``') leave the field of any tensor they share with
+        one of them to be written into no more; the fields of ``stats`` that share nothing, which their holder
+        may write into."""
+        alone = set()
+        for name, s in stats.items():
+            shared = False
+            for acc in (self, *others):
+                if _shared(s, acc.stats[name]):
+                    acc._own.discard(name)
+                    shared = True
+            if not shared:
+                alone.add(name)
+        return alone
 
     # ---- state: checkpoints and cross-process reduction ----
 
@@ -313,6 +340,7 @@ class Accumulator:
                     "to a run with another config or model"
                 )
         self.stats = {name: FieldStats.from_arrays(spec, state["stats"][name]) for name, spec in self.specs.items()}
+        self._own = set()  # the state's tensors are its holder's
         self.n_documents, self.n_tokens = int(state["n_documents"]), int(state["n_tokens"])
         queries = state["queries"]
         self.queries = None if queries is None else (dict(queries["values"]), queries["positions"])
@@ -393,6 +421,7 @@ class Accumulator:
                 for other in joined[1:]:
                     merged = merge_stats(merged, other)
                 result.stats[name] = merged
+        result._own = self._handed(result.stats)
         result.n_documents, result.n_tokens = (int(x) for x in reduced_counts[-2:].tolist())
         result.queries = self.queries
         if self.keep_queries:
@@ -406,6 +435,15 @@ class Accumulator:
             gathered = gather_queries([{**p.metadata(), **p.arrays()} for p in self.pictures.values()])
             result.pictures = pick(SelectionPicture.from_parts(p, p) for part in gathered for p in part)
         return result
+
+
+def _shared(a: FieldStats, b: FieldStats) -> bool:
+    """Whether two fields' statistics share memory (compared while both are alive, so an address is one tensor's
+    storage; empty tensors hold none)."""
+    def storages(s: FieldStats) -> set[int]:
+        return {t.untyped_storage().data_ptr() for t in vars(s).values() if isinstance(t, Tensor) and t.numel()}
+
+    return bool(storages(a) & storages(b))
 
 
 def interleave_rows(parts: Sequence[QueryRows]) -> QueryRows:
