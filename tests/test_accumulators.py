@@ -396,3 +396,16 @@ def test_a_steady_add_writes_into_its_statistics():
     for name, s in merged.stats.items():
         for k, t in s.arrays().items():
             assert same_values(acc.stats[name].arrays()[k], t), f"{name}.{k}"
+
+
+def test_fields_of_rows_hold_one_copy_of_their_weights():
+    """Fields kept as rows of the same documents hold one tensor of their bootstrap weights, counted once by
+    nbytes: 8 bytes a number of every field's rows and sums and of one [document, replicate] weights."""
+    acc = make(document_rows=True)
+    for seed in range(2):
+        acc.add(batch(3, 8, seed=seed), _poisson(3, seed), n_tokens=24)
+    recall, rho0 = acc.stats["recall"], acc.stats["rho0"]
+    assert recall.is_rows and rho0.is_rows and recall.document_weights is rho0.document_weights
+    numbers = sum(t.numel() for s in acc.stats.values() for k, t in vars(s).items()
+                  if isinstance(t, torch.Tensor) and k != "document_weights")
+    assert acc.nbytes == 8 * (numbers + 6 * 4)

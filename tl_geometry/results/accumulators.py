@@ -19,6 +19,7 @@ exactly, sums up to float64 rounding, whatever the batching or order.
 
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -178,11 +179,26 @@ class Accumulator:
             self.stats[name] = merge_stats(old, batch[name], into=name in self._own)
             if not _shared(self.stats[name], old):
                 self._own.add(name)
+        self._share_weights()
         self.n_documents += n_docs
         self.n_tokens += n_tokens
         if rows is not None:
             self.queries = rows if self.queries is None else join_rows([self.queries, rows])
         self.pictures = pick(self.pictures.values(), pictures)
+
+    def _share_weights(self) -> None:
+        """Fields kept as rows whose documents carry the same bootstrap weights hold one tensor of them (each
+        join of rows makes its own: [document, replicate] float64 per field). Rows are never written into."""
+        distinct: list[Tensor] = []
+        for name, s in self.stats.items():
+            if not s.is_rows or not s.n_replicates:
+                continue
+            w = s.document_weights
+            same = next((d for d in distinct if d.shape == w.shape and torch.equal(d, w)), None)
+            if same is None:
+                distinct.append(w)
+            elif same is not w:
+                self.stats[name] = replace(s, document_weights=same)
 
     def _resampled(self, name: str, resampled: Mapping[str, Tensor] | None, values: Tensor) -> Tensor | None:
         """The query-resampled replicate means of field ``name``, checked; None for the other fields."""
@@ -254,9 +270,11 @@ class Accumulator:
     @property
     def nbytes(self) -> int:
         """Memory held by the statistics (per-query rows excluded), in bytes: every tensor a field holds (a field
-        kept as rows holds the sums computed from them beside the rows)."""
-        return sum(t.element_size() * t.numel() for s in self.stats.values() for t in vars(s).values()
-                   if isinstance(t, Tensor))
+        kept as rows holds the sums computed from them beside the rows), a tensor held by several fields (the
+        weights of their rows) once."""
+        held = {(t.data_ptr(), t.dtype, t.numel()): t.element_size() * t.numel()
+                for s in self.stats.values() for t in vars(s).values() if isinstance(t, Tensor)}
+        return sum(held.values())
 
     def stored_stats(self) -> dict[str, FieldStats]:
         """The statistics in the dtypes a result keeps (sharing the tensors already in those dtypes: later adds
