@@ -1,10 +1,13 @@
 """Accumulator: a run's statistics over documents, added one batch at a time, merged exactly.
 
 Each batch of per-document values is reduced to its `FieldStats` (float64)
-and merged into the running ones, so memory depends on the fields, layers,
-heads, grid, replicates and the longest sequence seen, never on the number of
-documents (the opt-in per-query rows excepted; the opt-in pictures keep one
-row per head, see `tl_geometry.results.selection_picture`). Two accumulators over
+and merged into the running ones, written into their tensors where the
+accumulator alone holds them (never into what it handed to a result, a
+merge or a state), so memory depends on the fields, layers, heads, grid,
+replicates and the longest sequence seen, never on the number of documents
+(the opt-in per-query rows excepted; the opt-in pictures keep one row per
+head, see `tl_geometry.results.selection_picture`), and a steady add leaves
+no new tensor behind. Two accumulators over
 disjoint documents merge into the accumulator of their union: counts
 exactly, sums up to float64 rounding, whatever the batching or order.
 
