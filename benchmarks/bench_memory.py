@@ -37,9 +37,14 @@ nothing is held (a float64 array of SmolLM2's layers x heads x N grid is 84 KiB)
 also prints the run's CPU time (user + system, from ``getrusage``) and its
 minor page faults: what the pinned heap costs.
 
+With ``--trace 16 64 128 256`` one process per path in ``--paths`` runs ``analyze_corpus`` over the largest
+number of windows under ``--heap``'s first entry and, after the batch that reaches each number, prints its peak
+so far above the loaded model and the accumulator's statistics (`Accumulator.nbytes`): past the accumulator's
+rows (about ``n_bootstrap`` + 6 documents) the peak must stop growing.
+
     PYTHONPATH=. python benchmarks/bench_memory.py [--batch 4] [--context 256] [--budget 128]
         [--diagnostics metrics assumptions bounds roles chance all] [--windows 1 4 16]
-        [--heap glibc pinned pinned-32k]
+        [--heap glibc pinned pinned-32k] [--trace 16 64 128 256 --paths rows]
 """
 
 import argparse
@@ -103,6 +108,68 @@ def one(path: str, diagnostic: str, batch: int, context: int, budget: float, win
             "system_s": end.ru_stime - start.ru_stime, "minor_faults": end.ru_minflt - start.ru_minflt}
 
 
+def traced(path: str, diagnostic: str, batch: int, context: int, budget: float, stages: list[int]) -> list[dict]:
+    """Child process: ``analyze_corpus`` over ``max(stages)`` windows, the peak above the loaded model read after
+    the batch that reaches each stage (one process: what the run holds so far, its model and code loaded once)."""
+    import torch
+
+    from tl_geometry import analyze_corpus
+    from tl_geometry.models import load_model
+    from tl_geometry.runs import corpus_run
+
+    model = load_model(progress=False)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(100, 40000, (max(stages), context), generator=gen)
+    tokens[:, 0] = model.tokenizer.bos_token_id or 1
+    gc.collect()
+    ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+    before = _status_mib("VmRSS")
+    analyse, seen, out = corpus_run.analyse_prepared, [0], []
+    start = resource.getrusage(resource.RUSAGE_SELF)
+
+    def watched(model, prepared, plan, accumulator):  # the seam corpus_run looks up for each batch
+        analyse(model, prepared, plan, accumulator)
+        seen[0] += len(prepared.tokens)
+        if seen[0] in stages:
+            used = resource.getrusage(resource.RUSAGE_SELF)
+            out.append({"windows": seen[0], "above_mib": _status_mib("VmHWM") - before,
+                        "accumulator_mib": accumulator.nbytes / 2**20,
+                        "cpu_s": used.ru_utime + used.ru_stime - start.ru_utime - start.ru_stime})
+            print(json.dumps({"path": path, **out[-1]}), file=sys.stderr, flush=True)
+
+    corpus_run.analyse_prepared = watched
+    analyze_corpus(model, tokens, batch_size=batch, progress=False, capture=path,
+                   diagnostics=_diagnostics(diagnostic), memory_budget_mib=budget)
+    return out
+
+
+def trace(args: argparse.Namespace) -> None:
+    """The peak after each stage of one run per path (`traced`), the paths' processes at once."""
+    env = {name: value for name, value in os.environ.items() if name != "MALLOC_MMAP_THRESHOLD_"}
+    heap = args.heap[0]
+    if heap in PINNED_THRESHOLDS:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(PINNED_THRESHOLDS[heap])
+    children = {}
+    for path in args.paths:
+        for diagnostic in args.diagnostics:
+            command = [sys.executable, __file__, "--child", path, diagnostic, "--batch", str(args.batch),
+                       "--context", str(args.context), "--budget", str(args.budget), "--trace", *map(str, args.trace)]
+            children[path, diagnostic] = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+    print(f"SmolLM2, analyze_corpus over {max(args.trace)} windows of {args.context} tokens, batches of {args.batch}, "
+          f"memory_budget_mib={args.budget:g}, heap {heap}: peak resident memory above the loaded model so far (MiB) "
+          "after each stage, one process per path")
+    print(f"{'diagnostics':<14}{'path':<9}{'windows':>8}{'peak':>8}{'accumulator':>13}{'CPU time':>10}")
+    for (path, diagnostic), child in children.items():
+        out, _ = child.communicate()
+        if child.returncode:
+            raise subprocess.CalledProcessError(child.returncode, child.args, out)
+        for stage in json.loads(out.strip().splitlines()[-1]):
+            print(f"{diagnostic:<14}{path:<9}{stage['windows']:>8}{stage['above_mib']:>8.0f}"
+                  f"{stage['accumulator_mib']:>13.0f}{stage['cpu_s']:>9.0f}s", flush=True)
+
+
 def _paths(diagnostic: str, args: argparse.Namespace, windows: int | None = None,
            heap: str = "glibc") -> dict[str, dict]:
     """One figure per path (the peak above the loaded model, the CPU time, the page faults), each measured in a
@@ -163,8 +230,17 @@ def main() -> None:
                         help="numbers of windows, each run through analyze_corpus (the corpus-size check)")
     parser.add_argument("--heap", nargs="*", choices=HEAPS, default=["glibc"],
                         help="glibc's default malloc, and/or its mmap threshold pinned at 128 KiB or 32 KiB")
+    parser.add_argument("--trace", nargs="*", type=int, default=None,
+                        help="numbers of windows: one run over the most, its peak read after each")
+    parser.add_argument("--paths", nargs="*", choices=PATHS, default=list(PATHS), help="the paths --trace runs")
     parser.add_argument("--child", nargs=2, metavar=("PATH", "DIAGNOSTIC"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child and args.trace:
+        print(json.dumps(traced(*args.child, args.batch, args.context, args.budget, args.trace)))
+        return
+    if args.trace:
+        trace(args)
+        return
     if args.child:
         windows = args.windows[0] if args.windows else None
         print(json.dumps(one(*args.child, args.batch, args.context, args.budget, windows)))

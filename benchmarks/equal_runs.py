@@ -4,13 +4,17 @@ changes no number.
 ``save DIR`` runs the bundled SmolLM2 on ``--windows`` windows of ``--context`` seeded random tokens with every
 diagnostic, once per capture path (``pattern``, ``rows`` and the default ``auto``), through
 `tl_geometry.analyze_corpus` (the path the command-line report takes), and saves each result as
-``DIR/<capture>``. ``compare BEFORE AFTER`` loads the results of both directories and compares every array of
+``DIR/<capture>``; ``--batch`` windows a forward pass (all at once by default) and ``--bootstrap`` replicates
+(the config's default by default): with a few replicates and more windows than they are, in several batches,
+the fields pass their rows (`tl_geometry.results.stats.rows_limit`) and the later batches are added to sums.
+``compare BEFORE AFTER`` loads the results of both directories and compares every array of
 every field (counts, sums, ranges, replicates, per-document rows: bit for bit, NaN equal to NaN), the N grid,
 the layers and heads, the pictures, and the config; it prints one line per capture path and exits 1 on any
 difference. The capture path taken is read from the result where it records it (``provenance["capture"]``),
 else from ``config.capture`` (results written before the run plan recorded the path).
 
-    PYTHONPATH=. python benchmarks/equal_runs.py save /tmp/before [--windows 2] [--context 128]
+    PYTHONPATH=. python benchmarks/equal_runs.py save /tmp/before [--windows 2] [--context 128] [--batch 4]
+        [--bootstrap 4]
     PYTHONPATH=. python benchmarks/equal_runs.py compare /tmp/before /tmp/after
 """
 
@@ -24,7 +28,7 @@ import torch
 CAPTURES = ("pattern", "rows", "auto")
 
 
-def save(out: Path, windows: int, context: int) -> None:
+def save(out: Path, windows: int, context: int, batch: int | None = None, bootstrap: int | None = None) -> None:
     from tl_geometry import GeometryConfig, analyze_corpus
     from tl_geometry.models import load_model
 
@@ -34,8 +38,9 @@ def save(out: Path, windows: int, context: int) -> None:
     tokens[:, 0] = model.tokenizer.bos_token_id or 1
     out.mkdir(parents=True, exist_ok=True)
     for capture in CAPTURES:
-        config = GeometryConfig(diagnostics="all", capture=capture, picture_heads=[(0, 0)])
-        result = analyze_corpus(model, tokens, config, batch_size=windows, progress=False)
+        replicates = {} if bootstrap is None else {"n_bootstrap": bootstrap}
+        config = GeometryConfig(diagnostics="all", capture=capture, picture_heads=[(0, 0)], **replicates)
+        result = analyze_corpus(model, tokens, config, batch_size=batch or windows, progress=False)
         result.save(out / capture)
         print(f"saved {out / capture} ({path_taken(result)})")
 
@@ -100,12 +105,14 @@ def main() -> int:
     saving.add_argument("out", type=Path)
     saving.add_argument("--windows", type=int, default=2)
     saving.add_argument("--context", type=int, default=128)
+    saving.add_argument("--batch", type=int, default=None, help="windows a forward pass (default: all)")
+    saving.add_argument("--bootstrap", type=int, default=None, help="n_bootstrap (default: the config's)")
     comparing = sub.add_parser("compare")
     comparing.add_argument("before", type=Path)
     comparing.add_argument("after", type=Path)
     args = parser.parse_args()
     if args.command == "save":
-        save(args.out, args.windows, args.context)
+        save(args.out, args.windows, args.context, args.batch, args.bootstrap)
         return 0
     return compare(args.before, args.after)
 

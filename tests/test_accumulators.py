@@ -9,9 +9,10 @@ import torch
 
 from tl_geometry.diagnostics.fields import FieldSpec
 from tl_geometry.errors import GeometryError
-from tests.mutants import Mutant, assert_caught, replace_attribute
+from tests.mutants import Mutant, assert_caught, replace_attribute, wrap_function
 from tl_geometry.results import accumulators
 from tl_geometry.results.accumulators import Accumulator
+from tl_geometry.results.stats import FieldStats, same_values
 
 SPECS = [
     FieldSpec("recall", "R(r_min, N)", axes=("n",), bootstrap=True),
@@ -308,3 +309,103 @@ def test_rows_kept_past_their_limit_are_caught():
 
     assert_caught(Mutant("rows without a limit", replace_attribute(stats, "rows_limit", lambda spec, n: 10**6),
                          (test_the_statistics_grow_to_their_sums_and_no_further,)))
+
+
+def _poisson(n_docs: int, seed: int) -> torch.Tensor:
+    return torch.poisson(torch.ones(n_docs, 4), generator=torch.Generator().manual_seed(seed))
+
+
+def _tensors(stats) -> dict[tuple[str, str], torch.Tensor]:
+    """Every tensor of every field's statistics (rows, sums, groups), by field and name."""
+    return {(name, k): t for name, s in stats.items() for k, t in vars(s).items() if isinstance(t, torch.Tensor)}
+
+
+def _copies(stats) -> dict[tuple[str, str], torch.Tensor]:
+    return {key: t.clone() for key, t in _tensors(stats).items()}
+
+
+def _unchanged(stats, copies) -> list[str]:
+    """The tensors of ``stats`` that differ from ``copies`` (NaN equal to NaN), by field and name."""
+    now = _tensors(stats)
+    assert sorted(now) == sorted(copies)
+    return [f"{name}.{k}" for (name, k), t in now.items()
+            if not torch.equal(t.nan_to_num(-7.0), copies[name, k].nan_to_num(-7.0))]
+
+
+def results_stay_as_taken() -> None:
+    """What an accumulator hands out (a result's statistics, a state, a merge with another) stays as it was
+    when taken while batches are added to the accumulator, to the merge and to one restored from the state;
+    a merge changes neither of its inputs."""
+    acc, other = make(document_rows=True), make(document_rows=True)
+    for seed in range(4):  # 12 documents, past the rows of 4 replicates (10): the later batches add to sums
+        acc.add(batch(3, 8, seed=seed), _poisson(3, seed), n_tokens=24)
+    other.add(batch(2, 8, seed=9), _poisson(2, 9), n_tokens=16)
+    assert not acc.stats["recall"].is_rows and other.stats["recall"].is_rows
+    inputs = {"accumulator": (acc.stats, _copies(acc.stats)), "other": (other.stats, _copies(other.stats))}
+    taken = acc.stored_stats()
+    state = acc.state_dict()
+    merged = acc.merge(other)
+    restored = make(document_rows=True)
+    restored.load_state_dict(state)
+    for what, (stats, copies) in inputs.items():
+        assert _unchanged(stats, copies) == [], f"the merge changed its input, the {what}"
+    saved = {name: FieldStats.from_arrays(acc.specs[name], arrays) for name, arrays in state["stats"].items()}
+    held = {"result": (taken, _copies(taken)), "merge": (merged.stats, _copies(merged.stats)),
+            "state": (saved, _copies(saved))}
+    acc.add(batch(3, 8, seed=10), _poisson(3, 10), n_tokens=24)
+    for what, (stats, copies) in held.items():
+        assert _unchanged(stats, copies) == [], f"an add to the accumulator changed its {what}"
+    held = {"accumulator": (acc.stats, _copies(acc.stats)), "other": (other.stats, _copies(other.stats)),
+            "state": held["state"]}
+    merged.add(batch(3, 8, seed=11), _poisson(3, 11), n_tokens=24)
+    restored.add(batch(3, 8, seed=12), _poisson(3, 12), n_tokens=24)
+    for what, (stats, copies) in held.items():
+        assert _unchanged(stats, copies) == [], f"adds to the merge and the restored copy changed the {what}"
+
+
+def test_results_stay_as_taken():
+    results_stay_as_taken()
+
+
+def test_writing_into_what_was_handed_out_is_caught():
+    """Mutant: every merge writes into its first statistics (adds in place without asking who holds them)."""
+    def in_place(real):
+        return lambda a, b, *args, **kwargs: real(a, b, *args, **{**kwargs, "into": True})
+
+    assert_caught(Mutant("merges always in place", wrap_function(accumulators, "merge_stats", in_place),
+                         (results_stay_as_taken,)))
+
+
+def test_a_steady_add_writes_into_its_statistics():
+    """Past its rows, an add of a batch as wide as the statistics leaves every field in the tensors it held (no
+    new ones, whose old ones freed would leave holes in the C heap from batch to batch), with the numbers of
+    an accumulator fed the same batches into new tensors (a merge of one batch at a time)."""
+    acc = make(document_rows=True)
+    batches = [(batch(3, 8, seed=seed), _poisson(3, seed)) for seed in range(6)]
+    for values, weights in batches[:4]:
+        acc.add(values, weights, n_tokens=24)
+    held = {key: t.untyped_storage().data_ptr() for key, t in _tensors(acc.stats).items()}
+    for values, weights in batches[4:]:
+        acc.add(values, weights, n_tokens=24)
+    assert {key: t.untyped_storage().data_ptr() for key, t in _tensors(acc.stats).items()} == held
+    merged = make(document_rows=True)
+    for values, weights in batches:
+        one = make(document_rows=True)
+        one.add(values, weights, n_tokens=24)
+        merged = merged.merge(one)
+    for name, s in merged.stats.items():
+        for k, t in s.arrays().items():
+            assert same_values(acc.stats[name].arrays()[k], t), f"{name}.{k}"
+
+
+def test_fields_of_rows_hold_one_copy_of_their_weights():
+    """Fields kept as rows of the same documents hold one tensor of their bootstrap weights, counted once by
+    nbytes: 8 bytes a number of every field's rows and sums and of one [document, replicate] weights."""
+    acc = make(document_rows=True)
+    for seed in range(2):
+        acc.add(batch(3, 8, seed=seed), _poisson(3, seed), n_tokens=24)
+    recall, rho0 = acc.stats["recall"], acc.stats["rho0"]
+    assert recall.is_rows and rho0.is_rows and recall.document_weights is rho0.document_weights
+    numbers = sum(t.numel() for s in acc.stats.values() for k, t in vars(s).items()
+                  if isinstance(t, torch.Tensor) and k != "document_weights")
+    assert acc.nbytes == 8 * (numbers + 6 * 4)

@@ -1,10 +1,13 @@
 """Accumulator: a run's statistics over documents, added one batch at a time, merged exactly.
 
 Each batch of per-document values is reduced to its `FieldStats` (float64)
-and merged into the running ones, so memory depends on the fields, layers,
-heads, grid, replicates and the longest sequence seen, never on the number of
-documents (the opt-in per-query rows excepted; the opt-in pictures keep one
-row per head, see `tl_geometry.results.selection_picture`). Two accumulators over
+and merged into the running ones, written into their tensors where the
+accumulator alone holds them (never into what it handed to a result, a
+merge or a state), so memory depends on the fields, layers, heads, grid,
+replicates and the longest sequence seen, never on the number of documents
+(the opt-in per-query rows excepted; the opt-in pictures keep one row per
+head, see `tl_geometry.results.selection_picture`), and a steady add leaves
+no new tensor behind. Two accumulators over
 disjoint documents merge into the accumulator of their union: counts
 exactly, sums up to float64 rounding, whatever the batching or order.
 
@@ -19,6 +22,7 @@ exactly, sums up to float64 rounding, whatever the batching or order.
 
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -96,6 +100,10 @@ class Accumulator:
             )
             for name, spec in self.specs.items()
         }
+        # The fields whose statistics this accumulator made itself and has handed to no one (a result, a merge):
+        # an add writes a batch into them in place, so that a steady add leaves no new tensor behind but its
+        # batch's; any other field's next add merges into new tensors, which it then owns.
+        self._own: set[str] = set(self.specs)
         self.queries: QueryRows | None = None
         self.picture_heads = tuple(picture_heads)
         self.pictures: dict[tuple[int, int], SelectionPicture] = {}
@@ -166,15 +174,34 @@ class Accumulator:
             batch[name] = batch_stats(spec, t, weights if name in self.replicate_fields else None, within,
                                       rows=self.document_rows)
         rows = self._query_rows(queries, query_positions, n_docs)
-        # One field at a time, each replacing its old statistics before the next is merged: the merge then holds
-        # one field twice, not the whole accumulator (replicate sums of every field, old and new, at once).
+        # One field at a time, each replacing its old statistics before the next is merged: a merge into new
+        # tensors then holds one field twice, not the whole accumulator (replicate sums of every field, old and
+        # new, at once).
         for name in self.specs:
-            self.stats[name] = merge_stats(self.stats[name], batch[name])
+            old = self.stats[name]
+            self.stats[name] = merge_stats(old, batch[name], into=name in self._own)
+            if not _shared(self.stats[name], old):
+                self._own.add(name)
+        self._share_weights()
         self.n_documents += n_docs
         self.n_tokens += n_tokens
         if rows is not None:
             self.queries = rows if self.queries is None else join_rows([self.queries, rows])
         self.pictures = pick(self.pictures.values(), pictures)
+
+    def _share_weights(self) -> None:
+        """Fields kept as rows whose documents carry the same bootstrap weights hold one tensor of them (each
+        join of rows makes its own: [document, replicate] float64 per field). Rows are never written into."""
+        distinct: list[Tensor] = []
+        for name, s in self.stats.items():
+            if not s.is_rows or not s.n_replicates:
+                continue
+            w = s.document_weights
+            same = next((d for d in distinct if d.shape == w.shape and torch.equal(d, w)), None)
+            if same is None:
+                distinct.append(w)
+            elif same is not w:
+                self.stats[name] = replace(s, document_weights=same)
 
     def _resampled(self, name: str, resampled: Mapping[str, Tensor] | None, values: Tensor) -> Tensor | None:
         """The query-resampled replicate means of field ``name``, checked; None for the other fields."""
@@ -234,6 +261,7 @@ class Accumulator:
         out = object.__new__(Accumulator)
         out.__dict__.update(self.__dict__)
         out.stats = {name: merge_stats(self.stats[name], other.stats[name]) for name in self.specs}
+        out._own = self._handed(out.stats, other)
         out.n_documents = self.n_documents + other.n_documents
         out.n_tokens = self.n_tokens + other.n_tokens
         parts = [rows for rows in (self.queries, other.queries) if rows is not None]
@@ -245,13 +273,33 @@ class Accumulator:
     @property
     def nbytes(self) -> int:
         """Memory held by the statistics (per-query rows excluded), in bytes: every tensor a field holds (a field
-        kept as rows holds the sums computed from them beside the rows)."""
-        return sum(t.element_size() * t.numel() for s in self.stats.values() for t in vars(s).values()
-                   if isinstance(t, Tensor))
+        kept as rows holds the sums computed from them beside the rows), a tensor held by several fields (the
+        weights of their rows) once."""
+        held = {(t.data_ptr(), t.dtype, t.numel()): t.element_size() * t.numel()
+                for s in self.stats.values() for t in vars(s).values() if isinstance(t, Tensor)}
+        return sum(held.values())
 
     def stored_stats(self) -> dict[str, FieldStats]:
-        """The statistics in the dtypes a result keeps."""
-        return {name: s.stored() for name, s in self.stats.items()}
+        """The statistics in the dtypes a result keeps (sharing the tensors already in those dtypes: later adds
+        merge those fields into new tensors, so the result never changes)."""
+        stored = {name: s.stored() for name, s in self.stats.items()}
+        self._handed(stored)
+        return stored
+
+    def _handed(self, stats: Mapping[str, FieldStats], *others: "Accumulator") -> set[str]:
+        """``stats`` made from this accumulator's (and ``others``') leave the field of any tensor they share with
+        one of them to be written into no more; the fields of ``stats`` that share nothing, which their holder
+        may write into."""
+        alone = set()
+        for name, s in stats.items():
+            shared = False
+            for acc in (self, *others):
+                if _shared(s, acc.stats[name]):
+                    acc._own.discard(name)
+                    shared = True
+            if not shared:
+                alone.add(name)
+        return alone
 
     # ---- state: checkpoints and cross-process reduction ----
 
@@ -313,6 +361,7 @@ class Accumulator:
                     "to a run with another config or model"
                 )
         self.stats = {name: FieldStats.from_arrays(spec, state["stats"][name]) for name, spec in self.specs.items()}
+        self._own = set()  # the state's tensors are its holder's
         self.n_documents, self.n_tokens = int(state["n_documents"]), int(state["n_tokens"])
         queries = state["queries"]
         self.queries = None if queries is None else (dict(queries["values"]), queries["positions"])
@@ -393,6 +442,7 @@ class Accumulator:
                 for other in joined[1:]:
                     merged = merge_stats(merged, other)
                 result.stats[name] = merged
+        result._own = self._handed(result.stats)
         result.n_documents, result.n_tokens = (int(x) for x in reduced_counts[-2:].tolist())
         result.queries = self.queries
         if self.keep_queries:
@@ -406,6 +456,15 @@ class Accumulator:
             gathered = gather_queries([{**p.metadata(), **p.arrays()} for p in self.pictures.values()])
             result.pictures = pick(SelectionPicture.from_parts(p, p) for part in gathered for p in part)
         return result
+
+
+def _shared(a: FieldStats, b: FieldStats) -> bool:
+    """Whether two fields' statistics share memory (compared while both are alive, so an address is one tensor's
+    storage; empty tensors hold none)."""
+    def storages(s: FieldStats) -> set[int]:
+        return {t.untyped_storage().data_ptr() for t in vars(s).values() if isinstance(t, Tensor) and t.numel()}
+
+    return bool(storages(a) & storages(b))
 
 
 def interleave_rows(parts: Sequence[QueryRows]) -> QueryRows:

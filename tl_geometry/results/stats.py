@@ -81,6 +81,8 @@ STORAGE_DTYPES: dict[str, torch.dtype] = {
 _EMPTY = {"count": 0, "total": 0.0, "total_sq": 0.0, "minimum": math.nan, "maximum": math.nan,
           "replicate_total": 0.0, "replicate_count": 0.0, "group_total": 0.0, "group_count": 0}
 _MOMENTS = ("total_sq", "minimum", "maximum")
+# The sums `merge_stats` adds in float64 and rounds to the dtype kept.
+_FLOAT_SUMS = ("total", "total_sq", "replicate_total", "replicate_count", "group_total")
 _REPLICATES = ("replicate_total", "replicate_count")
 ROWS = ("documents", "document_weights")
 """The two arrays of a field kept as rows of documents."""
@@ -537,17 +539,23 @@ def _row_weights(values: Tensor, weights: Tensor | None, within: Tensor | None) 
     return torch.where(undefined & ~x.isnan().all(-1), 0.0, w)
 
 
-def merge_stats(a: FieldStats, b: FieldStats, _rounded: bool = True) -> FieldStats:
+def merge_stats(a: FieldStats, b: FieldStats, _rounded: bool = True, *, into: bool = False) -> FieldStats:
     """Statistics of the union of the documents of ``a`` and ``b`` (in ``a``'s dtypes).
 
     Sums are added in float64 and rounded once to the dtype kept; counts are
     exact; growing axes are padded to the wider of the two.
+
+    ``into``: write the union into ``a``'s sums, ranges and groups where they
+    already have its shape and are kept in float64 (an accumulator's), rather
+    than into new tensors, bit for bit the same numbers. ``a``'s tensors then
+    change: only for statistics that the caller alone holds (`Accumulator`).
+    Rows of documents are never written into.
     """
     if a.spec != b.spec:
         raise GeometryError(f"merge: field {a.spec.name!r} is declared differently: {a.spec} vs {b.spec}")
     if a.n_replicates != b.n_replicates and a.spec.growing and 0 in (a.n_replicates, b.n_replicates):
         # a profile past GROWING_ROWS documents saved before groups: no replicates
-        return merge_stats(a.summed().ungrouped(), b.summed().ungrouped())
+        return merge_stats(a.summed().ungrouped(), b.summed().ungrouped(), into=into)
     if a.n_replicates != b.n_replicates:
         raise GeometryError(
             f"merge: field {a.spec.name!r} has {a.n_replicates} vs {b.n_replicates} bootstrap replicates; "
@@ -569,11 +577,11 @@ def merge_stats(a: FieldStats, b: FieldStats, _rounded: bool = True) -> FieldSta
             return joined
         return joined.summed()
     if a.is_rows or b.is_rows:  # one side already sums: so is the union
-        return merge_stats(a.summed(), b.summed().cast_like(a.summed()) if a.is_rows else b.summed())
+        return merge_stats(a.summed(), b.summed().cast_like(a.summed()) if a.is_rows else b.summed(), into=into)
     if a.is_grouped != b.is_grouped and not (a.counted_nothing() or b.counted_nothing()):
         # groups beside replicate sums (an accumulator without rows): neither resamples the union
         bare = {s: None for s in (*_REPLICATES, *GROUPS)}
-        return merge_stats(replace(a, **bare), replace(b, **bare))
+        return merge_stats(replace(a, **bare), replace(b, **bare), into=into)
     # The union with nothing is the other side: spares a pass over the replicate sums on a run's first batch.
     if b.counted_nothing():
         return a.widened(trailing)
@@ -581,28 +589,35 @@ def merge_stats(a: FieldStats, b: FieldStats, _rounded: bool = True) -> FieldSta
         b = b.widened(trailing)
         return replace(b, **{s: t.to(getattr(a, s).dtype) for s, t in b.arrays().items()})
     if _rounded and a._is_stored() and a.spec.resample_queries:  # a result's: as `stored` rounds them
-        return merge_stats(a, b, _rounded=False).stored()
+        return merge_stats(a, b, _rounded=False, into=into).stored()
     a, b = a.widened(trailing), b.widened(trailing)
     left, right = a.arrays(), b.arrays()
     out = {}
     for statistic, t in left.items():
         u = right[statistic]
+        # Written into t where asked: a float64 sum rounds as (t.double() + u.double()) would; counts, ranges
+        # and weights are the same in any dtype.
+        written = t if into and (statistic not in _FLOAT_SUMS or t.dtype == torch.float64) else None
         if statistic == "minimum":
-            out[statistic] = torch.fmin(t, u.to(t.dtype))  # fmin: NaN (nothing counted) loses
+            out[statistic] = torch.fmin(t, u.to(t.dtype), out=written)  # fmin: NaN (nothing counted) loses
         elif statistic == "maximum":
-            out[statistic] = torch.fmax(t, u.to(t.dtype))
+            out[statistic] = torch.fmax(t, u.to(t.dtype), out=written)
         elif statistic in ("count", "group_count"):
-            out[statistic] = t + u
+            out[statistic] = t + u if written is None else written.add_(u)
         elif statistic == "group_weights":
-            out[statistic] = _lowest_weights(t, u)
+            out[statistic] = _lowest_weights(t, u, into=written is not None)
+        elif written is not None:
+            out[statistic] = written.add_(u.double())
         else:
             out[statistic] = (t.double() + u.double()).to(t.dtype)
     return FieldStats(spec=a.spec, **out)
 
 
-def _lowest_weights(a: Float[Tensor, "group replicate"], b: Float[Tensor, "group replicate"]) -> Tensor:
-    """Per group, the weights of ``a`` or ``b`` whose hash (`document_group`) is lower (NaN: no document)."""
-    out = a.clone()
+def _lowest_weights(a: Float[Tensor, "group replicate"], b: Float[Tensor, "group replicate"],
+                    into: bool = False) -> Tensor:
+    """Per group, the weights of ``a`` or ``b`` whose hash (`document_group`) is lower (NaN: no document);
+    written into ``a`` with ``into``."""
+    out = a if into else a.clone()
     for g in range(a.shape[0]):
         if not b[g].isnan().any() and (a[g].isnan().any() or document_group(b[g])[1] < document_group(a[g])[1]):
             out[g] = b[g]
