@@ -288,6 +288,14 @@ def role_features(
     return {name: t.masked_fill(single.view(-1, *([1] * (t.ndim - 1))), math.nan) for name, t in out.items()}
 
 
+def _at_keys(
+    by_rank: Float[Tensor, "row seen"], rank: Int[Tensor, "row key"], at: Int[Tensor, "row k"]
+) -> Float[Tensor, "row k"]:
+    """Values kept by rank (over the ranks some row sees) read at keys ``at`` through their ranks; a hidden key's
+    rank, perhaps past those, is clamped (the caller masks it)."""
+    return by_rank.gather(1, rank.gather(1, at).clamp(max=by_rank.shape[1] - 1))
+
+
 def subtype_features(
     chunk: SelectionChunk, rest_of: RestKeys, total: Float[Tensor, "row d_head"], reach: int, early: int
 ) -> dict[str, Tensor]:
@@ -310,9 +318,6 @@ def subtype_features(
     ranks = chunk.seen_ranks()
     share_by_rank = torch.einsum("rkd,rd->rk", chunk.y_sorted[:, :ranks], total).div(o_sq)
 
-    def share(at: Int[Tensor, "row k"]) -> Float[Tensor, "row k"]:
-        return share_by_rank.gather(1, chunk.rank.gather(1, at).clamp(max=ranks - 1))
-
     key = last.unsqueeze(-1) - torch.arange(reach, device=rows.device)
     inside = key >= 0
     at = key.clamp(min=0)
@@ -320,7 +325,7 @@ def subtype_features(
     out = {
         "top_rest_at_lag": ((key == top.unsqueeze(-1)) & inside).to(chunk.alpha.dtype),
         "attention_at_lag": chunk.alpha.gather(1, at).masked_fill(~inside, 0.0),
-        "output_share_at_lag": share(at).masked_fill(~inside, 0.0),
+        "output_share_at_lag": _at_keys(share_by_rank, chunk.rank, at).masked_fill(~inside, 0.0),
     }
     position = keys - sink.unsqueeze(-1)
     is_early = is_rest & (position >= 1) & (position < early) & has_sink.unsqueeze(-1)
@@ -330,7 +335,8 @@ def subtype_features(
     out["early_top_rest"] = top_early.to(chunk.alpha.dtype)
     out["early_position"] = (top - sink).to(chunk.alpha.dtype).masked_fill(~top_early, math.nan)
     out["early_attention"] = strongest.values
-    out["early_output_share"] = share(strongest.indices.unsqueeze(-1)).squeeze(-1)  # an early key: visible
+    early_key = strongest.indices.unsqueeze(-1)  # visible
+    out["early_output_share"] = _at_keys(share_by_rank, chunk.rank, early_key).squeeze(-1)
     undefined = ~has_rest | (o_sq.squeeze(-1) <= 0)
     for name in EARLY_FEATURES:
         out[name] = out[name].masked_fill(~later, math.nan)

@@ -458,13 +458,15 @@ class Accumulator:
         return result
 
 
+def _storages(s: FieldStats) -> set[int]:
+    """The addresses of the storages a field's statistics hold (empty tensors hold none)."""
+    return {t.untyped_storage().data_ptr() for t in vars(s).values() if isinstance(t, Tensor) and t.numel()}
+
+
 def _shared(a: FieldStats, b: FieldStats) -> bool:
     """Whether two fields' statistics share memory (compared while both are alive, so an address is one tensor's
-    storage; empty tensors hold none)."""
-    def storages(s: FieldStats) -> set[int]:
-        return {t.untyped_storage().data_ptr() for t in vars(s).values() if isinstance(t, Tensor) and t.numel()}
-
-    return bool(storages(a) & storages(b))
+    storage)."""
+    return bool(_storages(a) & _storages(b))
 
 
 def interleave_rows(parts: Sequence[QueryRows]) -> QueryRows:
