@@ -147,6 +147,14 @@ def _timed(label: str, measure: Callable[[], T]) -> T:
     return out
 
 
+def _cells(label: str, populations: dict[str, Population], studies: int,
+           choices: dict | None = None) -> dict[tuple[str, int], dict[str, Coverage]]:
+    """`coverage` of ``choices`` on each population at each of ``COUNTS`` documents, each cell's time on stderr."""
+    return {(name, documents): _timed(f"{label} {name}, {documents} documents",
+                                      lambda: coverage(population, documents, studies, choices))
+            for name, population in populations.items() for documents in COUNTS}
+
+
 def standard_error(cell: tuple[int, int, int]) -> float:
     """The binomial standard error of a cell's coverage, from its own coverage and number of studies."""
     c = share(cell)
@@ -203,13 +211,8 @@ def tuning_table(studies: int) -> None:
 
 
 def held_out_table(studies: int, names: list[str]) -> dict[str, dict[int, list[float]]]:
-    cells: dict[tuple[str, int], dict] = {}
-    for name, population in ((name, HELD_OUT[name]) for name in names):
-        for documents in COUNTS:
-            cells[name, documents] = _timed(
-                f"held out {name}, {documents} documents",
-                lambda: coverage(population, documents, studies)["chosen"],
-            )
+    found = _cells("held out", {name: HELD_OUT[name] for name in names}, studies)
+    cells = {at: cell["chosen"] for at, cell in found.items()}
     columns = list(cells)
     print(f"\nHeld out ({studies} studies per cell): coverage of each claim's own nominal 95 % interval (in brackets: "
           "studies whose estimate lay outside its own interval)")
@@ -265,13 +268,7 @@ def status_tables(studies: int, remeasure_studies: int) -> None:
     and under 0.90 at 16-32 documents counted per claim; then the listed cells (under 0.90, a claim not declared
     uncertain), lowest first, with ``remeasure_studies`` studies of ``NEW_STREAM`` and `uncertain`'s verdict."""
     declared = chosen()
-    cells: dict[tuple[str, int], Coverage] = {}
-    for name, population in ALL_HELD_OUT.items():
-        for documents in COUNTS:
-            cells[name, documents] = _timed(
-                f"status {name}, {documents} documents",
-                lambda: coverage(population, documents, studies)["chosen"],
-            )
+    cells = {at: cell["chosen"] for at, cell in _cells("status", ALL_HELD_OUT, studies).items()}
     names = list(ALL_HELD_OUT)
     print(f"\nThe declared intervals held out ({studies} studies per cell, the tables' stream; in brackets the "
           "estimates outside their own interval)")
@@ -381,13 +378,7 @@ def one_sided_tables(tuning_studies: int, held_out_studies: int, remeasure_studi
     choice = {"picked": {key: set_choices((key,), (float(picked[key].split("= ")[1]),))[picked[key]][key]
                          for key in keys}}
     populations = {**ONE_SIDED_FRESH, **ALL_HELD_OUT}
-    cells: dict[tuple[str, int], dict] = {}
-    for name, population in populations.items():
-        for documents in COUNTS:
-            cells[name, documents] = _timed(
-                f"one-sided held out {name}, {documents} documents",
-                lambda: coverage(population, documents, held_out_studies, choice),
-            )
+    cells = _cells("one-sided held out", populations, held_out_studies, choice)
     names = list(populations)
     again: dict[tuple[str, int], dict] = {}
     for name in names:
@@ -594,13 +585,7 @@ def near_line_tables(tuning_studies: int, held_out_studies: int) -> None:
         print(f"- {key}: current {share(found['chosen'][key]):.3f}; {cells}; the rule's pick: {picked[key]}")
     choice = {"picked": {key: candidates[key][picked[key]][key] for key in candidates}}
     populations = {**NEAR_FRESH, **TRADEOFF_FRESH, **FRESH, **HELD_OUT}
-    cells: dict[tuple[str, int], dict] = {}
-    for name, population in populations.items():
-        for documents in COUNTS:
-            cells[name, documents] = _timed(
-                f"near lines held out {name}, {documents} documents",
-                lambda: coverage(population, documents, held_out_studies, choice),
-            )
+    cells = _cells("near lines held out", populations, held_out_studies, choice)
     names, new = list(populations), list(NEAR_FRESH)
     print(f"\nHeld out ({held_out_studies} studies per cell; in brackets estimates outside their own interval)")
     print("| claim | interval | " + " | ".join(f"{n} {d}" for n in names for d in COUNTS)
