@@ -56,6 +56,7 @@ import os
 import resource
 import subprocess
 import sys
+from typing import Any
 
 DIAGNOSTICS = ("metrics", "assumptions", "bounds", "roles", "chance", "all")
 PATHS = ("rows", "pattern")
@@ -79,24 +80,52 @@ def _diagnostics(name: str) -> list[str] | str:
     return [] if name == "metrics" else "all" if name == "all" else [name]
 
 
-def one(path: str, diagnostic: str, batch: int, context: int, budget: float, windows: int | None = None) -> dict:
-    """Child process: load, run once (one batch, or ``windows`` windows through ``analyze_corpus``); the peak
-    resident memory above the loaded model."""
+def _loaded(windows: int, context: int):
+    """SmolLM2 and ``windows`` seeded random windows of ``context`` tokens, each opened by BOS."""
     import torch
 
-    from tl_geometry import analyze_corpus, run_with_geometry_hooks
     from tl_geometry.models import load_model
 
     model = load_model(progress=False)
     gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(100, 40000, (batch if windows is None else windows, context), generator=gen)
+    tokens = torch.randint(100, 40000, (windows, context), generator=gen)
     tokens[:, 0] = model.tokenizer.bos_token_id or 1
-    settings = {"capture": path, "diagnostics": _diagnostics(diagnostic), "memory_budget_mib": budget}
+    return model, tokens
+
+
+def _peak_reset() -> float:
+    """Hand the C heap's free pages back, reset the high-water mark; the resident memory now, in MiB."""
     gc.collect()
     ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")
-    before = _status_mib("VmRSS")
+    return _status_mib("VmRSS")
+
+
+def _heap_env(heap: str) -> dict[str, str]:
+    """This environment with glibc's mmap threshold as ``heap`` asks (read by glibc when the process starts)."""
+    env = {name: value for name, value in os.environ.items() if name != "MALLOC_MMAP_THRESHOLD_"}
+    if heap in PINNED_THRESHOLDS:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(PINNED_THRESHOLDS[heap])
+    return env
+
+
+def _child_output(child: subprocess.Popen) -> Any:
+    """The JSON a child process printed last, once it has ended (its failure raised)."""
+    out, _ = child.communicate()
+    if child.returncode:
+        raise subprocess.CalledProcessError(child.returncode, child.args, out)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def one(path: str, diagnostic: str, batch: int, context: int, budget: float, windows: int | None = None) -> dict:
+    """Child process: load, run once (one batch, or ``windows`` windows through ``analyze_corpus``); the peak
+    resident memory above the loaded model."""
+    from tl_geometry import analyze_corpus, run_with_geometry_hooks
+
+    model, tokens = _loaded(batch if windows is None else windows, context)
+    settings = {"capture": path, "diagnostics": _diagnostics(diagnostic), "memory_budget_mib": budget}
+    before = _peak_reset()
     start = resource.getrusage(resource.RUSAGE_SELF)
     if windows is None:
         run_with_geometry_hooks(model, tokens, **settings)
@@ -111,21 +140,11 @@ def one(path: str, diagnostic: str, batch: int, context: int, budget: float, win
 def traced(path: str, diagnostic: str, batch: int, context: int, budget: float, stages: list[int]) -> list[dict]:
     """Child process: ``analyze_corpus`` over ``max(stages)`` windows, the peak above the loaded model read after
     the batch that reaches each stage (one process: what the run holds so far, its model and code loaded once)."""
-    import torch
-
     from tl_geometry import analyze_corpus
-    from tl_geometry.models import load_model
     from tl_geometry.runs import corpus_run
 
-    model = load_model(progress=False)
-    gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(100, 40000, (max(stages), context), generator=gen)
-    tokens[:, 0] = model.tokenizer.bos_token_id or 1
-    gc.collect()
-    ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
-    with open("/proc/self/clear_refs", "w") as refs:
-        refs.write("5")
-    before = _status_mib("VmRSS")
+    model, tokens = _loaded(max(stages), context)
+    before = _peak_reset()
     analyse, seen, out = corpus_run.analyse_prepared, [0], []
     start = resource.getrusage(resource.RUSAGE_SELF)
 
@@ -147,10 +166,8 @@ def traced(path: str, diagnostic: str, batch: int, context: int, budget: float, 
 
 def trace(args: argparse.Namespace) -> None:
     """The peak after each stage of one run per path (`traced`), the paths' processes at once."""
-    env = {name: value for name, value in os.environ.items() if name != "MALLOC_MMAP_THRESHOLD_"}
     heap = args.heap[0]
-    if heap in PINNED_THRESHOLDS:
-        env["MALLOC_MMAP_THRESHOLD_"] = str(PINNED_THRESHOLDS[heap])
+    env = _heap_env(heap)
     children = {}
     for path in args.paths:
         for diagnostic in args.diagnostics:
@@ -162,10 +179,7 @@ def trace(args: argparse.Namespace) -> None:
           "after each stage, one process per path")
     print(f"{'diagnostics':<14}{'path':<9}{'windows':>8}{'peak':>8}{'accumulator':>13}{'CPU time':>10}")
     for (path, diagnostic), child in children.items():
-        out, _ = child.communicate()
-        if child.returncode:
-            raise subprocess.CalledProcessError(child.returncode, child.args, out)
-        for stage in json.loads(out.strip().splitlines()[-1]):
+        for stage in _child_output(child):
             print(f"{diagnostic:<14}{path:<9}{stage['windows']:>8}{stage['above_mib']:>8.0f}"
                   f"{stage['accumulator_mib']:>13.0f}{stage['cpu_s']:>9.0f}s", flush=True)
 
@@ -175,9 +189,7 @@ def _paths(diagnostic: str, args: argparse.Namespace, windows: int | None = None
     """One figure per path (the peak above the loaded model, the CPU time, the page faults), each measured in a
     fresh process under ``heap``; the two processes run at once (each reads its own high-water mark, so neither
     sees the other's memory)."""
-    env = {name: value for name, value in os.environ.items() if name != "MALLOC_MMAP_THRESHOLD_"}
-    if heap in PINNED_THRESHOLDS:
-        env["MALLOC_MMAP_THRESHOLD_"] = str(PINNED_THRESHOLDS[heap])  # read by glibc when the process starts
+    env = _heap_env(heap)
     children = {}
     for path in PATHS:
         command = [sys.executable, __file__, "--child", path, diagnostic, "--batch", str(args.batch),
@@ -185,13 +197,7 @@ def _paths(diagnostic: str, args: argparse.Namespace, windows: int | None = None
         if windows is not None:
             command += ["--windows", str(windows)]
         children[path] = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
-    figures = {}
-    for path, child in children.items():
-        out, _ = child.communicate()
-        if child.returncode:
-            raise subprocess.CalledProcessError(child.returncode, child.args, out)
-        figures[path] = json.loads(out.strip().splitlines()[-1])
-    return figures
+    return {path: _child_output(child) for path, child in children.items()}
 
 
 def _costs(figures: dict[str, dict]) -> str:
