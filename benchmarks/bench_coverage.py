@@ -63,11 +63,15 @@ declared interval at ``GROUPED_DOCUMENTS`` documents on ``HELD_OUT`` (stated, no
 ``--over-coverage``: what covers in the cells above 0.98 (exact estimates, the set interval, the bootstrap width).
 ``--one-sided``: stable norms by curve's and trade-offs by role's z re-chosen on ``ONE_SIDED_TUNING``, held out on
 ``ONE_SIDED_FRESH`` and ``ALL_HELD_OUT``, cells under 0.90 measured again (docs/claims.md, "Set intervals where heads
-sit on one side of the line").
+sit on one side of the line"). ``--above``: every declared interval's cells above 0.98 at 16-32 documents on the
+thirteen populations (``THIRTEEN``), measured again with ``REMEASURE_STUDIES`` studies of ``ABOVE_STREAM``, over or
+not (`over`); ``--band``: the same, then for each claim that over-covers its knob (per-head z or level) chosen on
+those cells as a tuning set, held out on ``BAND_FRESH``, cells outside 90-98 % measured again, and the adoption
+rule's verdict (docs/claims.md, "Above 0.98: measured again, and one setting for every population?").
 
     PYTHONPATH=. python benchmarks/bench_coverage.py [studies]
         [--tuning-only | --held-out-only | --grouped-only | --remeasure | --diagnose | --near-lines | --status | --tied
-         | --at-64 | --over-coverage | --one-sided
+         | --at-64 | --over-coverage | --one-sided | --above | --band
          | --set-intervals | --at-thresholds [--claim=KEY ...] | --tradeoffs]
         [--population=NAME ...]  (held-out populations to run; default all)
 """
@@ -88,6 +92,7 @@ import torch
 from tests.fixtures import Population, simulate_study, true_means
 from tests.test_claim_coverage import (
     COVERED,
+    Choice,
     Coverage,
     LARGE,
     MID,
@@ -97,6 +102,7 @@ from tests.test_claim_coverage import (
     HELD_OUT,
     ONE_SIDED_FRESH,
     ONE_SIDED_TUNING,
+    BAND_FRESH,
     THRESHOLD_TUNING,
     TRADEOFF_FRESH,
     TUNING,
@@ -133,6 +139,13 @@ NEW_STREAM = 1  # the re-measured cells' studies: seeds (population seed, docume
 OVER = 0.98  # a cell covering more than this at 16-32 documents is counted as over-covering
 EXACT = 1e-6  # an estimate this close to the truth is exact (the claims compute in float32, the truth in float64)
 ONE_SIDED_CLAIMS = ("stable_norms", "role_tradeoffs")  # uncertain since *tied and skewed*; z re-chosen (--one-sided)
+ABOVE_STREAM = 2  # cells above 0.98 measured again: seeds (population seed, documents, 2), none of streams 0 and 1
+OVER_TAIL = 0.025  # a re-measured cell is over when a count this high had under this chance at a true coverage OVER
+WIDE = (16, 32)  # the document counts of the issue's figure
+BAND = (TARGET, OVER)  # the issue's figure: every cell at 16-32 documents within it (point figures)
+BAND_ZS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0)  # the per-head z's grid (--band), with the declared
+BAND_LEVELS = (0.80, 0.85, 0.90, 0.925, 0.95, 0.975, 0.99, 0.995)  # a bootstrap interval's levels, with the declared
+THIRTEEN = {**ALL_HELD_OUT, **ONE_SIDED_FRESH}  # every population held out so far: --band's tuning cells
 DIAGNOSED = (("near and noisy", 8), ("near and noisy", 16), ("near and noisy", 32), ("few heads", 16),
              ("many heads", 16))  # the two misses' cells, and two cells of populations drawn with them that cover
 
@@ -147,12 +160,16 @@ def _timed(label: str, measure: Callable[[], T]) -> T:
     return out
 
 
-def _cells(label: str, populations: dict[str, Population], studies: int,
-           choices: dict | None = None) -> dict[tuple[str, int], dict[str, Coverage]]:
-    """`coverage` of ``choices`` on each population at each of ``COUNTS`` documents, each cell's time on stderr."""
-    return {(name, documents): _timed(f"{label} {name}, {documents} documents",
-                                      lambda: coverage(population, documents, studies, choices))
-            for name, population in populations.items() for documents in COUNTS}
+def _cells(label: str, populations: dict[str, Population], studies: int, choices: dict | None = None,
+           counts: tuple[int, ...] = COUNTS, stream: int = 0,
+           records: dict[tuple[str, int], dict] | None = None) -> dict[tuple[str, int], dict[str, Coverage]]:
+    """`coverage` of ``choices`` on each population at each of ``counts`` documents (studies of ``stream``), each
+    cell's time on stderr; ``records`` receives each cell's `coverage` record under (population, documents)."""
+    return {(name, documents): _timed(
+                f"{label} {name}, {documents} documents",
+                lambda: coverage(population, documents, studies, choices, stream=stream,
+                                 record=None if records is None else records.setdefault((name, documents), {})))
+            for name, population in populations.items() for documents in counts}
 
 
 def standard_error(cell: tuple[int, int, int]) -> float:
@@ -425,6 +442,173 @@ def one_sided_tables(tuning_studies: int, held_out_studies: int, remeasure_studi
         print(f"- {key}, {picked[key]}: {verdict}")
 
 
+def upper_tail(count: int, n: int, p: float) -> float:
+    """P(X >= count) for X binomial with ``n`` trials of probability ``p``, summed term by term."""
+    return math.fsum(math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(max(count, 0), n + 1))
+
+
+def over_count(n: int, p: float = OVER, tail: float = OVER_TAIL) -> int:
+    """The smallest count of ``n`` studies that a cell whose true coverage is ``p`` reaches or passes with
+    probability under ``tail`` (the exact binomial upper tail); ``n + 1`` where no count is that rare."""
+    return next((k for k in range(n + 1) if upper_tail(k, n, p) < tail), n + 1)
+
+
+def over(cell: tuple[int, int, int]) -> bool:
+    """The rule of docs/claims.md, "Above 0.98": a re-measured cell is over when it covers ``over_count`` or more
+    of its studies."""
+    return cell[1] > 0 and cell[0] >= over_count(cell[1])
+
+
+def nesting_failures(by_knob: list[list[tuple[float, float, float]]]) -> list[tuple[int, int]]:
+    """Each candidate's intervals (value, low, high) per study, in increasing order of the knob: the (candidate,
+    study) pairs where a candidate's interval does not contain the one before it (study -1: the two have intervals
+    on different numbers of studies, so they cannot be compared study by study)."""
+    found = []
+    for i in range(1, len(by_knob)):
+        inner, outer = (np.asarray(by_knob[j], dtype=float).reshape(-1, 3) for j in (i - 1, i))
+        if len(inner) != len(outer):
+            found.append((i, -1))
+            continue
+        found += [(i, int(j)) for j in np.flatnonzero((outer[:, 1] > inner[:, 1]) | (outer[:, 2] < inner[:, 2]))]
+    return found
+
+
+def _again(label: str, cells: list[tuple[str, int]], studies: int,
+           choices: dict | None = None) -> dict[tuple[str, int], dict[str, Coverage]]:
+    """The (population, documents) pairs of ``cells``, each once, with ``studies`` studies of ``ABOVE_STREAM``."""
+    populations = {**THIRTEEN, **BAND_FRESH}
+    return {(name, documents): _timed(
+                f"{label} {name}, {documents} documents",
+                lambda: coverage(populations[name], documents, studies, choices, stream=ABOVE_STREAM))
+            for name, documents in dict.fromkeys(cells)}
+
+
+def above_tables(studies: int, remeasure_studies: int) -> list[str]:
+    """The rule of docs/claims.md, "Above 0.98: measured again, and one setting for every population?", its first
+    part: the declared intervals on ``THIRTEEN`` at 16-32 documents (``studies`` per cell, stream 0); every cell
+    above ``OVER`` measured again with ``remeasure_studies`` studies of ``ABOVE_STREAM``, over or not (`over`).
+    Returns the claims whose interval over-covers (some re-measured cell over)."""
+    cells = {at: cell["chosen"] for at, cell in _cells("above", THIRTEEN, studies, counts=WIDE).items()}
+    names = list(THIRTEEN)
+    print(f"\nThe declared intervals at 16-32 documents on the thirteen populations ({studies} studies per cell, "
+          "stream 0)")
+    print("| claim | " + " | ".join(f"{n} {d}" for n in names for d in WIDE) + " |\n|---|"
+          + "---|" * (len(names) * len(WIDE)))
+    for key in COVERED:
+        print(f"| {key} | " + " | ".join(_cell_text(cells[n, d][key]) for n in names for d in WIDE) + " |")
+    listed = [(key, n, d) for key in COVERED for n in names for d in WIDE if share(cells[n, d][key]) > OVER]
+    again = {at: cell["chosen"] for at, cell in
+             _again("above re-measured", [(n, d) for _, n, d in listed], remeasure_studies).items()}
+    least = over_count(remeasure_studies)
+    each = {p: upper_tail(math.floor(OVER * studies) + 1, studies, p) for p in (OVER, NOMINAL)}  # above OVER
+    print(f"\nListed (above {OVER} with {studies} studies), measured again with {remeasure_studies} studies of stream "
+          f"{ABOVE_STREAM}; over: {least} of {remeasure_studies} or more (P = {upper_tail(least, remeasure_studies, OVER):.4f}"
+          f" at {OVER}; {least - 1} or more: {upper_tail(least - 1, remeasure_studies, OVER):.4f}). A {studies}-study "
+          f"cell reads above {OVER} with probability {each[OVER]:.3f} at {OVER}, {each[NOMINAL]:.3f} at {NOMINAL}")
+    print(f"| claim | cell | {studies} studies | {remeasure_studies} studies, stream {ABOVE_STREAM} | over |\n"
+          "|---|---|---|---|---|")
+    for key, n, d in listed:
+        print(f"| {key} | {n} {d} | {_cell_text(cells[n, d][key], 3)} | {_cell_text(again[n, d][key], 3)} "
+              f"({again[n, d][key][0]} of {again[n, d][key][1]}) | {'yes' if over(again[n, d][key]) else 'no'} |")
+    print(f"\n| claim | cells above {OVER} of {len(names) * len(WIDE)} | expected at {OVER} | expected at {NOMINAL} | "
+          "re-measured over | over-covers |\n|---|---|---|---|---|---|")
+    covering = []
+    for key in COVERED:
+        mine = [(n, d) for k, n, d in listed if k == key]
+        overs = [at for at in mine if over(again[at][key])]
+        if overs:
+            covering.append(key)
+        total = len(names) * len(WIDE)
+        print(f"| {key} | {len(mine)} | {total * each[OVER]:.1f} | {total * each[NOMINAL]:.1f} | {len(overs)} of "
+              f"{len(mine)} | {'yes' if overs else 'no'} |", flush=True)
+    return covering
+
+
+def knob_choices(keys: tuple[str, ...]) -> dict[str, dict[str, Choice]]:
+    """Per claim of ``keys``, its knob's candidates by name: the declared interval with the per-head z at each of
+    ``BAND_ZS`` and the declared z where it is joined with a set interval ("set, z = 1.5", `set_choices`), else
+    with its nominal level at each of ``BAND_LEVELS`` and the declared level ("level = 0.99"), in increasing order."""
+    declared = chosen()
+    found = {}
+    for key in keys:
+        if declared[key].per_head_z is not None:
+            found[key] = set_choices((key,), tuple(sorted({*BAND_ZS, declared[key].per_head_z})))
+        else:
+            found[key] = {f"level = {level:g}": {key: dataclasses.replace(declared[key], level=level, uncertain=None)}
+                          for level in sorted({*BAND_LEVELS, declared[key].level})}
+    return found
+
+
+def _knob(name: str) -> float:
+    return float(name.split("= ")[1])
+
+
+def band_tables(studies: int, remeasure_studies: int, keys: list[str]) -> None:
+    """The rule of docs/claims.md, "Above 0.98", its second part, for the claims ``keys`` (those that over-cover):
+    every candidate of `knob_choices` on the tuning cells (``THIRTEEN`` at 16-32 documents, ``studies`` each, stream
+    0), their nesting checked study by study; the pick (most cells within ``BAND``, a tie to the larger knob) and
+    each population's range of knobs within it; the pick beside the declared interval on ``BAND_FRESH`` at
+    ``COUNTS``; every cell at 16-32 documents where the pick lies outside ``BAND`` measured again with
+    ``remeasure_studies`` studies of ``ABOVE_STREAM``; and the adoption rule's verdict per claim."""
+    if not keys:
+        print("\nNo claim over-covers: nothing to choose.")
+        return
+    candidates = knob_choices(tuple(keys))
+    merged: dict[str, Choice] = {}
+    for by_name in candidates.values():
+        for name, choice in by_name.items():
+            merged.setdefault(name, {}).update(choice)
+    records: dict[tuple[str, int], dict] = {}
+    tuning = _cells("band tuning", THIRTEEN, studies, merged, counts=WIDE, records=records)
+    names, low, high = list(THIRTEEN), *BAND
+    inside = lambda cell: low <= share(cell) <= high  # noqa: E731
+    picked: dict[str, str] = {}
+    for key in keys:
+        grid = list(candidates[key])
+        print(f"\nTuning cells of {key} ({studies} studies each, stream 0; declared: {chosen()[key]})")
+        print("| cell | " + " | ".join(grid) + " | nesting failures |\n|---|" + "---|" * (len(grid) + 1))
+        for at in tuning:
+            failures = nesting_failures([records[at][name, key] for name in grid])
+            print(f"| {at[0]} {at[1]} | " + " | ".join(_cell_text(tuning[at][name][key]) for name in grid)
+                  + f" | {len(failures)}{': ' + str(failures[:5]) if failures else ''} |")
+        counts = {name: sum(inside(tuning[at][name][key]) for at in tuning) for name in grid}
+        picked[key] = max(grid, key=lambda name: (counts[name], _knob(name)))
+        print("cells within [0.90, 0.98]: " + ", ".join(f"{name} {c}" for name, c in counts.items())
+              + f"; the pick: {picked[key]}")
+        print("each population's knobs with both cells within [0.90, 0.98]: " + "; ".join(
+            f"{n} " + (", ".join(f"{_knob(name):g}" for name in grid
+                                 if all(inside(tuning[n, d][name][key]) for d in WIDE)) or "none")
+            for n in names), flush=True)
+    choice = {"picked": {key: candidates[key][picked[key]][key] for key in keys}}
+    fresh = _cells("band fresh", BAND_FRESH, studies, choice)
+    print(f"\nFresh held-out populations ({studies} studies per cell, stream 0): declared, then picked")
+    print("| claim | interval | " + " | ".join(f"{n} {d}" for n in BAND_FRESH for d in COUNTS) + " |\n|---|---|"
+          + "---|" * (len(BAND_FRESH) * len(COUNTS)))
+    for key in keys:
+        for label, which in (("declared", "chosen"), (picked[key], "picked")):
+            print(f"| {key} | {label} | " + " | ".join(_cell_text(fresh[n, d][which][key])
+                                                       for n in BAND_FRESH for d in COUNTS) + " |")
+    at_pick = {**{(key, n, d): tuning[n, d][picked[key]][key] for key in keys for n, d in tuning},
+               **{(key, n, d): fresh[n, d]["picked"][key] for key in keys for n, d in fresh if d in WIDE}}
+    outside = [(key, n, d) for (key, n, d), cell in at_pick.items() if not inside(cell)]
+    again = _again("band re-measured", [(n, d) for _, n, d in outside], remeasure_studies, choice)
+    print(f"\nRe-measured ({remeasure_studies} studies of stream {ABOVE_STREAM}; the pick outside [0.90, 0.98] with "
+          f"{studies}): under: c + 2 SE < 0.90; over: {over_count(remeasure_studies)} of {remeasure_studies} or more")
+    print(f"| claim | cell | pick, {studies} studies | pick, {remeasure_studies} | declared, {remeasure_studies} | "
+          "under | over |\n|---|---|---|---|---|---|---|")
+    for key, n, d in outside:
+        mine = again[n, d]["picked"][key]
+        print(f"| {key} | {n} {d} | {_cell_text(at_pick[key, n, d], 3)} | {_cell_text(mine, 3)} | "
+              f"{_cell_text(again[n, d]['chosen'][key], 3)} | {'yes' if uncertain([mine]) else 'no'} | "
+              f"{'yes' if over(mine) else 'no'} |")
+    print("\nAdoption (the rule written before the run):")
+    for key in keys:
+        mine = [again[n, d]["picked"][key] for k, n, d in outside if k == key]
+        under_, over_ = sum(uncertain([c]) for c in mine), sum(map(over, mine))
+        verdict = "adopted" if not under_ and not over_ else "not adopted"
+        print(f"- {key}, {picked[key]}: {verdict} ({len(mine)} re-measured, {under_} under, {over_} over)")
+
+
 def tied_table(studies: int) -> None:
     """Why stable norms by curve and trade-offs by role miss on *tied and skewed* (docs/claims.md, "Every held-out
     cell under 0.90, measured again with new studies"), read after the run, nothing chosen on it: per cell of
@@ -688,7 +872,8 @@ def diagnosed_table(studies: int) -> None:
 
 
 MODES = ("--tuning-only", "--held-out-only", "--grouped-only", "--remeasure", "--diagnose", "--near-lines", "--status",
-         "--tied", "--at-64", "--over-coverage", "--one-sided", "--set-intervals", "--at-thresholds", "--tradeoffs")
+         "--tied", "--at-64", "--over-coverage", "--one-sided", "--above", "--band", "--set-intervals",
+         "--at-thresholds", "--tradeoffs")
 
 if __name__ == "__main__":
     unknown = [a for a in sys.argv[1:] if a.startswith("-") and a not in MODES
@@ -731,6 +916,11 @@ if __name__ == "__main__":
         sys.exit()
     if "--one-sided" in sys.argv:
         one_sided_tables(SET_TUNING_STUDIES, count if arguments else SET_HELD_OUT_STUDIES, REMEASURE_STUDIES)
+        sys.exit()
+    if "--above" in sys.argv or "--band" in sys.argv:
+        over_covering = above_tables(count if arguments else SET_HELD_OUT_STUDIES, REMEASURE_STUDIES)
+        if "--band" in sys.argv:
+            band_tables(count if arguments else SET_HELD_OUT_STUDIES, REMEASURE_STUDIES, over_covering)
         sys.exit()
     if "--tied" in sys.argv:
         tied_table(count if arguments else SET_HELD_OUT_STUDIES)
