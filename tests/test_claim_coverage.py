@@ -30,11 +30,14 @@ method) and the held-out table at 8, 16 and 32 documents.
 
 import dataclasses
 import math
+from fractions import Fraction
 
 import jaxtyping
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.fixtures import STUDY_DOCUMENTS, Population, seam, simulate_study, study_roles, true_means
 from tests.fixtures import STUDY_GRID as GRID
@@ -440,3 +443,50 @@ def test_an_uncertain_interval_says_so():
         assert said == (CLAIMS[key].interval.uncertain is not None), (key, table.loc[key, "interval"])
     low, high = CLAIMS["four_phase_profile"].interval.uncertain
     assert f"{low:.0%} to {high:.0%} of studies" in table.loc["four_phase_profile", "interval"]
+
+
+def _exact_upper_tail(count: int, n: int, p: Fraction) -> Fraction:
+    """P(X >= count), X binomial(n, p), in exact fractions from the binomial's definition."""
+    return sum((math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(count, n + 1)), Fraction(0))
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 420), p=st.sampled_from([Fraction(98, 100), Fraction(95, 100), Fraction(1, 2)]),
+       tail=st.sampled_from([Fraction(25, 1000), Fraction(1, 100), Fraction(5, 100), Fraction(1, 5)]))
+def test_the_over_count_is_the_smallest_count_whose_exact_upper_tail_is_under_the_tail(n, p, tail):
+    # docs/claims.md, "Above 0.98": a re-measured cell is over from the smallest count whose binomial upper tail at
+    # a true coverage p is under the tail; the reference sums the tail in fractions and scans every count.
+    from benchmarks.bench_coverage import over_count, upper_tail
+
+    expected = next((k for k in range(n + 1) if _exact_upper_tail(k, n, p) < tail), n + 1)
+    assert over_count(n, float(p), float(tail)) == expected
+    for k in {0, expected - 1, expected, n}:
+        if 0 <= k <= n:
+            assert math.isclose(upper_tail(k, n, float(p)), float(_exact_upper_tail(k, n, p)), rel_tol=1e-9,
+                                abs_tol=1e-15), (k, n, p)
+
+
+@settings(max_examples=60, deadline=None)
+@given(studies=st.integers(1, 12), candidates=st.integers(2, 5), data=st.data())
+def test_nesting_failures_names_every_study_whose_wider_candidates_interval_does_not_contain_the_narrower(
+        studies, candidates, data):
+    # Intervals grown outwards candidate by candidate are nested; a few pulled inwards are not. The reference reads
+    # the definition (a contains b when a's low <= b's low and a's high >= b's high) study by study.
+    from benchmarks.bench_coverage import nesting_failures
+
+    widths = st.floats(0, 1, allow_nan=False)
+    by_knob, low, high = [], np.zeros(studies), np.zeros(studies)
+    for _ in range(candidates):
+        low = low - np.array(data.draw(st.lists(widths, min_size=studies, max_size=studies)))
+        high = high + np.array(data.draw(st.lists(widths, min_size=studies, max_size=studies)))
+        by_knob.append([(0.0, a, b) for a, b in zip(low, high, strict=True)])
+    assert nesting_failures(by_knob) == []
+    pulled = data.draw(st.sets(st.tuples(st.integers(1, candidates - 1), st.integers(0, studies - 1)), max_size=4))
+    for i, j in pulled:
+        value, a, b = by_knob[i][j]
+        by_knob[i][j] = (value, a + 2.5, b) if (i + j) % 2 else (value, a, b - 2.5)  # past any narrower interval
+    expected = [(i, j) for i in range(1, candidates) for j in range(studies)
+                if not (by_knob[i][j][1] <= by_knob[i - 1][j][1] and by_knob[i][j][2] >= by_knob[i - 1][j][2])]
+    assert nesting_failures(by_knob) == expected
+    assert set(pulled) <= set(expected)
+    assert nesting_failures([by_knob[0], by_knob[1][:-1]]) == [(1, -1)]  # a study short: not comparable
