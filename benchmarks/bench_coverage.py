@@ -459,17 +459,19 @@ def over(cell: tuple[int, int, int]) -> bool:
     return cell[1] > 0 and cell[0] >= over_count(cell[1])
 
 
-def nesting_failures(by_knob: list[list[tuple[float, float, float]]]) -> list[tuple[int, int]]:
+def nesting_failures(by_knob: list[list[tuple[float, float, float]]],
+                     tolerance: float = 0.0) -> list[tuple[int, int]]:
     """Each candidate's intervals (value, low, high) per study, in increasing order of the knob: the (candidate,
-    study) pairs where a candidate's interval does not contain the one before it (study -1: the two have intervals
-    on different numbers of studies, so they cannot be compared study by study)."""
+    study) pairs where a candidate's interval does not contain the one before it, widened by ``tolerance`` (study
+    -1: the two have intervals on different numbers of studies, so they cannot be compared study by study)."""
     found = []
     for i in range(1, len(by_knob)):
         inner, outer = (np.asarray(by_knob[j], dtype=float).reshape(-1, 3) for j in (i - 1, i))
         if len(inner) != len(outer):
             found.append((i, -1))
             continue
-        found += [(i, int(j)) for j in np.flatnonzero((outer[:, 1] > inner[:, 1]) | (outer[:, 2] < inner[:, 2]))]
+        wider = (outer[:, 1] <= inner[:, 1] + tolerance) & (outer[:, 2] >= inner[:, 2] - tolerance)
+        found += [(i, int(j)) for j in np.flatnonzero(~wider)]
     return found
 
 
@@ -568,7 +570,7 @@ def band_tables(studies: int, remeasure_studies: int, keys: list[str]) -> None:
         print(f"\nTuning cells of {key} ({studies} studies each, stream 0; declared: {chosen()[key]})")
         print("| cell | " + " | ".join(grid) + " | nesting failures |\n|---|" + "---|" * (len(grid) + 1))
         for at in tuning:
-            failures = nesting_failures([records[at][name, key] for name in grid])
+            failures = nesting_failures([records[at][name, key] for name in grid], EXACT)  # float32 rounding
             print(f"| {at[0]} {at[1]} | " + " | ".join(_cell_text(tuning[at][name][key]) for name in grid)
                   + f" | {len(failures)}{': ' + str(failures[:5]) if failures else ''} |")
         counts = {name: sum(inside(tuning[at][name][key]) for at in tuning) for name in grid}

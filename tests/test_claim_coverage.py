@@ -489,4 +489,5 @@ def test_nesting_failures_names_every_study_whose_wider_candidates_interval_does
                 if not (by_knob[i][j][1] <= by_knob[i - 1][j][1] and by_knob[i][j][2] >= by_knob[i - 1][j][2])]
     assert nesting_failures(by_knob) == expected
     assert set(pulled) <= set(expected)
+    assert nesting_failures(by_knob, tolerance=2.5) == []  # each pulled in by at most 2.5: within the tolerance
     assert nesting_failures([by_knob[0], by_knob[1][:-1]]) == [(1, -1)]  # a study short: not comparable
