@@ -58,7 +58,7 @@ cells were re-measured.
 documents, 100 studies per cell on the tables' stream; then every cell at 16-32 documents under 0.90 of a claim not
 declared uncertain, lowest first, measured again with ``REMEASURE_STUDIES`` studies of a new stream (``NEW_STREAM``),
 with `uncertain`'s verdict per claim (docs/claims.md, "Every held-out cell under 0.90, measured again with new
-studies"). ``--tied``: why two claims miss on *tied and skewed* (read after that run). ``--at-64``: every
+studies"); with ``--thirteen`` on ``THIRTEEN`` (the two populations of ``ONE_SIDED_FRESH`` too). ``--tied``: why two claims miss on *tied and skewed* (read after that run). ``--at-64``: every
 declared interval at ``GROUPED_DOCUMENTS`` documents on ``HELD_OUT`` (stated, not read by the status rule).
 ``--over-coverage``: what covers in the cells above 0.98 (exact estimates, the set interval, the bootstrap width).
 ``--one-sided``: stable norms by curve's and trade-offs by role's z re-chosen on ``ONE_SIDED_TUNING``, held out on
@@ -70,8 +70,8 @@ those cells as a tuning set, held out on ``BAND_FRESH``, cells outside 90-98 % m
 rule's verdict (docs/claims.md, "Above 0.98: measured again, and one setting for every population?").
 
     PYTHONPATH=. python benchmarks/bench_coverage.py [studies]
-        [--tuning-only | --held-out-only | --grouped-only | --remeasure | --diagnose | --near-lines | --status | --tied
-         | --at-64 | --over-coverage | --one-sided | --above | --band
+        [--tuning-only | --held-out-only | --grouped-only | --remeasure | --diagnose | --near-lines
+         | --status [--thirteen] | --tied | --at-64 | --over-coverage | --one-sided | --above | --band
          | --set-intervals | --at-thresholds [--claim=KEY ...] | --tradeoffs]
         [--population=NAME ...]  (held-out populations to run; default all)
 """
@@ -279,14 +279,15 @@ def _cell_text(cell: tuple[int, int, int], digits: int = 2) -> str:
     return f"{share(cell):.{digits}f}" + (f" ({cell[2]})" if cell[2] else "")
 
 
-def status_tables(studies: int, remeasure_studies: int) -> None:
+def status_tables(studies: int, remeasure_studies: int,
+                  populations: dict[str, Population] = ALL_HELD_OUT) -> None:
     """The rule of docs/claims.md, "Every held-out cell under 0.90, measured again with new studies": the declared
-    intervals on ``ALL_HELD_OUT`` at ``COUNTS`` (``studies`` per cell, the tables' stream), the cells above 0.98
+    intervals on ``populations`` (``ALL_HELD_OUT``; ``THIRTEEN`` with ``--thirteen``) at ``COUNTS`` (``studies`` per cell, the tables' stream), the cells above 0.98
     and under 0.90 at 16-32 documents counted per claim; then the listed cells (under 0.90, a claim not declared
     uncertain), lowest first, with ``remeasure_studies`` studies of ``NEW_STREAM`` and `uncertain`'s verdict."""
     declared = chosen()
-    cells = {at: cell["chosen"] for at, cell in _cells("status", ALL_HELD_OUT, studies).items()}
-    names = list(ALL_HELD_OUT)
+    cells = {at: cell["chosen"] for at, cell in _cells("status", populations, studies).items()}
+    names = list(populations)
     print(f"\nThe declared intervals held out ({studies} studies per cell, the tables' stream; in brackets the "
           "estimates outside their own interval)")
     print("| claim | " + " | ".join(f"{n} {d}" for n in names for d in COUNTS)
@@ -310,7 +311,7 @@ def status_tables(studies: int, remeasure_studies: int) -> None:
         if (name, documents) not in again:
             again[name, documents] = _timed(
                 f"re-measured {name}, {documents} documents",
-                lambda: coverage(ALL_HELD_OUT[name], documents, remeasure_studies, stream=NEW_STREAM)["chosen"],
+                lambda: coverage(populations[name], documents, remeasure_studies, stream=NEW_STREAM)["chosen"],
             )
         few, many = cells[name, documents][key], again[name, documents][key]
         replaced[key, name, documents] = many
@@ -875,7 +876,7 @@ def diagnosed_table(studies: int) -> None:
 
 MODES = ("--tuning-only", "--held-out-only", "--grouped-only", "--remeasure", "--diagnose", "--near-lines", "--status",
          "--tied", "--at-64", "--over-coverage", "--one-sided", "--above", "--band", "--set-intervals",
-         "--at-thresholds", "--tradeoffs")
+         "--at-thresholds", "--tradeoffs", "--thirteen")
 
 if __name__ == "__main__":
     unknown = [a for a in sys.argv[1:] if a.startswith("-") and a not in MODES
@@ -911,7 +912,8 @@ if __name__ == "__main__":
         diagnosed_table(count if arguments else SET_HELD_OUT_STUDIES)
         sys.exit()
     if "--status" in sys.argv:
-        status_tables(count if arguments else SET_HELD_OUT_STUDIES, REMEASURE_STUDIES)
+        status_tables(count if arguments else SET_HELD_OUT_STUDIES, REMEASURE_STUDIES,
+                      THIRTEEN if "--thirteen" in sys.argv else ALL_HELD_OUT)
         sys.exit()
     if "--over-coverage" in sys.argv:
         over_coverage_table(count if arguments else SET_HELD_OUT_STUDIES)

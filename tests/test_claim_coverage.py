@@ -445,9 +445,13 @@ def test_an_uncertain_interval_says_so():
     assert f"{low:.0%} to {high:.0%} of studies" in table.loc["four_phase_profile", "interval"]
 
 
-def _exact_upper_tail(count: int, n: int, p: Fraction) -> Fraction:
-    """P(X >= count), X binomial(n, p), in exact fractions from the binomial's definition."""
-    return sum((math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(count, n + 1)), Fraction(0))
+def _exact_upper_tails(n: int, p: Fraction) -> list[Fraction]:
+    """P(X >= k) for k = 0..n, X binomial(n, p), in exact fractions from the binomial's definition (the terms
+    summed from the top, so that each tail is the one above plus its own term)."""
+    tails = [Fraction(0)] * (n + 2)
+    for k in range(n, -1, -1):
+        tails[k] = tails[k + 1] + math.comb(n, k) * p**k * (1 - p) ** (n - k)
+    return tails[: n + 1]
 
 
 @settings(max_examples=60, deadline=None)
@@ -458,11 +462,12 @@ def test_the_over_count_is_the_smallest_count_whose_exact_upper_tail_is_under_th
     # a true coverage p is under the tail; the reference sums the tail in fractions and scans every count.
     from benchmarks.bench_coverage import over_count, upper_tail
 
-    expected = next((k for k in range(n + 1) if _exact_upper_tail(k, n, p) < tail), n + 1)
+    tails = _exact_upper_tails(n, p)
+    expected = next((k for k in range(n + 1) if tails[k] < tail), n + 1)
     assert over_count(n, float(p), float(tail)) == expected
     for k in {0, expected - 1, expected, n}:
         if 0 <= k <= n:
-            assert math.isclose(upper_tail(k, n, float(p)), float(_exact_upper_tail(k, n, p)), rel_tol=1e-9,
+            assert math.isclose(upper_tail(k, n, float(p)), float(tails[k]), rel_tol=1e-9,
                                 abs_tol=1e-15), (k, n, p)
 
 
