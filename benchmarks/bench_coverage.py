@@ -58,8 +58,9 @@ cells were re-measured.
 documents, 100 studies per cell on the tables' stream; then every cell at 16-32 documents under 0.90 of a claim not
 declared uncertain, lowest first, measured again with ``REMEASURE_STUDIES`` studies of a new stream (``NEW_STREAM``),
 with `uncertain`'s verdict per claim (docs/claims.md, "Every held-out cell under 0.90, measured again with new
-studies"); with ``--thirteen`` on ``THIRTEEN`` (the two populations of ``ONE_SIDED_FRESH`` too). ``--tied``: why two claims miss on *tied and skewed* (read after that run). ``--at-64``: every
-declared interval at ``GROUPED_DOCUMENTS`` documents on ``HELD_OUT`` (stated, not read by the status rule).
+studies"); with ``--thirteen`` on ``THIRTEEN`` (the two populations of ``ONE_SIDED_FRESH`` too). ``--tied``: why
+two claims miss on *tied and skewed* (read after that run). ``--at-64``: every declared interval at
+``GROUPED_DOCUMENTS`` documents on ``HELD_OUT`` (stated, not read by the status rule).
 ``--over-coverage``: what covers in the cells above 0.98 (exact estimates, the set interval, the bootstrap width).
 ``--one-sided``: stable norms by curve's and trade-offs by role's z re-chosen on ``ONE_SIDED_TUNING``, held out on
 ``ONE_SIDED_FRESH`` and ``ALL_HELD_OUT``, cells under 0.90 measured again (docs/claims.md, "Set intervals where heads
@@ -141,8 +142,8 @@ EXACT = 1e-6  # an estimate this close to the truth is exact (the claims compute
 ONE_SIDED_CLAIMS = ("stable_norms", "role_tradeoffs")  # uncertain since *tied and skewed*; z re-chosen (--one-sided)
 ABOVE_STREAM = 2  # cells above 0.98 measured again: seeds (population seed, documents, 2), none of streams 0 and 1
 OVER_TAIL = 0.025  # a re-measured cell is over when a count this high had under this chance at a true coverage OVER
-WIDE = (16, 32)  # the document counts of the issue's figure
-BAND = (TARGET, OVER)  # the issue's figure: every cell at 16-32 documents within it (point figures)
+WIDE = (16, 32)  # the document counts of the acceptance (docs/claims.md, "Above 0.98")
+BAND = (TARGET, OVER)  # the acceptance: every cell at 16-32 documents within it (point figures)
 BAND_ZS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0)  # the per-head z's grid (--band), with the declared
 BAND_LEVELS = (0.80, 0.85, 0.90, 0.925, 0.95, 0.975, 0.99, 0.995)  # a bootstrap interval's levels, with the declared
 THIRTEEN = {**ALL_HELD_OUT, **ONE_SIDED_FRESH}  # every population held out so far: --band's tuning cells
@@ -282,8 +283,8 @@ def _cell_text(cell: tuple[int, int, int], digits: int = 2) -> str:
 def status_tables(studies: int, remeasure_studies: int,
                   populations: dict[str, Population] = ALL_HELD_OUT) -> None:
     """The rule of docs/claims.md, "Every held-out cell under 0.90, measured again with new studies": the declared
-    intervals on ``populations`` (``ALL_HELD_OUT``; ``THIRTEEN`` with ``--thirteen``) at ``COUNTS`` (``studies`` per cell, the tables' stream), the cells above 0.98
-    and under 0.90 at 16-32 documents counted per claim; then the listed cells (under 0.90, a claim not declared
+    intervals on ``populations`` (``ALL_HELD_OUT``; ``THIRTEEN`` with ``--thirteen``) at ``COUNTS`` (``studies`` per
+    cell, the tables' stream), the cells above 0.98 and under 0.90 at 16-32 documents counted per claim; then the listed cells (under 0.90, a claim not declared
     uncertain), lowest first, with ``remeasure_studies`` studies of ``NEW_STREAM`` and `uncertain`'s verdict."""
     declared = chosen()
     cells = {at: cell["chosen"] for at, cell in _cells("status", populations, studies).items()}
